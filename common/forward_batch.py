@@ -1,0 +1,137 @@
+"""The batch format between the scheduler and the model worker(s).
+
+The scheduler owns KV *bookkeeping*; the worker owns the KV *tensors*. A `ForwardBatch` says,
+per request, which pages hold its sequence and how many of its tokens are already there, so
+the worker needs no state of its own about requests.
+
+One request's view (page_size = 4, cached_len = 6, extend_len = 3):
+
+    positions      0 1 2 3 | 4 5 6 7 | 8
+    page_table     [  p0   |   p1    | p2 ]   (this request's slice of `page_ids`)
+    tokens         c c c c   c c n n   n      c = K/V already in the pool, n = computed now
+                               ^cached_len      input_ids holds the 3 `n` tokens
+
+    slot(pos) = page_table[pos // page_size] * page_size + pos % page_size
+
+A request's pages cover `cached_len + extend_len` tokens after the step:
+`num_pages = ceil((cached_len + extend_len) / page_size)`. Prefill, a chunk that continues
+earlier chunks, a prefill after a prefix hit, and decode (extend_len = 1) are all the same
+shape, so one forward serves any mix of them.
+
+On the wire every array is raw little-endian bytes (int32 / float32 / int64), not a msgpack
+list: a 4096-id list costs ~0.2 ms to pack, raw bytes ~1 us.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+# Sampling defaults that mean "off".
+GREEDY_TEMPERATURE = 0.0
+TOP_K_OFF = 0
+TOP_P_OFF = 1.0
+MIN_P_OFF = 0.0
+
+
+@dataclass(slots=True)
+class SamplingArrays:
+    """Per-request sampling parameters of one batch, one entry per request in batch order.
+
+    `temperature == 0` means greedy. `seed` is always set: the scheduler draws one for a request
+    that asked for none, so a request's draws depend only on (seed, position), never on which
+    other requests share its batch.
+    """
+
+    temperature: np.ndarray  # float32[num_reqs]
+    top_k: np.ndarray  # int32[num_reqs], 0 = off
+    top_p: np.ndarray  # float32[num_reqs], 1.0 = off
+    min_p: np.ndarray  # float32[num_reqs], 0.0 = off
+    seed: np.ndarray  # int64[num_reqs]
+
+    @staticmethod
+    def greedy(num_reqs: int) -> SamplingArrays:
+        return SamplingArrays(
+            temperature=np.zeros(num_reqs, np.float32),
+            top_k=np.zeros(num_reqs, np.int32),
+            top_p=np.ones(num_reqs, np.float32),
+            min_p=np.zeros(num_reqs, np.float32),
+            seed=np.zeros(num_reqs, np.int64),
+        )
+
+    @property
+    def all_greedy(self) -> bool:
+        return bool((self.temperature == GREEDY_TEMPERATURE).all())
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    """One step's work for the model worker. Arrays are indexed by request in batch order,
+    except `input_ids` (concatenated new tokens) and `page_ids` (concatenated page tables)."""
+
+    step_id: int
+    input_ids: np.ndarray  # int32[sum(extend_lens)]
+    cached_lens: np.ndarray  # int32[num_reqs]: tokens whose K/V are already in the pool
+    extend_lens: np.ndarray  # int32[num_reqs]: tokens computed this step (1 for decode)
+    page_ids: np.ndarray  # int32[sum(num_pages)]
+    num_pages: np.ndarray  # int32[num_reqs]
+    is_sampled: np.ndarray  # bool[num_reqs]: False for a ChunkedReq (prompt left after this step)
+    return_logprob: np.ndarray  # bool[num_reqs]
+    sampling: SamplingArrays
+
+    @property
+    def num_reqs(self) -> int:
+        return int(self.extend_lens.shape[0])
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def num_sampled(self) -> int:
+        return int(self.is_sampled.sum())
+
+    @property
+    def is_decode_only(self) -> bool:
+        return bool((self.extend_lens == 1).all()) and bool((self.cached_lens > 0).all())
+
+    def validate(self, page_size: int, num_pages_total: int) -> None:
+        """Raise ValueError naming what is wrong; the worker calls this before touching tensors."""
+        n = self.num_reqs
+        for name in ("cached_lens", "num_pages", "is_sampled", "return_logprob"):
+            if getattr(self, name).shape[0] != n:
+                raise ValueError(f"ForwardBatch {self.step_id}: {name} has {getattr(self, name).shape[0]} entries, expected {n}")
+        if int(self.extend_lens.sum()) != self.num_tokens:
+            raise ValueError(
+                f"ForwardBatch {self.step_id}: sum(extend_lens)={int(self.extend_lens.sum())} != len(input_ids)={self.num_tokens}"
+            )
+        if (self.extend_lens < 1).any() or (self.cached_lens < 0).any():
+            raise ValueError(f"ForwardBatch {self.step_id}: extend_lens must be >= 1 and cached_lens >= 0")
+        need = -(-(self.cached_lens.astype(np.int64) + self.extend_lens) // page_size)
+        if not np.array_equal(need, self.num_pages):
+            i = int(np.nonzero(need != self.num_pages)[0][0])
+            raise ValueError(
+                f"ForwardBatch {self.step_id}: request {i} has {int(self.num_pages[i])} pages for "
+                f"{int(self.cached_lens[i] + self.extend_lens[i])} tokens at page_size {page_size} (needs {int(need[i])})"
+            )
+        if int(self.num_pages.sum()) != self.page_ids.shape[0]:
+            raise ValueError(f"ForwardBatch {self.step_id}: sum(num_pages) != len(page_ids)")
+        bad = (self.page_ids < 0) | (self.page_ids >= num_pages_total)
+        if bad.any():
+            j = int(np.nonzero(bad)[0][0])
+            raise ValueError(
+                f"ForwardBatch {self.step_id}: page id {int(self.page_ids[j])} (slots "
+                f"{int(self.page_ids[j]) * page_size}..{(int(self.page_ids[j]) + 1) * page_size - 1}) is outside the KV pool "
+                f"of {num_pages_total} pages"
+            )
+
+
+@dataclass(slots=True)
+class StepResult:
+    """What rank 0 returns for a ForwardBatch: one token per sampled request, in batch order."""
+
+    step_id: int
+    next_token_ids: np.ndarray  # int32[num_sampled]
+    logprobs: np.ndarray  # float32[num_sampled]; NaN where the request did not ask
+    forward_ms: float = 0.0

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Installs zserve and everything it needs into ./.venv on a fresh machine.
+# torch is pinned first where none is present: an unpinned torch (asked for directly or by
+# transformers) would pull gigabytes of CUDA wheels on a CPU-only machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+VENV=${ZSERVE_VENV:-.venv}
+TORCH_VERSION=${ZSERVE_TORCH_VERSION:-2.13.0}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "[setup] creating virtual environment $VENV"
+    "$PY" -m venv "$VENV"
+fi
+VPY="$VENV/bin/python"
+if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
+    echo "[setup] installing torch==$TORCH_VERSION first"
+    "$VPY" -m pip install -q "torch==$TORCH_VERSION"
+fi
+echo "[setup] installing zserve (editable) with test extras"
+"$VPY" -m pip install -q -e ".[test]"
+echo "[setup] done: $VENV/bin/python"
