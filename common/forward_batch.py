@@ -60,6 +60,10 @@ class SamplingArrays:
             seed=np.zeros(num_reqs, np.int64),
         )
 
+    def select(self, mask: np.ndarray) -> SamplingArrays:
+        """The rows where `mask` is True (e.g. the sampled requests of a batch)."""
+        return SamplingArrays(self.temperature[mask], self.top_k[mask], self.top_p[mask], self.min_p[mask], self.seed[mask])
+
     @property
     def all_greedy(self) -> bool:
         return bool((self.temperature == GREEDY_TEMPERATURE).all())
