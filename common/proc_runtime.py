@@ -1,0 +1,58 @@
+"""What every child process does first: logging, dying with its parent, and clean SIGTERM.
+
+No orphans, ever: on Linux the kernel sends SIGKILL to a child when the launcher dies
+(PR_SET_PDEATHSIG), and a watchdog thread checks the parent pid as a fallback elsewhere.
+SIGTERM and SIGINT raise `SystemExit` in the main thread so `finally` blocks close sockets.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+
+PR_SET_PDEATHSIG = 1
+
+
+def setup_logging(name: str, level: str) -> None:
+    logging.basicConfig(
+        level=getattr(logging, level.upper()),
+        format=f"%(asctime)s.%(msecs)03d {name:<9} %(levelname)-5s %(message)s",
+        datefmt="%H:%M:%S",
+        stream=sys.stderr,
+        force=True,
+    )
+
+
+def die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent_pid:  # parent already gone before prctl took effect
+        os._exit(1)
+
+    def watch() -> None:
+        while True:
+            time.sleep(1.0)
+            if os.getppid() != parent_pid:
+                os._exit(1)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
+def exit_on_sigterm() -> None:
+    def handler(signum: int, _frame) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
+
+
+def child_setup(name: str, log_level: str) -> None:
+    setup_logging(name, log_level)
+    die_with_parent(int(os.environ.get("ZSERVE_PARENT_PID", os.getppid())))
+    exit_on_sigterm()

@@ -1,0 +1,46 @@
+"""The one frozen server configuration, built once by the launcher from the CLI.
+
+argparse defaults are read from the dataclass fields (launcher/cli.py), and every child process
+receives the same config as JSON on its command line. Components never take this object: the
+process entry points unpack it into plain values.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass(frozen=True)
+class ServerConfig:
+    model: str = field(default="", metadata={"help": "model directory (config.json + safetensors + tokenizer); default: the SmolLM2-135M-Instruct demo model, fetched on first use"})
+    host: str = field(default="127.0.0.1", metadata={"help": "interface clients connect on; loopback unless set"})
+    port: int = field(default=0, metadata={"help": "client port (0 = pick a free one and print it)"})
+    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
+    dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"})
+    page_size: int = field(default=16, metadata={"help": "tokens per KV page"})
+    max_running_requests: int = field(default=64, metadata={"help": "request slots (rows of the request table)"})
+    max_prefill_tokens: int = field(default=512, metadata={"help": "per-step token budget for prefill (chunked prefill size)"})
+    kv_cache_tokens: int = field(default=0, metadata={"help": "KV pool size in tokens (0 = size from free memory)"})
+    kv_memory_fraction: float = field(default=0.3, metadata={"help": "fraction of free memory for the KV pool when --kv-cache-tokens is 0"})
+    schedule_policy: str = field(default="prefill-first", metadata={"help": "prefill-first, decode-first or mixed", "choices": ["prefill-first", "decode-first", "mixed"]})
+    admission_policy: str = field(default="fifo", metadata={"help": "fifo or pack", "choices": ["fifo", "pack"]})
+    admission_lookahead: int = field(default=64, metadata={"help": "pending requests the pack policy looks at"})
+    force_fifo_every: int = field(default=8, metadata={"help": "pack policy: every N-th prefill step is fifo so long prompts cannot starve"})
+    disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
+    max_queued_requests: int = field(default=1024, metadata={"help": "waiting requests beyond which new ones are refused with 'server busy'"})
+    num_threads: int = field(default=0, metadata={"help": "torch threads in the model worker (0 = pick from the core count)"})
+    seed: int = field(default=0, metadata={"help": "seed for per-request seeds drawn when a request gives none"})
+    client_timeout_s: float = field(default=10.0, metadata={"help": "abort a client's requests when it sends no heartbeat for this long"})
+    startup_timeout_s: float = field(default=600.0, metadata={"help": "how long to wait for every process to be ready"})
+    log_level: str = field(default="info", metadata={"help": "debug, info, warning, error", "choices": ["debug", "info", "warning", "error"]})
+    shell: bool = field(default=False, metadata={"help": "after start, open a terminal chat against the server"})
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> ServerConfig:
+        data = json.loads(text)
+        known = {f.name for f in fields(ServerConfig)}
+        return ServerConfig(**{k: v for k, v in data.items() if k in known})
