@@ -1,0 +1,24 @@
+"""zserve's Python client: `Client` (sync) and `AsyncClient` (asyncio)."""
+
+from client.async_client import AsyncClient
+from client.client import Client, TextStream
+from client.types import (
+    GenerateResult,
+    RequestTimeoutError,
+    ServerBusyError,
+    ServerError,
+    ServerGoneError,
+    Usage,
+)
+
+__all__ = [
+    "AsyncClient",
+    "Client",
+    "GenerateResult",
+    "RequestTimeoutError",
+    "ServerBusyError",
+    "ServerError",
+    "ServerGoneError",
+    "TextStream",
+    "Usage",
+]

@@ -70,7 +70,7 @@ def message(tag: int):
         def from_wire(klass, values: list[Any]):
             if len(values) != len(names):
                 raise ValueError(f"{klass.__name__} takes {len(names)} fields, got {len(values)}")
-            for name, value, (types, allow_none) in zip(names, values, checks):
+            for name, value, (types, allow_none) in zip(names, values, checks, strict=True):
                 if value is None and allow_none:
                     continue
                 if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):

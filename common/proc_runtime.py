@@ -56,3 +56,18 @@ def child_setup(name: str, log_level: str) -> None:
     setup_logging(name, log_level)
     die_with_parent(int(os.environ.get("ZSERVE_PARENT_PID", os.getppid())))
     exit_on_sigterm()
+
+
+def child_args(argv: list[str] | None = None):
+    """(ServerConfig, Addresses, extra) from a child's command line: --config JSON --addresses JSON [--rank N]."""
+    import argparse
+
+    from common.server_config import ServerConfig
+    from common.transport import Addresses
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--addresses", required=True)
+    parser.add_argument("--rank", type=int, default=0)
+    ns = parser.parse_args(argv)
+    return ServerConfig.from_json(ns.config), Addresses.from_json(ns.addresses), ns

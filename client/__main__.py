@@ -1,0 +1,3 @@
+from client.chat_shell import main
+
+main()

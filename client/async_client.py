@@ -1,0 +1,175 @@
+"""The asyncio ZMQ client (uvloop-friendly).
+
+    async with AsyncClient(port) as c:
+        result = await c.generate("Hello", max_tokens=16)
+        async for delta in c.stream(messages=[{"role": "user", "content": "Hi"}]):
+            ...
+
+One reader task files every output by req_id into that request's queue; one heartbeat task
+tells the server this client is alive. Many requests may be in flight at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+import zmq
+import zmq.asyncio
+
+from client.client import client_address
+from client.request_body import build_body, new_req_id
+from client.result_builder import ResultBuilder
+from client.types import GenerateResult, RequestTimeoutError, ServerGoneError
+from common.messages import (
+    CLIENT_TO_FRONTEND,
+    FRONTEND_TO_CLIENT,
+    AbortReq,
+    GenerateReq,
+    Heartbeat,
+    HeartbeatAck,
+    ReqOutput,
+    StatsOut,
+    StatsReq,
+)
+
+
+class AsyncClient:
+    def __init__(
+        self, port_or_address: int | str, *, host: str = "127.0.0.1", timeout_s: float | None = None,
+        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0,
+    ):
+        self.address = client_address(port_or_address, host)
+        self.timeout_s = timeout_s
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.server_timeout_s = server_timeout_s
+        self.client_id = uuid.uuid4().hex
+        self._ctx = zmq.asyncio.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(self.address)
+        self._queues: dict[int, asyncio.Queue[ReqOutput | BaseException]] = {}
+        self._stats: dict[int, asyncio.Future[dict]] = {}
+        self._tasks: list[asyncio.Task] = []
+        self._last_ack_s = time.monotonic()
+
+    def _ensure_started(self) -> None:
+        if not self._tasks:
+            self._last_ack_s = time.monotonic()
+            self._tasks = [asyncio.create_task(self._read_loop()), asyncio.create_task(self._heartbeat_loop())]
+
+    async def submit(
+        self, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
+        req_id: int | None = None, **sampling,
+    ) -> int:
+        self._ensure_started()
+        req_id = new_req_id() if req_id is None else req_id
+        body = build_body(prompt, input_ids, messages, sampling)
+        self._queues[req_id] = asyncio.Queue()
+        await self._send(GenerateReq(req_id, self.client_id, body))
+        return req_id
+
+    async def generate(self, prompt: str | None = None, **kwargs) -> GenerateResult:
+        req_id = await self.submit(prompt, **kwargs)
+        builder = ResultBuilder(req_id)
+        async for _ in self._outputs(req_id, builder):
+            pass
+        return builder.result
+
+    async def generate_batch(self, prompts: list[str], **sampling) -> list[GenerateResult]:
+        return list(await asyncio.gather(*(self.generate(p, **sampling) for p in prompts)))
+
+    async def stream(self, prompt: str | None = None, **kwargs) -> AsyncIterator[str]:
+        """Text deltas as they come. Leaving the loop early aborts the request."""
+        req_id = await self.submit(prompt, **kwargs)
+        async for delta in self._outputs(req_id, ResultBuilder(req_id)):
+            if delta:
+                yield delta
+
+    async def stream_outputs(self, prompt: str | None = None, **kwargs) -> AsyncIterator[tuple[str, GenerateResult]]:
+        """(delta, result so far) pairs, for callers that want ids, usage and timings as they grow."""
+        req_id = await self.submit(prompt, **kwargs)
+        builder = ResultBuilder(req_id)
+        async for delta in self._outputs(req_id, builder):
+            yield delta, builder.result
+
+    async def abort(self, req_id: int) -> None:
+        await self._send(AbortReq(req_id, "abort"))
+
+    async def stats(self) -> dict:
+        self._ensure_started()
+        req_id = new_req_id()
+        fut = self._stats[req_id] = asyncio.get_running_loop().create_future()
+        await self._send(StatsReq(req_id))
+        try:
+            return await asyncio.wait_for(fut, self.timeout_s or 10.0)
+        finally:
+            self._stats.pop(req_id, None)
+
+    async def close(self) -> None:
+        for req_id in list(self._queues):
+            await self._send(AbortReq(req_id, "abort"))
+        self._queues.clear()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._sock.close(linger=100)
+        self._ctx.term()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    # ---- plumbing ----------------------------------------------------------------------------
+
+    async def _outputs(self, req_id: int, builder: ResultBuilder) -> AsyncIterator[str]:
+        queue = self._queues[req_id]
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        try:
+            while not builder.done:
+                left_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+                try:
+                    item = await asyncio.wait_for(queue.get(), left_s)
+                except asyncio.TimeoutError:
+                    raise RequestTimeoutError(f"request {req_id}: no result within {self.timeout_s}s") from None
+                if isinstance(item, BaseException):
+                    raise item
+                yield builder.add(item)
+        finally:
+            if not builder.done and req_id in self._queues:
+                await self.abort(req_id)
+            self._queues.pop(req_id, None)
+
+    async def _send(self, msg) -> None:
+        await self._sock.send(CLIENT_TO_FRONTEND.encode(msg))
+
+    async def _read_loop(self) -> None:
+        while True:
+            msg = FRONTEND_TO_CLIENT.decode(await self._sock.recv())
+            if isinstance(msg, ReqOutput):
+                queue = self._queues.get(msg.req_id)
+                if queue is not None:
+                    queue.put_nowait(msg)
+            elif isinstance(msg, StatsOut):
+                fut = self._stats.get(msg.req_id)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg.stats)
+            elif isinstance(msg, HeartbeatAck):
+                self._last_ack_s = time.monotonic()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await self._send(Heartbeat(self.client_id))
+            await asyncio.sleep(self.heartbeat_interval_s)
+            silent_s = time.monotonic() - self._last_ack_s
+            if silent_s > self.server_timeout_s:
+                gone = ServerGoneError(f"server at {self.address} has not answered for {silent_s:.0f}s")
+                for queue in self._queues.values():
+                    queue.put_nowait(gone)

@@ -1,0 +1,57 @@
+"""A terminal chat against a running server: streams answers, keeps the conversation.
+
+Commands: /reset clears the conversation, /quit (or Ctrl-D) leaves.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from client.client import Client
+from client.types import ServerError
+
+
+def run_shell(address: str, *, max_tokens: int = 512, temperature: float = 0.0, stop_when: Callable[[], object] | None = None) -> None:
+    messages: list[dict] = []
+    print("zserve chat: /reset clears the conversation, /quit leaves", flush=True)
+    with Client(address) as client:
+        while not (stop_when and stop_when()):
+            try:
+                line = input("> ").strip()
+            except (EOFError, KeyboardInterrupt):
+                print()
+                return
+            if line in ("/quit", "/exit"):
+                return
+            if line == "/reset":
+                messages.clear()
+                print("(conversation cleared)")
+                continue
+            if not line:
+                continue
+            messages.append({"role": "user", "content": line})
+            stream = client.stream(messages=messages, max_tokens=max_tokens, temperature=temperature)
+            try:
+                for delta in stream:
+                    sys.stdout.write(delta)
+                    sys.stdout.flush()
+            except ServerError as exc:
+                print(f"\n[error] {exc}")
+                messages.pop()
+                continue
+            print()
+            assert stream.result is not None
+            messages.append({"role": "assistant", "content": stream.result.text})
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m client", description="Chat with a running zserve server.")
+    parser.add_argument("--port", type=int, required=True, help="the port launch_server printed")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    ns = parser.parse_args(argv)
+    run_shell(f"tcp://{ns.host}:{ns.port}", max_tokens=ns.max_tokens, temperature=ns.temperature)

@@ -1,0 +1,186 @@
+"""The synchronous ZMQ client.
+
+    with Client(port) as c:
+        print(c.generate("What is the capital of France?", max_tokens=32).text)
+        for delta in c.stream(messages=[{"role": "user", "content": "Hi"}]):
+            print(delta, end="", flush=True)
+
+One Client is one ZMQ DEALER socket; it is not thread-safe (use one per thread, or AsyncClient).
+Outputs of several requests in flight are demultiplexed by req_id, so `generate_batch` sends
+everything first and then collects.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections import deque
+from collections.abc import Iterator
+
+import zmq
+
+from client.heartbeat import HeartbeatThread
+from client.request_body import build_body, new_req_id
+from client.result_builder import ResultBuilder
+from client.types import GenerateResult, RequestTimeoutError, ServerGoneError
+from common.messages import (
+    CLIENT_TO_FRONTEND,
+    FRONTEND_TO_CLIENT,
+    AbortReq,
+    GenerateReq,
+    ReqOutput,
+    StatsOut,
+    StatsReq,
+)
+
+POLL_MS = 100
+
+
+def client_address(port_or_address: int | str, host: str = "127.0.0.1") -> str:
+    if isinstance(port_or_address, int):
+        return f"tcp://{host}:{port_or_address}"
+    return port_or_address
+
+
+class Client:
+    def __init__(
+        self, port_or_address: int | str, *, host: str = "127.0.0.1", timeout_s: float | None = None,
+        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0,
+    ):
+        self.address = client_address(port_or_address, host)
+        self.timeout_s = timeout_s
+        self.server_timeout_s = server_timeout_s
+        self.client_id = uuid.uuid4().hex
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(self.address)
+        self._outputs: dict[int, deque[ReqOutput]] = {}
+        self._stats: dict[int, dict] = {}
+        self._heartbeat = HeartbeatThread(self._ctx, self.address, self.client_id, heartbeat_interval_s)
+
+    # ---- requests ----------------------------------------------------------------------------
+
+    def submit(
+        self, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
+        req_id: int | None = None, **sampling,
+    ) -> int:
+        """Send a request without waiting; returns its req_id (see `result` and `stream_of`)."""
+        req_id = new_req_id() if req_id is None else req_id
+        body = build_body(prompt, input_ids, messages, sampling)
+        self._outputs[req_id] = deque()
+        self._send(GenerateReq(req_id, self.client_id, body))
+        return req_id
+
+    def generate(self, prompt: str | None = None, **kwargs) -> GenerateResult:
+        return self.result(self.submit(prompt, **kwargs))
+
+    def generate_batch(self, prompts: list[str], **sampling) -> list[GenerateResult]:
+        req_ids = [self.submit(p, **sampling) for p in prompts]
+        return [self.result(r) for r in req_ids]
+
+    def stream(self, prompt: str | None = None, **kwargs) -> TextStream:
+        """Text deltas as they come; `.result` holds the whole result once the stream ends."""
+        return TextStream(self, self.submit(prompt, **kwargs))
+
+    def result(self, req_id: int) -> GenerateResult:
+        builder = ResultBuilder(req_id)
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        while not builder.done:
+            builder.add(self._next_output(req_id, deadline))
+        return builder.result
+
+    def abort(self, req_id: int) -> None:
+        """Ask the server to stop `req_id`; its result ends with finish_reason "abort"."""
+        self._send(AbortReq(req_id, "abort"))
+
+    def stats(self) -> dict:
+        """Server state: waiting, running, KV pages free/cached/used, prefix hit tokens, ..."""
+        req_id = new_req_id()
+        self._send(StatsReq(req_id))
+        deadline = time.monotonic() + (self.timeout_s or 10.0)
+        while req_id not in self._stats:
+            self._pump(deadline)
+        return self._stats.pop(req_id)
+
+    def close(self) -> None:
+        """Abort what is still in flight, stop the heartbeat, close the socket."""
+        for req_id in list(self._outputs):
+            self._send(AbortReq(req_id, "abort"))
+        self._outputs.clear()
+        self._heartbeat.stop()
+        self._sock.close(linger=100)
+        self._ctx.term()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ---- plumbing ----------------------------------------------------------------------------
+
+    def _send(self, msg) -> None:
+        self._sock.send(CLIENT_TO_FRONTEND.encode(msg))
+
+    def _next_output(self, req_id: int, deadline: float | None) -> ReqOutput:
+        queue = self._outputs[req_id]
+        while not queue:
+            try:
+                self._pump(deadline)
+            except RequestTimeoutError:
+                self.abort(req_id)
+                self._outputs.pop(req_id, None)
+                raise
+        out = queue.popleft()
+        if out.finish_reason is not None:
+            del self._outputs[req_id]
+        return out
+
+    def _pump(self, deadline: float | None) -> None:
+        """Receive whatever arrives within one poll interval and file it by req_id."""
+        if deadline is not None and time.monotonic() > deadline:
+            raise RequestTimeoutError(f"no result within {self.timeout_s}s")
+        if self._heartbeat.silent_for_s() > self.server_timeout_s:
+            raise ServerGoneError(f"server at {self.address} has not answered for {self._heartbeat.silent_for_s():.0f}s")
+        if not self._sock.poll(POLL_MS):
+            return
+        while self._sock.poll(0):
+            msg = FRONTEND_TO_CLIENT.decode(self._sock.recv())
+            if isinstance(msg, ReqOutput) and msg.req_id in self._outputs:
+                self._outputs[msg.req_id].append(msg)
+            elif isinstance(msg, StatsOut):
+                self._stats[msg.req_id] = msg.stats
+
+
+class TextStream:
+    """Iterates text deltas of one request. Leaving the loop early aborts the request."""
+
+    def __init__(self, client: Client, req_id: int):
+        self.client = client
+        self.req_id = req_id
+        self.result: GenerateResult | None = None
+        self._gen = self._deltas()
+
+    def __iter__(self) -> Iterator[str]:
+        return self._gen
+
+    def __next__(self) -> str:
+        return next(self._gen)
+
+    def _deltas(self) -> Iterator[str]:
+        builder = ResultBuilder(self.req_id)
+        deadline = None if self.client.timeout_s is None else time.monotonic() + self.client.timeout_s
+        try:
+            while not builder.done:
+                delta = builder.add(self.client._next_output(self.req_id, deadline))
+                if delta:
+                    yield delta
+            self.result = builder.result
+        finally:
+            if not builder.done and self.req_id in self.client._outputs:
+                self.client.abort(self.req_id)
+                del self.client._outputs[self.req_id]  # later outputs of this request are dropped
+
+    def close(self) -> None:
+        self._gen.close()

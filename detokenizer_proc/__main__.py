@@ -1,0 +1,3 @@
+from detokenizer_proc.detokenizer_process import main
+
+main()

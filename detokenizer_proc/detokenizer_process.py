@@ -1,0 +1,113 @@
+"""The detokenizer process: token ids from the scheduler -> text deltas for the frontend.
+
+    loop:
+        DetokRegister -> start a request's incremental state (stop strings)
+        TokenOutBatch -> per request: text delta; a matched stop string finishes it here and
+                         tells the scheduler to stop decoding it; a finish flushes held-back text
+        StatsOut      -> pass through
+
+Per-request state lives from DetokRegister to the request's last output, never longer.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import zmq
+from tokenizer_proc.text_tokenizer import TextTokenizer
+
+from common.messages import (
+    DETOK_INBOX,
+    FRONTEND_INBOX,
+    LAUNCHER_INBOX,
+    SCHEDULER_INBOX,
+    AbortReq,
+    DetokRegister,
+    ProcReady,
+    ReqOutput,
+    StatsOut,
+    TokenOutBatch,
+    bytes_to_ids,
+    ids_to_bytes,
+)
+from common.proc_runtime import child_args, child_setup
+from common.server_config import ServerConfig
+from common.transport import Addresses, Endpoint, pull, push
+from detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
+
+logger = logging.getLogger("detokenizer_proc")
+
+
+@dataclass(slots=True)
+class DetokState:
+    detok: IncrementalDetokenizer
+    num_prompt_tokens: int
+    num_output_tokens: int = 0
+
+
+class DetokenizerLoop:
+    def __init__(self, tokenizer: TextTokenizer, inbox: Endpoint, to_frontend: Endpoint, to_scheduler: Endpoint):
+        self.tokenizer = tokenizer
+        self.inbox = inbox
+        self.to_frontend = to_frontend
+        self.to_scheduler = to_scheduler
+        self.states: dict[int, DetokState] = {}
+
+    def run_forever(self) -> None:
+        while True:
+            msg = self.inbox.recv()
+            if isinstance(msg, DetokRegister):
+                self.states[msg.req_id] = DetokState(IncrementalDetokenizer(self.tokenizer, stop=msg.stop), msg.num_prompt_tokens)
+            elif isinstance(msg, TokenOutBatch):
+                for entry in msg.entries:
+                    self.on_tokens(*entry)
+            elif isinstance(msg, StatsOut):
+                msg.stats["detokenizer_states"] = len(self.states)
+                self.to_frontend.send(msg)
+
+    def on_tokens(self, req_id, raw_ids, finish_reason, error, num_prompt_tokens, num_cached_tokens, logprobs) -> None:
+        state = self.states.get(req_id)
+        if state is None:
+            if finish_reason is not None and error is not None:  # refused before it was registered
+                self.to_frontend.send(ReqOutput(req_id, "", b"", finish_reason, error, num_prompt_tokens))
+            return  # already finished here (stop string matched while a step was in flight)
+        token_ids = bytes_to_ids(raw_ids)
+        state.num_output_tokens += len(token_ids)
+        text = state.detok.add_tokens(token_ids)
+        if state.detok.stopped:
+            self.to_scheduler.send(AbortReq(req_id, "stop"))
+            finish_reason, error = "stop", None
+        elif finish_reason is not None:
+            text += state.detok.flush()
+        if not text and finish_reason is None and not token_ids:
+            return
+        self.to_frontend.send(
+            ReqOutput(
+                req_id, text, ids_to_bytes(token_ids), finish_reason, error,
+                state.num_prompt_tokens, state.num_output_tokens, num_cached_tokens, logprobs,
+            )
+        )
+        if finish_reason is not None:
+            del self.states[req_id]
+
+
+def serve(cfg: ServerConfig, addrs: Addresses) -> None:
+    tokenizer = TextTokenizer.from_model_dir(cfg.model)
+    ctx = zmq.Context()
+    try:
+        inbox = pull(ctx, addrs.detok_inbox, DETOK_INBOX)
+        to_frontend = push(ctx, addrs.frontend_inbox, FRONTEND_INBOX)
+        to_scheduler = push(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
+        push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX).send(ProcReady("detokenizer", os.getpid(), {}))
+        logger.info("detokenizer ready")
+        DetokenizerLoop(tokenizer, inbox, to_frontend, to_scheduler).run_forever()
+    finally:
+        ctx.destroy(linger=0)
+
+
+def main() -> None:
+    cfg, addrs, _ = child_args()
+    child_setup("detok", cfg.log_level)
+    serve(cfg, addrs)

@@ -1,0 +1,47 @@
+"""One supervised child process of the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+
+
+@dataclass
+class ChildProcess:
+    name: str
+    popen: subprocess.Popen
+
+    @staticmethod
+    def start(name: str, module: str, args: list[str], env: dict[str, str] | None = None) -> ChildProcess:
+        child_env = dict(os.environ)
+        child_env.update(env or {})
+        child_env["ZSERVE_PARENT_PID"] = str(os.getpid())
+        popen = subprocess.Popen([sys.executable, "-m", module, *args], env=child_env, stdin=subprocess.DEVNULL)
+        return ChildProcess(name, popen)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def exit_description(self) -> str | None:
+        """None while running; else how it ended."""
+        code = self.popen.poll()
+        if code is None:
+            return None
+        if code < 0:
+            return f"killed by {signal.Signals(-code).name}"
+        return f"exited with code {code}"
+
+    def terminate(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.terminate()
+
+    def wait_or_kill(self, timeout_s: float) -> None:
+        try:
+            self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.popen.kill()
+            self.popen.wait()

@@ -1,0 +1,3 @@
+from model_proc.worker_process import main
+
+main()

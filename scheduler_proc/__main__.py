@@ -1,0 +1,3 @@
+from scheduler_proc.scheduler_process import main
+
+main()

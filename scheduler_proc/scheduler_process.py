@@ -1,0 +1,144 @@
+"""The scheduler process: the scheduler core's loop between the inbox and the model worker.
+
+    loop:
+        drain the inbox (block only when there is no work)
+        batch = scheduler.next_batch()
+        if batch: send it, wait for its result, publish the updates
+        else if idle: check integrity
+
+Only one batch is in flight (no overlap scheduling yet), so the scheduler's state is never
+touched while the worker is writing to pages it might free.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import asdict
+
+import zmq
+
+from common.batch_messages import ForwardBatchMsg, StepResultMsg
+from common.messages import (
+    DETOK_INBOX,
+    LAUNCHER_INBOX,
+    SCHEDULER_INBOX,
+    WORKER_INBOX,
+    WORKER_TO_SCHEDULER,
+    AbortReq,
+    DetokRegister,
+    ProcReady,
+    StatsOut,
+    StatsReq,
+    TokenizedReq,
+    TokenOutBatch,
+    WorkerError,
+    WorkerReady,
+    bytes_to_ids,
+    ids_to_bytes,
+)
+from common.proc_runtime import child_args, child_setup
+from common.sampling_params import SamplingParams
+from common.server_config import ServerConfig
+from common.transport import Addresses, Endpoint, pull, push
+from scheduler_proc.scheduler import ReqUpdate, Scheduler
+
+logger = logging.getLogger("scheduler_proc")
+
+
+class SchedulerLoop:
+    def __init__(self, scheduler: Scheduler, inbox: Endpoint, to_worker: Endpoint, from_worker: Endpoint, to_detok: Endpoint):
+        self.scheduler = scheduler
+        self.inbox = inbox
+        self.to_worker = to_worker
+        self.from_worker = from_worker
+        self.to_detok = to_detok
+        self.checked_idle = True
+
+    def run_forever(self) -> None:
+        while True:
+            self.drain_inbox(block=not self.scheduler.has_work)
+            batch = self.scheduler.next_batch()
+            if batch is not None:
+                self.checked_idle = False
+                self.to_worker.send(ForwardBatchMsg(batch))
+                self.publish(self.scheduler.on_result(self.wait_result(batch.step_id)))
+            elif not self.scheduler.has_work and not self.checked_idle:
+                self.scheduler.check_integrity()
+                self.checked_idle = True
+
+    def drain_inbox(self, block: bool) -> None:
+        msg = self.inbox.recv(timeout_ms=None if block else 0)
+        while msg is not None:
+            self.handle(msg)
+            msg = self.inbox.recv_nowait()
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, TokenizedReq):
+            params = SamplingParams.from_dict(msg.sampling)
+            input_ids = bytes_to_ids(msg.input_ids)
+            updates = self.scheduler.submit(msg.req_id, input_ids, params)
+            if not updates:
+                self.to_detok.send(DetokRegister(msg.req_id, list(params.stop), len(input_ids)))
+            self.publish(updates)
+        elif isinstance(msg, AbortReq):
+            self.publish(self.scheduler.abort(msg.req_id, msg.reason))
+        elif isinstance(msg, StatsReq):
+            self.to_detok.send(StatsOut(msg.req_id, asdict(self.scheduler.stats())))
+
+    def wait_result(self, step_id: int):
+        reply = self.from_worker.recv()
+        if isinstance(reply, WorkerError):
+            raise RuntimeError(f"model worker refused step {reply.step_id}: {reply.message}")
+        assert isinstance(reply, StepResultMsg) and reply.result.step_id == step_id, reply
+        return reply.result
+
+    def publish(self, updates: list[ReqUpdate]) -> None:
+        if not updates:
+            return
+        entries = [
+            [u.req_id, ids_to_bytes(u.new_token_ids), u.finish_reason, u.error, u.num_prompt_tokens, u.num_cached_tokens, u.logprobs]
+            for u in updates
+        ]
+        self.to_detok.send(TokenOutBatch(entries))
+
+
+def serve(cfg: ServerConfig, addrs: Addresses) -> None:
+    ctx = zmq.Context()
+    try:
+        inbox = pull(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
+        from_worker = pull(ctx, addrs.worker_results, WORKER_TO_SCHEDULER)
+        to_worker = push(ctx, addrs.worker_inbox, WORKER_INBOX)
+        to_detok = push(ctx, addrs.detok_inbox, DETOK_INBOX)
+        launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)
+        ready = from_worker.recv()
+        assert isinstance(ready, WorkerReady), ready
+        scheduler = Scheduler(
+            num_pages=ready.num_pages,
+            page_size=ready.page_size,
+            max_running_requests=cfg.max_running_requests,
+            max_prefill_tokens=cfg.max_prefill_tokens,
+            context_len=ready.context_len,
+            eos_token_ids=ready.eos_token_ids,
+            schedule_policy=cfg.schedule_policy,
+            admission_policy=cfg.admission_policy,
+            admission_lookahead=cfg.admission_lookahead,
+            force_fifo_every=cfg.force_fifo_every,
+            enable_radix_cache=not cfg.disable_radix_cache,
+            max_queued_requests=cfg.max_queued_requests,
+            seed=cfg.seed,
+        )
+        launcher.send(ProcReady("scheduler", os.getpid(), {"num_pages": ready.num_pages}))
+        logger.info(
+            "scheduler ready: %d KV pages of %d tokens, context %d, policy %s/%s, budget %d tokens/step",
+            ready.num_pages, ready.page_size, ready.context_len, cfg.schedule_policy, cfg.admission_policy, cfg.max_prefill_tokens,
+        )
+        SchedulerLoop(scheduler, inbox, to_worker, from_worker, to_detok).run_forever()
+    finally:
+        ctx.destroy(linger=0)
+
+
+def main() -> None:
+    cfg, addrs, _ = child_args()
+    child_setup("scheduler", cfg.log_level)
+    serve(cfg, addrs)

@@ -1,0 +1,3 @@
+from tokenizer_proc.tokenizer_process import main
+
+main()

@@ -1,0 +1,153 @@
+"""The tokenizer process, which is also the server's front door.
+
+It owns the client port (a ROUTER socket): it validates and tokenizes requests, forwards them
+to the scheduler, and routes every output the detokenizer produces back to the client that
+asked. Because every result passes through here, this process can also end every in-flight
+request at once (launcher's FailAll on shutdown or on a dead child) and abort the requests of
+a client that went silent.
+
+    loop:
+        wait for a client frame or an inbox message (or the heartbeat tick)
+        client: GenerateReq -> validate, encode, forward | error to that client
+                AbortReq -> forward if the client owns it;  Heartbeat -> ack;  StatsReq -> forward
+        inbox:  ReqOutput -> route to its client;  FailAll -> end everything in flight
+        tick:   abort the requests of silent clients
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import zmq
+
+from common.messages import (
+    CLIENT_TO_FRONTEND,
+    FRONTEND_TO_CLIENT,
+    AbortReq,
+    FailAll,
+    GenerateReq,
+    Heartbeat,
+    HeartbeatAck,
+    ReqOutput,
+    StatsOut,
+    StatsReq,
+    TokenizedReq,
+    ids_to_bytes,
+)
+from common.transport import Endpoint
+from common.wire import WireError
+from tokenizer_proc.client_registry import ClientRegistry
+from tokenizer_proc.request_validator import validate_request
+from tokenizer_proc.text_tokenizer import TextTokenizer
+
+logger = logging.getLogger("tokenizer_proc")
+TICK_MS = 250
+
+
+class Frontend:
+    def __init__(
+        self, tokenizer: TextTokenizer, context_len: int, router: zmq.Socket, inbox: Endpoint, to_scheduler: Endpoint,
+        registry: ClientRegistry,
+    ):
+        self.tokenizer = tokenizer
+        self.context_len = context_len
+        self.router = router
+        self.inbox = inbox
+        self.to_scheduler = to_scheduler
+        self.registry = registry
+        self.stats_waiters: dict[int, bytes] = {}
+        self.poller = zmq.Poller()
+        self.poller.register(router, zmq.POLLIN)
+        self.poller.register(inbox.socket, zmq.POLLIN)
+
+    def run_forever(self) -> None:
+        while True:
+            events = dict(self.poller.poll(TICK_MS))
+            if self.router in events:
+                self.drain_clients()
+            if self.inbox.socket in events:
+                self.drain_inbox()
+            self.abort_silent_clients()
+
+    # ---- from clients ----------------------------------------------------------------------
+
+    def drain_clients(self) -> None:
+        while self.router.poll(0):
+            frames = self.router.recv_multipart()
+            if len(frames) != 2:
+                logger.warning("dropped a client message of %d frames (expected 2)", len(frames))
+                continue
+            identity, frame = frames
+            try:
+                msg = CLIENT_TO_FRONTEND.decode(frame)
+            except WireError as exc:
+                logger.warning("dropped a malformed client frame (%d bytes): %s", len(frame), exc)
+                continue
+            self.on_client_message(identity, msg)
+
+    def on_client_message(self, identity: bytes, msg) -> None:
+        now_s = time.monotonic()
+        if isinstance(msg, GenerateReq):
+            self.on_generate(identity, msg, now_s)
+        elif isinstance(msg, AbortReq):
+            if self.registry.identity_of(msg.req_id) == identity:
+                self.to_scheduler.send(AbortReq(msg.req_id, "abort"))
+        elif isinstance(msg, Heartbeat):
+            self.registry.heard_from(msg.client_id, now_s)
+            self.send_to(identity, HeartbeatAck(msg.client_id))
+        elif isinstance(msg, StatsReq):
+            self.stats_waiters[msg.req_id] = identity
+            self.to_scheduler.send(msg)
+
+    def on_generate(self, identity: bytes, msg: GenerateReq, now_s: float) -> None:
+        if self.registry.identity_of(msg.req_id) is not None:
+            self.send_to(identity, ReqOutput(msg.req_id, "", b"", "error", f"req_id {msg.req_id} is already in flight"))
+            return
+        try:
+            input_ids, params = validate_request(msg.body, self.tokenizer, self.context_len)
+        except ValueError as exc:
+            logger.info("req %d refused: %s", msg.req_id, exc)
+            self.send_to(identity, ReqOutput(msg.req_id, "", b"", "error", str(exc)))
+            return
+        self.registry.add_request(msg.client_id, identity, msg.req_id, now_s)
+        self.to_scheduler.send(TokenizedReq(msg.req_id, ids_to_bytes(input_ids), params.to_dict()))
+
+    # ---- from the detokenizer and the launcher -----------------------------------------------
+
+    def drain_inbox(self) -> None:
+        msg = self.inbox.recv_nowait()
+        while msg is not None:
+            if isinstance(msg, ReqOutput):
+                self.route_output(msg)
+            elif isinstance(msg, StatsOut):
+                identity = self.stats_waiters.pop(msg.req_id, None)
+                if identity is not None:
+                    msg.stats["frontend_in_flight"] = self.registry.num_in_flight
+                    self.send_to(identity, msg)
+            elif isinstance(msg, FailAll):
+                self.fail_all(msg)
+            msg = self.inbox.recv_nowait()
+
+    def route_output(self, out: ReqOutput) -> None:
+        identity = self.registry.identity_of(out.req_id)
+        if identity is None:
+            return  # its client was told already (FailAll) or never existed
+        self.send_to(identity, out)
+        if out.finish_reason is not None:
+            self.registry.finish(out.req_id)
+
+    def fail_all(self, msg: FailAll) -> None:
+        req_ids = list(self.registry.owner_of)
+        logger.info("ending %d in-flight request(s): %s %s", len(req_ids), msg.finish_reason, msg.error or "")
+        for req_id in req_ids:
+            self.route_output(ReqOutput(req_id, "", b"", msg.finish_reason, msg.error))
+            self.to_scheduler.send(AbortReq(req_id, "abort"))
+
+    def abort_silent_clients(self) -> None:
+        for req_id in self.registry.silent_requests(time.monotonic()):
+            logger.info("req %d: client silent for over %.1fs, aborting", req_id, self.registry.client_timeout_s)
+            self.to_scheduler.send(AbortReq(req_id, "abort"))
+
+    def send_to(self, identity: bytes, msg) -> None:
+        self.router.send_multipart([identity, FRONTEND_TO_CLIENT.encode(msg)])

@@ -1,0 +1,50 @@
+"""Entry point of the tokenizer / frontend process (torch-free: starts in well under a second)."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import zmq
+
+from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, SCHEDULER_INBOX, ProcReady
+from common.proc_runtime import child_args, child_setup
+from common.server_config import ServerConfig
+from common.transport import Addresses, pull, push
+from model_proc.hf_config import load_hf_config
+from tokenizer_proc.client_registry import ClientRegistry
+from tokenizer_proc.frontend import Frontend
+from tokenizer_proc.text_tokenizer import TextTokenizer
+
+logger = logging.getLogger("tokenizer_proc")
+
+
+def bind_client_port(ctx: zmq.Context, host: str, port: int) -> tuple[zmq.Socket, int]:
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    if port == 0:
+        port = router.bind_to_random_port(f"tcp://{host}")
+    else:
+        router.bind(f"tcp://{host}:{port}")
+    return router, port
+
+
+def serve(cfg: ServerConfig, addrs: Addresses) -> None:
+    tokenizer = TextTokenizer.from_model_dir(cfg.model)
+    context_len = load_hf_config(cfg.model).context_len
+    ctx = zmq.Context()
+    try:
+        router, port = bind_client_port(ctx, cfg.host, cfg.port)
+        inbox = pull(ctx, addrs.frontend_inbox, FRONTEND_INBOX)
+        to_scheduler = push(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
+        push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX).send(ProcReady("tokenizer", os.getpid(), {"port": port}))
+        logger.info("frontend listening on tcp://%s:%d", cfg.host, port)
+        Frontend(tokenizer, context_len, router, inbox, to_scheduler, ClientRegistry(cfg.client_timeout_s)).run_forever()
+    finally:
+        ctx.destroy(linger=0)
+
+
+def main() -> None:
+    cfg, addrs, _ = child_args()
+    child_setup("tokenizer", cfg.log_level)
+    serve(cfg, addrs)
