@@ -11,7 +11,7 @@ from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, SCHEDULER_INBOX, Pro
 from common.proc_runtime import child_args, child_setup
 from common.server_config import ServerConfig
 from common.transport import Addresses, pull, push
-from model_proc.hf_config import load_hf_config
+from model_proc.hf_config import HfConfig
 from tokenizer_proc.client_registry import ClientRegistry
 from tokenizer_proc.frontend import Frontend
 from tokenizer_proc.text_tokenizer import TextTokenizer
@@ -31,7 +31,7 @@ def bind_client_port(ctx: zmq.Context, host: str, port: int) -> tuple[zmq.Socket
 
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:
     tokenizer = TextTokenizer.from_model_dir(cfg.model)
-    context_len = load_hf_config(cfg.model).context_len
+    context_len = HfConfig.from_model_dir(cfg.model).context_len
     ctx = zmq.Context()
     try:
         router, port = bind_client_port(ctx, cfg.host, cfg.port)
