@@ -32,6 +32,15 @@ class ServerHandle:
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
         return [int(p) for p in out.split()]
 
+    def child_pid(self, module: str) -> int:
+        """The pid of the child started as `python -m <module>`."""
+        for pid in self.child_pids():
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                argv = f.read().split(b"\0")
+            if module.encode() in argv:
+                return pid
+        raise AssertionError(f"no child runs {module}")
+
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20.0) -> int:
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
