@@ -38,8 +38,7 @@ from common.messages import (
 from common.transport import Endpoint
 from common.wire import WireError
 from tokenizer_proc.client_registry import ClientRegistry
-from tokenizer_proc.request_validator import validate_request
-from tokenizer_proc.text_tokenizer import TextTokenizer
+from tokenizer_proc.request_validator import RequestValidator
 
 logger = logging.getLogger("tokenizer_proc")
 TICK_MS = 250
@@ -47,11 +46,9 @@ TICK_MS = 250
 
 class Frontend:
     def __init__(
-        self, tokenizer: TextTokenizer, context_len: int, router: zmq.Socket, inbox: Endpoint, to_scheduler: Endpoint,
-        registry: ClientRegistry,
+        self, validator: RequestValidator, router: zmq.Socket, inbox: Endpoint, to_scheduler: Endpoint, registry: ClientRegistry
     ):
-        self.tokenizer = tokenizer
-        self.context_len = context_len
+        self.validator = validator
         self.router = router
         self.inbox = inbox
         self.to_scheduler = to_scheduler
@@ -105,7 +102,7 @@ class Frontend:
             self.send_to(identity, ReqOutput(msg.req_id, "", b"", "error", f"req_id {msg.req_id} is already in flight"))
             return
         try:
-            input_ids, params = validate_request(msg.body, self.tokenizer, self.context_len)
+            input_ids, params = self.validator.validate(msg.body)
         except ValueError as exc:
             logger.info("req %d refused: %s", msg.req_id, exc)
             self.send_to(identity, ReqOutput(msg.req_id, "", b"", "error", str(exc)))

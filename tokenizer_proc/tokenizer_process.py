@@ -14,6 +14,7 @@ from common.transport import Addresses, pull, push
 from model_proc.hf_config import HfConfig
 from tokenizer_proc.client_registry import ClientRegistry
 from tokenizer_proc.frontend import Frontend
+from tokenizer_proc.request_validator import RequestValidator
 from tokenizer_proc.text_tokenizer import TextTokenizer
 
 logger = logging.getLogger("tokenizer_proc")
@@ -30,8 +31,8 @@ def bind_client_port(ctx: zmq.Context, host: str, port: int) -> tuple[zmq.Socket
 
 
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:
-    tokenizer = TextTokenizer.from_model_dir(cfg.model)
-    context_len = HfConfig.from_model_dir(cfg.model).context_len
+    hf_config = HfConfig.from_model_dir(cfg.model)
+    validator = RequestValidator(TextTokenizer.from_model_dir(cfg.model), hf_config.context_len, hf_config.vocab_size)
     ctx = zmq.Context()
     try:
         router, port = bind_client_port(ctx, cfg.host, cfg.port)
@@ -39,7 +40,7 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         to_scheduler = push(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
         push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX).send(ProcReady("tokenizer", os.getpid(), {"port": port}))
         logger.info("frontend listening on tcp://%s:%d", cfg.host, port)
-        Frontend(tokenizer, context_len, router, inbox, to_scheduler, ClientRegistry(cfg.client_timeout_s)).run_forever()
+        Frontend(validator, router, inbox, to_scheduler, ClientRegistry(cfg.client_timeout_s)).run_forever()
     finally:
         ctx.destroy(linger=0)
 
