@@ -1,0 +1,124 @@
+"""Read tensors from a model directory's safetensors files, one rank's shard at a time.
+
+A checkpoint is `model.safetensors`, or shards listed in `model.safetensors.index.json`.
+`read` uses safetensors' `get_slice`, so a tensor-parallel rank reads only the rows (or
+columns) it holds, never the whole tensor. Every read checks the full on-disk shape against
+the shape the config implies and names the tensor when they differ.
+
+Layers write parameters through `copy_into`, which records what was loaded; the runner asks
+`missing_params` afterwards, so a parameter that no checkpoint tensor filled is an error,
+not silent garbage.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import safe_open
+from tqdm import tqdm
+
+logger = logging.getLogger(__name__)
+
+INDEX_FILE = "model.safetensors.index.json"
+SINGLE_FILE = "model.safetensors"
+
+
+class Checkpoint:
+    def __init__(self, model_dir: str | Path, show_progress: bool = False):
+        self.model_dir = Path(model_dir)
+        self.file_of: dict[str, str] = self._index()  # tensor name -> file name
+        self._handles: dict[str, Any] = {}
+        self._loaded_param_ids: set[int] = set()
+        self._progress = tqdm(total=len(self.file_of), desc="loading weights", unit="tensor", disable=not show_progress)
+
+    def _index(self) -> dict[str, str]:
+        index_path = self.model_dir / INDEX_FILE
+        if index_path.is_file():
+            try:
+                weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                raise ValueError(f"{index_path} is malformed ({e!r}); expected {{'weight_map': {{name: file}}}}") from None
+            for file_name in set(weight_map.values()):
+                if not (self.model_dir / file_name).is_file():
+                    raise FileNotFoundError(f"{self.model_dir / file_name} is listed in {index_path} but missing")
+            return dict(weight_map)
+        single = self.model_dir / SINGLE_FILE
+        if not single.is_file():
+            raise FileNotFoundError(f"no weights in {self.model_dir}: expected {SINGLE_FILE} or {INDEX_FILE}")
+        with self._open(SINGLE_FILE) as f:
+            return dict.fromkeys(f.keys(), SINGLE_FILE)
+
+    def _open(self, file_name: str) -> Any:
+        path = self.model_dir / file_name
+        try:
+            return safe_open(str(path), framework="pt", device="cpu")
+        except Exception as e:  # safetensors raises its own error types for a corrupt header
+            raise ValueError(f"{path} is not a readable safetensors file: {e}") from None
+
+    def __enter__(self) -> Checkpoint:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._progress.close()
+        self._handles.clear()
+
+    def has(self, name: str) -> bool:
+        return name in self.file_of
+
+    def read(
+        self,
+        name: str,
+        expected_shape: tuple[int, ...],
+        rows: tuple[int, int] | None = None,
+        cols: tuple[int, int] | None = None,
+        transpose: bool = False,
+    ) -> torch.Tensor:
+        """Rows [r0, r1) and columns [c0, c1) of tensor `name`, in our orientation.
+
+        `expected_shape` is the full tensor's shape in our orientation. `transpose=True` is for
+        GPT-2's Conv1D weights, stored as [in, out] where we use [out, in]: rows then index the
+        file's dim 1.
+        """
+        if name not in self.file_of:
+            raise KeyError(f"tensor {name!r} is missing from the checkpoint in {self.model_dir}")
+        file_name = self.file_of[name]
+        if file_name not in self._handles:
+            self._handles[file_name] = self._open(file_name)
+        sl = self._handles[file_name].get_slice(name)
+        file_shape = tuple(sl.get_shape())
+        shape = file_shape[::-1] if transpose else file_shape
+        if shape != tuple(expected_shape):
+            want = tuple(expected_shape)[::-1] if transpose else tuple(expected_shape)
+            raise ValueError(
+                f"tensor {name!r} in {self.model_dir / file_name} has shape {list(file_shape)}, "
+                f"but config.json implies {list(want)}"
+            )
+        r = slice(*rows) if rows else slice(None)
+        c = slice(*cols) if cols else slice(None)
+        if len(shape) == 1:
+            tensor = sl[r]
+        elif transpose:
+            tensor = sl[c, r].t()
+        else:
+            tensor = sl[r, c]
+        self._progress.update(1)
+        return tensor
+
+    def copy_into(self, param: torch.Tensor, tensor: torch.Tensor, name: str, row_offset: int = 0) -> None:
+        """param[row_offset : row_offset + len(tensor)] = tensor, cast to param's dtype."""
+        stop = row_offset + tensor.shape[0]
+        if tensor.shape[1:] != param.shape[1:] or stop > param.shape[0]:
+            raise ValueError(
+                f"tensor {name!r}: shard of shape {list(tensor.shape)} does not fit rows {row_offset}.. of parameter {list(param.shape)}"
+            )
+        with torch.no_grad():
+            param[row_offset:stop].copy_(tensor)
+        self._loaded_param_ids.add(id(param))
+
+    def missing_params(self, model: torch.nn.Module) -> list[str]:
+        """Names of `model`'s parameters that no `copy_into` call filled."""
+        return [n for n, p in model.named_parameters() if id(p) not in self._loaded_param_ids]

@@ -1,0 +1,80 @@
+"""The KV pool: per layer, one K and one V tensor indexed by slot (num_pages * page_size slots).
+
+The scheduler decides which slots a request owns; this object only holds the tensors. Layout is
+head-major, [num_kv_heads, num_slots, head_dim], so a gather of whole pages
+(`index_select` on the page dimension of the [kvh, num_pages, page_size, d] view) comes out
+as [kvh, batch, len, d], ready for a batched matmul without another copy.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class KVPool:
+    num_layers: int
+    num_kv_heads: int  # on this rank
+    head_dim: int
+    page_size: int
+    num_pages: int
+    dtype: torch.dtype
+    device: torch.device
+    k: list[torch.Tensor] = field(init=False)  # per layer [kvh, num_slots, d]
+    v: list[torch.Tensor] = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.num_pages < 1 or self.page_size < 1:
+            raise ValueError(f"KV pool needs num_pages >= 1 and page_size >= 1, got {self.num_pages}, {self.page_size}")
+        shape = (self.num_kv_heads, self.num_slots, self.head_dim)
+        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+
+    @property
+    def num_slots(self) -> int:
+        return self.num_pages * self.page_size
+
+    @property
+    def num_bytes(self) -> int:
+        return 2 * self.num_layers * self.num_slots * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+
+    def pages(self, cache: torch.Tensor) -> torch.Tensor:
+        """[kvh, num_slots, d] -> [kvh, num_pages, page_size, d] view."""
+        return cache.view(self.num_kv_heads, self.num_pages, self.page_size, self.head_dim)
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+
+    @staticmethod
+    def num_pages_for(num_tokens: int, page_size: int) -> int:
+        return max(1, -(-num_tokens // page_size))
+
+    @staticmethod
+    def num_pages_for_memory(fraction: float, device: torch.device, bytes_per_token: int, page_size: int) -> int:
+        """Pages that fit in `fraction` of the memory free now (after the weights are loaded)."""
+        if not 0 < fraction < 1:
+            raise ValueError(f"KV memory fraction must be in (0, 1), got {fraction}")
+        free = free_memory_bytes(device)
+        num_pages = int(free * fraction) // (bytes_per_token * page_size)
+        if num_pages < 1:
+            raise ValueError(f"{fraction:.0%} of {free / 2**30:.2f} GiB free memory is less than one KV page")
+        return num_pages
+
+
+def free_memory_bytes(device: torch.device) -> int:
+    """Free device memory: torch.cuda.mem_get_info on CUDA, MemAvailable from /proc/meminfo on CPU."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot tell free memory on this system; give the KV pool size in tokens instead")

@@ -1,0 +1,89 @@
+"""Paged attention: write the new tokens' K/V to their slots, then attend causally over each
+request's slots. The index work is in attention_metadata.py; this is the per-layer part.
+
+Paths:
+  - torch (CPU, the test oracle, and CUDA without flash-attn): decode rows batched over a padded
+    page gather + mask, longer rows one SDPA call each.
+  - flash-attn varlen (CUDA, fp16/bf16, flash_attn importable): one call for the whole batch over
+    slot-gathered K/V; its causal mask is bottom-right aligned, which is what a cached prefix needs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model_proc.layers.attention_metadata import AttentionMetadata
+
+
+def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and importlib.util.find_spec("flash_attn") is not None
+
+
+class PagedAttention(nn.Module):
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int):
+        super().__init__()
+        assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
+        self.scale, self.layer_idx = scale, layer_idx
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q [T, h, d], k and v [T, kvh, d] (this step's tokens) -> [T, h * d]"""
+        k_cache, v_cache = meta.kv_pool.k[self.layer_idx], meta.kv_pool.v[self.layer_idx]  # [kvh, slots, d]
+        k_cache.index_copy_(1, meta.out_slots, k.transpose(0, 1))
+        v_cache.index_copy_(1, meta.out_slots, v.transpose(0, 1))
+        if meta.varlen is not None:
+            return self._varlen(q, k_cache, v_cache, meta)
+
+        T = q.shape[0]
+        decode, prefills = meta.decode, meta.prefills
+        if decode is not None and decode.token_idx is None:
+            return self._decode(q, k_cache, v_cache, meta)
+        out = torch.empty(T, self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
+        if decode is not None:
+            out.index_copy_(0, decode.token_idx, self._decode(q.index_select(0, decode.token_idx), k_cache, v_cache, meta))
+        for row in prefills:
+            a, b = row.token_start, row.token_stop
+            out[a:b] = self._prefill_row(q[a:b], k[a:b], v[a:b], k_cache, v_cache, row, meta)
+        return out
+
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """q [B, h, d], one token per row -> [B, h * d]"""
+        rows, pool = meta.decode, meta.kv_pool
+        B, kvh, d = rows.num_rows, self.num_kv_heads, self.head_dim
+        group = self.num_heads // kvh
+        keys = pool.pages(k_cache).index_select(1, rows.page_table).view(kvh, B, -1, d)  # [kvh, B, Lp, d]
+        values = pool.pages(v_cache).index_select(1, rows.page_table).view(kvh, B, -1, d)
+        q = q.view(B, kvh, group, d).transpose(0, 1)  # [kvh, B, group, d]: query heads sharing a kv head
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=rows.mask, scale=self.scale)  # [kvh, B, group, d]
+        return out.transpose(0, 1).reshape(B, self.num_heads * d)
+
+    def _prefill_row(self, q, k, v, k_cache, v_cache, row, meta) -> torch.Tensor:
+        """One request's E new tokens: q [E, h, d], k, v [E, kvh, d] -> [E, h * d]"""
+        q = q.transpose(0, 1)  # [h, E, d]
+        if row.cached_len == 0:
+            out = F.scaled_dot_product_attention(
+                q, k.transpose(0, 1), v.transpose(0, 1), is_causal=True, scale=self.scale, enable_gqa=True
+            )
+        else:
+            pool, seq_len = meta.kv_pool, row.cached_len + q.shape[1]
+            keys = pool.pages(k_cache).index_select(1, row.page_ids).view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len]
+            values = pool.pages(v_cache).index_select(1, row.page_ids).view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=row.mask, scale=self.scale, enable_gqa=True)
+        return out.transpose(0, 1).reshape(-1, self.num_heads * self.head_dim)  # [E, h * d]
+
+    def _varlen(self, q, k_cache, v_cache, meta) -> torch.Tensor:
+        from flash_attn import flash_attn_varlen_func  # guarded by flash_attn_available()
+
+        rows = meta.varlen
+        keys = k_cache.index_select(1, rows.kv_slots).transpose(0, 1)  # [sum(seq_lens), kvh, d]
+        values = v_cache.index_select(1, rows.kv_slots).transpose(0, 1)
+        out = flash_attn_varlen_func(
+            q.contiguous(), keys.contiguous(), values.contiguous(),
+            rows.cu_seqlens_q, rows.cu_seqlens_k, rows.max_seqlen_q, rows.max_seqlen_k,
+            softmax_scale=self.scale, causal=True,
+        )  # [T, h, d]
+        return out.reshape(q.shape[0], self.num_heads * self.head_dim)

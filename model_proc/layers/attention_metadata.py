@@ -1,0 +1,134 @@
+"""Per-step index tensors for paged attention, computed once per batch and shared by every layer.
+
+Tokens of a batch are packed request after request; request i owns tokens
+[token_start_i, token_start_i + extend_len_i) and positions [cached_len_i, cached_len_i + extend_len_i):
+
+    tokens     | r0: n n n n n | r1: n | r2: n n n | r3: n |
+    positions    0 1 2 3 4       17      5 6 7       40          (r1, r3 decode; r2 a chunk after 5 cached)
+
+Rows with extend_len == 1 (decode, or a 1-token chunk) are attended together: their pages are
+gathered into a padded [kvh, B, max_pages * page_size, d] tensor, masked past each row's length.
+Longer rows each go through SDPA, over their own new K/V when nothing is cached (no gather), else
+over the gathered pages with a bottom-right causal mask. On CUDA with flash-attn installed, every
+row goes through one varlen call over slot-gathered K/V instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from common.forward_batch import ForwardBatch
+from model_proc.kv_pool import KVPool
+
+
+@dataclass(slots=True)
+class DecodeRows:
+    num_rows: int
+    token_idx: torch.Tensor | None  # int64[B] into the batch's tokens; None when the batch is only these rows, in order
+    page_table: torch.Tensor  # int64[B * max_pages], padded with page 0 (masked out)
+    mask: torch.Tensor  # [1, B, 1, max_pages * page_size] additive: 0 where j < seq_len, -inf after
+    seq_len_max: int
+
+
+@dataclass(slots=True)
+class PrefillRow:
+    token_start: int
+    token_stop: int
+    cached_len: int
+    page_ids: torch.Tensor | None  # int64[num_pages] when cached_len > 0: the prefix is read from the pool
+    mask: torch.Tensor | None  # bool[extend_len, cached_len + extend_len] when cached_len > 0
+
+
+@dataclass(slots=True)
+class VarlenRows:
+    """flash-attn varlen inputs: every request, K/V gathered slot by slot."""
+
+    cu_seqlens_q: torch.Tensor  # int32[num_reqs + 1]
+    cu_seqlens_k: torch.Tensor  # int32[num_reqs + 1]
+    max_seqlen_q: int
+    max_seqlen_k: int
+    kv_slots: torch.Tensor  # int64[sum(seq_lens)]
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    kv_pool: KVPool
+    positions: torch.Tensor  # int64[T]
+    out_slots: torch.Tensor  # int64[T]: where each new token's K/V is written
+    decode: DecodeRows | None
+    prefills: list[PrefillRow]
+    varlen: VarlenRows | None  # set only when the flash-attn path runs
+
+    @staticmethod
+    def build(batch: ForwardBatch, kv_pool: KVPool, dtype: torch.dtype, use_varlen: bool = False) -> AttentionMetadata:
+        device, page_size = kv_pool.device, kv_pool.page_size
+        cached = batch.cached_lens.astype(np.int64)
+        extend = batch.extend_lens.astype(np.int64)
+        seq_lens = cached + extend
+        token_starts = np.cumsum(extend) - extend
+        page_starts = np.cumsum(batch.num_pages.astype(np.int64)) - batch.num_pages
+        page_ids = batch.page_ids.astype(np.int64)
+
+        req_of_token = np.repeat(np.arange(batch.num_reqs), extend)
+        positions = cached[req_of_token] + np.arange(batch.num_tokens) - token_starts[req_of_token]
+        out_slots = page_ids[page_starts[req_of_token] + positions // page_size] * page_size + positions % page_size
+
+        def to_device(a: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(a).to(device, non_blocking=True)
+
+        if use_varlen:
+            return AttentionMetadata(
+                kv_pool, to_device(positions), to_device(out_slots), None, [], _varlen(batch, seq_lens, page_starts, page_ids, page_size, to_device)
+            )
+        is_decode = extend == 1
+        decode = _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids, page_size, dtype, to_device)
+        prefills = []
+        for i in np.nonzero(~is_decode)[0]:
+            start, c, e = int(token_starts[i]), int(cached[i]), int(extend[i])
+            row_pages, mask = None, None
+            if c > 0:
+                row_pages = to_device(page_ids[page_starts[i] : page_starts[i] + batch.num_pages[i]])
+                # query i (position c + i) sees keys 0..c + i
+                mask = torch.arange(c + e, device=device)[None, :] <= torch.arange(c, c + e, device=device)[:, None]
+            prefills.append(PrefillRow(start, start + e, c, row_pages, mask))
+        return AttentionMetadata(kv_pool, to_device(positions), to_device(out_slots), decode, prefills, None)
+
+
+def _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids, page_size, dtype, to_device) -> DecodeRows | None:
+    rows = np.nonzero(is_decode)[0]
+    if rows.size == 0:
+        return None
+    num_pages = batch.num_pages[rows].astype(np.int64)
+    max_pages = int(num_pages.max())
+    # page_table[b, j] = page_ids[page_starts[row b] + j] for j < num_pages[b], else page 0
+    table = np.zeros((rows.size, max_pages), np.int64)
+    col = np.arange(max_pages)[None, :]
+    valid = col < num_pages[:, None]
+    table[valid] = page_ids[(page_starts[rows][:, None] + col)[valid]]
+    mask = np.where(np.arange(max_pages * page_size)[None, :] < seq_lens[rows][:, None], 0.0, -np.inf)
+    only_these = rows.size == batch.num_reqs
+    return DecodeRows(
+        num_rows=int(rows.size),
+        token_idx=None if only_these else to_device(token_starts[rows]),
+        page_table=to_device(table.reshape(-1)),
+        mask=to_device(mask.astype(np.float32)).to(dtype)[None, :, None, :],
+        seq_len_max=int(seq_lens[rows].max()),
+    )
+
+
+def _varlen(batch, seq_lens, page_starts, page_ids, page_size, to_device) -> VarlenRows:
+    extend = batch.extend_lens.astype(np.int64)
+    req_of_key = np.repeat(np.arange(batch.num_reqs), seq_lens)
+    key_pos = np.arange(int(seq_lens.sum())) - (np.cumsum(seq_lens) - seq_lens)[req_of_key]
+    kv_slots = page_ids[page_starts[req_of_key] + key_pos // page_size] * page_size + key_pos % page_size
+    zero = np.zeros(1, np.int64)
+    return VarlenRows(
+        cu_seqlens_q=to_device(np.concatenate([zero, np.cumsum(extend)]).astype(np.int32)),
+        cu_seqlens_k=to_device(np.concatenate([zero, np.cumsum(seq_lens)]).astype(np.int32)),
+        max_seqlen_q=int(extend.max()),
+        max_seqlen_k=int(seq_lens.max()),
+        kv_slots=to_device(kv_slots),
+    )

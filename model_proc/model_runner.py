@@ -1,0 +1,214 @@
+"""ModelRunner: weights + KV pool + sampler on one device; runs ForwardBatches.
+
+    run(batch):  validate -> attention metadata -> forward (writes K/V of new tokens)
+                 -> logits at the last token of each sampled request -> sample -> StepResult
+
+It keeps no state about requests: which pages a request owns, and how many of its tokens are
+already in them, comes with every batch. It trusts the slot ids only after `batch.validate`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from common.forward_batch import ForwardBatch, StepResult
+from model_proc.checkpoint import Checkpoint
+from model_proc.hf_config import HfConfig
+from model_proc.kv_pool import KVPool
+from model_proc.layers.attention import flash_attn_available
+from model_proc.layers.attention_metadata import AttentionMetadata
+from model_proc.models.registry import build_model
+from model_proc.worker_env import default_num_threads
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+PROGRESS_MIN_PARAMS = 50_000_000  # show a loading bar for models at least this big
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    if str(device) == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """"auto": bf16 on CUDA; fp32 on CPU (matmuls in fp32 are the exact reference, and a CPU
+    without native bf16 matmul runs bf16 slower than fp32)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_dir: str | Path,
+        *,
+        device: str | torch.device = "auto",
+        dtype: str | torch.dtype = "auto",
+        page_size: int = 16,
+        kv_cache_tokens: int = 0,
+        kv_memory_fraction: float = 0.3,
+        num_threads: int = 0,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        seed: int = 0,
+        show_progress: bool | None = None,
+    ):
+        """`kv_cache_tokens` > 0 sizes the KV pool in tokens; 0 takes `kv_memory_fraction` of the
+        memory free after loading. `num_threads` 0 = `default_num_threads()` on CPU."""
+        self.config = HfConfig.from_model_dir(model_dir)
+        self.device = resolve_device(device)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.page_size, self.tp_rank, self.tp_size = page_size, tp_rank, tp_size
+        if page_size < 1:
+            raise ValueError(f"page_size must be >= 1, got {page_size}")
+        if tp_size > 1 and not torch.distributed.is_initialized():
+            raise ValueError(f"tp_size={tp_size} needs torch.distributed initialised before the ModelRunner")
+        if self.device.type == "cpu":
+            torch.set_num_threads(num_threads or default_num_threads())
+        torch.manual_seed(seed)
+
+        t0 = time.perf_counter()
+        self.model = self._load_model(show_progress)
+        logger.info("loaded %s (%s) on %s in %.1fs", self.config.architecture, self.dtype, self.device, time.perf_counter() - t0)
+
+        kvh = self.config.num_kv_heads // tp_size
+        if kv_cache_tokens > 0:
+            num_pages = KVPool.num_pages_for(kv_cache_tokens, page_size)
+        else:
+            per_token = KVPool.bytes_per_token(self.config.num_layers, kvh, self.config.head_dim, self.dtype)
+            num_pages = KVPool.num_pages_for_memory(kv_memory_fraction, self.device, per_token, page_size)
+        self.kv_pool = KVPool(self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device)
+        logger.info("KV pool: %d pages x %d tokens, %.2f GiB", num_pages, page_size, self.kv_pool.num_bytes / 2**30)
+        self.use_varlen = flash_attn_available(self.device, self.dtype)
+        self.sampler = _make_sampler(self.device)
+
+    @staticmethod
+    def from_server_config(cfg, tp_rank: int = 0) -> ModelRunner:
+        """Unpack the launcher's ServerConfig into plain values."""
+        return ModelRunner(
+            cfg.model,
+            device=cfg.device,
+            dtype=cfg.dtype,
+            page_size=cfg.page_size,
+            kv_cache_tokens=cfg.kv_cache_tokens,
+            kv_memory_fraction=cfg.kv_memory_fraction,
+            num_threads=cfg.num_threads,
+            tp_rank=tp_rank,
+            tp_size=getattr(cfg, "tp_size", 1),
+            seed=cfg.seed,
+        )
+
+    def _load_model(self, show_progress: bool | None) -> torch.nn.Module:
+        if show_progress is None:
+            show_progress = self.config.num_params >= PROGRESS_MIN_PARAMS
+        previous_dtype = torch.get_default_dtype()
+        torch.set_default_dtype(self.dtype)  # parameters are created in the compute dtype ...
+        try:
+            with torch.device(self.device):  # ... on the device, uninitialised until loaded
+                model = build_model(self.config, self.tp_rank, self.tp_size)
+        finally:
+            torch.set_default_dtype(previous_dtype)
+        with Checkpoint(self.config.model_dir, show_progress=show_progress) as ckpt:
+            model.load(ckpt)
+            missing = ckpt.missing_params(model)
+        assert not missing, f"parameters not filled from the checkpoint: {missing}"
+        return model.eval()
+
+    @property
+    def num_pages_total(self) -> int:
+        return self.kv_pool.num_pages
+
+    def info(self) -> dict:
+        """What the scheduler needs to know (the WorkerReady message's fields)."""
+        return {
+            "num_pages": self.num_pages_total,
+            "page_size": self.page_size,
+            "context_len": self.config.context_len,
+            "eos_token_ids": list(self.config.eos_token_ids),
+            "vocab_size": self.config.vocab_size,
+        }
+
+    @torch.inference_mode()
+    def run(self, batch: ForwardBatch) -> StepResult:
+        t0 = time.perf_counter()
+        self._validate(batch)
+        sampled = batch.is_sampled.astype(bool)
+        logits = self._forward(batch, sampled)  # float32[num_sampled, vocab]
+        positions = torch.from_numpy((batch.cached_lens[sampled] + batch.extend_lens[sampled]).astype(np.int64)).to(self.device)
+        want_logprob = batch.return_logprob[sampled].astype(bool)
+        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.select(sampled), positions, want_logprob)
+        return StepResult(
+            step_id=batch.step_id,
+            next_token_ids=token_ids.to(torch.int32).cpu().numpy(),
+            logprobs=logprobs.to(torch.float32).cpu().numpy(),
+            forward_ms=(time.perf_counter() - t0) * 1e3,
+        )
+
+    @torch.inference_mode()
+    def last_logits(self, batch: ForwardBatch) -> torch.Tensor:
+        """float32[num_reqs, vocab]: logits at every request's last token (sampled or not), for
+        parity tests. Runs a full forward, so it writes the batch's K/V like `run`."""
+        self._validate(batch)
+        return self._forward(batch, np.ones(batch.num_reqs, bool))
+
+    def _validate(self, batch: ForwardBatch) -> None:
+        batch.validate(self.page_size, self.num_pages_total)
+        seq_lens = batch.cached_lens.astype(np.int64) + batch.extend_lens
+        if batch.num_reqs == 0:
+            raise ValueError(f"ForwardBatch {batch.step_id}: no requests")
+        if (seq_lens > self.config.context_len).any():
+            i = int(np.argmax(seq_lens > self.config.context_len))
+            raise ValueError(
+                f"ForwardBatch {batch.step_id}: request {i} reaches {int(seq_lens[i])} tokens, past the model's context of {self.config.context_len}"
+            )
+        if batch.num_tokens and (batch.input_ids.min() < 0 or batch.input_ids.max() >= self.config.vocab_size):
+            bad = batch.input_ids[(batch.input_ids < 0) | (batch.input_ids >= self.config.vocab_size)][0]
+            raise ValueError(f"ForwardBatch {batch.step_id}: token id {int(bad)} is outside the vocabulary of {self.config.vocab_size}")
+
+    def _forward(self, batch: ForwardBatch, rows: np.ndarray) -> torch.Tensor:
+        """Forward the whole batch; logits at the last token of the requests where `rows` is True."""
+        meta = AttentionMetadata.build(batch, self.kv_pool, self.dtype, use_varlen=self.use_varlen)
+        input_ids = torch.from_numpy(batch.input_ids.astype(np.int64)).to(self.device)
+        hidden = self.model(input_ids, meta)  # [T, hidden]
+        last_token_idx = (np.cumsum(batch.extend_lens, dtype=np.int64) - 1)[rows]
+        if last_token_idx.size != batch.num_tokens:  # a pure decode batch needs no gather
+            hidden = hidden.index_select(0, torch.from_numpy(last_token_idx).to(self.device))
+        return self.model.compute_logits(hidden)
+
+
+def _make_sampler(device: torch.device):
+    try:
+        from model_proc.sampler import Sampler
+    except ImportError:  # the sampler lands separately; until then, greedy
+        logger.warning("model_proc.sampler not found: sampling greedily")
+        return _GreedySampler()
+    return Sampler(device)
+
+
+class _GreedySampler:
+    """Stand-in with the Sampler's call shape: argmax, logprob of the chosen token where asked."""
+
+    def sample(self, logits, sampling, positions, want_logprob) -> tuple[torch.Tensor, torch.Tensor]:
+        token_ids = logits.argmax(dim=-1)
+        logprobs = torch.log_softmax(logits, dim=-1).gather(1, token_ids[:, None]).squeeze(1)
+        mask = torch.from_numpy(np.asarray(want_logprob, bool)).to(logits.device)
+        return token_ids.to(torch.int32), torch.where(mask, logprobs, torch.full_like(logprobs, float("nan")))

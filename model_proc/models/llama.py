@@ -1,0 +1,122 @@
+"""Llama family: Llama 2/3, SmolLM2, Mistral (dense) and Qwen2 (the same with q/k/v bias).
+
+    x = embed(ids)
+    for each layer:  x = x + attn(rms_norm(x));  x = x + mlp(rms_norm(x))
+    logits = lm_head(rms_norm(x))          (only at the rows the runner asks for)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from model_proc.checkpoint import Checkpoint
+from model_proc.hf_config import HfConfig
+from model_proc.layers.activation import get_activation
+from model_proc.layers.attention import PagedAttention
+from model_proc.layers.attention_metadata import AttentionMetadata
+from model_proc.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from model_proc.layers.linear import ColumnParallelLinear, RowParallelLinear
+from model_proc.layers.norm import RMSNorm
+from model_proc.layers.rotary import RotaryEmbedding, apply_rotary
+
+
+def heads_per_rank(cfg: HfConfig, tp_size: int) -> tuple[int, int]:
+    if cfg.num_heads % tp_size or cfg.num_kv_heads % tp_size:
+        raise ValueError(
+            f"{cfg.num_heads} attention heads / {cfg.num_kv_heads} KV heads do not split across {tp_size} tensor-parallel ranks"
+        )
+    return cfg.num_heads // tp_size, cfg.num_kv_heads // tp_size
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: HfConfig, layer_idx: int, tp_rank: int, tp_size: int):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = heads_per_rank(cfg, tp_size)
+        self.head_dim = cfg.head_dim
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.q_size, cfg.kv_size, cfg.kv_size], cfg.qkv_bias, tp_rank, tp_size)
+        self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size, cfg.o_bias, tp_rank, tp_size)
+        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.attn_scale, layer_idx)
+
+    def norm_qk(self, qk: torch.Tensor) -> torch.Tensor:
+        return qk  # Qwen3 normalises q and k here
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        T, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
+        qkv = self.qkv_proj(x).view(T, h + 2 * kvh, self.head_dim)  # heads: [q x h | k x kvh | v x kvh]
+        qk = apply_rotary(self.norm_qk(qkv[:, : h + kvh]), cos, sin)  # q and k rotated together
+        out = self.attn(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], meta)  # [T, h * d]
+        return self.o_proj(out)
+
+    def load(self, ckpt: Checkpoint, prefix: str) -> None:
+        self.qkv_proj.load(ckpt, [f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"])
+        self.o_proj.load(ckpt, f"{prefix}.o_proj")
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: HfConfig, tp_rank: int, tp_size: int):
+        super().__init__()
+        size = cfg.intermediate_size
+        self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [size, size], cfg.mlp_bias, tp_rank, tp_size)
+        self.down_proj = RowParallelLinear(size, cfg.hidden_size, cfg.mlp_bias, tp_rank, tp_size)
+        self.act = get_activation(cfg.hidden_act, gated=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))  # [T, hidden] -> [T, 2I / tp] -> [T, hidden]
+
+    def load(self, ckpt: Checkpoint, prefix: str) -> None:
+        self.gate_up_proj.load(ckpt, [f"{prefix}.gate_proj", f"{prefix}.up_proj"])
+        self.down_proj.load(ckpt, f"{prefix}.down_proj")
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: HfConfig, attention: nn.Module, tp_rank: int, tp_size: int):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.self_attn = attention
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        self.mlp = LlamaMLP(cfg, tp_rank, tp_size)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+    def load(self, ckpt: Checkpoint, prefix: str) -> None:
+        self.input_layernorm.load(ckpt, f"{prefix}.input_layernorm.weight")
+        self.self_attn.load(ckpt, f"{prefix}.self_attn")
+        self.post_attention_layernorm.load(ckpt, f"{prefix}.post_attention_layernorm.weight")
+        self.mlp.load(ckpt, f"{prefix}.mlp")
+
+
+class LlamaForCausalLM(nn.Module):
+    attention_cls: type[LlamaAttention] = LlamaAttention
+
+    def __init__(self, cfg: HfConfig, tp_rank: int = 0, tp_size: int = 1):
+        super().__init__()
+        assert cfg.rope_theta is not None, "the Llama family uses rotary positions"
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(cfg, self.attention_cls(cfg, i, tp_rank, tp_size), tp_rank, tp_size) for i in range(cfg.num_layers)
+        )
+        self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
+        tied_to = self.embed_tokens if cfg.tie_word_embeddings else None
+        self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size, tied_to=tied_to)
+
+    def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids int64[T] -> hidden states [T, hidden] (before the final norm)"""
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(meta.positions, x.dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, meta)
+        return x
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(self.norm(hidden))  # [n, hidden] -> float32[n, vocab]
+
+    def load(self, ckpt: Checkpoint) -> None:
+        self.embed_tokens.load(ckpt, "model.embed_tokens.weight")
+        for i, layer in enumerate(self.layers):
+            layer.load(ckpt, f"model.layers.{i}")
+        self.norm.load(ckpt, "model.norm.weight")
+        self.lm_head.load(ckpt, "lm_head.weight")

@@ -1,0 +1,57 @@
+"""Threads for the model worker, and the environment its process must start with (torch-free).
+
+Why the worker does not simply take every core, with OpenMP's default wait policy:
+
+  - A CPU decode step is ~10 small ops per layer, each one OpenMP parallel region. With N
+    threads, a region ends only when the slowest thread does. If another process (scheduler,
+    tokenizer, detokenizer, or another test) holds one of the N cores, the thread queued
+    behind it stalls the region for a scheduler time slice: milliseconds per op, tens of
+    milliseconds per step. So on CPU the worker uses one core fewer than it is allowed
+    (`default_num_threads`), which on a 2-core machine means a single thread: no barrier at all,
+    and a core left for the rest of the server.
+  - OMP_WAIT_POLICY=PASSIVE: between regions, idle OpenMP threads sleep instead of spinning.
+    Spinning (ACTIVE) saves a few microseconds per region only when every thread has a core of
+    its own; on a shared machine a spinning thread takes CPU from exactly the processes the
+    worker waits for. With one thread the policy changes nothing in the worker itself but
+    keeps torch's pool quiet in the processes that import torch without computing.
+  - OMP_WAIT_POLICY is read once, when the OpenMP runtime loads with torch, so it cannot be set
+    from inside a running worker: the launcher starts the worker with `worker_env(...)`.
+    The thread count itself is set again in the worker (`torch.set_num_threads`).
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def available_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def default_num_threads(num_cores: int | None = None) -> int:
+    """One fewer than the cores this process may use (leaves one for the other processes), at least 1."""
+    return max(1, (num_cores or available_cores()) - 1)
+
+
+def worker_env(num_threads: int = 0, device: str = "auto", wait_policy: str = "PASSIVE") -> dict[str, str]:
+    """Environment variables the model worker process must be started with.
+
+    `num_threads` 0 picks `default_num_threads()`. On CUDA the CPU only launches kernels, so
+    a couple of threads are enough whatever the core count.
+    """
+    if num_threads < 0:
+        raise ValueError(f"num_threads must be >= 0 (0 = automatic), got {num_threads}")
+    if wait_policy not in ("PASSIVE", "ACTIVE"):
+        raise ValueError(f"wait_policy must be PASSIVE or ACTIVE, got {wait_policy!r}")
+    if num_threads == 0:
+        num_threads = min(2, default_num_threads()) if device.startswith("cuda") else default_num_threads()
+    threads = str(num_threads)
+    return {
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "OMP_WAIT_POLICY": wait_policy,
+        "ZSERVE_NUM_THREADS": threads,
+    }
