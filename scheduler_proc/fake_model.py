@@ -1,0 +1,62 @@
+"""FakeModel: a stand-in model worker for scheduler tests and benchmarks (no torch, no weights).
+
+Its "KV pool" holds the token id written at each slot. The next token of a request is a hash of
+the whole sequence it reads back through its page table, so a request whose pages were freed,
+reused or mixed up gets a different token than its true sequence implies -- the test harness
+recomputes `next_token(prompt + output so far)` and compares. Freed pages can be poisoned
+(`poison`), and reading a poisoned slot fails at once.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from common.forward_batch import ForwardBatch, StepResult
+
+POISON = -1
+
+
+class FakeModel:
+    def __init__(self, num_pages: int, page_size: int, vocab_size: int = 64):
+        self.num_pages = num_pages
+        self.page_size = page_size
+        self.vocab_size = vocab_size
+        self.pool = np.full(num_pages * page_size, POISON, np.int64)  # token id per slot
+
+    @staticmethod
+    def next_token(seq: np.ndarray | list[int], vocab_size: int) -> int:
+        seq = np.asarray(seq, np.int64) % 65521
+        weights = (np.arange(1, len(seq) + 1, dtype=np.int64) * 40503) % 65521
+        return int((seq * weights).sum() % 1_000_003) % vocab_size
+
+    def poison(self, page_ids: np.ndarray) -> None:
+        """Mark freed pages: a later read of them before a write is a use-after-free."""
+        ps = self.page_size
+        slots = (np.asarray(page_ids, np.int64)[:, None] * ps + np.arange(ps)).reshape(-1)
+        self.pool[slots] = POISON
+
+    def forward(self, batch: ForwardBatch) -> StepResult:
+        batch.validate(self.page_size, self.num_pages)
+        ps = self.page_size
+        page_starts = np.concatenate([[0], np.cumsum(batch.num_pages)])
+        token_starts = np.concatenate([[0], np.cumsum(batch.extend_lens)])
+        reads, writes, seqs = [], [], []
+        for i in range(batch.num_reqs):
+            cached, total = int(batch.cached_lens[i]), int(batch.cached_lens[i] + batch.extend_lens[i])
+            pages = batch.page_ids[page_starts[i] : page_starts[i + 1]].astype(np.int64)
+            positions = np.arange(total)
+            slots = pages[positions // ps] * ps + positions % ps
+            cached_ids = self.pool[slots[:cached]]
+            assert (cached_ids != POISON).all(), f"step {batch.step_id}: request {i} reads a freed or never-written slot"
+            new_ids = batch.input_ids[token_starts[i] : token_starts[i + 1]].astype(np.int64)
+            reads.append(slots[:cached])
+            writes.append(slots[cached:])
+            seqs.append(np.concatenate([cached_ids, new_ids]))
+        written = np.concatenate(writes)
+        assert len(np.unique(written)) == len(written), f"step {batch.step_id}: two requests write the same slot"
+        assert not np.intersect1d(written, np.concatenate(reads)).size, f"step {batch.step_id}: a slot is written while another request reads it"
+        self.pool[written] = batch.input_ids.astype(np.int64)
+        sampled = np.flatnonzero(batch.is_sampled)
+        next_ids = np.array([self.next_token(seqs[i], self.vocab_size) for i in sampled], np.int32)
+        logprobs = np.where(batch.return_logprob[sampled], -0.5, np.nan).astype(np.float32)
+        return StepResult(batch.step_id, next_ids, logprobs)

@@ -1,0 +1,144 @@
+"""PrefillAdder: the prefill part of one step, built under a token budget and a KV reservation.
+
+Made fresh every step (a budget lives as long as the step it limits):
+
+    adder = PrefillAdder(token_budget=..., reserved_size=..., ...)
+    adder.add_chunked(chunked)            # the ChunkedReq left by the last step, first
+    adder.try_add(pending) ...            # in the admission policy's order
+
+Admission is conservative: a request is admitted only if everything it can ever write
+(`uncached prompt + max_tokens`, in whole pages) fits in free + evictable KV on top of
+`reserved_size`, what admitted requests may still write. So running requests never wait for
+memory and are never preempted.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+
+import numpy as np
+
+from scheduler_proc.cache_manager import CacheManager
+from scheduler_proc.req import ChunkedReq, PendingReq, Req
+from scheduler_proc.req_table import ReqTable
+
+logger = logging.getLogger(__name__)
+
+
+class AddOutcome(enum.Enum):
+    ADMITTED = "admitted"
+    NO_BUDGET = "no token budget left this step"
+    NO_ROW = "all request rows are taken"
+    NO_MEMORY = "not enough free or evictable KV for its prompt and max_tokens"
+    WAIT_FOR_PREFIX = "its next prefix page is being computed by a request in this step"
+
+
+class PrefillAdder:
+    def __init__(
+        self,
+        *,
+        token_budget: int,
+        reserved_size: int,
+        cache: CacheManager,
+        req_table: ReqTable,
+        wait_for_shared_prefix: bool = True,
+    ):
+        self.token_budget = token_budget  # tokens this step may still compute
+        self.reserved_size = reserved_size  # KV tokens promised to admitted requests, not yet allocated
+        self.cache = cache
+        self.req_table = req_table
+        self.page_size = cache.page_size
+        self.wait_for_shared_prefix = wait_for_shared_prefix and cache.enable_radix_cache
+        self.reqs: list[Req] = []  # scheduled this step, in order
+        self.extend_lens: list[int] = []
+        self.admitted: list[Req] = []  # the newly admitted subset of `reqs`
+        self.chunked: ChunkedReq | None = None  # the request left with prompt after this step
+
+    def add_chunked(self, chunked: ChunkedReq) -> None:
+        """Continue the previous step's ChunkedReq: its row, pages and lock are already held."""
+        assert not self.reqs, "a ChunkedReq continues before anything else"
+        req = chunked.req
+        self._schedule(req, min(self.token_budget, req.num_prompt_tokens - req.cached_len))
+
+    def try_add(self, pending: PendingReq) -> AddOutcome:
+        if self.token_budget <= 0:
+            return AddOutcome.NO_BUDGET
+        if self.req_table.num_free_rows == 0:
+            return AddOutcome.NO_ROW
+        num_prompt_tokens = pending.num_prompt_tokens
+        # At least one prompt token is computed: its logits give the first output token.
+        match = self.cache.match_prefix(pending.input_ids, num_prompt_tokens - 1)
+        if self._prefix_in_this_step(pending.input_ids, match.num_tokens):
+            return AddOutcome.WAIT_FOR_PREFIX
+        num_need_pages = pending.max_num_pages - len(match.page_ids)
+        if not self._fits(num_need_pages):
+            return AddOutcome.NO_MEMORY
+        self.cache.lock(match.node)  # the matched pages stop being evictable: check again
+        if not self._fits(num_need_pages):
+            self.cache.unlock(match.node)
+            return AddOutcome.NO_MEMORY
+
+        row_idx = self.req_table.alloc(pending.req_id)
+        assert row_idx is not None
+        page_table = np.empty(pending.max_num_pages, np.int32)
+        num_matched_pages = len(match.page_ids)
+        page_table[:num_matched_pages] = match.page_ids
+        req = Req(
+            req_id=pending.req_id,
+            input_ids=pending.input_ids,
+            params=pending.params,
+            max_tokens=pending.max_tokens,
+            seed=pending.seed,
+            stop_ids=pending.stop_ids,
+            max_tokens_clamped_to=pending.max_tokens_clamped_to,
+            row_idx=row_idx,
+            page_table=page_table,
+            num_pages=num_matched_pages,
+            num_tree_pages=num_matched_pages,
+            cache_node=match.node,
+            cached_len=match.num_tokens,
+            num_cached_tokens=match.num_tokens,
+        )
+        self.reserved_size += num_need_pages * self.page_size
+        extend_len = min(self.token_budget, num_prompt_tokens - match.num_tokens)
+        logger.info(
+            "req %d admitted: %d prompt tokens, %d cached, %d computed now, row %d",
+            req.req_id, num_prompt_tokens, match.num_tokens, extend_len, row_idx,
+        )
+        self.admitted.append(req)
+        self._schedule(req, extend_len)
+        return AddOutcome.ADMITTED
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _fits(self, num_need_pages: int) -> bool:
+        return num_need_pages * self.page_size + self.reserved_size <= self.cache.num_available_pages * self.page_size
+
+    def _schedule(self, req: Req, extend_len: int) -> None:
+        """Compute `extend_len` more prompt tokens of `req` this step; give it the pages they
+        need out of its reservation."""
+        assert 0 < extend_len <= self.token_budget, (extend_len, self.token_budget)
+        end = req.cached_len + extend_len
+        num_new_pages = -(-end // self.page_size) - req.num_pages
+        if num_new_pages > 0:
+            req.page_table[req.num_pages : req.num_pages + num_new_pages] = self.cache.alloc(num_new_pages)
+            req.num_pages += num_new_pages
+            self.reserved_size -= num_new_pages * self.page_size
+        self.reqs.append(req)
+        self.extend_lens.append(extend_len)
+        self.token_budget -= extend_len
+        if end < req.num_prompt_tokens:
+            assert self.token_budget == 0
+            self.chunked = ChunkedReq(req)
+            logger.info("req %d chunked: %d of %d prompt tokens after this step", req.req_id, end, req.num_prompt_tokens)
+
+    def _prefix_in_this_step(self, input_ids: np.ndarray, num_matched_tokens: int) -> bool:
+        """True if the page after the cached prefix is computed in this step by a request with
+        the same tokens up to there. Waiting one step turns it into a cache hit, so identical
+        prompts arriving together are computed once instead of once each."""
+        end = num_matched_tokens + self.page_size
+        if not self.wait_for_shared_prefix or end > len(input_ids) - 1:
+            return False
+        head = input_ids[:end]
+        return any(r.num_prompt_tokens >= end and np.array_equal(r.input_ids[:end], head) for r in self.reqs)

@@ -1,0 +1,222 @@
+"""RadixCache: a radix tree from token-id prefixes to the KV pages that hold their K/V.
+
+The tree holds whole pages only: every edge is a multiple of `page_size` tokens, and a node's
+`page_ids[i]` holds tokens `token_ids[i * page_size : (i + 1) * page_size]` of its edge.
+Children are keyed by the bytes of their first page of tokens, so a lookup costs one dict hit
+per node and one vectorised compare per edge.
+
+Locks: a request that reads a prefix from the tree holds a lock on the node where its prefix
+ends; `lock` counts +1 on that node and every ancestor. A node with `lock_count > 0` is never
+evicted; pages of unlocked nodes are "evictable" (still valid, reclaimable on demand).
+Eviction removes unlocked leaves, least recently used first; a parent left childless and
+unlocked becomes a candidate in turn.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+
+_EMPTY = np.zeros(0, np.int32)
+_EMPTY.setflags(write=False)
+
+
+@dataclass(eq=False, slots=True)
+class RadixNode:
+    token_ids: np.ndarray  # int32[num_pages * page_size]: the edge from the parent
+    page_ids: np.ndarray  # int32[num_pages]
+    parent: RadixNode | None
+    node_id: int  # creation order; breaks LRU ties so eviction order is deterministic
+    children: dict[bytes, RadixNode] = field(default_factory=dict)
+    lock_count: int = 0
+    last_access: int = 0
+
+    @property
+    def num_pages(self) -> int:
+        return len(self.page_ids)
+
+
+@dataclass(slots=True)
+class PrefixMatch:
+    """The tree's pages for a prefix of `num_tokens` tokens, ending at `node`. `page_ids` may be
+    a view of the tree's own array: copy it, never write to it."""
+
+    node: RadixNode
+    page_ids: np.ndarray  # int32[num_tokens // page_size]
+    num_tokens: int
+
+
+class RadixCache:
+    def __init__(self, page_size: int):
+        self.page_size = page_size
+        self.root = RadixNode(_EMPTY, _EMPTY, None, node_id=0)
+        self._num_pages = 0  # pages held by the tree
+        self._num_evictable_pages = 0  # pages held by unlocked nodes
+        self._clock = 0  # logical time of the last access, for LRU
+        self._num_nodes_made = 1
+
+    @property
+    def num_pages(self) -> int:
+        return self._num_pages
+
+    @property
+    def num_evictable_pages(self) -> int:
+        return self._num_evictable_pages
+
+    def match_prefix(self, token_ids: np.ndarray) -> PrefixMatch:
+        """The longest page-aligned prefix of `token_ids` in the tree. Splits a node the prefix
+        ends inside of, so the returned node covers exactly the match (and can be locked alone)."""
+        node, pages, num_tokens = self._walk(token_ids)
+        return PrefixMatch(node, _concat(pages), num_tokens)
+
+    def insert(self, token_ids: np.ndarray, page_ids: np.ndarray) -> PrefixMatch:
+        """Make the tree hold `token_ids` (a whole number of pages), adding `page_ids` for the part
+        it lacks. Returns the tree's pages for the whole range: where they differ from `page_ids`
+        the tree already had those tokens and the caller's pages are duplicates (the caller
+        repoints its page table first, then frees them)."""
+        ps = self.page_size
+        assert len(token_ids) % ps == 0 and len(page_ids) * ps == len(token_ids), (len(token_ids), len(page_ids), ps)
+        node, pages, num_tokens = self._walk(token_ids)
+        if num_tokens < len(token_ids):
+            leaf = self._new_node(token_ids[num_tokens:].copy(), page_ids[num_tokens // ps :].copy(), node)
+            node.children[leaf.token_ids[:ps].tobytes()] = leaf
+            self._num_pages += leaf.num_pages
+            self._num_evictable_pages += leaf.num_pages
+            pages.append(leaf.page_ids)
+            node = leaf
+        return PrefixMatch(node, _concat(pages), len(token_ids))
+
+    def lock(self, node: RadixNode) -> None:
+        while node is not self.root:
+            if node.lock_count == 0:
+                self._num_evictable_pages -= node.num_pages
+            node.lock_count += 1
+            node = node.parent
+
+    def unlock(self, node: RadixNode) -> None:
+        while node is not self.root:
+            assert node.lock_count > 0, f"unlock of node {node.node_id} that holds no lock"
+            node.lock_count -= 1
+            if node.lock_count == 0:
+                self._num_evictable_pages += node.num_pages
+            node = node.parent
+
+    def evict(self, num_pages: int) -> np.ndarray:
+        """Remove unlocked leaves, least recently used first, until at least `num_pages` pages
+        are released (or nothing evictable is left). Returns the released page ids."""
+        if num_pages <= 0:
+            return _EMPTY
+        heap = [(n.last_access, n.node_id, n) for n in self._nodes() if self._is_evictable_leaf(n)]
+        heapq.heapify(heap)
+        released: list[np.ndarray] = []
+        num_released = 0
+        while heap and num_released < num_pages:
+            _, _, node = heapq.heappop(heap)
+            parent = node.parent
+            del parent.children[node.token_ids[: self.page_size].tobytes()]
+            released.append(node.page_ids)
+            num_released += node.num_pages
+            self._num_pages -= node.num_pages
+            self._num_evictable_pages -= node.num_pages
+            if self._is_evictable_leaf(parent):
+                heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
+        return _concat(released)
+
+    def path_page_ids(self, node: RadixNode) -> np.ndarray:
+        """Pages from the root down to `node`, in token order."""
+        pages = []
+        while node is not self.root:
+            pages.append(node.page_ids)
+            node = node.parent
+        return _concat(pages[::-1])
+
+    def nodes(self) -> Iterator[RadixNode]:
+        """Every node but the root."""
+        return (n for n in self._nodes() if n is not self.root)
+
+    def check_integrity(self) -> np.ndarray:
+        """Check the tree's own invariants; return every page it holds."""
+        ps = self.page_size
+        all_pages = []
+        num_evictable = 0
+        for node in self.nodes():
+            assert node.num_pages >= 1 and len(node.token_ids) == node.num_pages * ps, f"node {node.node_id} edge is not whole pages"
+            assert node.parent.children.get(node.token_ids[:ps].tobytes()) is node, f"node {node.node_id} is not its parent's child"
+            assert node.lock_count >= 0, f"node {node.node_id} lock_count {node.lock_count}"
+            child_locks = sum(c.lock_count for c in node.children.values())
+            assert node.lock_count >= child_locks, f"node {node.node_id} holds fewer locks than its children"
+            all_pages.append(node.page_ids)
+            num_evictable += node.num_pages if node.lock_count == 0 else 0
+        pages = _concat(all_pages)
+        assert len(pages) == self._num_pages, f"tree counts {self._num_pages} pages, holds {len(pages)}"
+        assert num_evictable == self._num_evictable_pages, f"tree counts {self._num_evictable_pages} evictable pages, has {num_evictable}"
+        assert len(np.unique(pages)) == len(pages), "a page is held by two tree nodes"
+        return pages
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _walk(self, token_ids: np.ndarray) -> tuple[RadixNode, list[np.ndarray], int]:
+        """Follow `token_ids` down the tree in whole pages, splitting the node it ends inside of.
+        Touches every node on the path (LRU)."""
+        ps = self.page_size
+        self._clock += 1
+        node, pages, pos = self.root, [], 0
+        while pos + ps <= len(token_ids):
+            child = node.children.get(token_ids[pos : pos + ps].tobytes())
+            if child is None:
+                break
+            n = _common_prefix_len(child.token_ids, token_ids[pos:])
+            n -= n % ps  # >= ps: the first page matched through the dict key
+            if n < len(child.token_ids):
+                child = self._split(child, n)
+            child.last_access = self._clock
+            pages.append(child.page_ids)
+            pos += n
+            node = child
+        return node, pages, pos
+
+    def _split(self, node: RadixNode, num_tokens: int) -> RadixNode:
+        """Cut `node`'s edge after `num_tokens`; the new upper node takes the head. `node` keeps
+        its identity (a lock handle on it stays valid and still covers the same tokens)."""
+        ps = self.page_size
+        upper = self._new_node(node.token_ids[:num_tokens], node.page_ids[: num_tokens // ps], node.parent)
+        upper.lock_count = node.lock_count
+        upper.last_access = node.last_access
+        node.parent.children[upper.token_ids[:ps].tobytes()] = upper
+        node.token_ids = node.token_ids[num_tokens:]
+        node.page_ids = node.page_ids[num_tokens // ps :]
+        node.parent = upper
+        upper.children[node.token_ids[:ps].tobytes()] = node
+        return upper
+
+    def _new_node(self, token_ids: np.ndarray, page_ids: np.ndarray, parent: RadixNode) -> RadixNode:
+        node = RadixNode(token_ids, page_ids, parent, node_id=self._num_nodes_made, last_access=self._clock)
+        self._num_nodes_made += 1
+        return node
+
+    def _is_evictable_leaf(self, node: RadixNode) -> bool:
+        return node is not self.root and not node.children and node.lock_count == 0
+
+    def _nodes(self) -> Iterator[RadixNode]:
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())
+
+
+def _common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:
+    n = min(len(a), len(b))
+    diff = np.flatnonzero(a[:n] != b[:n])
+    return int(diff[0]) if diff.size else n
+
+
+def _concat(arrays: list[np.ndarray]) -> np.ndarray:
+    if not arrays:
+        return _EMPTY
+    if len(arrays) == 1:
+        return arrays[0]
+    return np.concatenate(arrays)

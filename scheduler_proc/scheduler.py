@@ -1,0 +1,316 @@
+"""Scheduler: the scheduler core, from plain values, with no sockets, model or torch.
+
+    submit / abort          -> requests enter the queue, or leave from any state
+    next_batch()            -> the ForwardBatch of one step (None when there is nothing to run)
+    on_result(StepResult)   -> append sampled tokens, finish, cache and free
+
+One batch is in flight at a time. A request aborted while its batch is in flight is answered at
+once but freed by on_result, after the worker is done with its pages, and gets nothing after
+its abort update.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from common.forward_batch import ForwardBatch, StepResult
+from common.sampling_params import SamplingParams
+from scheduler_proc.admission_policy import AdmissionPolicy
+from scheduler_proc.cache_manager import CacheManager
+from scheduler_proc.decode_manager import DecodeManager
+from scheduler_proc.prefill_adder import PrefillAdder
+from scheduler_proc.req import ChunkedReq, PendingReq, Req
+from scheduler_proc.req_table import ReqTable
+from scheduler_proc.req_update import FINISH_REASONS, ReqUpdate
+from scheduler_proc.scheduled_batch import ScheduledBatch
+from scheduler_proc.scheduler_stats import SchedulerStats
+
+__all__ = ["STEP_POLICIES", "ReqUpdate", "Scheduler", "SchedulerStats"]
+
+logger = logging.getLogger(__name__)
+
+STEP_POLICIES = ("prefill-first", "decode-first", "mixed")
+
+
+class Scheduler:
+    def __init__(
+        self,
+        *,
+        num_pages: int,
+        page_size: int,
+        max_running_requests: int,
+        max_prefill_tokens: int,
+        context_len: int,
+        eos_token_ids: Sequence[int],
+        schedule_policy: str = "prefill-first",
+        admission_policy: str = "fifo",
+        admission_lookahead: int = 64,
+        force_fifo_every: int = 8,
+        enable_radix_cache: bool = True,
+        max_queued_requests: int = 1024,
+        seed: int = 0,
+    ):
+        if schedule_policy not in STEP_POLICIES:
+            raise ValueError(f"schedule policy must be one of {STEP_POLICIES}, got {schedule_policy!r}")
+        for name, value in (("num_pages", num_pages), ("page_size", page_size), ("max_running_requests", max_running_requests),
+                            ("max_prefill_tokens", max_prefill_tokens), ("context_len", context_len),
+                            ("max_queued_requests", max_queued_requests)):
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        self.page_size = page_size
+        self.context_len = context_len
+        self.max_prefill_tokens = max_prefill_tokens
+        self.max_queued_requests = max_queued_requests
+        self.schedule_policy = schedule_policy
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self._cache = CacheManager(num_pages, page_size, enable_radix_cache)
+        self._req_table = ReqTable(max_running_requests)
+        self._decode = DecodeManager(page_size)
+        self._admission = AdmissionPolicy(admission_policy, admission_lookahead, force_fifo_every)
+        self._queue: deque[PendingReq] = deque()
+        self._chunked: ChunkedReq | None = None  # the front of the pending list, before the queue
+        self._live: dict[int, PendingReq | Req] = {}  # every request that has not had its final update
+        self._in_flight: ScheduledBatch | None = None
+        self._last_step_was_prefill = False
+        self._rng = np.random.default_rng(seed)  # per-request seeds for requests that give none
+        self._totals = SchedulerStats()
+
+    # -- requests in and out -----------------------------------------------------------------
+
+    def submit(self, req_id: int, input_ids: Sequence[int] | np.ndarray, params: SamplingParams) -> list[ReqUpdate]:
+        """Queue a request ([]), or refuse it at once with an "error" update saying why."""
+        input_ids = np.array(input_ids, dtype=np.int32).reshape(-1)
+        num_prompt_tokens = len(input_ids)
+        max_tokens = min(params.max_tokens, self.context_len - num_prompt_tokens)
+        clamped_to = max_tokens if max_tokens < params.max_tokens else None
+        self._totals.num_submitted += 1
+        error = self._refusal(req_id, num_prompt_tokens, max_tokens)
+        if error is not None:
+            logger.info("req %d refused: %s", req_id, error)
+            self._totals.num_refused += 1
+            return [ReqUpdate(req_id, [], "error", error, num_prompt_tokens, 0, None, clamped_to)]
+        if clamped_to is not None:
+            logger.info("req %d: max_tokens %d clamped to %d by the context length %d", req_id, params.max_tokens, max_tokens, self.context_len)
+        seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        max_num_pages = -(-(num_prompt_tokens + max_tokens - 1) // self.page_size)  # the last token is never written
+        pending = PendingReq(req_id, input_ids, params, max_tokens, seed, stop_ids, clamped_to, max_num_pages)
+        self._queue.append(pending)
+        self._live[req_id] = pending
+        return []
+
+    def abort(self, req_id: int, reason: str = "abort") -> list[ReqUpdate]:
+        """End a request in any state. Unknown or already finished ids get []. `reason` becomes
+        the finish reason if it is one ("stop" for a stop string the detokenizer found), else
+        it is logged and the finish reason is "abort"."""
+        entry = self._live.pop(req_id, None)
+        if entry is None:
+            return []
+        finish_reason = reason if reason in FINISH_REASONS else "abort"
+        if isinstance(entry, PendingReq):
+            self._queue.remove(entry)
+            state = "waiting"
+        elif entry.in_flight:
+            entry.is_aborted = True  # on_result frees it once the worker is done with its pages
+            state = "in flight"
+        else:
+            state = "between chunks" if entry.is_prefilling else "running"
+            self._release(entry)
+        logger.info("req %d aborted (%s) while %s", req_id, reason, state)
+        self._totals.num_aborted += 1
+        return [self._final_update(entry, finish_reason)]
+
+    # -- one step ----------------------------------------------------------------------------
+
+    def next_batch(self) -> ForwardBatch | None:
+        assert self._in_flight is None, "next_batch() called before on_result() of the batch in flight"
+        decode_reqs: list[Req] = []
+        adder: PrefillAdder | None = None
+        if self.schedule_policy == "mixed":
+            decode_reqs = self._decode.schedule_decode(self._cache)
+            adder = self._schedule_prefill(self.max_prefill_tokens - len(decode_reqs))
+        elif self.schedule_policy == "decode-first" and len(self._decode) and self._last_step_was_prefill:
+            decode_reqs = self._decode.schedule_decode(self._cache)
+        else:
+            adder = self._schedule_prefill(self.max_prefill_tokens)
+            if adder is None:
+                decode_reqs = self._decode.schedule_decode(self._cache)
+        if adder is None and not decode_reqs:
+            assert not self._queue and self._chunked is None, "scheduler stalled: requests wait while nothing runs"
+            return None
+        batch = ScheduledBatch(self._totals.num_steps, decode_reqs, adder.reqs if adder else [], adder.extend_lens if adder else [])
+        for req in decode_reqs:
+            req.in_flight = True
+        for req in batch.prefill_reqs:
+            req.in_flight = True
+        self._in_flight = batch
+        self._last_step_was_prefill = adder is not None
+        self._totals.num_steps += 1
+        return batch.to_forward_batch()
+
+    def on_result(self, result: StepResult) -> list[ReqUpdate]:
+        batch = self._in_flight
+        assert batch is not None and result.step_id == batch.step_id, f"result for step {result.step_id}, in flight: {batch and batch.step_id}"
+        self._in_flight = None
+        token_ids = result.next_token_ids.tolist()
+        logprobs = result.logprobs.tolist()
+        is_sampled = batch.is_sampled
+        assert len(token_ids) == sum(is_sampled), f"step {batch.step_id}: {len(token_ids)} tokens for {sum(is_sampled)} sampled requests"
+        self._totals.num_decoded_tokens += len(batch.decode_reqs)
+        self._totals.num_prefilled_tokens += batch.num_prefill_tokens
+        updates = []
+        i = 0
+        for req, extend_len, sampled in zip(batch.reqs, batch.extend_lens, is_sampled, strict=True):
+            req.in_flight = False
+            req.cached_len += extend_len
+            if sampled:
+                token_id, logprob = token_ids[i], logprobs[i]
+                i += 1
+            if req.is_aborted:  # its abort update is sent; drop the token, free it now
+                self._release(req)
+                continue
+            if not sampled:  # a chunk: share what is done so far, say nothing yet
+                self._cache.cache_req(req)
+                continue
+            was_prefilling = not req.output_ids
+            req.output_ids.append(token_id)
+            finish_reason = "stop" if token_id in req.stop_ids else "length" if len(req.output_ids) >= req.max_tokens else None
+            updates.append(self._update(req, token_id, logprob, finish_reason))
+            if finish_reason is not None:
+                logger.info("req %d finished (%s): %d output tokens", req.req_id, finish_reason, len(req.output_ids))
+                del self._live[req.req_id]
+                self._totals.num_finished += 1
+                self._release(req)
+            elif was_prefilling:
+                self._cache.cache_req(req)
+                self._decode.add(req)
+        self._totals.num_generated_tokens += len(updates)
+        return updates
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self._queue) or self._chunked is not None or len(self._decode) > 0 or self._in_flight is not None
+
+    def stats(self) -> SchedulerStats:
+        cache = self._cache
+        return replace(
+            self._totals,
+            num_waiting=len(self._queue),
+            num_prefilling=int(self._chunked is not None),
+            num_running=len(self._decode),
+            num_free_pages=cache.num_free_pages,
+            num_cached_pages=cache.num_cached_pages,
+            num_evictable_pages=cache.num_evictable_pages,
+            num_used_pages=cache.num_pages - cache.num_free_pages - cache.num_cached_pages,
+            num_reserved_pages=self._num_reserved_pages(),
+        )
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError naming the first broken invariant: every page is free, cached,
+        or owned by one live request; every row is free or owned; reservations add up."""
+        holders = {id(r): r for r in self._live.values() if isinstance(r, Req)}
+        if self._in_flight is not None:  # requests aborted in flight hold pages until on_result
+            holders.update((id(r), r) for r in self._in_flight.reqs)
+        reqs = list(holders.values())
+        self._cache.check_integrity(reqs)
+        self._req_table.check_integrity({r.row_idx: r.req_id for r in reqs})
+        self._decode.check_integrity()
+        queued = {p.req_id for p in self._queue}
+        assert len(queued) == len(self._queue) <= self.max_queued_requests, "the queue holds a request twice, or too many"
+        assert all(isinstance(self._live.get(i), PendingReq) for i in queued), "a queued request is not live"
+        pending_live = {i for i, e in self._live.items() if isinstance(e, PendingReq)}
+        assert pending_live == queued, f"live waiting requests {sorted(pending_live - queued)} are not queued"
+        for req in reqs:
+            if req.in_flight:
+                continue
+            is_running = self._decode.holds(req)
+            assert is_running != req.is_prefilling, (
+                f"request {req.req_id}: running={is_running} with {req.num_prompt_tokens - req.cached_len} prompt tokens left"
+            )
+            assert req.num_pages == -(-req.cached_len // self.page_size), (
+                f"request {req.req_id} holds {req.num_pages} pages for {req.cached_len} tokens"
+            )
+        if self._chunked is not None:
+            assert self._chunked.req.is_prefilling and self._live.get(self._chunked.req.req_id) is self._chunked.req
+        if self._in_flight is None:
+            prefilling = [r for r in reqs if r.is_prefilling]
+            assert prefilling == ([self._chunked.req] if self._chunked else []), "a request is prefilling but not the ChunkedReq"
+        reserved = self._num_reserved_pages()
+        assert reserved <= self._cache.num_available_pages, (
+            f"{reserved} pages are reserved but only {self._cache.num_available_pages} are free or evictable"
+        )
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _refusal(self, req_id: int, num_prompt_tokens: int, max_tokens: int) -> str | None:
+        if req_id in self._live:
+            return f"duplicate req_id {req_id}: a request with this id is still live"
+        if num_prompt_tokens == 0:
+            return "empty prompt"
+        if max_tokens < 1:
+            return f"prompt of {num_prompt_tokens} tokens leaves no room for output in the context of {self.context_len} tokens"
+        num_need_pages = -(-(num_prompt_tokens + max_tokens - 1) // self.page_size)
+        if num_need_pages > self._cache.num_pages:
+            return (
+                f"prompt of {num_prompt_tokens} tokens plus max_tokens {max_tokens} needs {num_need_pages} KV pages "
+                f"of {self.page_size} tokens; the whole pool has {self._cache.num_pages}"
+            )
+        if len(self._queue) >= self.max_queued_requests:
+            return f"server busy: {len(self._queue)} requests waiting (max_queued_requests={self.max_queued_requests})"
+        return None
+
+    def _schedule_prefill(self, token_budget: int) -> PrefillAdder | None:
+        """The prefill part of this step, or None when nothing can be prefilled."""
+        if token_budget <= 0 or (self._chunked is None and not self._queue):
+            return None
+        adder = PrefillAdder(
+            token_budget=token_budget,
+            reserved_size=self._num_reserved_pages() * self.page_size,
+            cache=self._cache,
+            req_table=self._req_table,
+        )
+        if self._chunked is not None:
+            adder.add_chunked(self._chunked)
+        self._admission.admit(adder, self._queue)
+        self._chunked = adder.chunked
+        for req in adder.admitted:
+            self._live[req.req_id] = req
+            self._totals.num_prompt_tokens += req.num_prompt_tokens
+            self._totals.num_prefix_hit_tokens += req.num_cached_tokens
+        return adder if adder.reqs else None
+
+    def _num_reserved_pages(self) -> int:
+        """Pages promised to admitted requests and not yet allocated (the running ones and the
+        ChunkedReq; outside a step nobody else holds a reservation)."""
+        chunked = self._chunked.req.num_reserved_pages if self._chunked is not None else 0
+        return self._decode.num_reserved_pages + chunked
+
+    def _release(self, req: Req) -> None:
+        """Take `req` out of every structure, cache what it computed, free the rest."""
+        if self._decode.holds(req):
+            self._decode.remove(req)
+        if self._chunked is not None and self._chunked.req is req:
+            self._chunked = None
+        self._cache.release_req(req)
+        self._req_table.free(req.row_idx, req.req_id)
+
+    def _update(self, req: Req, token_id: int, logprob: float, finish_reason: str | None) -> ReqUpdate:
+        clamped_to = req.max_tokens_clamped_to if req.num_updates_sent == 0 else None
+        req.num_updates_sent += 1
+        return ReqUpdate(
+            req.req_id, [token_id], finish_reason, None, req.num_prompt_tokens, req.num_cached_tokens,
+            [logprob] if req.params.return_logprob else None, clamped_to,
+        )
+
+    def _final_update(self, entry: PendingReq | Req, finish_reason: str) -> ReqUpdate:
+        first = isinstance(entry, PendingReq) or entry.num_updates_sent == 0
+        num_cached = entry.num_cached_tokens if isinstance(entry, Req) else 0
+        clamped_to = entry.max_tokens_clamped_to if first else None
+        return ReqUpdate(entry.req_id, [], finish_reason, None, entry.num_prompt_tokens, num_cached, None, clamped_to)

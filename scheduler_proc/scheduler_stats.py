@@ -1,0 +1,29 @@
+"""SchedulerStats: a snapshot of the scheduler's gauges and running totals."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class SchedulerStats:
+    # gauges, now
+    num_waiting: int = 0  # queued, not admitted
+    num_prefilling: int = 0  # admitted with prompt left (a ChunkedReq between chunks)
+    num_running: int = 0  # prefilled and generating
+    num_free_pages: int = 0
+    num_cached_pages: int = 0  # held by the radix cache (locked or evictable)
+    num_evictable_pages: int = 0  # cached and unlocked: reclaimable on demand
+    num_used_pages: int = 0  # owned by live requests, outside the cache
+    num_reserved_pages: int = 0  # promised to admitted requests, not yet allocated
+    # totals since start
+    num_steps: int = 0
+    num_submitted: int = 0
+    num_finished: int = 0  # "stop" or "length"
+    num_aborted: int = 0
+    num_refused: int = 0  # finished with "error" at submit (busy, can never fit, bad input)
+    num_prompt_tokens: int = 0  # prompt tokens of admitted requests
+    num_prefix_hit_tokens: int = 0  # of those, served by the radix cache
+    num_prefilled_tokens: int = 0  # prompt tokens computed (chunks included)
+    num_decoded_tokens: int = 0  # tokens computed by decode (one per running request per step)
+    num_generated_tokens: int = 0  # tokens sampled and sent
