@@ -1,0 +1,127 @@
+"""A model's Jinja chat template, compiled once and rendered in a sandbox the way transformers does.
+
+Chat templates come from model repositories, so they are untrusted code: they run in jinja2's
+ImmutableSandboxedEnvironment (no attribute starting with "_", no mutating built-in containers),
+with the globals and filters transformers gives them: `raise_exception`, `strftime_now`, a
+`tojson` that does not HTML-escape, `dict`, and a `namespace` that refuses "_" names.
+`trim_blocks` and `lstrip_blocks` are on, and loop controls (`{% break %}`) and the
+`{% generation %}` tag (assistant-mask templates) parse. Rendering must give the same string as
+transformers' `apply_chat_template(..., tokenize=False)`: the parity tests hold us to it.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.sandbox
+import jinja2.utils
+
+
+class ChatTemplateError(ValueError):
+    """The template refused the conversation (e.g. `raise_exception('roles must alternate')`);
+    the message is fit for the client."""
+
+
+class ChatTemplate:
+    def __init__(self, source: str, origin: str):
+        """`origin` names where the template came from (a file), for error messages."""
+        if not isinstance(source, str) or not source.strip():
+            raise ValueError(f"{origin}: chat template is empty or not a string")
+        self.source = source
+        self.origin = origin
+        env = jinja2.sandbox.ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+        )
+        env.filters["tojson"] = _tojson
+        env.globals["raise_exception"] = _raise_exception
+        env.globals["strftime_now"] = _strftime_now
+        env.globals["dict"] = _TemplateDict()
+        env.globals["namespace"] = _TemplateNamespace
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ValueError(f"{origin}: chat template does not compile (line {exc.lineno}): {exc.message}") from exc
+
+    def render(
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, special_tokens: dict[str, str]
+    ) -> str:
+        """Render a conversation. `special_tokens` are the template variables transformers passes
+        from the tokenizer's special tokens map (`bos_token`, `eos_token`, ...).
+        Raises ChatTemplateError when the template rejects the conversation."""
+        # transformers drops None-valued keys from each message before rendering.
+        chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        try:
+            return self._template.render(
+                messages=chat,
+                tools=None,
+                documents=None,
+                add_generation_prompt=add_generation_prompt,
+                **special_tokens,
+            )
+        except jinja2.TemplateError as exc:  # raise_exception, undefined values, sandbox refusals
+            raise ChatTemplateError(f"chat template rejected the messages: {exc}") from exc
+        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+            raise ChatTemplateError(f"chat template failed on the messages: {type(exc).__name__}: {exc}") from exc
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}...{% endgeneration %}` marks assistant text for training masks; serving
+    only needs it to parse, and renders the body unchanged."""
+
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render_body"), [], [], body).set_lineno(lineno)
+
+    def _render_body(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: Any = None, sort_keys: bool = False):
+    # Jinja's own tojson HTML-escapes; transformers' does not, and templates expect plain JSON.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(format: str) -> str:
+    return datetime.now().strftime(format)
+
+
+class _TemplateDict:
+    """`dict(...)` inside templates, without exposing the dict type itself."""
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    """jinja2's namespace, refusing underscore names (a route to interpreter internals)."""
+
+    def __init__(*args: Any, **kwargs: Any):  # noqa: N805 - same signature trick as jinja2.utils.Namespace
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name: Any) -> None:
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(f"chat templates cannot store {name!r} on a namespace")

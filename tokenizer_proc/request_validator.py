@@ -1,0 +1,121 @@
+"""The tokenizer process's edge: a client's request body in, prompt ids and sampling params out.
+
+A body (decoded from msgpack, so only plain values, and untrusted) has exactly one of
+  prompt: str | input_ids: list[int] | messages: list[{role, content}]
+plus an optional `sampling` dict of SamplingParams fields. Anything wrong raises ValueError with
+a message fit to send back to the client as the request's error; nothing is dropped silently.
+
+max_tokens is not clamped to the context here: the scheduler clamps it and reports the finish
+as "length". But a prompt must leave room for at least one output token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.sampling_params import SamplingParams
+from tokenizer_proc.text_tokenizer import TextTokenizer
+
+PROMPT_KEYS = ("prompt", "input_ids", "messages")
+BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling"))
+MESSAGE_KEYS = frozenset(("role", "content", "name"))
+ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
+
+
+class RequestValidator:
+    def __init__(self, tokenizer: TextTokenizer, context_len: int, vocab_size: int | None = None):
+        """`context_len`: tokens the model attends over (prompt + output). `vocab_size`: ids the
+        model accepts, if smaller than the tokenizer's (default: the tokenizer's)."""
+        if context_len < 2:
+            raise ValueError(f"context_len must be >= 2, got {context_len}")
+        self.tokenizer = tokenizer
+        self.context_len = context_len
+        self.vocab_size = min(vocab_size or tokenizer.vocab_size, tokenizer.vocab_size)
+        # A token covers at most max_token_len characters, so text longer than this cannot fit in
+        # the context; rejecting it before encoding keeps a huge body from stalling the process.
+        self.max_prompt_chars = 2 * context_len * tokenizer.max_token_len + 64
+
+    def validate(self, body: Any) -> tuple[list[int], SamplingParams]:
+        if not isinstance(body, dict):
+            raise ValueError(f"request must be a mapping, got {type(body).__name__}")
+        unknown = sorted(map(str, set(body) - BODY_KEYS))
+        if unknown:
+            raise ValueError(
+                f"unknown request field(s): {', '.join(unknown)}; a request has one of "
+                "prompt, input_ids, messages, and optionally sampling"
+            )
+        given = [k for k in PROMPT_KEYS if body.get(k) is not None]
+        if len(given) != 1:
+            what = "none" if not given else " and ".join(given)
+            raise ValueError(f"a request needs exactly one of prompt, input_ids, messages; got {what}")
+
+        sampling = body.get("sampling")
+        params = SamplingParams.from_dict({} if sampling is None else sampling)
+        bad_stop_ids = [t for t in params.stop_token_ids if t >= self.vocab_size]
+        if bad_stop_ids:
+            raise ValueError(f"stop_token_ids {bad_stop_ids} are not in the vocabulary (size {self.vocab_size})")
+
+        kind = given[0]
+        if kind == "prompt":
+            input_ids = self._encode_prompt(body["prompt"])
+        elif kind == "input_ids":
+            input_ids = self._check_ids(body["input_ids"])
+        else:
+            input_ids = self._encode_messages(body["messages"])
+
+        if not input_ids:
+            raise ValueError("the prompt is empty after tokenization")
+        if len(input_ids) >= self.context_len:
+            raise ValueError(
+                f"the prompt is {len(input_ids)} tokens, but the model's context is {self.context_len} "
+                f"tokens; a prompt may have at most {self.context_len - 1} to leave room for output"
+            )
+        return input_ids, params
+
+    def _encode_prompt(self, prompt: Any) -> list[int]:
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+        if not prompt:
+            raise ValueError("prompt is empty")
+        self._check_text_len(len(prompt))
+        return self.tokenizer.encode(prompt)
+
+    def _check_ids(self, ids: Any) -> list[int]:
+        if not isinstance(ids, (list, tuple)):
+            raise ValueError(f"input_ids must be a list of integers, got {type(ids).__name__}")
+        if not ids:
+            raise ValueError("input_ids is empty")
+        for i, t in enumerate(ids):
+            if not isinstance(t, int) or isinstance(t, bool):
+                raise ValueError(f"input_ids[{i}] must be an integer, got {type(t).__name__}")
+            if not 0 <= t < self.vocab_size:
+                raise ValueError(f"input_ids[{i}] = {t} is not a token id (vocabulary size {self.vocab_size})")
+        return list(ids)
+
+    def _encode_messages(self, messages: Any) -> list[int]:
+        if not isinstance(messages, (list, tuple)) or not messages:
+            raise ValueError("messages must be a non-empty list of {role, content} objects")
+        num_chars = 0
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict):
+                raise ValueError(f"messages[{i}] must be an object with role and content, got {type(m).__name__}")
+            extra = sorted(map(str, set(m) - MESSAGE_KEYS))
+            if extra:
+                raise ValueError(f"messages[{i}] has unknown field(s): {', '.join(extra)}")
+            role, content = m.get("role"), m.get("content")
+            if role not in ROLES:
+                raise ValueError(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
+            if not isinstance(content, str):
+                raise ValueError(f"messages[{i}].content must be a string, got {type(content).__name__}")
+            if "name" in m and not isinstance(m["name"], str):
+                raise ValueError(f"messages[{i}].name must be a string")
+            num_chars += len(content)
+        self._check_text_len(num_chars)
+        return self.tokenizer.encode_chat(list(messages), add_generation_prompt=True)
+
+    def _check_text_len(self, num_chars: int) -> None:
+        if num_chars > self.max_prompt_chars:
+            raise ValueError(
+                f"the prompt is {num_chars} characters, too long to fit the model's context of "
+                f"{self.context_len} tokens"
+            )
