@@ -116,7 +116,8 @@ class Scheduler:
             self._queue.remove(entry)
             state = "waiting"
         elif entry.in_flight:
-            entry.is_aborted = True  # on_result frees it once the worker is done with its pages
+            entry.is_aborted = True  # on_result frees its pages once the worker is done with them
+            self._detach(entry)
             state = "in flight"
         else:
             state = "between chunks" if entry.is_prefilling else "running"
@@ -292,12 +293,16 @@ class Scheduler:
         chunked = self._chunked.req.num_reserved_pages if self._chunked is not None else 0
         return self._decode.num_reserved_pages + chunked
 
-    def _release(self, req: Req) -> None:
-        """Take `req` out of every structure, cache what it computed, free the rest."""
+    def _detach(self, req: Req) -> None:
+        """Take `req` out of the running set or the ChunkedReq place; it keeps its pages."""
         if self._decode.holds(req):
             self._decode.remove(req)
         if self._chunked is not None and self._chunked.req is req:
             self._chunked = None
+
+    def _release(self, req: Req) -> None:
+        """Detach `req`, cache what it computed, free the rest and its row."""
+        self._detach(req)
         self._cache.release_req(req)
         self._req_table.free(req.row_idx, req.req_id)
 

@@ -1,0 +1,120 @@
+"""PrefillAdder and AdmissionPolicy: budgets, chunking, reservation, fifo and pack, exactly."""
+
+from collections import deque
+
+import numpy as np
+
+from common.sampling_params import SamplingParams
+from scheduler_proc.admission_policy import AdmissionPolicy
+from scheduler_proc.cache_manager import CacheManager
+from scheduler_proc.prefill_adder import AddOutcome, PrefillAdder
+from scheduler_proc.req import PendingReq
+from scheduler_proc.req_table import ReqTable
+
+
+def pending(req_id: int, prompt, max_tokens: int = 4, page_size: int = 1) -> PendingReq:
+    prompt = np.array(prompt if not isinstance(prompt, int) else range(1000 * req_id, 1000 * req_id + prompt), np.int32)
+    max_num_pages = -(-(len(prompt) + max_tokens - 1) // page_size)
+    return PendingReq(req_id, prompt, SamplingParams(max_tokens=max_tokens), max_tokens, 0, frozenset(), None, max_num_pages)
+
+
+def make(num_pages=64, page_size=1, rows=8):
+    return CacheManager(num_pages, page_size, enable_radix_cache=True), ReqTable(rows)
+
+
+def adder(cache, table, token_budget, reserved_size=0):
+    return PrefillAdder(token_budget=token_budget, reserved_size=reserved_size, cache=cache, req_table=table)
+
+
+def test_a_prompt_longer_than_the_budget_is_chunked_never_refused():
+    cache, table = make(num_pages=128)
+    a = adder(cache, table, token_budget=8)
+    assert a.try_add(pending(1, 30)) is AddOutcome.ADMITTED
+    assert a.extend_lens == [8] and a.token_budget == 0
+    assert a.chunked is not None and a.chunked.req.req_id == 1
+    assert a.try_add(pending(2, 1)) is AddOutcome.NO_BUDGET
+    sizes = [8]
+    chunked = a.chunked
+    while chunked is not None:  # the continuation takes min(budget, remaining) each step
+        chunked.req.cached_len += sizes[-1]
+        nxt = adder(cache, table, token_budget=8)
+        nxt.add_chunked(chunked)
+        sizes.append(nxt.extend_lens[0])
+        chunked = nxt.chunked
+    assert sizes == [8, 8, 8, 6]
+
+
+def test_admission_counts_reserved_size_and_rechecks_after_locking_the_prefix():
+    cache, table = make(num_pages=8)
+    shared = np.arange(50, 54, dtype=np.int32)
+    cache.tree.insert(shared, cache.alloc(4))  # 4 cached pages (evictable) + 4 free
+    req = pending(1, [*shared, 99], max_tokens=4)  # needs 5 + 4 - 1 = 8 pages, 4 of them cached
+    # 4 needed + 2 reserved fit in 4 free + 4 evictable, but locking the prefix removes 4 evictable
+    a = adder(cache, table, token_budget=16, reserved_size=2)
+    assert a.try_add(req) is AddOutcome.NO_MEMORY
+    assert cache.num_evictable_pages == 4 and table.num_free_rows == 8  # lock and row given back
+    a = adder(cache, table, token_budget=16, reserved_size=0)
+    assert a.try_add(req) is AddOutcome.ADMITTED
+    r = a.reqs[0]
+    assert r.cached_len == 4 and r.page_table[:5].tolist() == [0, 1, 2, 3, 4] and a.extend_lens == [1]
+    assert a.reserved_size == 3  # 8 pages promised, 4 hit, 1 allocated now
+
+
+def test_no_row_stops_admission():
+    cache, table = make(rows=1)
+    a = adder(cache, table, token_budget=64)
+    assert a.try_add(pending(1, 3)) is AddOutcome.ADMITTED
+    assert a.try_add(pending(2, 3)) is AddOutcome.NO_ROW
+
+
+def test_fifo_never_overtakes_a_head_that_does_not_fit():
+    cache, table = make(num_pages=20)
+    queue = deque([pending(1, 10, max_tokens=8), pending(2, 2), pending(3, 2)])  # 17, 5 and 5 pages
+    fifo = AdmissionPolicy("fifo", lookahead=64, force_fifo_every=8)
+    a = adder(cache, table, token_budget=64, reserved_size=5)  # running requests may still write 5
+    fifo.admit(a, queue)
+    assert a.reqs == [] and [p.req_id for p in queue] == [1, 2, 3]
+    pack = AdmissionPolicy("pack", lookahead=64, force_fifo_every=8)
+    pack.admit(a, queue)  # pack skips the head that does not fit
+    assert [r.req_id for r in a.reqs] == [2, 3] and [p.req_id for p in queue] == [1]
+
+
+def test_fifo_admits_in_order_until_the_budget_is_spent():
+    cache, table = make()
+    queue = deque([pending(1, 5), pending(2, 2), pending(3, 6), pending(4, 1)])
+    a = adder(cache, table, token_budget=10)
+    AdmissionPolicy("fifo", 64, 8).admit(a, queue)
+    assert [(r.req_id, n) for r, n in zip(a.reqs, a.extend_lens, strict=True)] == [(1, 5), (2, 2), (3, 3)]
+    assert a.chunked.req.req_id == 3 and [p.req_id for p in queue] == [4]
+
+
+def test_pack_fills_the_budget_smallest_first_and_the_forced_fifo_step_admits_the_long_head():
+    cache, table = make(num_pages=256)
+    queue = deque([pending(1, 20), pending(2, 4), pending(3, 3), pending(4, 3), pending(5, 1)])
+    pack = AdmissionPolicy("pack", lookahead=4, force_fifo_every=2)
+    a = adder(cache, table, token_budget=10)
+    pack.admit(a, queue)  # window [1, 2, 3, 4]; 5 is beyond the lookahead
+    assert [(r.req_id, n) for r, n in zip(a.reqs, a.extend_lens, strict=True)] == [(3, 3), (4, 3), (2, 4)]  # stable: 3 before 4
+    assert a.token_budget == 0 and [p.req_id for p in queue] == [1, 5]
+    b = adder(cache, table, token_budget=10)
+    pack.admit(b, queue)  # the second step is fifo: the long head goes first, chunked
+    assert [(r.req_id, n) for r, n in zip(b.reqs, b.extend_lens, strict=True)] == [(1, 10)]
+    assert b.chunked.req.req_id == 1 and [p.req_id for p in queue] == [5]
+
+
+def test_pack_skips_what_does_not_fit_and_keeps_queue_order_of_the_rest():
+    cache, table = make(num_pages=24)
+    queue = deque([pending(1, 2, max_tokens=20), pending(2, 3), pending(3, 9, max_tokens=20), pending(4, 2)])
+    a = adder(cache, table, token_budget=64, reserved_size=10)  # 14 pages left: 21 no, 6 yes, 28 no, 5 yes
+    AdmissionPolicy("pack", 64, 8).admit(a, queue)
+    assert [r.req_id for r in a.reqs] == [4, 2] and [p.req_id for p in queue] == [1, 3]
+
+
+def test_an_identical_prompt_waits_for_the_copy_computed_in_this_step():
+    cache, table = make(page_size=2)
+    a = adder(cache, table, token_budget=64)
+    assert a.try_add(pending(1, [1, 2, 3, 4, 5], page_size=2)) is AddOutcome.ADMITTED
+    assert a.try_add(pending(2, [1, 2, 3, 4, 5], page_size=2)) is AddOutcome.WAIT_FOR_PREFIX
+    assert a.try_add(pending(3, [1, 2, 7, 7, 7], page_size=2)) is AddOutcome.WAIT_FOR_PREFIX  # shares page [1, 2]
+    assert a.try_add(pending(4, [1, 9, 3], page_size=2)) is AddOutcome.ADMITTED  # shares no whole page
+    assert a.try_add(pending(5, [1, 2], page_size=2)) is AddOutcome.ADMITTED  # cannot match its only page anyway
