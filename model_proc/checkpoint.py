@@ -84,7 +84,7 @@ class Checkpoint:
         file's dim 1.
         """
         if name not in self.file_of:
-            raise KeyError(f"tensor {name!r} is missing from the checkpoint in {self.model_dir}")
+            raise ValueError(f"tensor {name!r} is missing from the checkpoint in {self.model_dir}")
         file_name = self.file_of[name]
         if file_name not in self._handles:
             self._handles[file_name] = self._open(file_name)
