@@ -1,0 +1,48 @@
+"""The tokenizer and detokenizer components stay light: no torch, no transformers (seconds and
+hundreds of MB at startup), checked in a fresh interpreter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.tokenizer_fixtures import build_byte_level_bpe
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+RUNTIME_MODULES = (
+    "tokenizer_proc.text_tokenizer",
+    "tokenizer_proc.tokenizer_files",
+    "tokenizer_proc.chat_template",
+    "tokenizer_proc.request_validator",
+    "detokenizer_proc.incremental_detokenizer",
+    "detokenizer_proc.stop_matcher",
+)
+PROBE = """
+import json, resource, sys, time
+t0 = time.perf_counter()
+for name in {modules!r}:
+    __import__(name)
+from tokenizer_proc.text_tokenizer import TextTokenizer
+from tokenizer_proc.request_validator import RequestValidator
+from detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
+tok = TextTokenizer.from_model_dir({model_dir!r})
+ids, _ = RequestValidator(tok, 512).validate({{"messages": [{{"role": "user", "content": "hi"}}]}})
+detok = IncrementalDetokenizer(tok, stop=["x"])
+detok.add_tokens(ids)
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers"))
+print(json.dumps({{"heavy": heavy, "seconds": time.perf_counter() - t0,
+                  "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}}))
+"""
+
+
+def test_runtime_modules_import_neither_torch_nor_transformers(tmp_path):
+    model_dir = build_byte_level_bpe(tmp_path)
+    code = PROBE.format(modules=RUNTIME_MODULES, model_dir=str(model_dir))
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=True
+    )
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["heavy"] == []
+    assert report["max_rss_mb"] < 150, report  # torch alone is ~220 MB
