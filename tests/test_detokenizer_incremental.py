@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from detokenizer_proc.incremental_detokenizer import MAX_HELD_TOKENS, IncrementalDetokenizer
-from tests.tokenizer_fixtures import build_byte_level_bpe, build_metaspace_bpe
+from tests.tokenizer_fixtures import build_byte_level_bpe, build_metaspace_bpe, demo_tokenizer_dir
 from tokenizer_proc.text_tokenizer import TextTokenizer
 
 MULTIBYTE_TEXTS = (
@@ -21,8 +21,12 @@ MULTIBYTE_TEXTS = (
 )
 
 
-@pytest.fixture(scope="module", params=["byte_level", "metaspace"])
+@pytest.fixture(scope="module", params=["byte_level", "metaspace", "smollm2"])
 def tokenizer(request, tmp_path_factory) -> TextTokenizer:
+    if request.param == "smollm2":
+        if demo_tokenizer_dir() is None:
+            pytest.skip("demo model (SmolLM2-135M-Instruct) not present")
+        return TextTokenizer.from_model_dir(demo_tokenizer_dir())
     build = build_byte_level_bpe if request.param == "byte_level" else build_metaspace_bpe
     return TextTokenizer.from_model_dir(build(tmp_path_factory.mktemp(request.param)))
 

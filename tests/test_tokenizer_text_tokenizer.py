@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.tokenizer_fixtures import CHATML_TEMPLATE, build_byte_level_bpe, build_metaspace_bpe
+from tests.tokenizer_fixtures import (
+    CHATML_TEMPLATE,
+    build_byte_level_bpe,
+    build_metaspace_bpe,
+    demo_tokenizer_dir,
+)
 from tokenizer_proc.text_tokenizer import TextTokenizer
 
 TEXTS = (
@@ -40,19 +44,14 @@ CONVERSATIONS = (
 )
 
 
-def demo_model_dir() -> Path:
-    root = os.environ.get("ZSERVE_CACHE_DIR") or str(Path.home() / ".cache" / "zserve")
-    return Path(root).expanduser() / "SmolLM2-135M-Instruct"
-
-
 @pytest.fixture(scope="module")
 def fixture_dirs(tmp_path_factory) -> dict[str, Path]:
     dirs = {
         "byte_level": build_byte_level_bpe(tmp_path_factory.mktemp("byte_level")),
         "metaspace": build_metaspace_bpe(tmp_path_factory.mktemp("metaspace")),
     }
-    if (demo_model_dir() / "tokenizer.json").is_file():
-        dirs["smollm2"] = demo_model_dir()
+    if demo_tokenizer_dir() is not None:
+        dirs["smollm2"] = demo_tokenizer_dir()
     return dirs
 
 
@@ -60,7 +59,7 @@ def fixture_dirs(tmp_path_factory) -> dict[str, Path]:
 def pair(request, fixture_dirs) -> tuple[TextTokenizer, object]:
     """(ours, transformers' AutoTokenizer) on the same model directory."""
     if request.param not in fixture_dirs:
-        pytest.skip(f"demo model not present at {demo_model_dir()}")
+        pytest.skip("demo model (SmolLM2-135M-Instruct) not present; zserve-fetch-demo builds it")
     from transformers import AutoTokenizer
 
     path = fixture_dirs[request.param]

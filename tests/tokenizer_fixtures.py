@@ -182,6 +182,15 @@ def build_metaspace_bpe(target_dir: str | Path, vocab_size: int = 700) -> Path:
     return _save(tok, config, target_dir)
 
 
+def demo_tokenizer_dir() -> Path | None:
+    """The real SmolLM2 demo model directory (`zserve-fetch-demo`), if it is there; tests that
+    compare against a real tokenizer skip when this is None."""
+    from model_proc.demo_model import demo_model_dir  # cheap: no torch, no transformers
+
+    path = demo_model_dir()
+    return path if (path / "tokenizer.json").is_file() else None
+
+
 def _save(tok: Tokenizer, config: dict, target_dir: str | Path) -> Path:
     out = Path(target_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from typing import Any
 from tokenizers import AddedToken, Tokenizer
 
 from tokenizer_proc.chat_template import ChatTemplate
-from tokenizer_proc.tokenizer_files import TOKENIZER_JSON, TokenizerFiles
+from tokenizer_proc.tokenizer_files import TokenizerFiles
 
 
 class TextTokenizer:
@@ -61,11 +61,10 @@ class TextTokenizer:
     @staticmethod
     def from_model_dir(model_dir: str | Path) -> TextTokenizer:
         files = TokenizerFiles.read(model_dir)
-        tok_path = files.model_dir / TOKENIZER_JSON
         try:
-            backend = Tokenizer.from_str(files.tokenizer_json)
+            backend = Tokenizer.from_file(str(files.tokenizer_json))
         except Exception as exc:  # the Rust side raises a bare Exception for any malformed file
-            raise ValueError(f"{tok_path}: not a valid tokenizers file: {exc}") from exc
+            raise ValueError(f"{files.tokenizer_json}: not a valid tokenizers file: {exc}") from exc
 
         present = {t.content for t in backend.get_added_tokens_decoder().values()}
         wanted = list(files.special_tokens.values()) + list(files.extra_special_tokens)

@@ -25,7 +25,7 @@ NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad
 @dataclass(frozen=True)
 class TokenizerFiles:
     model_dir: Path
-    tokenizer_json: str  # the file's text, for tokenizers.Tokenizer.from_str
+    tokenizer_json: Path  # checked to exist; parsed by tokenizers.Tokenizer.from_file
     special_tokens: dict[str, str] = field(default_factory=dict)  # "bos_token" -> "<s>", named ones only
     extra_special_tokens: tuple[str, ...] = ()
     chat_templates: dict[str, tuple[str, str]] = field(default_factory=dict)  # name -> (source, origin file)
@@ -41,10 +41,6 @@ class TokenizerFiles:
             raise FileNotFoundError(
                 f"{tok_path} not found: zserve needs the fast tokenizer file tokenizer.json in the model directory"
             )
-        try:
-            tokenizer_json = tok_path.read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ValueError(f"{tok_path}: cannot read: {exc}") from exc
 
         config = _read_json(root / "tokenizer_config.json")
         legacy_map = _read_json(root / "special_tokens_map.json")
@@ -77,7 +73,7 @@ class TokenizerFiles:
 
         return TokenizerFiles(
             model_dir=root,
-            tokenizer_json=tokenizer_json,
+            tokenizer_json=tok_path,
             special_tokens=special_tokens,
             extra_special_tokens=tuple(dict.fromkeys(extra)),
             chat_templates=_chat_templates(root, config),
