@@ -19,9 +19,15 @@ vocab_size tokens (specials included) for sizes up to at least 8000.
 
 from __future__ import annotations
 
+import base64
 import json
+import os
 import random
 import string
+import subprocess
+import sys
+import tarfile
+import tempfile
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
@@ -180,6 +186,92 @@ def build_metaspace_bpe(target_dir: str | Path, vocab_size: int = 700) -> Path:
         "chat_template": LLAMA2_TEMPLATE,
     }
     return _save(tok, config, target_dir)
+
+
+def fetch_gpt2_ranks(cache_dir: str | Path) -> Path | None:
+    """GPT-2's BPE ranks (`gpt2.tiktoken`, 50256 base64 tokens with their ranks), taken from
+    openai-whisper's source distribution on PyPI and cached in `cache_dir`; None if unavailable."""
+    cache = Path(cache_dir)
+    target = cache / "gpt2.tiktoken"
+    if target.is_file():
+        return target
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--retries", "0"]
+        cmd += ["--timeout", "20", "-q", "-d", tmp, "openai-whisper"]
+        try:
+            subprocess.run(cmd, check=True, capture_output=True, timeout=180)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        for sdist in Path(tmp).glob("openai_whisper-*.tar.gz"):
+            with tarfile.open(sdist) as tar:
+                member = next((m for m in tar.getmembers() if m.name.endswith("whisper/assets/gpt2.tiktoken")), None)
+                source = tar.extractfile(member) if member is not None else None
+                if source is None:
+                    return None
+                staged = Path(tmp) / "gpt2.tiktoken"
+                staged.write_bytes(source.read())
+                os.replace(staged, target)  # atomic: concurrent test runs never see half a file
+                return target
+    return None
+
+
+def build_gpt2_bpe(target_dir: str | Path, ranks_path: str | Path) -> Path:
+    """The real GPT-2 tokenizer (byte-level BPE, 50257 tokens) from tiktoken ranks, as a model
+    directory. A pair merges when both halves and their concatenation are tokens, with the
+    concatenation's rank as priority: the same result as tiktoken's rank-based BPE."""
+    ranks = load_tiktoken_ranks(ranks_path)
+    to_unicode = _bytes_to_unicode()
+
+    def spell(token: bytes) -> str:
+        return "".join(to_unicode[b] for b in token)
+
+    merges = []
+    for token, rank in ranks.items():
+        for i in range(1, len(token)):
+            left, right = token[:i], token[i:]
+            if left in ranks and right in ranks:
+                merges.append((rank, ranks[left], ranks[right], spell(left), spell(right)))
+    merges.sort()
+    vocab = {spell(token): rank for token, rank in ranks.items()}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[(m[3], m[4]) for m in merges]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)  # GPT-2's own regex
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    endoftext = "<|endoftext|>"
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": endoftext,
+        "eos_token": endoftext,
+        "unk_token": endoftext,
+        "add_prefix_space": False,
+        "clean_up_tokenization_spaces": False,
+        "model_max_length": 1024,
+    }
+    return _save(tok, config, target_dir)
+
+
+def load_tiktoken_ranks(path: str | Path) -> dict[bytes, int]:
+    ranks = {}
+    for line in Path(path).read_text(encoding="ascii").splitlines():
+        if line:
+            token, rank = line.split()
+            ranks[base64.b64decode(token)] = int(rank)
+    return ranks
+
+
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte -> printable character map (bytes that are printable map to themselves)."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            mapping[b] = chr(b)
+        else:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
 
 
 def demo_tokenizer_dir() -> Path | None:
