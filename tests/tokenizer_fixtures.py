@@ -12,7 +12,11 @@ transformers 5 saves it. transformers' AutoTokenizer loads both, so tests can us
   missing from the vocab fall back to `<0xNN>` byte tokens, `<s>` is added in front of every
   encoding, and the Llama-2 `[INST]` chat template (which writes `<s>` itself and calls
   `raise_exception`) sits in tokenizer_config.json.
+- `build_gpt2_bpe` (with `fetch_gpt2_ranks`): the real GPT-2 tokenizer, from the BPE ranks in
+  openai-whisper's sdist on PyPI, cached; `demo_tokenizer_dir`: the SmolLM2 demo model, if built.
 
+Ids: byte-level 0 `<|endoftext|>`, 1 `<|im_start|>` (bos), 2 `<|im_end|>` (eos);
+metaspace 0 `<unk>`, 1 `<s>` (bos), 2 `</s>` (eos), 3-258 `<0x00>`..`<0xFF>`.
 Training is deterministic: the same vocab_size gives the same files, and the vocab has exactly
 vocab_size tokens (specials included) for sizes up to at least 8000.
 """
