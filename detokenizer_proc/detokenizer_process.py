@@ -16,7 +16,6 @@ import os
 from dataclasses import dataclass
 
 import zmq
-from tokenizer_proc.text_tokenizer import TextTokenizer
 
 from common.messages import (
     DETOK_INBOX,
@@ -36,6 +35,7 @@ from common.proc_runtime import child_args, child_setup
 from common.server_config import ServerConfig
 from common.transport import Addresses, Endpoint, pull, push
 from detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
+from tokenizer_proc.text_tokenizer import TextTokenizer
 
 logger = logging.getLogger("detokenizer_proc")
 
@@ -100,7 +100,8 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         inbox = pull(ctx, addrs.detok_inbox, DETOK_INBOX)
         to_frontend = push(ctx, addrs.frontend_inbox, FRONTEND_INBOX)
         to_scheduler = push(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
-        push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX).send(ProcReady("detokenizer", os.getpid(), {}))
+        launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open: a closed LINGER=0 socket drops its queue
+        launcher.send(ProcReady("detokenizer", os.getpid(), {}))
         logger.info("detokenizer ready")
         DetokenizerLoop(tokenizer, inbox, to_frontend, to_scheduler).run_forever()
     finally:

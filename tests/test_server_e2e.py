@@ -44,7 +44,7 @@ def wait_idle(client: Client, timeout_s: float = 10.0) -> dict:
     deadline = time.monotonic() + timeout_s
     while True:
         stats = client.stats()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0:
+        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["num_prefilling"] == 0:
             return stats
         if time.monotonic() > deadline:
             raise AssertionError(f"server not idle: {stats}")
@@ -83,7 +83,7 @@ def test_concurrent_clients_get_transformers_greedy_tokens(server, oracle):
         assert results[i] == expected, f"prompt {i} differs from transformers"
     with Client(server.port) as c:
         stats = wait_idle(c)
-    assert stats["prefix_hit_tokens"] > 0, stats  # the shared prefix was served from the cache
+    assert stats["num_prefix_hit_tokens"] > 0, stats  # the shared prefix was served from the cache
 
 
 def test_chat_messages_and_input_ids_match_transformers(server, oracle):
@@ -106,9 +106,11 @@ def test_stream_deltas_concatenate_to_the_text_and_never_split_characters(server
         stream = c.stream("Emoji time: 🙂 🚀", max_tokens=40, ignore_eos=True)
         deltas = list(stream)
     assert "".join(deltas) == full.text == stream.result.text
-    assert full.text == oracle.decode(full.output_ids).rstrip("\ufffd") or full.text == oracle.decode(full.output_ids)
-    for d in deltas:
-        assert d and "\ufffd" not in d[:-1]  # a delta never carries half a character
+    # A character split across deltas would show up as extra U+FFFD in the stream: the whole
+    # must equal transformers' decode of all ids (invalid bytes from a random model decode to
+    # U+FFFD there too). The detokenizer's own tests cover split characters exhaustively.
+    assert full.text == oracle.decode(full.output_ids)
+    assert all(deltas)
 
 
 def test_stop_string_cuts_exactly_and_is_never_streamed(server):
@@ -136,7 +138,7 @@ def test_abort_mid_stream_frees_everything(server):
         assert stream.result.finish_reason == "abort"
         assert stream.result.usage.completion_tokens < 400
         stats = wait_idle(c)
-    assert stats["used_pages"] == 0, stats
+    assert stats["num_used_pages"] == 0, stats
 
 
 def test_client_disconnect_mid_stream_aborts_its_request(server, tmp_path):
@@ -155,7 +157,7 @@ def test_client_disconnect_mid_stream_aborts_its_request(server, tmp_path):
     assert "streaming" in proc.stdout, proc.stderr
     with Client(server.port) as c:
         stats = wait_idle(c, timeout_s=15)
-    assert stats["used_pages"] == 0 and stats["num_running"] == 0, stats
+    assert stats["num_used_pages"] == 0 and stats["num_running"] == 0, stats
 
 
 BAD_REQUESTS = [

@@ -38,7 +38,8 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         router, port = bind_client_port(ctx, cfg.host, cfg.port)
         inbox = pull(ctx, addrs.frontend_inbox, FRONTEND_INBOX)
         to_scheduler = push(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
-        push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX).send(ProcReady("tokenizer", os.getpid(), {"port": port}))
+        launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open: a closed LINGER=0 socket drops its queue
+        launcher.send(ProcReady("tokenizer", os.getpid(), {"port": port}))
         logger.info("frontend listening on tcp://%s:%d", cfg.host, port)
         Frontend(validator, router, inbox, to_scheduler, ClientRegistry(cfg.client_timeout_s)).run_forever()
     finally:
