@@ -1,0 +1,185 @@
+"""Our forward vs transformers' forward on the same weights, same machine, same run.
+
+    .venv/bin/python benchmarks/bench_model.py [--model DIR] [--threads N] [--repeats R]
+
+Cases: one decode step at batch 1, 8, 32 and 64 with 256 tokens of context per request, and a
+512-token prefill. Each line prints both times and ours/transformers (< 1 is faster). The last
+line compares batch-1 decode with the memory bound: weight bytes / bandwidth, the bandwidth
+measured here by a large tensor copy. K/V contents do not change the cost of a step, so both
+sides get 256 tokens of random context instead of a real prefill (which would take minutes).
+
+Both sides run fp32 with the same torch thread count (the worker's default unless --threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.forward_batch import ForwardBatch, SamplingArrays  # noqa: E402
+from model_proc.model_runner import ModelRunner  # noqa: E402
+from model_proc.worker_env import default_num_threads  # noqa: E402
+
+DECODE_BATCH_SIZES = (1, 8, 32, 64)
+CONTEXT_LEN = 256
+PREFILL_LEN = 512
+PAGE_SIZE = 16
+
+
+def log(msg: str) -> None:
+    print(f"[bench_model] {msg}", file=sys.stderr, flush=True)
+
+
+def timed(fn, repeats: int, warmup: int = 2) -> float:
+    """Median wall time of fn() in ms."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def copy_bandwidth_gbs(num_bytes: int = 1 << 30) -> float:
+    """Bytes moved (read + written) per second by a large tensor copy."""
+    src = torch.ones(num_bytes // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    ms = timed(lambda: dst.copy_(src), repeats=5, warmup=1)
+    return 2 * num_bytes / (ms / 1e3) / 1e9
+
+
+def decode_batch(batch_size: int, context_len: int, step_id: int) -> ForwardBatch:
+    """batch_size requests, each with context_len tokens cached, decoding one token."""
+    pages_per_req = -(-(context_len + 1) // PAGE_SIZE)
+    n = batch_size
+    return ForwardBatch(
+        step_id=step_id,
+        input_ids=np.full(n, 42, np.int32),
+        cached_lens=np.full(n, context_len, np.int32),
+        extend_lens=np.ones(n, np.int32),
+        page_ids=np.arange(n * pages_per_req, dtype=np.int32),
+        num_pages=np.full(n, pages_per_req, np.int32),
+        is_sampled=np.ones(n, bool),
+        return_logprob=np.zeros(n, bool),
+        sampling=SamplingArrays.greedy(n),
+    )
+
+
+def prefill_batch(prompt_len: int, step_id: int) -> ForwardBatch:
+    num_pages = -(-prompt_len // PAGE_SIZE)
+    return ForwardBatch(
+        step_id=step_id,
+        input_ids=np.random.default_rng(0).integers(3, 1000, prompt_len).astype(np.int32),
+        cached_lens=np.zeros(1, np.int32),
+        extend_lens=np.array([prompt_len], np.int32),
+        page_ids=np.arange(num_pages, dtype=np.int32),
+        num_pages=np.array([num_pages], np.int32),
+        is_sampled=np.ones(1, bool),
+        return_logprob=np.zeros(1, bool),
+        sampling=SamplingArrays.greedy(1),
+    )
+
+
+class HfSide:
+    def __init__(self, model_dir: str):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.config = self.model.config
+
+    @torch.inference_mode()
+    def decode_fn(self, batch_size: int, context_len: int):
+        from transformers import DynamicCache
+
+        cfg = self.config
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        shape = (batch_size, cfg.num_key_value_heads, context_len, head_dim)
+        cache = DynamicCache(config=cfg)
+        for layer_idx in range(cfg.num_hidden_layers):  # the context, as transformers' cache holds it
+            cache.update(torch.randn(shape), torch.randn(shape), layer_idx)
+        ids = torch.full((batch_size, 1), 42, dtype=torch.long)
+        positions = torch.full((batch_size, 1), context_len, dtype=torch.long)
+
+        @torch.inference_mode()
+        def step():
+            logits = self.model(input_ids=ids, position_ids=positions, past_key_values=cache, use_cache=True).logits
+            cache.crop(-1)  # drop the token just appended (a view), so every step sees context_len tokens
+            return logits[:, -1].argmax(-1)
+
+        return step
+
+    def prefill_fn(self, prompt_len: int):
+        ids = torch.from_numpy(prefill_batch(prompt_len, 0).input_ids.astype(np.int64))[None]
+
+        @torch.inference_mode()
+        def step():
+            return self.model(input_ids=ids, use_cache=True, logits_to_keep=1).logits[:, -1].argmax(-1)
+
+        return step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=None, help="model directory (default: the demo model, SmolLM2-135M-Instruct)")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads for both sides (0 = the worker's default)")
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    model_dir = args.model
+    if model_dir is None:
+        from model_proc.demo_model import demo_model_dir
+
+        model_dir = str(demo_model_dir())
+        if not Path(model_dir).is_dir():
+            sys.exit(f"demo model not found at {model_dir}: run .venv/bin/zserve-fetch-demo, or pass --model DIR")
+    num_threads = args.threads or default_num_threads()
+    torch.set_num_threads(num_threads)
+
+    max_tokens = max(DECODE_BATCH_SIZES) * (-(-(CONTEXT_LEN + 1) // PAGE_SIZE)) * PAGE_SIZE
+    log(f"loading {model_dir} (ours, then transformers), {num_threads} thread(s)")
+    ours = ModelRunner(model_dir, device="cpu", dtype="float32", page_size=PAGE_SIZE, kv_cache_tokens=max_tokens, num_threads=num_threads)
+    hf = HfSide(model_dir)
+    weight_bytes = sum(p.numel() * p.element_size() for p in ours.model.parameters())
+    for k in ours.kv_pool.k + ours.kv_pool.v:  # random context, as on the transformers side
+        k.normal_()
+
+    print(f"model {model_dir}: {weight_bytes / 1e6:.0f} MB of fp32 weights, torch {torch.__version__}, {num_threads} thread(s)")
+    print(f"{'case':<22}{'ours_ms':>10}{'hf_ms':>10}{'ratio':>8}")
+    results = {}
+    for i, batch_size in enumerate(DECODE_BATCH_SIZES):
+        log(f"decode batch {batch_size} ({i + 1}/{len(DECODE_BATCH_SIZES) + 1})")
+        batch = decode_batch(batch_size, CONTEXT_LEN, step_id=i)
+        ours_ms = timed(lambda b=batch: ours.run(b), args.repeats)
+        hf_ms = timed(hf.decode_fn(batch_size, CONTEXT_LEN), args.repeats)
+        results[batch_size] = ours_ms
+        print(f"{f'decode_bs{batch_size}_ctx{CONTEXT_LEN}':<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}", flush=True)
+
+    log(f"prefill {PREFILL_LEN} tokens ({len(DECODE_BATCH_SIZES) + 1}/{len(DECODE_BATCH_SIZES) + 1})")
+    batch = prefill_batch(PREFILL_LEN, step_id=100)
+    repeats = max(3, args.repeats // 2)
+    ours_ms = timed(lambda: ours.run(batch), repeats, warmup=1)
+    hf_ms = timed(hf.prefill_fn(PREFILL_LEN), repeats, warmup=1)
+    print(
+        f"{f'prefill_{PREFILL_LEN}':<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}"
+        f"   ({PREFILL_LEN / ours_ms * 1e3:.0f} vs {PREFILL_LEN / hf_ms * 1e3:.0f} tokens/s)",
+        flush=True,
+    )
+
+    log("memory bandwidth (1 GiB tensor copy)")
+    bandwidth = copy_bandwidth_gbs()
+    bound_ms = weight_bytes / (bandwidth * 1e9) * 1e3
+    print(f"copy bandwidth {bandwidth:.1f} GB/s (read + write)")
+    print(f"decode_bs1_ms {results[1]:.2f} {bound_ms:.2f}   (ours / bound = {results[1] / bound_ms:.2f})")
+
+
+if __name__ == "__main__":
+    main()
