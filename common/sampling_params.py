@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -71,6 +72,6 @@ class SamplingParams:
 
 
 def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and x == x  # x == x rejects NaN
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 

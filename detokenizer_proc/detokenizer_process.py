@@ -81,6 +81,8 @@ class DetokenizerLoop:
             finish_reason, error = "stop", None
         elif finish_reason is not None:
             text += state.detok.flush()
+            if state.detok.stopped and finish_reason != "error":  # the stop string completed in held-back text
+                finish_reason = "stop"
         if not text and finish_reason is None and not token_ids:
             return
         self.to_frontend.send(
