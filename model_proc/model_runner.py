@@ -23,6 +23,7 @@ from model_proc.kv_pool import KVPool
 from model_proc.layers.attention import flash_attn_available
 from model_proc.layers.attention_metadata import AttentionMetadata
 from model_proc.models.registry import build_model
+from model_proc.sampler import Sampler
 from model_proc.worker_env import default_num_threads
 
 logger = logging.getLogger(__name__)
@@ -99,7 +100,7 @@ class ModelRunner:
         self.kv_pool = KVPool(self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device)
         logger.info("KV pool: %d pages x %d tokens, %.2f GiB", num_pages, page_size, self.kv_pool.num_bytes / 2**30)
         self.use_varlen = flash_attn_available(self.device, self.dtype)
-        self.sampler = _make_sampler(self.device)
+        self.sampler = Sampler(self.device)
 
     @staticmethod
     def from_server_config(cfg, tp_rank: int = 0) -> ModelRunner:
@@ -193,22 +194,3 @@ class ModelRunner:
         if last_token_idx.size != batch.num_tokens:  # a pure decode batch needs no gather
             hidden = hidden.index_select(0, torch.from_numpy(last_token_idx).to(self.device))
         return self.model.compute_logits(hidden)
-
-
-def _make_sampler(device: torch.device):
-    try:
-        from model_proc.sampler import Sampler
-    except ImportError:  # the sampler lands separately; until then, greedy
-        logger.warning("model_proc.sampler not found: sampling greedily")
-        return _GreedySampler()
-    return Sampler(device)
-
-
-class _GreedySampler:
-    """Stand-in with the Sampler's call shape: argmax, logprob of the chosen token where asked."""
-
-    def sample(self, logits, sampling, positions, want_logprob) -> tuple[torch.Tensor, torch.Tensor]:
-        token_ids = logits.argmax(dim=-1)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, token_ids[:, None]).squeeze(1)
-        mask = torch.from_numpy(np.asarray(want_logprob, bool)).to(logits.device)
-        return token_ids.to(torch.int32), torch.where(mask, logprobs, torch.full_like(logprobs, float("nan")))
