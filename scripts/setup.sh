@@ -17,6 +17,14 @@ if ! "$VPY" -c "import torch" >/dev/null 2>&1; then
     echo "[setup] installing torch==$TORCH_VERSION first"
     "$VPY" -m pip install -q "torch==$TORCH_VERSION"
 fi
-echo "[setup] installing zserve (editable) with test extras"
-"$VPY" -m pip install -q -e ".[test]"
+# Skip the (slow) pip resolve when pyproject.toml has not changed since the last install here.
+stamp="$VENV/.zserve-installed"
+want=$(sha256sum pyproject.toml | cut -d' ' -f1)
+if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$VPY" -m pip show zserve >/dev/null 2>&1; then
+    echo "[setup] zserve already installed for this pyproject.toml"
+else
+    echo "[setup] installing zserve (editable) with test extras"
+    "$VPY" -m pip install -q -e ".[test]"
+    echo "$want" >"$stamp"
+fi
 echo "[setup] done: $VENV/bin/python"
