@@ -16,6 +16,7 @@ class ServerConfig:
     model: str = field(default="", metadata={"help": "model directory (config.json + safetensors + tokenizer); default: the SmolLM2-135M-Instruct demo model, fetched on first use"})
     host: str = field(default="127.0.0.1", metadata={"help": "interface clients connect on; loopback unless set"})
     port: int = field(default=0, metadata={"help": "client port (0 = pick a free one and print it)"})
+    http_port: int = field(default=0, metadata={"help": "port of the OpenAI-compatible HTTP server on --host (0 = no HTTP server)"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
     dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"})
     page_size: int = field(default=16, metadata={"help": "tokens per KV page"})

@@ -35,7 +35,9 @@ def main(argv: list[str] | None = None) -> None:
     code = 1
     try:
         port = launcher.start()
-        print(f"zserve ready: model {cfg.model}; clients connect to tcp://{cfg.host}:{port}", flush=True)
+        http = launcher.ready.get("http")
+        http_note = f"; HTTP on {http.info['url']}" if http is not None else ""
+        print(f"zserve ready: model {cfg.model}; clients connect to tcp://{cfg.host}:{port}{http_note}", flush=True)
         if cfg.shell:
             from client.chat_shell import run_shell
 

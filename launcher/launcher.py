@@ -1,6 +1,7 @@
 """Starts, supervises and stops the server's processes.
 
     start:     runtime dir -> model worker, scheduler, detokenizer, tokenizer -> wait for each ProcReady
+               (and with --http-port, the HTTP process once the tokenizer's client port is known)
     supervise: until SIGINT/SIGTERM or a child dies
     shutdown:  in-flight requests end (abort, or error naming the dead child) -> SIGTERM children
                -> SIGKILL stragglers -> remove the runtime dir
@@ -54,20 +55,24 @@ class Launcher:
         for name, module in CHILDREN:
             env = self.worker_env if name == "model" else {}
             self.children.append(ChildProcess.start(name, module, args, env))
+        expected = {n for n, _ in CHILDREN} | ({"http"} if self.cfg.http_port else set())
         deadline = time.monotonic() + self.cfg.startup_timeout_s
-        while len(self.ready) < len(CHILDREN):
+        while len(self.ready) < len(expected):
             if self.stop_requested:
                 raise StartupError("stopped by a signal during startup")
             dead = self.first_dead_child()
             if dead is not None:
                 raise StartupError(f"{dead[0]} process failed to start: {dead[1]} (its log is above)")
             if time.monotonic() > deadline:
-                missing = sorted({n for n, _ in CHILDREN} - set(self.ready))
+                missing = sorted(expected - set(self.ready))
                 raise StartupError(f"not ready after {self.cfg.startup_timeout_s:.0f}s: {', '.join(missing)}")
             msg = self.inbox.recv(timeout_ms=200)
             if isinstance(msg, ProcReady):
                 self.ready[msg.name] = msg
                 logger.info("%s ready (pid %d)", msg.name, msg.pid)
+                if msg.name == "tokenizer" and self.cfg.http_port:  # the HTTP process needs the client port
+                    http_args = [*args, "--client-port", str(msg.info["port"])]
+                    self.children.append(ChildProcess.start("http", "http_proc", http_args))
         return int(self.ready["tokenizer"].info["port"])
 
     def supervise(self) -> int:

@@ -1,0 +1,3 @@
+from http_proc.http_process import main
+
+main()

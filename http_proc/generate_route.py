@@ -1,0 +1,109 @@
+"""POST /generate: the native API, mirroring the Python client's `generate` / `stream_outputs`.
+
+Request: exactly one of prompt / input_ids / messages, the client's sampling keywords
+(max_tokens, temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ignore_eos,
+return_logprob), and `stream` (default false). The server validates them: unknown or bad
+fields get a 400 with its message.
+Response: {"text", "output_ids", "finish_reason", "usage": {prompt_tokens, completion_tokens,
+cached_tokens}, "logprobs"}; streamed, one such object per output (text and ids new in it,
+usage so far) as SSE `data:` lines, then `data: [DONE]`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from client.types import GenerateResult
+from http_proc.api_error import ApiError
+from http_proc.disconnect_watch import until_disconnect
+from http_proc.http_state import HttpState
+from http_proc.openai_formatter import SSE_DONE, sse
+from http_proc.openai_protocol import SubRequest
+from http_proc.request_group import ChoiceEvent, RequestGroup
+from http_proc.response_guard import guarded
+
+PROMPT_KEYS = ("prompt", "input_ids", "messages")
+
+
+def add_generate_route(app: FastAPI, state: HttpState) -> None:
+    @app.post("/generate")
+    async def generate(request: Request) -> Response:
+        return await guarded(state, "/generate", request, lambda: serve_generate(state, request))
+
+
+async def parse_body(request: Request) -> tuple[SubRequest, bool]:
+    try:
+        body = json.loads(await request.body())
+    except ValueError as exc:
+        raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    stream = body.pop("stream", False)
+    if not isinstance(stream, bool):
+        raise ApiError(400, "stream must be a boolean", param="stream")
+    if "req_id" in body:
+        raise ApiError(400, "req_id is chosen by the server; leave it out", param="req_id")
+    prompt = {k: body.pop(k) for k in PROMPT_KEYS if body.get(k) is not None}
+    if len(prompt) != 1:
+        raise ApiError(400, f"a request needs exactly one of prompt, input_ids, messages; got {' and '.join(prompt) or 'none'}")
+    return SubRequest(0, 0, prompt, body), stream
+
+
+async def serve_generate(state: HttpState, request: Request) -> Response:
+    sub, stream = await parse_body(request)
+    state.check_accepting()
+    group = RequestGroup(state.client, [sub], state.metrics, state.health)
+    if not stream:
+        [result] = await until_disconnect(request, group.run())
+        return JSONResponse(output_body(result.text, result.output_ids, result, result.logprobs))
+    events = group.events()
+    try:
+        first = await until_disconnect(request, anext(events))
+    except BaseException:
+        await events.aclose()
+        raise
+    return StreamingResponse(stream_outputs(state, first, events), media_type="text/event-stream")
+
+
+def output_body(text: str, ids: list[int], result: GenerateResult, logprobs: list[float] | None) -> dict[str, Any]:
+    usage = result.usage
+    return {
+        "text": text,
+        "output_ids": ids,
+        "finish_reason": result.finish_reason,
+        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens, "cached_tokens": usage.cached_tokens},
+        "logprobs": logprobs,
+    }
+
+
+def event_body(event: ChoiceEvent) -> dict[str, Any]:
+    r = event.result
+    logprobs = None
+    if r.logprobs is not None:
+        end = len(r.output_ids)
+        logprobs = r.logprobs[end - len(event.new_ids) : end]
+    return output_body(event.delta, event.new_ids, r, logprobs)
+
+
+async def stream_outputs(state: HttpState, first: ChoiceEvent, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[bytes]:
+    try:
+        yield sse(event_body(first))
+        async for event in events:
+            yield sse(event_body(event))
+        yield SSE_DONE
+    except asyncio.CancelledError:  # the client disconnected
+        state.metrics.count_aborted("client_disconnect")
+        raise
+    except Exception as exc:
+        error = ApiError.from_client_error(exc)
+        state.metrics.count_failed(error.status)
+        yield sse(error.body())
+    finally:
+        await events.aclose()

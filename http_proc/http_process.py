@@ -1,0 +1,98 @@
+"""Entry point of the HTTP process: `python -m http_proc --config JSON --addresses JSON --client-port N`.
+
+Started by the launcher once the frontend is ready (it needs the client port). It binds
+--http-port, tells the launcher it is ready, and serves the FastAPI app with uvicorn (httptools)
+on a uvloop event loop until SIGTERM: then /health turns 503 ("draining"), the listening socket
+closes, and in-flight responses get a few seconds to finish.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import socket
+from pathlib import Path
+
+import uvicorn
+import uvloop
+import zmq
+
+from client.async_client import AsyncClient
+from common.messages import LAUNCHER_INBOX, ProcReady
+from common.proc_runtime import child_setup
+from common.server_config import ServerConfig
+from common.transport import Addresses, push
+from http_proc.health_monitor import HealthMonitor
+from http_proc.http_app import build_app
+from http_proc.http_state import HttpState
+from http_proc.server_metrics import ServerMetrics
+from model_proc.hf_config import HfConfig
+
+logger = logging.getLogger("http_proc")
+GRACEFUL_SHUTDOWN_S = 3
+WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*")
+
+
+class HttpServer(uvicorn.Server):
+    """uvicorn's server, which marks the health monitor draining when a stop signal arrives."""
+
+    def __init__(self, config: uvicorn.Config, health: HealthMonitor):
+        super().__init__(config)
+        self.health = health
+
+    def handle_exit(self, sig: int, frame) -> None:
+        self.health.mark_draining(f"received {signal.Signals(sig).name}")
+        super().handle_exit(sig, frame)
+
+
+def bind_http_socket(host: str, port: int) -> socket.socket:
+    try:
+        sock = socket.create_server((host, port), backlog=2048)
+    except OSError as exc:
+        raise SystemExit(f"cannot listen for HTTP on {host}:{port}: {exc}") from None
+    sock.setblocking(False)
+    return sock
+
+
+async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
+    context_len = HfConfig.from_model_dir(cfg.model).context_len
+    sock = bind_http_socket(cfg.host, cfg.http_port)
+    client_host = "127.0.0.1" if cfg.host in WILDCARD_HOSTS else cfg.host
+    ctx = zmq.Context()
+    try:
+        async with AsyncClient(client_port, host=client_host) as client:
+            health = HealthMonitor(client)
+            model_path = str(Path(cfg.model).resolve())
+            state = HttpState(client, Path(model_path).name, model_path, context_len, ServerMetrics(), health)
+            config = uvicorn.Config(
+                build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
+                timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+            )
+            server = HttpServer(config, health)
+            launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open until exit (LINGER=0 drops on close)
+            url = f"http://{cfg.host}:{cfg.http_port}"
+            launcher.send(ProcReady("http", os.getpid(), {"port": cfg.http_port, "url": url}))
+            logger.info("HTTP listening on %s (model %s, client port %d)", url, state.model_name, client_port)
+            await server.serve(sockets=[sock])
+    finally:
+        ctx.destroy(linger=0)
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, Addresses, int]:
+    parser = argparse.ArgumentParser(prog="python -m http_proc")
+    parser.add_argument("--config", required=True)
+    parser.add_argument("--addresses", required=True)
+    parser.add_argument("--client-port", type=int, required=True, help="the frontend's ZMQ client port")
+    ns = parser.parse_args(argv)
+    cfg = ServerConfig.from_json(ns.config)
+    if cfg.http_port <= 0:
+        parser.error("the config has no http_port")
+    return cfg, Addresses.from_json(ns.addresses), ns.client_port
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg, addrs, client_port = parse_args(argv)
+    child_setup("http", cfg.log_level)
+    uvloop.run(serve(cfg, addrs, client_port))

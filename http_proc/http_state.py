@@ -1,0 +1,33 @@
+"""What every HTTP route needs, built once when the HTTP process starts."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from client.async_client import AsyncClient
+from http_proc.api_error import ApiError
+from http_proc.health_monitor import HealthMonitor
+from http_proc.server_metrics import ServerMetrics
+
+STATS_TIMEOUT_S = 2.0  # /metrics renders without the scheduler's numbers past this
+
+
+@dataclass(frozen=True)
+class HttpState:
+    client: AsyncClient
+    model_name: str  # the model directory's name: what /v1/models lists and requests name
+    model_path: str
+    context_len: int
+    metrics: ServerMetrics
+    health: HealthMonitor
+    created_s: int = field(default_factory=lambda: int(time.time()))
+
+    def check_model(self, requested: str | None) -> None:
+        if requested is not None and requested not in (self.model_name, self.model_path):
+            raise ApiError(404, f"the model `{requested}` does not exist; this server serves `{self.model_name}`",
+                           param="model", code="model_not_found")
+
+    def check_accepting(self) -> None:
+        if self.health.is_draining:
+            raise ApiError(503, f"the server is not accepting requests ({self.health.reason})", code="server_draining")

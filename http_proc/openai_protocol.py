@@ -1,0 +1,180 @@
+"""The request bodies of POST /v1/completions and /v1/chat/completions (pydantic, extra fields refused).
+
+Each request becomes a list of `SubRequest`s, one per returned choice: `n` copies of each prompt
+(seed + i for copy i when a seed is given, so copies can differ and still reproduce). Sampling
+values are checked by the server's own validator (their errors come back as 400s); this module
+checks only the OpenAI shape and refuses, with a 400 that says so, the options zserve cannot honour.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from http_proc.api_error import ApiError
+
+MAX_CHOICES = 128  # n x prompts: each is one request in the server's queue
+
+
+@dataclass(frozen=True)
+class SubRequest:
+    """One choice of an HTTP request: the client's prompt keyword and sampling keywords."""
+
+    choice_idx: int
+    prompt_idx: int
+    prompt: dict[str, Any]  # {"prompt": str} | {"input_ids": [...]} | {"messages": [...]}
+    sampling: dict[str, Any]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    include_usage: bool = False
+
+
+class SamplingRequest(BaseModel):
+    """Fields both endpoints share. top_k, min_p, stop_token_ids and ignore_eos are zserve extras
+    (the OpenAI SDK sends them with `extra_body=`). Defaults are OpenAI's (temperature 1)."""
+
+    model_config = ConfigDict(extra="forbid")
+    model: str | None = None
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    n: int = Field(default=1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    top_logprobs: int | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+    def check_supported(self) -> None:
+        unsupported = {
+            "presence_penalty": self.presence_penalty != 0,
+            "frequency_penalty": self.frequency_penalty != 0,
+            "logit_bias": bool(self.logit_bias),
+            "top_logprobs": bool(self.top_logprobs),
+        }
+        for name, given in unsupported.items():
+            if given:
+                raise ApiError(400, f"{name} is not supported by this server", param=name)
+        if self.stream_options is not None and not self.stream:
+            raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+
+    def sampling(self, max_tokens: int | None, copy_idx: int) -> dict[str, Any]:
+        stop = [self.stop] if isinstance(self.stop, str) else self.stop
+        values = {
+            "max_tokens": max_tokens,
+            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "seed": None if self.seed is None else self.seed + copy_idx,
+            "stop": stop or None,
+            "stop_token_ids": self.stop_token_ids or None,
+            "ignore_eos": self.ignore_eos or None,
+        }
+        return {k: v for k, v in values.items() if v is not None}
+
+    def expand(self, prompts: list[dict[str, Any]], max_tokens: int | None) -> list[SubRequest]:
+        if len(prompts) * self.n > MAX_CHOICES:
+            raise ApiError(400, f"n x prompts is {len(prompts) * self.n}; at most {MAX_CHOICES} choices per request", param="n")
+        return [
+            SubRequest(p_idx * self.n + i, p_idx, prompt, self.sampling(max_tokens, i))
+            for p_idx, prompt in enumerate(prompts)
+            for i in range(self.n)
+        ]
+
+
+class CompletionRequest(SamplingRequest):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = 16  # OpenAI's default for completions
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def sub_requests(self) -> list[SubRequest]:
+        self.check_supported()
+        for name, given in (("logprobs", self.logprobs), ("echo", self.echo), ("suffix", self.suffix)):
+            if given:
+                raise ApiError(400, f"{name} is not supported by this server", param=name)
+        if self.best_of is not None and self.best_of != self.n:
+            raise ApiError(400, "best_of is not supported by this server (only best_of == n)", param="best_of")
+        return self.expand(self._prompts(), self.max_tokens)
+
+    def _prompts(self) -> list[dict[str, Any]]:
+        p = self.prompt
+        if isinstance(p, str):
+            return [{"prompt": p}]
+        if not p:
+            raise ApiError(400, "prompt is empty", param="prompt")
+        if all(isinstance(x, int) for x in p):
+            return [{"input_ids": list(p)}]
+        if all(isinstance(x, str) for x in p):
+            return [{"prompt": x} for x in p]
+        return [{"input_ids": list(x)} for x in p]
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+    def to_dict(self, idx: int) -> dict[str, Any]:
+        if self.content is None:
+            raise ApiError(400, f"messages[{idx}].content is missing (tool calls are not supported)", param="messages")
+        text = self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
+        out = {"role": self.role, "content": text}
+        if self.name is not None:
+            out["name"] = self.name
+        return out
+
+
+class ChatCompletionRequest(SamplingRequest):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = None
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+
+    def sub_requests(self, context_len: int) -> list[SubRequest]:
+        """`context_len` is the default max_tokens (OpenAI's "until the context is full"); the
+        scheduler clamps it to what the prompt leaves and reports that finish as "length"."""
+        self.check_supported()
+        if self.logprobs:
+            raise ApiError(400, "logprobs is not supported by this server", param="logprobs")
+        if self.tools:
+            raise ApiError(400, "tools are not supported by this server", param="tools")
+        if self.tool_choice not in (None, "none"):
+            raise ApiError(400, "tool_choice is not supported by this server", param="tool_choice")
+        if self.response_format is not None and self.response_format.get("type") != "text":
+            raise ApiError(400, "response_format other than text is not supported by this server", param="response_format")
+        if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
+            raise ApiError(400, "max_tokens and max_completion_tokens differ; give one", param="max_completion_tokens")
+        given = [v for v in (self.max_completion_tokens, self.max_tokens) if v is not None]
+        max_tokens = given[0] if given else context_len
+        messages = [m.to_dict(i) for i, m in enumerate(self.messages)]
+        return self.expand([{"messages": messages}], max_tokens)

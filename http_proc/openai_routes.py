@@ -1,0 +1,92 @@
+"""POST /v1/completions and /v1/chat/completions: one JSON body, or SSE chunks then `data: [DONE]`.
+
+A streamed response starts once the first output (or an error) is back, so a request the server
+refuses (bad input, queue full) gets a real 400 / 503 status, not a 200 stream with an error in it.
+An error after that arrives as a `data: {"error": ...}` chunk, which the OpenAI SDK raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from http_proc.api_error import ApiError
+from http_proc.disconnect_watch import until_disconnect
+from http_proc.http_state import HttpState
+from http_proc.openai_formatter import SSE_DONE, OpenAIFormatter, sse
+from http_proc.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, SubRequest
+from http_proc.request_group import ChoiceEvent, RequestGroup
+from http_proc.response_guard import guarded
+
+
+def add_openai_routes(app: FastAPI, state: HttpState) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await guarded(state, "/v1/completions", request, lambda: serve(state, request, body, False))
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+        return await guarded(state, "/v1/chat/completions", request, lambda: serve(state, request, body, True))
+
+    @app.get("/v1/models")
+    async def models() -> dict:
+        card = {
+            "id": state.model_name, "object": "model", "created": state.created_s, "owned_by": "zserve",
+            "root": state.model_path, "max_model_len": state.context_len,
+        }
+        return {"object": "list", "data": [card]}
+
+
+async def serve(state: HttpState, request: Request, body: SamplingRequest, is_chat: bool) -> Response:
+    state.check_model(body.model)
+    state.check_accepting()
+    if isinstance(body, ChatCompletionRequest):
+        subs = body.sub_requests(state.context_len)
+    else:
+        assert isinstance(body, CompletionRequest)
+        subs = body.sub_requests()
+    group = RequestGroup(state.client, subs, state.metrics, state.health)
+    formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage)
+    if not body.stream:
+        results = await until_disconnect(request, group.run())
+        return JSONResponse(formatter.body(subs, results))
+    events = group.events()
+    try:
+        first = await until_disconnect(request, anext(events))
+    except BaseException:
+        await events.aclose()
+        raise
+    chunks = stream_chunks(state, formatter, subs, group, first, events)
+    return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+
+
+async def stream_chunks(
+    state: HttpState, formatter: OpenAIFormatter, subs: list[SubRequest], group: RequestGroup,
+    first: ChoiceEvent, events: AsyncIterator[ChoiceEvent],
+) -> AsyncIterator[bytes]:
+    try:
+        for chunk in formatter.opening_chunks(len(subs)):
+            yield chunk
+        event: ChoiceEvent | None = first
+        while event is not None:
+            chunk = formatter.event_chunk(event)
+            if chunk is not None:
+                yield chunk
+            event = await anext(events, None)
+        usage = formatter.usage_chunk(subs, [r for r in group.results if r is not None])
+        if usage is not None:
+            yield usage
+        yield SSE_DONE
+    except asyncio.CancelledError:  # Starlette cancels the stream when the client disconnects
+        state.metrics.count_aborted("client_disconnect")
+        raise
+    except Exception as exc:
+        error = ApiError.from_client_error(exc)
+        state.metrics.count_failed(error.status)
+        yield sse(error.body())
+    finally:
+        await events.aclose()

@@ -1,0 +1,131 @@
+"""The choices of one HTTP request in flight, as one merged stream of events.
+
+Each SubRequest is one request to the server through the async client. `events()` yields a
+ChoiceEvent per output of any choice, in arrival order, and records each choice's latencies.
+Leaving `events()` early (the HTTP client went away, or an error) aborts every choice still
+running: the client's stream aborts its request when closed or cancelled.
+
+A choice that ends with finish reason "abort" that this process did not ask for was ended by
+the server shutting down: that raises ApiError 503 and marks the server as draining.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from client.async_client import AsyncClient
+from client.request_body import new_req_id
+from client.types import GenerateResult
+from http_proc.api_error import ApiError
+from http_proc.health_monitor import HealthMonitor
+from http_proc.openai_protocol import SubRequest
+from http_proc.server_metrics import ServerMetrics
+
+
+@dataclass(slots=True)
+class ChoiceEvent:
+    choice_idx: int
+    delta: str  # new text ("" for an output that only held text back, or the last one)
+    new_ids: list[int]  # the tokens behind this output
+    result: GenerateResult  # the choice so far; finish_reason set on its last event
+
+
+@dataclass(slots=True)
+class ChoiceTiming:
+    arrival_s: float
+    last_output_s: float | None = None
+    num_ids: int = 0
+
+
+class RequestGroup:
+    def __init__(self, client: AsyncClient, subs: list[SubRequest], metrics: ServerMetrics, health: HealthMonitor):
+        self.client = client
+        self.subs = subs
+        self.metrics = metrics
+        self.health = health
+        self.arrival_s = time.perf_counter()
+        self.timings = [ChoiceTiming(self.arrival_s) for _ in subs]
+        self.results: list[GenerateResult | None] = [None] * len(subs)
+
+    async def events(self) -> AsyncIterator[ChoiceEvent]:
+        if len(self.subs) == 1:
+            async with contextlib.aclosing(self._choice_events(self.subs[0])) as single:
+                async for event in single:
+                    yield event
+            return
+        async with contextlib.aclosing(self._merged_events()) as merged:
+            async for event in merged:
+                yield event
+
+    async def run(self) -> list[GenerateResult]:
+        """Every choice's final result, in choice order."""
+        async with contextlib.aclosing(self.events()) as events:
+            async for _ in events:
+                pass
+        return [r for r in self.results if r is not None]
+
+    async def _choice_events(self, sub: SubRequest) -> AsyncIterator[ChoiceEvent]:
+        timing = self.timings[sub.choice_idx]
+        req_id = new_req_id()
+        finished = False
+        try:
+            async for delta, result in self.client.stream_outputs(req_id=req_id, **sub.prompt, **sub.sampling):
+                new_ids = result.output_ids[timing.num_ids :]
+                timing.num_ids = len(result.output_ids)
+                finished = result.finish_reason is not None
+                self._observe(timing, delta, result)
+                if result.finish_reason == "abort":
+                    self.health.mark_draining("the server ended a request with finish reason abort (shutting down)")
+                    self.metrics.count_aborted("server")
+                    raise ApiError(503, "the server is shutting down; the request was aborted", code="server_draining")
+                if finished:
+                    self.results[sub.choice_idx] = result
+                yield ChoiceEvent(sub.choice_idx, delta, new_ids, result)
+        finally:
+            if not finished:
+                # The client's stream aborts too, but only once the generator is collected; this
+                # abort is at once. (Completes without suspending, so it runs even when cancelled.)
+                await self.client.abort(req_id)
+
+    async def _merged_events(self) -> AsyncIterator[ChoiceEvent]:
+        queue: asyncio.Queue[ChoiceEvent | BaseException | None] = asyncio.Queue()
+
+        async def pump(sub: SubRequest) -> None:
+            try:
+                async for event in self._choice_events(sub):
+                    queue.put_nowait(event)
+                queue.put_nowait(None)
+            except asyncio.CancelledError:
+                raise
+            except BaseException as exc:  # handed to the consumer, which raises it
+                queue.put_nowait(exc)
+
+        tasks = [asyncio.create_task(pump(sub)) for sub in self.subs]
+        try:
+            num_running = len(tasks)
+            while num_running:
+                item = await queue.get()
+                if item is None:
+                    num_running -= 1
+                elif isinstance(item, BaseException):
+                    raise item
+                else:
+                    yield item
+        finally:
+            for task in tasks:
+                task.cancel()  # each cancelled stream aborts its request
+
+    def _observe(self, timing: ChoiceTiming, delta: str, result: GenerateResult) -> None:
+        now_s = time.perf_counter()
+        if delta or result.finish_reason is not None:
+            if timing.last_output_s is None:
+                self.metrics.ttft_s.observe(now_s - timing.arrival_s)
+            else:
+                self.metrics.inter_token_s.observe(now_s - timing.last_output_s)
+            timing.last_output_s = now_s
+        if result.finish_reason is not None:
+            self.metrics.e2e_s.observe(now_s - timing.arrival_s)

@@ -1,0 +1,186 @@
+"""HTTP front end pieces without a server: request expansion, refusals, error mapping, response
+shapes, health states and metrics rendering."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from pydantic import ValidationError
+
+from client.types import (
+    GenerateResult,
+    RequestTimeoutError,
+    ServerBusyError,
+    ServerError,
+    ServerGoneError,
+    Usage,
+)
+from http_proc.api_error import ApiError
+from http_proc.health_monitor import HealthMonitor
+from http_proc.openai_formatter import OpenAIFormatter, usage_of
+from http_proc.openai_protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from http_proc.request_group import ChoiceEvent
+from http_proc.server_metrics import ServerMetrics
+
+
+def test_completion_expands_n_and_prompt_lists_with_distinct_seeds():
+    req = CompletionRequest(prompt=["a", "b"], n=3, seed=7, temperature=0.5, stop="x", max_tokens=5)
+    subs = req.sub_requests()
+    assert [s.choice_idx for s in subs] == list(range(6))
+    assert [s.prompt_idx for s in subs] == [0, 0, 0, 1, 1, 1]
+    assert [s.prompt for s in subs[:1]] == [{"prompt": "a"}]
+    assert [s.sampling["seed"] for s in subs] == [7, 8, 9, 7, 8, 9]
+    assert subs[0].sampling == {"max_tokens": 5, "temperature": 0.5, "seed": 7, "stop": ["x"]}
+
+
+def test_completion_token_prompts_and_openai_defaults():
+    assert CompletionRequest(prompt=[1, 2, 3]).sub_requests()[0].prompt == {"input_ids": [1, 2, 3]}
+    subs = CompletionRequest(prompt=[[1], [2, 3]]).sub_requests()
+    assert [s.prompt for s in subs] == [{"input_ids": [1]}, {"input_ids": [2, 3]}]
+    sampling = CompletionRequest(prompt="hi").sub_requests()[0].sampling
+    assert sampling == {"max_tokens": 16, "temperature": 1.0}  # OpenAI's defaults
+
+
+def test_chat_defaults_to_the_context_and_flattens_text_parts():
+    req = ChatCompletionRequest(
+        messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+        ignore_eos=True, top_k=5, min_p=0.1, stop_token_ids=[3],
+    )
+    [sub] = req.sub_requests(context_len=512)
+    assert sub.prompt == {"messages": [{"role": "user", "content": "a\nb"}]}
+    assert sub.sampling == {"max_tokens": 512, "temperature": 1.0, "top_k": 5, "min_p": 0.1, "stop_token_ids": [3], "ignore_eos": True}
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], max_completion_tokens=9)
+    assert req.sub_requests(512)[0].sampling["max_tokens"] == 9
+
+
+UNSUPPORTED = [
+    (lambda: CompletionRequest(prompt="a", logprobs=2).sub_requests(), "logprobs"),
+    (lambda: CompletionRequest(prompt="a", echo=True).sub_requests(), "echo"),
+    (lambda: CompletionRequest(prompt="a", best_of=3).sub_requests(), "best_of"),
+    (lambda: CompletionRequest(prompt="a", presence_penalty=0.5).sub_requests(), "presence_penalty"),
+    (lambda: CompletionRequest(prompt="a", n=MAX_CHOICES + 1).sub_requests(), "n"),
+    (lambda: CompletionRequest(prompt="a", stream_options={"include_usage": True}).sub_requests(), "stream_options"),
+    (lambda: CompletionRequest(prompt=[]).sub_requests(), "prompt"),
+    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], tools=[{"type": "function"}]).sub_requests(8), "tools"),
+    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], logprobs=True).sub_requests(8), "logprobs"),
+    (lambda: ChatCompletionRequest(messages=[{"role": "assistant"}]).sub_requests(8), "messages"),
+    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], response_format={"type": "json_object"}).sub_requests(8), "response_format"),
+]
+
+
+@pytest.mark.parametrize(("build", "param"), UNSUPPORTED, ids=[p for _, p in UNSUPPORTED])
+def test_unsupported_options_are_400s_naming_the_param(build, param):
+    with pytest.raises(ApiError) as info:
+        build()
+    assert info.value.status == 400 and info.value.param == param
+
+
+def test_unknown_fields_are_refused_by_the_model():
+    with pytest.raises(ValidationError, match="frobnicate"):
+        CompletionRequest(prompt="a", frobnicate=1)
+
+
+@pytest.mark.parametrize(
+    ("exc", "status"),
+    [
+        (ServerBusyError("request 1: server busy: 9 requests waiting"), 503),
+        (ServerGoneError("server at x has not answered"), 503),
+        (RequestTimeoutError("no result"), 503),
+        (ServerError("request 1: prompt is empty"), 400),
+        (ServerError("request 1: server failure: the model process died"), 500),
+        (RuntimeError("bug"), 500),
+    ],
+)
+def test_client_errors_map_to_statuses(exc, status):
+    error = ApiError.from_client_error(exc)
+    assert error.status == status
+    body = error.body()["error"]
+    assert set(body) == {"message", "type", "param", "code"}
+    if status == 400:
+        assert body["message"] == "prompt is empty" and body["type"] == "invalid_request_error"
+
+
+def result(text: str, finish: str | None, prompt: int, completion: int, cached: int) -> GenerateResult:
+    return GenerateResult(1, text=text, finish_reason=finish, usage=Usage(prompt, completion, cached))
+
+
+def test_usage_counts_each_prompt_once_and_sums_completions():
+    subs = CompletionRequest(prompt=["a", "bb"], n=2).sub_requests()
+    results = [result("x", "stop", 3, 2, 0), result("y", "length", 3, 5, 3), result("z", "stop", 4, 1, 4), result("w", "stop", 4, 1, 4)]
+    assert usage_of(subs, results) == {
+        "prompt_tokens": 7, "completion_tokens": 9, "total_tokens": 16, "prompt_tokens_details": {"cached_tokens": 4},
+    }
+
+
+def test_chat_formatter_shapes():
+    fmt = OpenAIFormatter(True, "m", include_usage=True)
+    [opening] = fmt.opening_chunks(1)
+    assert b'"role":"assistant"' in opening and b'"usage":null' in opening
+    assert fmt.event_chunk(ChoiceEvent(0, "", [], result("", None, 1, 0, 0))) is None
+    last = fmt.event_chunk(ChoiceEvent(0, "hi", [5], result("hi", "length", 1, 1, 0)))
+    assert b'"delta":{"content":"hi"}' in last and b'"finish_reason":"length"' in last
+    subs = ChatCompletionRequest(messages=[{"role": "user", "content": "a"}]).sub_requests(8)
+    body = fmt.body(subs, [result("hi", "stop", 1, 1, 0)])
+    assert body["object"] == "chat.completion" and body["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
+    assert OpenAIFormatter(False, "m").usage_chunk(subs, []) is None
+
+
+class FakeClient:
+    """Answers stats and the trivial request like the server would, or hangs when told to."""
+
+    def __init__(self):
+        self.num_steps = 0
+        self.hang = False
+        self.num_generates = 0
+
+    async def stats(self) -> dict:
+        if self.hang:
+            await asyncio.sleep(10)
+        return {"num_steps": self.num_steps}
+
+    async def generate(self, **kwargs) -> GenerateResult:
+        self.num_generates += 1
+        self.num_steps += 1
+        return result("", "length", 1, 1, 0)
+
+
+def test_health_states():
+    async def scenario():
+        client = FakeClient()
+        health = HealthMonitor(client, probe_timeout_s=0.05)
+        assert health.state == "starting"
+        client.hang = True
+        assert (await health.check())[0] is False and health.state == "starting"
+        client.hang = False
+        assert await health.check() == (True, "ready: every process answered and a model step completed")
+        assert client.num_generates == 1
+        await health.check()  # idle: no step since the last probe, so a trivial request again
+        assert client.num_generates == 2
+        client.num_steps += 5  # busy: steps moved, no trivial request needed
+        assert (await health.check())[0] and client.num_generates == 2
+        client.hang = True
+        healthy, detail = await health.check()
+        assert not healthy and health.state == "broken" and "no answer" in detail
+        health.mark_draining("test")
+        client.hang = False
+        assert (await health.check())[0] is False and health.state == "draining"
+
+    asyncio.run(scenario())
+
+
+def test_metrics_render_parses_with_and_without_stats():
+    metrics = ServerMetrics()
+    metrics.ttft_s.observe(0.01)
+    metrics.count_response("/v1/completions", 200)
+    metrics.count_aborted("client_disconnect")
+    stats = {"num_running": 2, "num_waiting": 1, "num_prompt_tokens": 10, "num_prefix_hit_tokens": 4, "num_generated_tokens": 7}
+    samples = {s.name: s for f in text_string_to_metric_families(metrics.render(stats).decode()) for s in f.samples}
+    assert samples["zserve_num_requests_running"].value == 2
+    assert samples["zserve_prefix_cache_hit_rate"].value == pytest.approx(0.4)
+    assert samples["zserve_generation_tokens_total"].value == 7
+    assert samples["zserve_time_to_first_token_seconds_count"].value == 1
+    assert samples["zserve_requests_aborted_total"].labels == {"cause": "client_disconnect"}
+    down = {s.name: s.value for f in text_string_to_metric_families(metrics.render(None).decode()) for s in f.samples}
+    assert down["zserve_scheduler_up"] == 0 and "zserve_num_requests_running" not in down
