@@ -8,12 +8,15 @@ line compares batch-1 decode with the memory bound: weight bytes / bandwidth, th
 measured here by a large tensor copy. K/V contents do not change the cost of a step, so both
 sides get 256 tokens of random context instead of a real prefill (which would take minutes).
 
-Both sides run fp32 with the same torch thread count (the worker's default unless --threads).
+Both sides run fp32 in one process started with the model worker's environment
+(model_proc/worker_env.py: thread count, OpenMP wait policy, malloc thresholds; the script
+re-executes itself with it), so they share threads, allocator and machine state.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -26,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.forward_batch import ForwardBatch, SamplingArrays  # noqa: E402
 from model_proc.model_runner import ModelRunner  # noqa: E402
-from model_proc.worker_env import default_num_threads  # noqa: E402
+from model_proc.worker_env import worker_env  # noqa: E402
 
 DECODE_BATCH_SIZES = (1, 8, 32, 64)
 CONTEXT_LEN = 256
@@ -134,6 +137,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both sides (0 = the worker's default)")
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
+    if "ZSERVE_NUM_THREADS" not in os.environ:  # run under the worker's environment (read at process start)
+        env = {**os.environ, **worker_env(args.threads, "cpu")}
+        os.execve(sys.executable, [sys.executable, *sys.argv], env)
     model_dir = args.model
     if model_dir is None:
         from model_proc.demo_model import demo_model_dir
@@ -141,7 +147,7 @@ def main() -> None:
         model_dir = str(demo_model_dir())
         if not Path(model_dir).is_dir():
             sys.exit(f"demo model not found at {model_dir}: run .venv/bin/zserve-fetch-demo, or pass --model DIR")
-    num_threads = args.threads or default_num_threads()
+    num_threads = int(os.environ["ZSERVE_NUM_THREADS"])
     torch.set_num_threads(num_threads)
 
     max_tokens = max(DECODE_BATCH_SIZES) * (-(-(CONTEXT_LEN + 1) // PAGE_SIZE)) * PAGE_SIZE
