@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -256,6 +257,9 @@ def _printer(progress: bool):
 
 
 def main() -> None:
+    # A plain `kill` should clean up like Ctrl-C does: SystemExit runs the `finally` that removes
+    # the partial directory.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         path = ensure_demo_model(progress=True)
     except (RuntimeError, OSError) as exc:
