@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -25,6 +26,9 @@ from model_proc.layers.attention_metadata import AttentionMetadata
 from model_proc.models.registry import build_model
 from model_proc.sampler import Sampler
 from model_proc.worker_env import default_num_threads
+
+if TYPE_CHECKING:
+    from common.server_config import ServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +107,7 @@ class ModelRunner:
         self.sampler = Sampler(self.device)
 
     @staticmethod
-    def from_server_config(cfg, tp_rank: int = 0) -> ModelRunner:
+    def from_server_config(cfg: ServerConfig, tp_rank: int = 0) -> ModelRunner:
         """Unpack the launcher's ServerConfig into plain values."""
         return ModelRunner(
             cfg.model,

@@ -20,6 +20,7 @@ VARIANTS = {  # checkpoint name -> (kind, make_tiny_checkpoint options)
     **{kind: (kind, {}) for kind in TINY_KINDS},
     "llama_sharded": ("llama", {"num_shards": 3}),
     "qwen3_bf16": ("qwen3", {"stored_dtype": "bfloat16"}),
+    "llama_linear_rope": ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}),
 }
 
 

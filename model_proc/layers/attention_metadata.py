@@ -30,7 +30,6 @@ class DecodeRows:
     token_idx: torch.Tensor | None  # int64[B] into the batch's tokens; None when the batch is only these rows, in order
     page_table: torch.Tensor  # int64[B * max_pages], padded with page 0 (masked out)
     mask: torch.Tensor  # [1, B, 1, max_pages * page_size] additive: 0 where j < seq_len, -inf after
-    seq_len_max: int
 
 
 @dataclass(slots=True)
@@ -115,7 +114,6 @@ def _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids
         token_idx=None if only_these else to_device(token_starts[rows]),
         page_table=to_device(table.reshape(-1)),
         mask=to_device(mask.astype(np.float32)).to(dtype)[None, :, None, :],
-        seq_len_max=int(seq_lens[rows].max()),
     )
 
 
