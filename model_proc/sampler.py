@@ -145,7 +145,8 @@ class Sampler:
         index = self._tensor(rows)
         row_weights = _select_rows(weights, index)
         top_k = np.where(top_k_on[rows], params.top_k[rows], vocab_size).astype(np.int64)
-        head_len = min(max(HEAD_LEN, int(top_k[top_k_on[rows]].max(initial=0))), vocab_size)
+        # One past the largest k, so that a top-k row's kept set fits in the head (see `fits`).
+        head_len = min(max(HEAD_LEN, int(top_k[top_k_on[rows]].max(initial=0)) + 1), vocab_size)
         head_w, head_ids = torch.topk(row_weights, head_len, dim=-1)
         ks = self._tensor(np.minimum(top_k, head_len))  # rows without top-k do not use theirs
         top_k_floors = torch.where(
