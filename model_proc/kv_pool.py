@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
@@ -33,8 +34,8 @@ class KVPool:
         if self.num_pages < 1 or self.page_size < 1:
             raise ValueError(f"KV pool needs num_pages >= 1 and page_size >= 1, got {self.num_pages}, {self.page_size}")
         shape = (self.num_kv_heads, self.num_slots, self.head_dim)
-        self.k = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
-        self.v = [torch.zeros(shape, dtype=self.dtype, device=self.device) for _ in range(self.num_layers)]
+        self.k = [_zeros(shape, self.dtype, self.device) for _ in range(self.num_layers)]
+        self.v = [_zeros(shape, self.dtype, self.device) for _ in range(self.num_layers)]
 
     @property
     def num_slots(self) -> int:
@@ -66,6 +67,18 @@ class KVPool:
         if num_pages < 1:
             raise ValueError(f"{fraction:.0%} of {free / 2**30:.2f} GiB free memory is less than one KV page")
         return num_pages
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Zeros (attention masks slots no request wrote, and 0 * garbage could be NaN).
+
+    On CPU through calloc: the kernel maps zero pages lazily, so RAM is committed as slots are
+    first written rather than all at start (torch.zeros would touch every page of a pool that
+    may be a third of the machine's memory)."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    raw = np.zeros(shape, dtype={1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[dtype.itemsize])
+    return torch.from_numpy(raw).view(dtype)
 
 
 def free_memory_bytes(device: torch.device) -> int:
