@@ -1,6 +1,6 @@
 """Sampler: one next token per row of logits, each row with its own sampling parameters.
 
-    greedy rows (temperature 0)  ->  argmax of the raw logits
+    greedy rows (temperature 0)  ->  argmax of the raw logits (so are rows with T < 1e-5)
     sampled rows                 ->  w = exp((logits - max) / T)        relative probabilities, max 1
                                      -> top-k   keep w >= the k-th largest w
                                      -> top-p   keep the largest w whose mass (over what top-k
@@ -33,8 +33,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.forward_batch import GREEDY_TEMPERATURE, MIN_P_OFF, TOP_K_OFF, TOP_P_OFF, SamplingArrays
+from common.forward_batch import MIN_P_OFF, TOP_K_OFF, TOP_P_OFF, SamplingArrays
 
+# Below this a temperature is greedy (vLLM's rule too): 1 / T would overflow float32 near 3e-39,
+# and long before that the draw is an argmax anyway.
+MIN_TEMPERATURE = 1e-5
 HEAD_LEN = 64  # top tokens looked at first for top-k / top-p / min-p rows
 HEAD_GROWTH = 16  # a top-p row whose head is short of top_p looks again at a head this much longer
 
@@ -86,7 +89,7 @@ class Sampler:
 
     def _sample_mixed(self, logits: torch.Tensor, sampling: SamplingArrays, positions: torch.Tensor) -> torch.Tensor:
         """Greedy rows take the argmax, the others one seeded draw each."""
-        sampled = sampling.temperature > GREEDY_TEMPERATURE
+        sampled = sampling.temperature >= MIN_TEMPERATURE
         rows = self._tensor(np.flatnonzero(sampled))
         params = sampling.select(sampled)
         uniforms = self._tensor(uniform_from_seed(params.seed, positions.cpu().numpy()[sampled]).astype(np.float32))

@@ -133,6 +133,14 @@ def test_greedy_rows_in_a_sampled_batch_take_the_argmax(sampler):
     assert np.array_equal(ids.numpy()[greedy], logits.argmax(dim=-1).numpy()[greedy])
 
 
+def test_a_tiny_temperature_is_greedy(sampler):
+    logits = make_logits(8, seed=12)
+    temperature = np.array([1e-30, 1e-38, 1e-45, 1e-6, 0.0, 1.0, 1e-30, 0.0], np.float32)
+    ids, _ = sampler.sample(logits, params(8, temperature=temperature), positions(8), no_logprob(8))
+    greedy = temperature != 1.0
+    assert np.array_equal(ids.numpy()[greedy], logits.argmax(dim=-1).numpy()[greedy])
+
+
 def test_top_k_one_equals_greedy(sampler):
     logits = make_logits(64, seed=4)
     ids, _ = sampler.sample(logits, params(64, temperature=1.7, top_k=1), positions(64), no_logprob(64))
