@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 
 from fastapi import FastAPI
-from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -43,13 +42,6 @@ def build_app(state: HttpState) -> FastAPI:
         except Exception:  # rendered without the scheduler's numbers; zserve_scheduler_up says so
             stats = None
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)
-
-    @app.exception_handler(RequestValidationError)
-    async def on_validation_error(request: Request, exc: RequestValidationError) -> Response:
-        errors = exc.errors()
-        parts = [f"{'.'.join(str(x) for x in e['loc'] if x != 'body') or 'body'}: {e['msg']}" for e in errors]
-        param = next((str(e["loc"][1]) for e in errors if len(e["loc"]) > 1 and e["loc"][0] == "body"), None)
-        return _counted(state, request, ApiError(400, "invalid request: " + "; ".join(parts), param=param))
 
     @app.exception_handler(HTTPException)
     async def on_http_error(request: Request, exc: HTTPException) -> Response:

@@ -9,13 +9,25 @@ checks only the OpenAI shape and refuses, with a 400 that says so, the options z
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from http_proc.api_error import ApiError
 
 MAX_CHOICES = 128  # n x prompts: each is one request in the server's queue
+RequestT = TypeVar("RequestT", bound=BaseModel)
+
+
+def parse_body(model: type[RequestT], raw: bytes) -> RequestT:
+    """The request model from a JSON body; a 400 naming every bad field otherwise."""
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False)
+        parts = [f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}" for e in errors]
+        param = next((str(e["loc"][0]) for e in errors if e["loc"]), None)
+        raise ApiError(400, "invalid request: " + "; ".join(parts), param=param) from None
 
 
 @dataclass(frozen=True)

@@ -18,19 +18,27 @@ from http_proc.api_error import ApiError
 from http_proc.disconnect_watch import until_disconnect
 from http_proc.http_state import HttpState
 from http_proc.openai_formatter import SSE_DONE, OpenAIFormatter, sse
-from http_proc.openai_protocol import ChatCompletionRequest, CompletionRequest, SamplingRequest, SubRequest
+from http_proc.openai_protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    SamplingRequest,
+    SubRequest,
+    parse_body,
+)
 from http_proc.request_group import ChoiceEvent, RequestGroup
 from http_proc.response_guard import guarded
 
 
 def add_openai_routes(app: FastAPI, state: HttpState) -> None:
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await guarded(state, "/v1/completions", request, lambda: serve(state, request, body, False))
+    # Bodies are parsed here with pydantic's JSON fast path rather than by FastAPI's dependency
+    # machinery (a few hundred microseconds less per request); openapi_extra keeps /docs right.
+    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+    async def completions(request: Request) -> Response:
+        return await guarded(state, "/v1/completions", request, lambda: serve(state, request, CompletionRequest))
 
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-        return await guarded(state, "/v1/chat/completions", request, lambda: serve(state, request, body, True))
+    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
+    async def chat_completions(request: Request) -> Response:
+        return await guarded(state, "/v1/chat/completions", request, lambda: serve(state, request, ChatCompletionRequest))
 
     @app.get("/v1/models")
     async def models() -> dict:
@@ -41,14 +49,17 @@ def add_openai_routes(app: FastAPI, state: HttpState) -> None:
         return {"object": "list", "data": [card]}
 
 
-async def serve(state: HttpState, request: Request, body: SamplingRequest, is_chat: bool) -> Response:
+def _body_schema(model: type[SamplingRequest]) -> dict:
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+async def serve(state: HttpState, request: Request, model: type[CompletionRequest | ChatCompletionRequest]) -> Response:
+    body = parse_body(model, await request.body())
     state.check_model(body.model)
     state.check_accepting()
-    if isinstance(body, ChatCompletionRequest):
-        subs = body.sub_requests(state.context_len)
-    else:
-        assert isinstance(body, CompletionRequest)
-        subs = body.sub_requests()
+    is_chat = isinstance(body, ChatCompletionRequest)
+    subs = body.sub_requests(state.context_len) if is_chat else body.sub_requests()
     group = RequestGroup(state.client, subs, state.metrics, state.health)
     formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage)
     if not body.stream:

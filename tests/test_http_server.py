@@ -259,6 +259,28 @@ def test_generate_returns_token_ids_like_the_python_client(server):
     assert status == 400 and "bogus" in r["error"]["message"]
 
 
+def test_http_client_helper_matches_the_zmq_client(server):
+    """http_proc.http_client.HttpClient: the AsyncClient interface over HTTP, for benchmarks."""
+    import asyncio
+
+    from client import AsyncClient
+    from http_proc.http_client import HttpClient
+
+    async def both():
+        async with AsyncClient(server.port) as zc, HttpClient(f"http://127.0.0.1:{server.http_port}") as hc:
+            kwargs = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
+            pairs = [pair async for pair in hc.stream_outputs(PROMPT, **kwargs)]
+            return await zc.generate(PROMPT, **kwargs), pairs, await hc.generate(messages=MESSAGES, max_tokens=3), await hc.stats()
+
+    expected, pairs, chat, stats = asyncio.run(both())
+    final = pairs[-1][1]
+    assert "".join(d for d, _ in pairs) == final.text == expected.text
+    assert final.finish_reason == "length" and final.usage.completion_tokens == 12
+    assert final.usage.prompt_tokens == expected.usage.prompt_tokens and final.ttft_s is not None
+    assert chat.usage.completion_tokens <= 3 and chat.finish_reason in ("stop", "length")
+    assert {"num_running", "num_waiting", "num_free_pages", "num_generated_tokens", "num_aborted"} <= set(stats)
+
+
 # ---- disconnects, health, metrics ---------------------------------------------------------------
 
 
