@@ -1,0 +1,93 @@
+"""The load driver: sends a workload to a server at its arrival times through one AsyncClient,
+streams every answer, and records when each text chunk came back.
+
+Sampling is greedy; `ignore_eos` makes every request generate exactly its `max_tokens`.
+Server stats are read before and after the run, so the run's prefix hits can be told apart
+from what came before (warm-up requests, earlier runs against the same server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass
+
+from tqdm import tqdm
+
+from benchmarks.metrics import RequestRecord
+from benchmarks.workloads import BenchRequest
+from client import AsyncClient
+
+WARMUP_PROMPT = "Warm-up request number {i}: say something short."
+
+
+@dataclass(slots=True)
+class LoadRun:
+    records: list[RequestRecord]
+    start_s: float  # perf_counter time of the first scheduled send
+    stats_before: dict
+    stats_after: dict
+
+    def stat_delta(self, name: str) -> int:
+        return int(self.stats_after.get(name, 0)) - int(self.stats_before.get(name, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class LoadOptions:
+    ignore_eos: bool = True
+    request_timeout_s: float | None = None
+    num_warmup_requests: int = 1
+    progress_desc: str = "requests"
+    show_progress: bool = True
+
+
+def drive(address: str, requests: list[BenchRequest], offsets_s: list[float], options: LoadOptions) -> LoadRun:
+    return asyncio.run(_drive(address, requests, offsets_s, options))
+
+
+async def _drive(address: str, requests: list[BenchRequest], offsets_s: list[float], options: LoadOptions) -> LoadRun:
+    assert len(requests) == len(offsets_s)
+    async with AsyncClient(address, timeout_s=options.request_timeout_s) as client:
+        # short, unrelated prompts: they warm the worker up without seeding the prefix cache
+        await asyncio.gather(*(
+            client.generate(WARMUP_PROMPT.format(i=i), max_tokens=4, temperature=0.0)
+            for i in range(options.num_warmup_requests)
+        ))
+        stats_before = await client.stats()
+        bar = tqdm(total=len(requests), desc=options.progress_desc, file=sys.stderr, disable=not options.show_progress,
+                   mininterval=1.0, unit="req", dynamic_ncols=True)
+        start_s = time.perf_counter() + 0.05  # room to create the tasks before the first send
+        try:
+            records = await asyncio.gather(*(
+                _one_request(client, req, start_s + offset_s, options.ignore_eos, bar)
+                for req, offset_s in zip(requests, offsets_s, strict=True)
+            ))
+        finally:
+            bar.close()
+        stats_after = await client.stats()
+    return LoadRun(list(records), start_s, stats_before, stats_after)
+
+
+async def _one_request(client: AsyncClient, req: BenchRequest, send_at_s: float, ignore_eos: bool, bar: tqdm) -> RequestRecord:
+    delay_s = send_at_s - time.perf_counter()
+    if delay_s > 0:
+        await asyncio.sleep(delay_s)
+    record = RequestRecord(send_s=time.perf_counter())
+    try:
+        async for delta, result in client.stream_outputs(
+            **req.client_kwargs(), max_tokens=req.max_tokens, temperature=0.0, ignore_eos=ignore_eos,
+        ):
+            now_s = time.perf_counter() - record.send_s
+            if delta:
+                record.chunk_times_s.append(now_s)
+            if result.finish_reason is not None:
+                record.latency_s = now_s
+                record.finish_reason = result.finish_reason
+                record.num_prompt_tokens = result.usage.prompt_tokens
+                record.num_output_tokens = result.usage.completion_tokens
+                record.num_cached_tokens = result.usage.cached_tokens
+    except Exception as exc:  # a failed request is a figure of the run, not the end of it
+        record.error = f"{type(exc).__name__}: {exc}"
+    bar.update(1)
+    return record
