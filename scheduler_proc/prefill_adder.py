@@ -79,7 +79,7 @@ class PrefillAdder:
             self.cache.unlock(match.node)
             return AddOutcome.NO_MEMORY
 
-        row_idx = self.req_table.alloc(pending.req_id)
+        row_idx = self.req_table.alloc(pending.req_id, pending.params, pending.seed)
         assert row_idx is not None
         page_table = np.empty(pending.max_num_pages, np.int32)
         num_matched_pages = len(match.page_ids)
@@ -87,6 +87,7 @@ class PrefillAdder:
         req = Req(
             req_id=pending.req_id,
             input_ids=pending.input_ids,
+            num_prompt_tokens=num_prompt_tokens,
             params=pending.params,
             max_tokens=pending.max_tokens,
             seed=pending.seed,

@@ -9,7 +9,10 @@ Locks: a request that reads a prefix from the tree holds a lock on the node wher
 ends; `lock` counts +1 on that node and every ancestor. A node with `lock_count > 0` is never
 evicted; pages of unlocked nodes are "evictable" (still valid, reclaimable on demand).
 Eviction removes unlocked leaves, least recently used first; a parent left childless and
-unlocked becomes a candidate in turn.
+unlocked becomes a candidate in turn. Candidates live in a lazy heap: an entry is pushed whenever
+a node becomes an unlocked leaf or is touched while one, and entries that no longer describe
+their node (evicted, locked, grown children, touched since) are skipped when popped. So eviction
+costs O(log n) per node evicted, not a walk over the tree.
 """
 
 from __future__ import annotations
@@ -57,6 +60,8 @@ class RadixCache:
         self._num_evictable_pages = 0  # pages held by unlocked nodes
         self._clock = 0  # logical time of the last access, for LRU
         self._num_nodes_made = 1
+        self._num_nodes = 0  # in the tree, root excluded
+        self._leaf_heap: list[tuple[int, int, RadixNode]] = []  # (last_access, node_id, node), lazy
 
     @property
     def num_pages(self) -> int:
@@ -85,6 +90,8 @@ class RadixCache:
             node.children[leaf.token_ids[:ps].tobytes()] = leaf
             self._num_pages += leaf.num_pages
             self._num_evictable_pages += leaf.num_pages
+            self._num_nodes += 1
+            self._push_if_evictable(leaf)
             pages.append(leaf.page_ids)
             node = leaf
         return PrefixMatch(node, _concat(pages), len(token_ids))
@@ -97,6 +104,10 @@ class RadixCache:
             node = node.parent
 
     def unlock(self, node: RadixNode) -> None:
+        self._unlock_path(node)
+        self._push_if_evictable(node)  # only the bottom of a locked path can be a leaf
+
+    def _unlock_path(self, node: RadixNode) -> None:
         while node is not self.root:
             assert node.lock_count > 0, f"unlock of node {node.node_id} that holds no lock"
             node.lock_count -= 1
@@ -107,22 +118,22 @@ class RadixCache:
     def evict(self, num_pages: int) -> np.ndarray:
         """Remove unlocked leaves, least recently used first, until at least `num_pages` pages
         are released (or nothing evictable is left). Returns the released page ids."""
-        if num_pages <= 0:
-            return _EMPTY
-        heap = [(n.last_access, n.node_id, n) for n in self._nodes() if self._is_evictable_leaf(n)]
-        heapq.heapify(heap)
         released: list[np.ndarray] = []
         num_released = 0
+        heap = self._leaf_heap
         while heap and num_released < num_pages:
-            _, _, node = heapq.heappop(heap)
+            last_access, _, node = heapq.heappop(heap)
+            if node.parent is None or not self._is_evictable_leaf(node) or node.last_access != last_access:
+                continue  # stale: evicted, locked, has children now, or touched since
             parent = node.parent
             del parent.children[node.token_ids[: self.page_size].tobytes()]
+            node.parent = None  # marks it evicted
             released.append(node.page_ids)
             num_released += node.num_pages
             self._num_pages -= node.num_pages
             self._num_evictable_pages -= node.num_pages
-            if self._is_evictable_leaf(parent):
-                heapq.heappush(heap, (parent.last_access, parent.node_id, parent))
+            self._num_nodes -= 1
+            self._push_if_evictable(parent)
         return _concat(released)
 
     def path_page_ids(self, node: RadixNode) -> np.ndarray:
@@ -154,6 +165,11 @@ class RadixCache:
         assert len(pages) == self._num_pages, f"tree counts {self._num_pages} pages, holds {len(pages)}"
         assert num_evictable == self._num_evictable_pages, f"tree counts {self._num_evictable_pages} evictable pages, has {num_evictable}"
         assert len(np.unique(pages)) == len(pages), "a page is held by two tree nodes"
+        assert self._num_nodes == sum(1 for _ in self.nodes()), "tree node count is off"
+        queued = {(a, n.node_id) for a, _, n in self._leaf_heap if n.parent is not None}
+        for node in self.nodes():
+            if self._is_evictable_leaf(node):
+                assert (node.last_access, node.node_id) in queued, f"evictable leaf {node.node_id} is not in the eviction heap"
         return pages
 
     # -- internals ---------------------------------------------------------------------------
@@ -176,6 +192,7 @@ class RadixCache:
             pages.append(child.page_ids)
             pos += n
             node = child
+        self._push_if_evictable(node)  # touched: its heap entry (if a leaf) is stale now
         return node, pages, pos
 
     def _split(self, node: RadixNode, num_tokens: int) -> RadixNode:
@@ -185,6 +202,7 @@ class RadixCache:
         upper = self._new_node(node.token_ids[:num_tokens], node.page_ids[: num_tokens // ps], node.parent)
         upper.lock_count = node.lock_count
         upper.last_access = node.last_access
+        self._num_nodes += 1
         node.parent.children[upper.token_ids[:ps].tobytes()] = upper
         node.token_ids = node.token_ids[num_tokens:]
         node.page_ids = node.page_ids[num_tokens // ps :]
@@ -199,6 +217,14 @@ class RadixCache:
 
     def _is_evictable_leaf(self, node: RadixNode) -> bool:
         return node is not self.root and not node.children and node.lock_count == 0
+
+    def _push_if_evictable(self, node: RadixNode) -> None:
+        if not self._is_evictable_leaf(node):
+            return
+        heapq.heappush(self._leaf_heap, (node.last_access, node.node_id, node))
+        if len(self._leaf_heap) > 4 * self._num_nodes + 1024:  # mostly stale: rebuild
+            self._leaf_heap = [(n.last_access, n.node_id, n) for n in self.nodes() if self._is_evictable_leaf(n)]
+            heapq.heapify(self._leaf_heap)
 
     def _nodes(self) -> Iterator[RadixNode]:
         stack = [self.root]

@@ -22,16 +22,13 @@ class PendingReq:
 
     req_id: int
     input_ids: np.ndarray  # int32[num_prompt_tokens]
+    num_prompt_tokens: int
     params: SamplingParams
     max_tokens: int  # params.max_tokens clamped so that prompt + output fits the context
     seed: int
     stop_ids: frozenset[int]  # EOS ids (unless ignore_eos) and params.stop_token_ids
     max_tokens_clamped_to: int | None  # reported once, on the request's first update
     max_num_pages: int  # KV pages the request can ever need: ceil((prompt + max_tokens - 1) / page_size)
-
-    @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.input_ids)
 
 
 @dataclass(slots=True, eq=False)
@@ -48,6 +45,7 @@ class Req:
 
     req_id: int
     input_ids: np.ndarray
+    num_prompt_tokens: int
     params: SamplingParams
     max_tokens: int
     seed: int
@@ -61,17 +59,12 @@ class Req:
     cached_len: int  # tokens whose K/V are in the pool, counting only steps that have returned
     num_cached_tokens: int  # prompt tokens served by the radix cache at admission
     output_ids: list[int] = field(default_factory=list)
-    num_updates_sent: int = 0
     in_flight: bool = False  # part of the batch the worker is running now
     is_aborted: bool = False  # aborted while in flight: on_result frees it and sends nothing
 
     @property
-    def num_prompt_tokens(self) -> int:
-        return len(self.input_ids)
-
-    @property
     def seq_len(self) -> int:
-        return len(self.input_ids) + len(self.output_ids)
+        return self.num_prompt_tokens + len(self.output_ids)
 
     @property
     def max_num_pages(self) -> int:
@@ -83,7 +76,7 @@ class Req:
 
     @property
     def is_prefilling(self) -> bool:
-        return self.cached_len < len(self.input_ids)
+        return self.cached_len < self.num_prompt_tokens
 
 
 @dataclass(slots=True, eq=False)

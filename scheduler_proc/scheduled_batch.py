@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.forward_batch import ForwardBatch, SamplingArrays
+from common.forward_batch import ForwardBatch
 from scheduler_proc.req import Req
+from scheduler_proc.req_table import ReqTable
 
 
 @dataclass(slots=True)
@@ -31,40 +32,31 @@ class ScheduledBatch:
         return self.decode_reqs + self.prefill_reqs
 
     @property
-    def extend_lens(self) -> list[int]:
-        return [1] * len(self.decode_reqs) + self.prefill_extend_lens
+    def num_sampled(self) -> int:
+        return len(self.decode_reqs) + sum(self.prefill_is_sampled)
 
-    @property
-    def is_sampled(self) -> list[bool]:
-        return [True] * len(self.decode_reqs) + self.prefill_is_sampled
-
-    @property
-    def num_prefill_tokens(self) -> int:
-        return sum(self.prefill_extend_lens)
-
-    def to_forward_batch(self) -> ForwardBatch:
-        """Arrays in batch order; per-request Python work is one pass per field, never per token."""
+    def to_forward_batch(self, req_table: ReqTable) -> ForwardBatch:
+        """Arrays in batch order: one pass over the requests per field, never one per token."""
         reqs = self.reqs
         n = len(reqs)
         num_decode = len(self.decode_reqs)
-        decode_ids = np.fromiter((r.output_ids[-1] for r in self.decode_reqs), np.int32, num_decode)
-        prefill_ids = [r.input_ids[r.cached_len : r.cached_len + e] for r, e in zip(self.prefill_reqs, self.prefill_extend_lens, strict=True)]
-        num_pages = np.fromiter((r.num_pages for r in reqs), np.int32, n)
-        params = [r.params for r in reqs]
+        input_ids = np.fromiter((r.output_ids[-1] for r in self.decode_reqs), np.int32, num_decode)
+        extend_lens = np.ones(n, np.int32)
+        is_sampled = np.ones(n, np.bool_)
+        if self.prefill_reqs:
+            chunks = [r.input_ids[r.cached_len : r.cached_len + e] for r, e in zip(self.prefill_reqs, self.prefill_extend_lens, strict=True)]
+            input_ids = np.concatenate([input_ids, *chunks])
+            extend_lens[num_decode:] = self.prefill_extend_lens
+            is_sampled[num_decode:] = self.prefill_is_sampled
+        sampling, return_logprob = req_table.sampling_columns(np.fromiter((r.row_idx for r in reqs), np.intp, n))
         return ForwardBatch(
             step_id=self.step_id,
-            input_ids=np.concatenate([decode_ids, *prefill_ids]) if prefill_ids else decode_ids,
+            input_ids=input_ids,
             cached_lens=np.fromiter((r.cached_len for r in reqs), np.int32, n),
-            extend_lens=np.array(self.extend_lens, np.int32),
+            extend_lens=extend_lens,
             page_ids=np.concatenate([r.page_table[: r.num_pages] for r in reqs]),
-            num_pages=num_pages,
-            is_sampled=np.array(self.is_sampled, np.bool_),
-            return_logprob=np.fromiter((p.return_logprob for p in params), np.bool_, n),
-            sampling=SamplingArrays(
-                temperature=np.fromiter((p.temperature for p in params), np.float32, n),
-                top_k=np.fromiter((p.top_k for p in params), np.int32, n),
-                top_p=np.fromiter((p.top_p for p in params), np.float32, n),
-                min_p=np.fromiter((p.min_p for p in params), np.float32, n),
-                seed=np.fromiter((r.seed for r in reqs), np.int64, n),
-            ),
+            num_pages=np.fromiter((r.num_pages for r in reqs), np.int32, n),
+            is_sampled=is_sampled,
+            return_logprob=return_logprob,
+            sampling=sampling,
         )

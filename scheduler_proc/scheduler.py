@@ -99,7 +99,7 @@ class Scheduler:
         seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
         max_num_pages = -(-(num_prompt_tokens + max_tokens - 1) // self.page_size)  # the last token is never written
-        pending = PendingReq(req_id, input_ids, params, max_tokens, seed, stop_ids, clamped_to, max_num_pages)
+        pending = PendingReq(req_id, input_ids, num_prompt_tokens, params, max_tokens, seed, stop_ids, clamped_to, max_num_pages)
         self._queue.append(pending)
         self._live[req_id] = pending
         return []
@@ -144,7 +144,12 @@ class Scheduler:
         if adder is None and not decode_reqs:
             assert not self._queue and self._chunked is None, "scheduler stalled: requests wait while nothing runs"
             return None
-        batch = ScheduledBatch(self._totals.num_steps, decode_reqs, adder.reqs if adder else [], adder.extend_lens if adder else [])
+        batch = ScheduledBatch(
+            self._totals.num_steps,
+            decode_reqs,
+            adder.reqs if adder else [],
+            adder.extend_lens if adder else [],
+        )
         for req in decode_reqs:
             req.in_flight = True
         for req in batch.prefill_reqs:
@@ -152,7 +157,7 @@ class Scheduler:
         self._in_flight = batch
         self._last_step_was_prefill = adder is not None
         self._totals.num_steps += 1
-        return batch.to_forward_batch()
+        return batch.to_forward_batch(self._req_table)
 
     def on_result(self, result: StepResult) -> list[ReqUpdate]:
         batch = self._in_flight
@@ -160,38 +165,56 @@ class Scheduler:
         self._in_flight = None
         token_ids = result.next_token_ids.tolist()
         logprobs = result.logprobs.tolist()
-        is_sampled = batch.is_sampled
-        assert len(token_ids) == sum(is_sampled), f"step {batch.step_id}: {len(token_ids)} tokens for {sum(is_sampled)} sampled requests"
-        self._totals.num_decoded_tokens += len(batch.decode_reqs)
-        self._totals.num_prefilled_tokens += batch.num_prefill_tokens
-        updates = []
-        i = 0
-        for req, extend_len, sampled in zip(batch.reqs, batch.extend_lens, is_sampled, strict=True):
-            req.in_flight = False
-            req.cached_len += extend_len
-            if sampled:
-                token_id, logprob = token_ids[i], logprobs[i]
-                i += 1
-            if req.is_aborted:  # its abort update is sent; drop the token, free it now
-                self._release(req)
-                continue
-            if not sampled:  # a chunk: share what is done so far, say nothing yet
-                self._cache.cache_req(req)
-                continue
-            was_prefilling = not req.output_ids
-            req.output_ids.append(token_id)
-            finish_reason = "stop" if token_id in req.stop_ids else "length" if len(req.output_ids) >= req.max_tokens else None
-            updates.append(self._update(req, token_id, logprob, finish_reason))
-            if finish_reason is not None:
-                logger.info("req %d finished (%s): %d output tokens", req.req_id, finish_reason, len(req.output_ids))
-                del self._live[req.req_id]
-                self._totals.num_finished += 1
-                self._release(req)
-            elif was_prefilling:
-                self._cache.cache_req(req)
-                self._decode.add(req)
+        assert len(token_ids) == batch.num_sampled, f"step {batch.step_id}: {len(token_ids)} tokens for {batch.num_sampled} sampled requests"
+        num_decode = len(batch.decode_reqs)
+        self._totals.num_decoded_tokens += num_decode
+        self._totals.num_prefilled_tokens += sum(batch.prefill_extend_lens)
+        updates: list[ReqUpdate] = []
+        self._on_decoded(batch.decode_reqs, token_ids[:num_decode], logprobs[:num_decode], updates)
+        self._on_prefilled(batch, token_ids[num_decode:], logprobs[num_decode:], updates)
         self._totals.num_generated_tokens += len(updates)
         return updates
+
+    def _on_decoded(self, reqs: list[Req], token_ids: list[int], logprobs: list[float], updates: list[ReqUpdate]) -> None:
+        """The hot path: one new token for each running request."""
+        for req, token_id, logprob in zip(reqs, token_ids, logprobs, strict=True):
+            req.in_flight = False
+            req.cached_len += 1
+            if req.is_aborted:  # its abort update is sent: drop the token, free it now
+                self._release(req)
+                continue
+            req.output_ids.append(token_id)
+            finish_reason = _finish_reason(req, token_id)
+            updates.append(ReqUpdate(
+                req.req_id, [token_id], finish_reason, None, req.num_prompt_tokens, req.num_cached_tokens,
+                [logprob] if req.params.return_logprob else None,
+            ))
+            if finish_reason is not None:
+                self._finish(req, finish_reason)
+
+    def _on_prefilled(self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[float], updates: list[ReqUpdate]) -> None:
+        """Prefill chunks: a finished prompt gives the first token (the request's first update)."""
+        samples = zip(token_ids, logprobs, strict=True)
+        for req, extend_len, sampled in zip(batch.prefill_reqs, batch.prefill_extend_lens, batch.prefill_is_sampled, strict=True):
+            req.in_flight = False
+            req.cached_len += extend_len
+            token_id, logprob = next(samples) if sampled else (0, 0.0)
+            if req.is_aborted:
+                self._release(req)
+            elif not sampled:  # prompt left: share what is computed so far, say nothing yet
+                self._cache.cache_req(req)
+            else:
+                req.output_ids.append(token_id)
+                finish_reason = _finish_reason(req, token_id)
+                updates.append(ReqUpdate(
+                    req.req_id, [token_id], finish_reason, None, req.num_prompt_tokens, req.num_cached_tokens,
+                    [logprob] if req.params.return_logprob else None, req.max_tokens_clamped_to,
+                ))
+                if finish_reason is not None:
+                    self._finish(req, finish_reason)
+                else:
+                    self._cache.cache_req(req)
+                    self._decode.add(req)
 
     # -- state -------------------------------------------------------------------------------
 
@@ -293,6 +316,12 @@ class Scheduler:
         chunked = self._chunked.req.num_reserved_pages if self._chunked is not None else 0
         return self._decode.num_reserved_pages + chunked
 
+    def _finish(self, req: Req, finish_reason: str) -> None:
+        logger.info("req %d finished (%s): %d output tokens", req.req_id, finish_reason, len(req.output_ids))
+        del self._live[req.req_id]
+        self._totals.num_finished += 1
+        self._release(req)
+
     def _detach(self, req: Req) -> None:
         """Take `req` out of the running set or the ChunkedReq place; it keeps its pages."""
         if self._decode.holds(req):
@@ -306,16 +335,18 @@ class Scheduler:
         self._cache.release_req(req)
         self._req_table.free(req.row_idx, req.req_id)
 
-    def _update(self, req: Req, token_id: int, logprob: float, finish_reason: str | None) -> ReqUpdate:
-        clamped_to = req.max_tokens_clamped_to if req.num_updates_sent == 0 else None
-        req.num_updates_sent += 1
-        return ReqUpdate(
-            req.req_id, [token_id], finish_reason, None, req.num_prompt_tokens, req.num_cached_tokens,
-            [logprob] if req.params.return_logprob else None, clamped_to,
-        )
-
     def _final_update(self, entry: PendingReq | Req, finish_reason: str) -> ReqUpdate:
-        first = isinstance(entry, PendingReq) or entry.num_updates_sent == 0
+        first = isinstance(entry, PendingReq) or not entry.output_ids
         num_cached = entry.num_cached_tokens if isinstance(entry, Req) else 0
         clamped_to = entry.max_tokens_clamped_to if first else None
         return ReqUpdate(entry.req_id, [], finish_reason, None, entry.num_prompt_tokens, num_cached, None, clamped_to)
+
+
+def _finish_reason(req: Req, token_id: int) -> str | None:
+    """Why `req` ends with `token_id` just appended, or None. The context limit is already in
+    max_tokens (clamped at submit)."""
+    if token_id in req.stop_ids:
+        return "stop"
+    if len(req.output_ids) >= req.max_tokens:
+        return "length"
+    return None

@@ -15,7 +15,7 @@ from scheduler_proc.req_table import ReqTable
 def pending(req_id: int, prompt, max_tokens: int = 4, page_size: int = 1) -> PendingReq:
     prompt = np.array(prompt if not isinstance(prompt, int) else range(1000 * req_id, 1000 * req_id + prompt), np.int32)
     max_num_pages = -(-(len(prompt) + max_tokens - 1) // page_size)
-    return PendingReq(req_id, prompt, SamplingParams(max_tokens=max_tokens), max_tokens, 0, frozenset(), None, max_num_pages)
+    return PendingReq(req_id, prompt, len(prompt), SamplingParams(max_tokens=max_tokens), max_tokens, 0, frozenset(), None, max_num_pages)
 
 
 def make(num_pages=64, page_size=1, rows=8):

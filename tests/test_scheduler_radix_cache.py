@@ -71,7 +71,7 @@ def test_lru_eviction_order_and_locked_nodes_survive():
     assert t.num_pages == 2 and t.num_evictable_pages == 0
     t.unlock(b)
     assert t.num_evictable_pages == 2 and t.evict(2).tolist() == [2, 3]
-    assert a.parent is t.root and t.num_pages == 0
+    assert a.parent is None and t.num_pages == 0  # evicted nodes are detached
 
 
 def test_eviction_climbs_to_a_parent_left_childless():
@@ -99,7 +99,7 @@ def _req(cache: CacheManager, req_id: int, tokens, row_idx: int) -> Req:
     n = -(-len(tokens) // cache.page_size)
     page_table = np.zeros(n + 1, np.int32)
     page_table[:n] = cache.alloc(n)
-    return Req(req_id, np.array(tokens, np.int32), SamplingParams(), 1, 0, frozenset(), None, row_idx, page_table,
+    return Req(req_id, np.array(tokens, np.int32), len(tokens), SamplingParams(), 1, 0, frozenset(), None, row_idx, page_table,
                num_pages=n, num_tree_pages=0, cache_node=cache.tree.root, cached_len=len(tokens), num_cached_tokens=0)
 
 
