@@ -68,6 +68,9 @@ class PrefillAdder:
             return AddOutcome.NO_ROW
         num_prompt_tokens = pending.num_prompt_tokens
         # At least one prompt token is computed: its logits give the first output token.
+        max_num_hit_pages = (num_prompt_tokens - 1) // self.page_size if self.cache.enable_radix_cache else 0
+        if not self._fits(pending.max_num_pages - max_num_hit_pages):
+            return AddOutcome.NO_MEMORY  # even a full prefix hit would not fit: skip the match
         match = self.cache.match_prefix(pending.input_ids, num_prompt_tokens - 1)
         if self._prefix_in_this_step(pending.input_ids, match.num_tokens):
             return AddOutcome.WAIT_FOR_PREFIX

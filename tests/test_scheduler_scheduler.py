@@ -293,3 +293,21 @@ def test_disabled_radix_cache_computes_everything_and_keeps_nothing():
     assert all(h.outputs[i] == oracle(prompt(1, 12), 3) for i in range(3))
     h.assert_drained()
     assert np.all(h.scheduler.stats().num_free_pages == 64)
+
+
+def test_abort_with_a_finish_reason_reports_it_and_stats_add_up():
+    h = make(context_len=16)
+    h.submit(1, prompt(1, 6), p(max_tokens=100))  # clamped to 10
+    h.step()
+    (u,) = h.abort(1, reason="stop")  # the detokenizer found a stop string
+    assert (u.finish_reason, u.max_tokens_clamped_to, u.num_prompt_tokens) == ("stop", None, 6)
+    h.submit(2, prompt(1, 6), p(max_tokens=100))
+    (u,) = h.abort(2)  # waiting: its only update carries the clamp
+    assert (u.finish_reason, u.max_tokens_clamped_to) == ("abort", 10)
+    h.submit(3, prompt(1, 9), p(max_tokens=3))
+    h.run()
+    s = h.scheduler.stats()
+    assert (s.num_submitted, s.num_finished, s.num_aborted, s.num_refused) == (3, 1, 2, 0)
+    assert s.num_prompt_tokens == 6 + 9 and s.num_prefix_hit_tokens == 4  # request 1 cached one page
+    assert s.num_prefilled_tokens == 6 + 5 and s.num_decoded_tokens == 2 and s.num_generated_tokens == 1 + 3
+    h.assert_drained()
