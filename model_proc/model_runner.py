@@ -25,6 +25,7 @@ from model_proc.layers.attention import flash_attn_available
 from model_proc.layers.attention_metadata import AttentionMetadata
 from model_proc.models.registry import build_model
 from model_proc.sampler import Sampler
+from model_proc.tp_group import min_across_ranks
 from model_proc.worker_env import default_num_threads
 
 if TYPE_CHECKING:
@@ -101,6 +102,8 @@ class ModelRunner:
         else:
             per_token = KVPool.bytes_per_token(self.config.num_layers, kvh, self.config.head_dim, self.dtype)
             num_pages = KVPool.num_pages_for_memory(kv_memory_fraction, self.device, per_token, page_size)
+            if tp_size > 1:  # the scheduler's page ids index every rank's pool: all take the smallest
+                num_pages = min_across_ranks(num_pages, self.device)
         self.kv_pool = KVPool(self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device)
         logger.info("KV pool: %d pages x %d tokens, %.2f GiB", num_pages, page_size, self.kv_pool.num_bytes / 2**30)
         self.use_varlen = flash_attn_available(self.device, self.dtype)
