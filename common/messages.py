@@ -12,6 +12,8 @@ Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the cl
     scheduler -> detok                                    DetokRegister TokenOutBatch StatsOut
     detok   -> frontend                                   ReqOutput StatsOut
     scheduler <-> worker                                  ForwardBatchMsg | StepResultMsg WorkerReady WorkerError
+    rank 0  -> other TP ranks  XPUB/SUB (ipc, or tcp     ForwardBatchMsg (the scheduler's frame, re-sent) RankHeartbeat RankStop
+                               across nodes)
     children -> launcher     control                      ProcReady
     launcher -> frontend     control                      FailAll
 """
@@ -188,6 +190,23 @@ class WorkerError:
     message: str
 
 
+# ---- rank 0 -> other tensor-parallel ranks ---------------------------------------------------
+
+
+@message(60)
+class RankHeartbeat:
+    """Rank 0 is alive and idle; a follower that hears nothing for a while exits."""
+
+    step_id: int  # the last step rank 0 broadcast (0 before the first)
+
+
+@message(61)
+class RankStop:
+    """Rank 0 is stopping: followers exit, with code 0 when `error` is None (the server stopped)."""
+
+    error: str | None = None
+
+
 # ---- control -------------------------------------------------------------------------------
 
 
@@ -213,4 +232,5 @@ DETOK_INBOX = Codec(DetokRegister, TokenOutBatch, StatsOut)
 FRONTEND_INBOX = Codec(ReqOutput, StatsOut, FailAll)
 WORKER_INBOX = Codec(ForwardBatchMsg)
 WORKER_TO_SCHEDULER = Codec(StepResultMsg, WorkerReady, WorkerError)
+RANK_BROADCAST = Codec(ForwardBatchMsg, RankHeartbeat, RankStop)
 LAUNCHER_INBOX = Codec(ProcReady)

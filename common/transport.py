@@ -28,9 +28,14 @@ class Addresses:
     worker_inbox: str
     worker_results: str
     launcher_inbox: str
+    rank_broadcast: str = ""  # rank 0 -> other tensor-parallel ranks (XPUB bound by rank 0); ipc, or tcp across nodes
+    dist_init: str = ""  # torch.distributed init_method of the tensor-parallel ranks (file:// or tcp://)
 
     @staticmethod
-    def in_dir(runtime_dir: str, client: str) -> Addresses:
+    def in_dir(runtime_dir: str, client: str, rank_broadcast: str = "", dist_init: str = "") -> Addresses:
+        """ipc:// addresses in `runtime_dir`; the two rank addresses default to private ones there
+        too (one node); across nodes the launcher gives tcp:// ones from --dist-init-addr."""
+
         def ipc(name: str) -> str:
             return f"ipc://{runtime_dir}/{name}.sock"
 
@@ -43,6 +48,8 @@ class Addresses:
             worker_inbox=ipc("worker"),
             worker_results=ipc("worker-results"),
             launcher_inbox=ipc("launcher"),
+            rank_broadcast=rank_broadcast or ipc("ranks"),
+            dist_init=dist_init or f"file://{runtime_dir}/dist-store",
         )
 
     def to_json(self) -> str:
@@ -68,12 +75,17 @@ class Endpoint:
 
     def recv(self, timeout_ms: int | None = None) -> WireMessage | None:
         """The next well-formed message, or None on timeout. Malformed frames are logged and skipped."""
+        got = self.recv_frame(timeout_ms)
+        return None if got is None else got[1]
+
+    def recv_frame(self, timeout_ms: int | None = None) -> tuple[bytes, WireMessage] | None:
+        """Like `recv`, with the frame's bytes too (rank 0 re-broadcasts them unchanged)."""
         while True:
             if timeout_ms is not None and not self.socket.poll(timeout_ms):
                 return None
-            frame = self.socket.recv(copy=False)
+            frame = self.socket.recv(copy=False).bytes
             try:
-                return self.codec.decode(frame.bytes)
+                return frame, self.codec.decode(frame)
             except WireError as exc:
                 logger.warning("dropped a malformed frame on %s: %s", self.address, exc)
 

@@ -11,6 +11,7 @@ from common.proc_runtime import setup_logging
 from common.server_config import ServerConfig
 from launcher.cli import parse_config
 from launcher.launcher import Launcher, StartupError
+from model_proc.rank_layout import RankLayout
 
 logger = logging.getLogger("launcher")
 
@@ -23,22 +24,47 @@ def resolve_model(cfg: ServerConfig) -> ServerConfig:
     return replace(cfg, model=str(ensure_demo_model(progress=True)))
 
 
+def resolve_ranks(cfg: ServerConfig) -> tuple[ServerConfig, RankLayout]:
+    """Check the rank flags against each other and the model (before any process starts), and
+    fix the threads of each rank: --num-threads 0 shares this node's among its ranks."""
+    from model_proc.hf_config import HfConfig
+
+    layout = RankLayout.from_config(cfg)
+    hf = HfConfig.from_model_dir(cfg.model)
+    layout.check_model(hf.num_heads, hf.num_kv_heads, hf.intermediate_size)
+    return replace(cfg, num_threads=layout.threads_per_rank(cfg.num_threads)), layout
+
+
+def ready_line(cfg: ServerConfig, launcher: Launcher, port: int | None) -> str:
+    layout = launcher.layout
+    if not layout.is_head_node:
+        ranks = ", ".join(str(r) for r in layout.local_ranks)
+        return f"zserve node {layout.node_rank} ready: model ranks {ranks} of {layout.tp_size} joined node 0 at {cfg.dist_init_addr}"
+    http = launcher.ready.get("http")
+    http_note = f"; HTTP on {http.info['url']}" if http is not None else ""
+    tp_note = f"; {layout.tp_size} tensor-parallel ranks on {layout.nnodes} node(s)" if layout.tp_size > 1 else ""
+    return f"zserve ready: model {cfg.model}; clients connect to tcp://{cfg.host}:{port}{http_note}{tp_note}"
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv)
     setup_logging("launcher", cfg.log_level)
     cfg = resolve_model(cfg)
+    try:
+        cfg, layout = resolve_ranks(cfg)
+    except (ValueError, FileNotFoundError) as exc:
+        logger.error("%s", exc)
+        sys.exit(2)
     from model_proc.worker_env import worker_env
 
-    launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device))
+    launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device), layout)
     signal.signal(signal.SIGTERM, lambda *_: launcher.request_stop())
     signal.signal(signal.SIGINT, lambda *_: launcher.request_stop())
     code = 1
     try:
         port = launcher.start()
-        http = launcher.ready.get("http")
-        http_note = f"; HTTP on {http.info['url']}" if http is not None else ""
-        print(f"zserve ready: model {cfg.model}; clients connect to tcp://{cfg.host}:{port}{http_note}", flush=True)
-        if cfg.shell:
+        print(ready_line(cfg, launcher, port), flush=True)
+        if cfg.shell and layout.is_head_node:
             from client.chat_shell import run_shell
 
             run_shell(f"tcp://{cfg.host}:{port}", stop_when=lambda: launcher.stop_requested or launcher.first_dead_child())

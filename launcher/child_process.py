@@ -29,8 +29,10 @@ class ChildProcess:
     def exit_description(self) -> str | None:
         """None while running; else how it ended."""
         code = self.popen.poll()
-        if code is None:
-            return None
+        return None if code is None else ChildProcess.describe_exit(code)
+
+    @staticmethod
+    def describe_exit(code: int) -> str:
         if code < 0:
             return f"killed by {signal.Signals(-code).name}"
         return f"exited with code {code}"

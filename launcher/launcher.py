@@ -1,12 +1,16 @@
-"""Starts, supervises and stops the server's processes.
+"""Starts, supervises and stops the processes of one node of the server.
 
-    start:     runtime dir -> model worker, scheduler, detokenizer, tokenizer -> wait for each ProcReady
+    start:     runtime dir -> this node's model worker ranks, then on node 0 the scheduler,
+               detokenizer, tokenizer -> wait for each ProcReady
                (and with --http-port, the HTTP process once the tokenizer's client port is known)
     supervise: until SIGINT/SIGTERM or a child dies
-    shutdown:  in-flight requests end (abort, or error naming the dead child) -> SIGTERM children
+    shutdown:  in-flight requests end (abort, or error naming the dead children) -> SIGTERM children
                -> SIGKILL stragglers -> remove the runtime dir
 
-Children also die on their own if the launcher is SIGKILLed (common/proc_runtime.py).
+Node 0 is the server; a node other than 0 (`--node-rank` > 0) runs only its model worker ranks,
+which join node 0's at `--dist-init-addr`. Such a node stops when its ranks exit: cleanly
+(code 0) when node 0 stopped and told them so, with an error when a rank failed or node 0
+went silent. Children also die on their own if the launcher is SIGKILLed (common/proc_runtime.py).
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, FailAll, ProcReady
 from common.server_config import ServerConfig
 from common.transport import Addresses, pull, push
 from launcher.child_process import ChildProcess
+from model_proc.rank_layout import RankLayout
 
 logger = logging.getLogger("launcher")
-CHILDREN = (  # (name, module); the model worker first: it takes longest to load
-    ("model", "model_proc"),
+SERVER_CHILDREN = (  # (name, module) started on node 0 after the model worker ranks (they load longest)
     ("scheduler", "scheduler_proc"),
     ("detokenizer", "detokenizer_proc"),
     ("tokenizer", "tokenizer_proc"),
@@ -37,25 +41,35 @@ class StartupError(RuntimeError):
 
 
 class Launcher:
-    def __init__(self, cfg: ServerConfig, worker_env: dict[str, str]):
+    def __init__(self, cfg: ServerConfig, worker_env: dict[str, str], layout: RankLayout | None = None):
         self.cfg = cfg
-        self.worker_env = worker_env
+        self.layout = layout or RankLayout.from_config(cfg)
+        self.worker_env = {**worker_env, **self.layout.rank_env()}
         self.runtime_dir = tempfile.mkdtemp(prefix="zserve-")
-        self.addrs = Addresses.in_dir(self.runtime_dir, f"tcp://{cfg.host}:{cfg.port}")
+        self.addrs = Addresses.in_dir(
+            self.runtime_dir,
+            f"tcp://{cfg.host}:{cfg.port}",
+            rank_broadcast=self.layout.broadcast_address(self.runtime_dir),
+            dist_init=self.layout.dist_init_method(self.runtime_dir),
+        )
         self.ctx = zmq.Context()
         self.inbox = pull(self.ctx, self.addrs.launcher_inbox, LAUNCHER_INBOX)
-        self.to_frontend = push(self.ctx, self.addrs.frontend_inbox, FRONTEND_INBOX)
+        self.to_frontend = push(self.ctx, self.addrs.frontend_inbox, FRONTEND_INBOX) if self.layout.is_head_node else None
         self.children: list[ChildProcess] = []
         self.ready: dict[str, ProcReady] = {}
         self.stop_requested = False
 
-    def start(self) -> int:
-        """Start every child and wait until all are ready; returns the client port."""
+    def start(self) -> int | None:
+        """Start every child of this node and wait until all are ready; returns the client port
+        (None on a node other than 0)."""
         args = ["--config", self.cfg.to_json(), "--addresses", self.addrs.to_json()]
-        for name, module in CHILDREN:
-            env = self.worker_env if name == "model" else {}
-            self.children.append(ChildProcess.start(name, module, args, env))
-        expected = {n for n, _ in CHILDREN} | ({"http"} if self.cfg.http_port else set())
+        for rank in self.layout.local_ranks:
+            name = self.layout.child_name(rank)
+            self.children.append(ChildProcess.start(name, "model_proc", [*args, "--rank", str(rank)], self.worker_env))
+        if self.layout.is_head_node:
+            for name, module in SERVER_CHILDREN:
+                self.children.append(ChildProcess.start(name, module, args))
+        expected = {c.name for c in self.children} | ({"http"} if self.layout.is_head_node and self.cfg.http_port else set())
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while len(self.ready) < len(expected):
             if self.stop_requested:
@@ -73,20 +87,32 @@ class Launcher:
                 if msg.name == "tokenizer" and self.cfg.http_port:  # the HTTP process needs the client port
                     http_args = [*args, "--client-port", str(msg.info["port"])]
                     self.children.append(ChildProcess.start("http", "http_proc", http_args))
-        return int(self.ready["tokenizer"].info["port"])
+        return int(self.ready["tokenizer"].info["port"]) if self.layout.is_head_node else None
 
     def supervise(self) -> int:
-        """Block until a stop signal (returns 0) or a dead child (returns 1)."""
+        """Block until a stop signal (returns 0) or a dead child (returns 1; 0 on a node other
+        than 0 whose ranks exited cleanly because node 0 stopped)."""
         while not self.stop_requested:
-            dead = self.first_dead_child()
-            if dead is not None:
-                name, how = dead
-                logger.error("%s process %s; shutting the server down", name, how)
-                self.to_frontend.send(FailAll("error", f"server failure: the {name} process {how}"))
-                return 1
+            dead = self.dead_children()
+            if dead:
+                return self._on_dead_children(dead)
             time.sleep(0.1)
         logger.info("stop requested; shutting down")
         return 0
+
+    def _on_dead_children(self, dead: list[tuple[str, int]]) -> int:
+        if not self.layout.is_head_node and all(code == 0 for _, code in dead):
+            logger.info("node 0 stopped the server; stopping node %d", self.layout.node_rank)
+            return 0
+        what = "; ".join(f"the {name} process {ChildProcess.describe_exit(code)}" for name, code in dead)
+        logger.error("%s; shutting %s down", what, "the server" if self.to_frontend else f"node {self.layout.node_rank}")
+        if self.to_frontend is not None:
+            self.to_frontend.send(FailAll("error", f"server failure: {what}"))
+        return 1
+
+    def dead_children(self) -> list[tuple[str, int]]:
+        """(name, exit code) of every child that has exited."""
+        return [(c.name, c.popen.returncode) for c in self.children if c.popen.poll() is not None]
 
     def first_dead_child(self) -> tuple[str, str] | None:
         for child in self.children:

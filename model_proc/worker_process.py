@@ -1,9 +1,18 @@
-"""The model worker process: receive a ForwardBatch, run it, send back the sampled tokens.
+"""A model worker process: one tensor-parallel rank (the only rank when --tp-size is 1).
 
-    recv batch -> ModelRunner.run -> send StepResult        (forever)
+    rank 0:    recv batch from the scheduler -> re-broadcast its frame to the followers
+               -> ModelRunner.run -> send StepResult                               (forever)
+               (idle for 0.5 s: a heartbeat to the followers instead)
+    rank 1..:  recv batch from rank 0 -> ModelRunner.run, result dropped           (until rank 0 stops)
 
-A batch the runner refuses (e.g. a page outside the pool) is answered with WorkerError naming
-the problem; the scheduler treats that as an internal fault.
+Every rank runs every forward (the layers' collectives keep them in step); only rank 0 talks
+to the scheduler, so only rank 0's sampled tokens are used and sampling cannot diverge.
+A batch the runner refuses (e.g. a page outside the pool) is refused alike by every rank,
+before any collective; rank 0 answers it with WorkerError naming the problem.
+
+Failure: a rank that dies breaks the next collective of the others (gloo raises), a follower
+whose connection drops makes rank 0 exit, and a follower that hears nothing from rank 0 for
+10 s exits; the launcher of each node sees its ranks exit and stops the node.
 """
 
 from __future__ import annotations
@@ -24,7 +33,9 @@ from common.messages import (
 )
 from common.proc_runtime import child_args, child_setup
 from common.server_config import ServerConfig
-from common.transport import Addresses, pull, push
+from common.transport import Addresses, Endpoint, pull, push
+from model_proc.batch_broadcast import HEARTBEAT_INTERVAL_S, BatchPublisher, BatchSubscriber
+from model_proc.rank_layout import RankLayout
 
 logger = logging.getLogger("model_proc")
 
@@ -35,32 +46,91 @@ def build_runner(cfg: ServerConfig, rank: int):
     return ModelRunner.from_server_config(cfg, tp_rank=rank)
 
 
-def serve(cfg: ServerConfig, addrs: Addresses, rank: int) -> None:
-    runner = build_runner(cfg, rank)
-    ctx = zmq.Context()
+def run_step(runner, msg: ForwardBatchMsg) -> StepResultMsg | WorkerError:
+    try:
+        return StepResultMsg(runner.run(msg.batch))
+    except ValueError as exc:
+        return WorkerError(msg.batch.step_id, str(exc))
+
+
+def lead(runner, inbox: Endpoint, results: Endpoint, publisher: BatchPublisher | None) -> None:
+    """Rank 0's loop."""
+    timeout_ms = int(HEARTBEAT_INTERVAL_S * 1000) if publisher else None
+    while True:
+        got = inbox.recv_frame(timeout_ms)
+        if got is None:
+            publisher.heartbeat()
+            continue
+        frame, msg = got
+        if publisher:
+            publisher.publish(frame, msg.batch.step_id)
+        reply = run_step(runner, msg)
+        if isinstance(reply, WorkerError):
+            logger.error("refused batch %d: %s", reply.step_id, reply.message)
+        results.send(reply)
+
+
+def follow(runner, subscriber: BatchSubscriber) -> None:
+    """A follower's loop: returns when rank 0 stops cleanly."""
+    while (msg := subscriber.next_batch()) is not None:
+        run_step(runner, msg)  # rank 0 reports the result, or the refusal
+
+
+def serve_lead(cfg: ServerConfig, addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoint, name: str) -> None:
     inbox = pull(ctx, addrs.worker_inbox, WORKER_INBOX)
     results = push(ctx, addrs.worker_results, WORKER_TO_SCHEDULER)
-    launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)
-    info = runner.info()
-    results.send(WorkerReady(**info))
-    launcher.send(ProcReady("model", os.getpid(), info))
-    logger.info("model worker ready: %s", info)
+    publisher = BatchPublisher(ctx, addrs.rank_broadcast, cfg.tp_size - 1) if cfg.tp_size > 1 else None
+    error = None  # why rank 0 stopped, for the followers; None on SIGTERM (SystemExit)
     try:
-        while True:
-            msg = inbox.recv()
-            assert isinstance(msg, ForwardBatchMsg)
-            try:
-                result = runner.run(msg.batch)
-            except ValueError as exc:
-                logger.error("refused batch %d: %s", msg.batch.step_id, exc)
-                results.send(WorkerError(msg.batch.step_id, str(exc)))
-                continue
-            results.send(StepResultMsg(result))
+        if publisher:
+            publisher.wait_for_followers(cfg.startup_timeout_s)
+        info = runner.info()
+        results.send(WorkerReady(**info))
+        launcher.send(ProcReady(name, os.getpid(), info))
+        logger.info("model worker ready (%d ranks): %s", cfg.tp_size, info)
+        lead(runner, inbox, results, publisher)
+    except Exception as exc:
+        error = f"{type(exc).__name__}: {exc}"
+        raise
+    finally:
+        if publisher:
+            publisher.close(error)
+
+
+def serve_follower(addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoint, name: str) -> None:
+    subscriber = BatchSubscriber(ctx, addrs.rank_broadcast)
+    launcher.send(ProcReady(name, os.getpid(), {}))
+    logger.info("%s ready, following rank 0 on %s", name, addrs.rank_broadcast)
+    follow(runner, subscriber)
+    logger.info("rank 0 stopped; %s exits", name)
+
+
+def serve(cfg: ServerConfig, addrs: Addresses, rank: int) -> None:
+    from model_proc.tp_group import check_same_on_all_ranks, rank_device, settings_fingerprint, tp_group
+
+    layout = RankLayout.from_config(cfg)
+    device = rank_device(cfg.device, layout.local_index(rank), cfg.tp_size)
+    name = layout.child_name(rank)
+    ctx = zmq.Context()
+    try:
+        launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)
+        with tp_group(addrs.dist_init, rank, cfg.tp_size, device, cfg.startup_timeout_s):
+            if cfg.tp_size > 1:
+                fingerprint = settings_fingerprint(
+                    cfg.model, dtype=cfg.dtype, page_size=cfg.page_size, kv_cache_tokens=cfg.kv_cache_tokens,
+                    kv_memory_fraction=cfg.kv_memory_fraction, seed=cfg.seed, tp_size=cfg.tp_size, nnodes=cfg.nnodes,
+                )
+                check_same_on_all_ranks(fingerprint, device, "models or --dtype/--page-size/--kv-cache-tokens/--kv-memory-fraction/--seed")
+            runner = build_runner(cfg, rank)
+            if rank == 0:
+                serve_lead(cfg, addrs, runner, ctx, launcher, name)
+            else:
+                serve_follower(addrs, runner, ctx, launcher, name)
     finally:
         ctx.destroy(linger=0)
 
 
 def main() -> None:
     cfg, addrs, ns = child_args()
-    child_setup("model", cfg.log_level)
+    child_setup("model" if cfg.tp_size == 1 else f"model r{ns.rank}", cfg.log_level)
     serve(cfg, addrs, ns.rank)
