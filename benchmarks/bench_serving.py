@@ -62,7 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--address", default=None, help="drive a running server at this address (tcp://HOST:PORT) instead of starting one")
     g.add_argument("--server-args", default=DEFAULT_SERVER_ARGS, help="flags for every server this script starts (default: %(default)r)")
     g.add_argument("--compare", nargs="+", default=None, metavar="FLAGS",
-                   help='server configurations to compare, each one quoted string of launch_server flags ("" = the defaults); the first is the baseline')
+                   help='server configurations to compare, each one quoted string of launch_server flags ("" = the defaults); '
+                        'the first is the baseline; everything up to the next option of this script is a configuration')
     g.add_argument("--repeats", type=int, default=1, help="runs per configuration, interleaved; medians are quoted")
     g.add_argument("--server-log", type=Path, default=None, help="append every started server's output to this file")
 
@@ -100,7 +101,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--warmup-requests", type=int, default=2, help="short unrelated requests before each run")
     g.add_argument("--request-timeout-s", type=float, default=None, help="fail a request that has not finished by then")
     g.add_argument("--no-progress", action="store_true", help="no progress bars")
+    argv, compare = split_compare(sys.argv[1:] if argv is None else argv, set(p._option_string_actions))
     args = p.parse_args(argv)
+    args.compare = compare
     if args.address is not None and args.compare is not None:
         p.error("--compare starts its own servers; it cannot be used with --address")
     if args.repeats < 1:
@@ -108,6 +111,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.output_json = args.output_json or Path("bench_serving.json")
     args.output_png = args.output_png or args.output_json.with_suffix(".png")
     return args
+
+
+def split_compare(argv: list[str], own_options: set[str]) -> tuple[list[str], list[str] | None]:
+    """Take the configurations after --compare out of argv: argparse would read a lone server
+    flag such as "--disable-radix-cache" as an option of this script."""
+    if "--compare" not in argv:
+        return argv, None
+    start = argv.index("--compare")
+    end = start + 1
+    while end < len(argv) and argv[end].split("=", 1)[0] not in own_options:
+        end += 1
+    if end == start + 1:
+        raise SystemExit("bench_serving.py: --compare needs at least one configuration")
+    return argv[:start] + argv[end:], argv[start + 1:end]
 
 
 def build_workload(args: argparse.Namespace, model_dir: str, repeat: int) -> tuple[list[BenchRequest], str]:
@@ -179,7 +196,9 @@ def run_all(args: argparse.Namespace) -> dict:
                     f"ITL p99 {row['itl.p99_ms']:.0f} ms; load average {load_average()}")
     finally:
         for server in servers:
-            server.stop()
+            server.request_stop()
+        for server in servers:
+            server.wait_stopped()
     info["load_average_end"] = load_average()
     table = render_table(configs, title)
     print(table, flush=True)

@@ -53,8 +53,15 @@ class ServerProcess:
         return pending
 
     def stop(self, timeout_s: float = 30.0) -> int:
+        self.request_stop()
+        return self.wait_stopped(timeout_s)
+
+    def request_stop(self) -> None:
+        """SIGTERM, without waiting (stop several servers at once, then `wait_stopped` each)."""
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self, timeout_s: float = 30.0) -> int:
         try:
             return self.proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
