@@ -9,10 +9,11 @@ as [kvh, batch, len, d], ready for a batched matmul without another copy.
 from __future__ import annotations
 
 import logging
+import math
+import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
 import torch
 
 logger = logging.getLogger(__name__)
@@ -29,13 +30,15 @@ class KVPool:
     device: torch.device
     k: list[torch.Tensor] = field(init=False)  # per layer [kvh, num_slots, d]
     v: list[torch.Tensor] = field(init=False)
+    _mappings: list[mmap.mmap] = field(init=False, repr=False)  # CPU: the memory k and v live in
 
     def __post_init__(self) -> None:
         if self.num_pages < 1 or self.page_size < 1:
             raise ValueError(f"KV pool needs num_pages >= 1 and page_size >= 1, got {self.num_pages}, {self.page_size}")
         shape = (self.num_kv_heads, self.num_slots, self.head_dim)
-        self.k = [_zeros(shape, self.dtype, self.device) for _ in range(self.num_layers)]
-        self.v = [_zeros(shape, self.dtype, self.device) for _ in range(self.num_layers)]
+        self._mappings = []
+        self.k = [_zeros(shape, self.dtype, self.device, self._mappings) for _ in range(self.num_layers)]
+        self.v = [_zeros(shape, self.dtype, self.device, self._mappings) for _ in range(self.num_layers)]
 
     @property
     def num_slots(self) -> int:
@@ -69,16 +72,21 @@ class KVPool:
         return num_pages
 
 
-def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, keep_alive: list) -> torch.Tensor:
     """Zeros (attention masks slots no request wrote, and 0 * garbage could be NaN).
 
-    On CPU through calloc: the kernel maps zero pages lazily, so RAM is committed as slots are
-    first written rather than all at start (torch.zeros would touch every page of a pool that
-    may be a third of the machine's memory)."""
+    On CPU from an anonymous mmap: the kernel maps zero pages lazily, so RAM is committed as
+    slots are first written rather than all at start (torch.zeros would touch every page of a
+    pool that may be a third of the machine's memory), and MADV_HUGEPAGE asks for 2 MiB pages,
+    which decode's page gathers stream through (see worker_env.py on huge pages)."""
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    raw = np.zeros(shape, dtype={1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}[dtype.itemsize])
-    return torch.from_numpy(raw).view(dtype)
+    num_bytes = math.prod(shape) * dtype.itemsize
+    buffer = mmap.mmap(-1, max(num_bytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        buffer.madvise(mmap.MADV_HUGEPAGE)
+    keep_alive.append(buffer)  # the tensor borrows the mapping's memory
+    return torch.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
 def free_memory_bytes(device: torch.device) -> int:
