@@ -25,6 +25,7 @@ from scheduler_proc.cache_manager import CacheManager
 from scheduler_proc.decode_manager import DecodeManager
 from scheduler_proc.prefill_adder import PrefillAdder
 from scheduler_proc.req import ChunkedReq, PendingReq, Req
+from scheduler_proc.req_intake import ReqIntake
 from scheduler_proc.req_table import ReqTable
 from scheduler_proc.req_update import FINISH_REASONS, ReqUpdate
 from scheduler_proc.scheduled_batch import ScheduledBatch
@@ -57,9 +58,9 @@ class Scheduler:
     ):
         if schedule_policy not in STEP_POLICIES:
             raise ValueError(f"schedule policy must be one of {STEP_POLICIES}, got {schedule_policy!r}")
-        for name, value in (("num_pages", num_pages), ("page_size", page_size), ("max_running_requests", max_running_requests),
-                            ("max_prefill_tokens", max_prefill_tokens), ("context_len", context_len),
-                            ("max_queued_requests", max_queued_requests)):
+        sizes = {"num_pages": num_pages, "page_size": page_size, "max_running_requests": max_running_requests,
+                 "max_prefill_tokens": max_prefill_tokens, "context_len": context_len, "max_queued_requests": max_queued_requests}
+        for name, value in sizes.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.page_size = page_size
@@ -67,7 +68,10 @@ class Scheduler:
         self.max_prefill_tokens = max_prefill_tokens
         self.max_queued_requests = max_queued_requests
         self.schedule_policy = schedule_policy
-        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self._intake = ReqIntake(
+            context_len=context_len, page_size=page_size, num_pages=num_pages, eos_token_ids=eos_token_ids, seed=seed
+        )
+        self.eos_token_ids = self._intake.eos_token_ids
         self._cache = CacheManager(num_pages, page_size, enable_radix_cache)
         self._req_table = ReqTable(max_running_requests)
         self._decode = DecodeManager(page_size)
@@ -77,7 +81,6 @@ class Scheduler:
         self._live: dict[int, PendingReq | Req] = {}  # every request that has not had its final update
         self._in_flight: ScheduledBatch | None = None
         self._last_step_was_prefill = False
-        self._rng = np.random.default_rng(seed)  # per-request seeds for requests that give none
         self._totals = SchedulerStats()
 
     # -- requests in and out -----------------------------------------------------------------
@@ -85,21 +88,17 @@ class Scheduler:
     def submit(self, req_id: int, input_ids: Sequence[int] | np.ndarray, params: SamplingParams) -> list[ReqUpdate]:
         """Queue a request ([]), or refuse it at once with an "error" update saying why."""
         input_ids = np.array(input_ids, dtype=np.int32).reshape(-1)
-        num_prompt_tokens = len(input_ids)
-        max_tokens = min(params.max_tokens, self.context_len - num_prompt_tokens)
-        clamped_to = max_tokens if max_tokens < params.max_tokens else None
+        max_tokens = self._intake.max_tokens(len(input_ids), params)
         self._totals.num_submitted += 1
-        error = self._refusal(req_id, num_prompt_tokens, max_tokens)
+        error = self._refusal(req_id, len(input_ids), max_tokens)
         if error is not None:
             logger.info("req %d refused: %s", req_id, error)
             self._totals.num_refused += 1
-            return [ReqUpdate(req_id, [], "error", error, num_prompt_tokens, 0, None, clamped_to)]
-        if clamped_to is not None:
+            clamped_to = max_tokens if 0 < max_tokens < params.max_tokens else None
+            return [ReqUpdate(req_id, [], "error", error, len(input_ids), 0, None, clamped_to)]
+        pending = self._intake.pending(req_id, input_ids, params, max_tokens)
+        if pending.max_tokens_clamped_to is not None:
             logger.info("req %d: max_tokens %d clamped to %d by the context length %d", req_id, params.max_tokens, max_tokens, self.context_len)
-        seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
-        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        max_num_pages = -(-(num_prompt_tokens + max_tokens - 1) // self.page_size)  # the last token is never written
-        pending = PendingReq(req_id, input_ids, num_prompt_tokens, params, max_tokens, seed, stop_ids, clamped_to, max_num_pages)
         self._queue.append(pending)
         self._live[req_id] = pending
         return []
@@ -276,19 +275,10 @@ class Scheduler:
     def _refusal(self, req_id: int, num_prompt_tokens: int, max_tokens: int) -> str | None:
         if req_id in self._live:
             return f"duplicate req_id {req_id}: a request with this id is still live"
-        if num_prompt_tokens == 0:
-            return "empty prompt"
-        if max_tokens < 1:
-            return f"prompt of {num_prompt_tokens} tokens leaves no room for output in the context of {self.context_len} tokens"
-        num_need_pages = -(-(num_prompt_tokens + max_tokens - 1) // self.page_size)
-        if num_need_pages > self._cache.num_pages:
-            return (
-                f"prompt of {num_prompt_tokens} tokens plus max_tokens {max_tokens} needs {num_need_pages} KV pages "
-                f"of {self.page_size} tokens; the whole pool has {self._cache.num_pages}"
-            )
-        if len(self._queue) >= self.max_queued_requests:
-            return f"server busy: {len(self._queue)} requests waiting (max_queued_requests={self.max_queued_requests})"
-        return None
+        error = self._intake.refusal(num_prompt_tokens, max_tokens)
+        if error is None and len(self._queue) >= self.max_queued_requests:
+            error = f"server busy: {len(self._queue)} requests waiting (max_queued_requests={self.max_queued_requests})"
+        return error
 
     def _schedule_prefill(self, token_budget: int) -> PrefillAdder | None:
         """The prefill part of this step, or None when nothing can be prefilled."""

@@ -1,0 +1,57 @@
+"""ReqIntake: turns a submitted request into a PendingReq, or says why it can never run.
+
+The tokenizer process validates requests; the scheduler still refuses what it could never
+finish (an empty prompt, no room left in the context, more KV than the whole pool) with a
+reason at once, instead of letting it wait forever.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from common.sampling_params import SamplingParams
+from scheduler_proc.req import PendingReq
+
+
+class ReqIntake:
+    def __init__(self, *, context_len: int, page_size: int, num_pages: int, eos_token_ids: Sequence[int], seed: int):
+        self.context_len = context_len
+        self.page_size = page_size
+        self.num_pages = num_pages
+        self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
+        self._rng = np.random.default_rng(seed)  # seeds for requests that give none: reproducible runs
+
+    def max_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        """params.max_tokens clamped so that prompt + output fits the context (may be < 1)."""
+        return min(params.max_tokens, self.context_len - num_prompt_tokens)
+
+    def max_num_pages(self, num_prompt_tokens: int, max_tokens: int) -> int:
+        """KV pages the request can ever need. Its last sampled token is never fed back, so
+        never written: prompt + max_tokens - 1 tokens of KV."""
+        return -(-(num_prompt_tokens + max_tokens - 1) // self.page_size)
+
+    def refusal(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
+        """Why the request can never run, or None."""
+        if num_prompt_tokens == 0:
+            return "empty prompt"
+        if max_tokens < 1:
+            return f"prompt of {num_prompt_tokens} tokens leaves no room for output in the context of {self.context_len} tokens"
+        num_need_pages = self.max_num_pages(num_prompt_tokens, max_tokens)
+        if num_need_pages > self.num_pages:
+            return (
+                f"prompt of {num_prompt_tokens} tokens plus max_tokens {max_tokens} needs {num_need_pages} KV pages "
+                f"of {self.page_size} tokens; the whole pool has {self.num_pages}"
+            )
+        return None
+
+    def pending(self, req_id: int, input_ids: np.ndarray, params: SamplingParams, max_tokens: int) -> PendingReq:
+        num_prompt_tokens = len(input_ids)
+        seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
+        stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
+        clamped_to = max_tokens if max_tokens < params.max_tokens else None
+        return PendingReq(
+            req_id, input_ids, num_prompt_tokens, params, max_tokens, seed, stop_ids, clamped_to,
+            self.max_num_pages(num_prompt_tokens, max_tokens),
+        )
