@@ -50,7 +50,9 @@ class Load:
 
 
 def bench(policy: str, num_steps: int, seed: int) -> dict[str, list[tuple[float, float]]]:
-    """(cpu ms, wall ms) of every measured step, by kind: decode only, prefill only, or mixed."""
+    """(cpu ms, wall ms) of every measured step, by kind: "fill" (the warm-up steps, whatever
+    they run, until all 256 rows run; their prefills use the full 8192-token budget), then, at
+    256 running, decode only, prefill only, or mixed."""
     scheduler = Scheduler(
         num_pages=RUNNING * (SYSTEM_PROMPT_LEN + 1024 + 512) // PAGE_SIZE,
         page_size=PAGE_SIZE,
@@ -64,26 +66,31 @@ def bench(policy: str, num_steps: int, seed: int) -> dict[str, list[tuple[float,
     )
     load = Load(scheduler, seed)
     load.top_up()
-    while scheduler.stats().num_running < RUNNING:  # warm up: fill every row
-        scheduler.on_result(stub_forward(scheduler.next_batch()))
+    times: dict[str, list[tuple[float, float]]] = {"fill": [], "decode": [], "prefill": [], "mixed": []}
+    while scheduler.stats().num_running < RUNNING:  # warm up: fill every row, full-budget prefills
+        _timed_step(scheduler, times, "fill")
         load.top_up()
-    times: dict[str, list[tuple[float, float]]] = {"decode": [], "prefill": [], "mixed": []}
     for _ in range(num_steps):
-        c0, t0 = time.thread_time(), time.perf_counter()
-        batch = scheduler.next_batch()
-        c1, t1 = time.thread_time(), time.perf_counter()
-        result = stub_forward(batch)
-        c2, t2 = time.thread_time(), time.perf_counter()
-        scheduler.on_result(result)
-        c3, t3 = time.thread_time(), time.perf_counter()
-        num_decode = int(((batch.extend_lens == 1) & (batch.cached_lens > 0)).sum())
-        kind = "decode" if num_decode == batch.num_reqs else "prefill" if num_decode == 0 else "mixed"
-        times[kind].append(((c1 - c0 + c3 - c2) * 1e3, (t1 - t0 + t3 - t2) * 1e3))
+        _timed_step(scheduler, times, None)
         load.top_up()
     stats = scheduler.stats()
     assert stats.num_running + stats.num_prefilling >= RUNNING - 8 and stats.num_waiting == WAITING, stats
     scheduler.check_integrity()
     return times
+
+
+def _timed_step(scheduler: Scheduler, times: dict[str, list[tuple[float, float]]], kind: str | None) -> None:
+    c0, t0 = time.thread_time(), time.perf_counter()
+    batch = scheduler.next_batch()
+    c1, t1 = time.thread_time(), time.perf_counter()
+    result = stub_forward(batch)
+    c2, t2 = time.thread_time(), time.perf_counter()
+    scheduler.on_result(result)
+    c3, t3 = time.thread_time(), time.perf_counter()
+    if kind is None:
+        num_decode = int(((batch.extend_lens == 1) & (batch.cached_lens > 0)).sum())
+        kind = "decode" if num_decode == batch.num_reqs else "prefill" if num_decode == 0 else "mixed"
+    times[kind].append(((c1 - c0 + c3 - c2) * 1e3, (t1 - t0 + t3 - t2) * 1e3))
 
 
 def main() -> None:

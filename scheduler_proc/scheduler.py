@@ -149,10 +149,8 @@ class Scheduler:
             adder.reqs if adder else [],
             adder.extend_lens if adder else [],
         )
-        for req in decode_reqs:
-            req.in_flight = True
-        for req in batch.prefill_reqs:
-            req.in_flight = True
+        for req in batch.reqs:
+            req.in_flight = True  # an abort now only marks it: the worker is using its pages
         self._in_flight = batch
         self._last_step_was_prefill = adder is not None
         self._totals.num_steps += 1
