@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> None:
     code = 1
     try:
         port = launcher.start()
-        print(ready_line(cfg, launcher, port), flush=True)
+        sys.stdout.write(ready_line(cfg, launcher, port) + "\n")  # one write: children share this pipe
+        sys.stdout.flush()
         if cfg.shell and layout.is_head_node:
             from client.chat_shell import run_shell
 
