@@ -16,9 +16,9 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from client.types import GenerateResult
 from http_proc.api_error import ApiError
@@ -28,14 +28,16 @@ from http_proc.openai_formatter import SSE_DONE, sse
 from http_proc.openai_protocol import SubRequest
 from http_proc.request_group import ChoiceEvent, RequestGroup
 from http_proc.response_guard import guarded
+from http_proc.sse_response import SseResponse
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
 
 
-def add_generate_route(app: FastAPI, state: HttpState) -> None:
-    @app.post("/generate")
+def generate_routes(state: HttpState) -> list[Route]:
     async def generate(request: Request) -> Response:
         return await guarded(state, "/generate", request, lambda: serve_generate(state, request))
+
+    return [Route("/generate", generate, methods=["POST"])]
 
 
 async def parse_body(request: Request) -> tuple[SubRequest, bool]:
@@ -56,7 +58,7 @@ async def parse_body(request: Request) -> tuple[SubRequest, bool]:
     return SubRequest(0, 0, prompt, body), stream
 
 
-async def serve_generate(state: HttpState, request: Request) -> Response:
+async def serve_generate(state: HttpState, request: Request) -> Response | SseResponse:
     sub, stream = await parse_body(request)
     state.check_accepting()
     group = RequestGroup(state.client, [sub], state.metrics, state.health)
@@ -69,7 +71,7 @@ async def serve_generate(state: HttpState, request: Request) -> Response:
     except BaseException:
         await events.aclose()
         raise
-    return StreamingResponse(stream_outputs(state, first, events), media_type="text/event-stream")
+    return SseResponse(stream_outputs(state, first, events))
 
 
 def output_body(text: str, ids: list[int], result: GenerateResult, logprobs: list[float] | None) -> dict[str, Any]:

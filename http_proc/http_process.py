@@ -1,7 +1,7 @@
 """Entry point of the HTTP process: `python -m http_proc --config JSON --addresses JSON --client-port N`.
 
 Started by the launcher once the frontend is ready (it needs the client port). It binds
---http-port, tells the launcher it is ready, and serves the FastAPI app with uvicorn (httptools)
+--http-port, tells the launcher it is ready, and serves the Starlette app with uvicorn (httptools)
 on a uvloop event loop until SIGTERM: then /health turns 503 ("draining"), the listening socket
 closes, and in-flight responses get a few seconds to finish.
 """

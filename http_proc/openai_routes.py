@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from fastapi import FastAPI
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
 from http_proc.api_error import ApiError
 from http_proc.disconnect_watch import until_disconnect
@@ -21,40 +21,36 @@ from http_proc.openai_formatter import SSE_DONE, OpenAIFormatter, sse
 from http_proc.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
-    SamplingRequest,
     SubRequest,
     parse_body,
 )
 from http_proc.request_group import ChoiceEvent, RequestGroup
 from http_proc.response_guard import guarded
+from http_proc.sse_response import SseResponse
 
 
-def add_openai_routes(app: FastAPI, state: HttpState) -> None:
-    # Bodies are parsed here with pydantic's JSON fast path rather than by FastAPI's dependency
-    # machinery (a few hundred microseconds less per request); openapi_extra keeps /docs right.
-    @app.post("/v1/completions", openapi_extra=_body_schema(CompletionRequest))
+def openai_routes(state: HttpState) -> list[Route]:
     async def completions(request: Request) -> Response:
         return await guarded(state, "/v1/completions", request, lambda: serve(state, request, CompletionRequest))
 
-    @app.post("/v1/chat/completions", openapi_extra=_body_schema(ChatCompletionRequest))
     async def chat_completions(request: Request) -> Response:
         return await guarded(state, "/v1/chat/completions", request, lambda: serve(state, request, ChatCompletionRequest))
 
-    @app.get("/v1/models")
-    async def models() -> dict:
+    async def models(request: Request) -> Response:
         card = {
             "id": state.model_name, "object": "model", "created": state.created_s, "owned_by": "zserve",
             "root": state.model_path, "max_model_len": state.context_len,
         }
-        return {"object": "list", "data": [card]}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    return [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+    ]
 
 
-def _body_schema(model: type[SamplingRequest]) -> dict:
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
-async def serve(state: HttpState, request: Request, model: type[CompletionRequest | ChatCompletionRequest]) -> Response:
+async def serve(state: HttpState, request: Request, model: type[CompletionRequest | ChatCompletionRequest]) -> Response | SseResponse:
     body = parse_body(model, await request.body())
     state.check_model(body.model)
     state.check_accepting()
@@ -72,7 +68,7 @@ async def serve(state: HttpState, request: Request, model: type[CompletionReques
         await events.aclose()
         raise
     chunks = stream_chunks(state, formatter, subs, group, first, events)
-    return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    return SseResponse(chunks)
 
 
 async def stream_chunks(

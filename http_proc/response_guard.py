@@ -13,6 +13,7 @@ from client.types import ServerError
 from http_proc.api_error import ApiError
 from http_proc.disconnect_watch import ClientDisconnected
 from http_proc.http_state import HttpState
+from http_proc.sse_response import SseResponse
 
 logger = logging.getLogger("http_proc")
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that closed the connection first
@@ -22,7 +23,9 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status)
 
 
-async def guarded(state: HttpState, route: str, request: Request, handler: Callable[[], Awaitable[Response]]) -> Response:
+async def guarded(
+    state: HttpState, route: str, request: Request, handler: Callable[[], Awaitable[Response | SseResponse]],
+) -> Response | SseResponse:
     try:
         response = await handler()
     except ClientDisconnected:

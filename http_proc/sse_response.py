@@ -1,0 +1,46 @@
+"""A text/event-stream ASGI response that stops its producer when the client goes away.
+
+Two tasks per response: one sends the chunks, one waits for `http.disconnect` on `receive()`.
+A disconnect cancels the sending task, which throws CancelledError into the chunk generator
+(and from there into the RequestGroup, which aborts its requests on the server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from starlette.types import Receive, Scope, Send
+
+SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-control", b"no-cache")]
+
+
+class SseResponse:
+    status_code = 200
+
+    def __init__(self, chunks: AsyncIterator[bytes]):
+        self.chunks = chunks
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        sending = asyncio.ensure_future(self._send_all(send))
+        watching = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait((sending, watching), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            watching.cancel()
+            if not sending.done():
+                sending.cancel()  # the client went away (or this task was cancelled)
+                await asyncio.wait((sending,))
+        if not sending.cancelled():
+            sending.result()  # re-raise a fault in the stream
+
+    async def _send_all(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        async for chunk in self.chunks:
+            await send({"type": "http.response.body", "body": chunk, "more_body": True})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
