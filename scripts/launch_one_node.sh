@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# One machine, tensor parallelism over its GPUs (or over CPU processes where it has none).
+#
+#   MODEL=/path/to/hf-model-dir TP=4 bash scripts/launch_one_node.sh [more launch_server flags]
+#
+#   MODEL  Hugging Face model directory (config.json + safetensors + tokenizer); unset = the demo model
+#   TP     ranks = GPUs used (default: the GPUs in CUDA_VISIBLE_DEVICES, else all nvidia-smi lists, else 1);
+#          local rank i runs on cuda:i, so CUDA_VISIBLE_DEVICES picks which GPUs
+#   PORT   client port (default 30000), on loopback unless you pass --host
+#
+# Then check it is up from another shell:  bash scripts/launch_check.sh 30000
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${ZSERVE_VENV:-.venv}
+if [ -z "${TP:-}" ]; then
+    if [ -n "${CUDA_VISIBLE_DEVICES:-}" ]; then
+        TP=$(echo "$CUDA_VISIBLE_DEVICES" | tr ',' '\n' | grep -c .)
+    else
+        TP=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+    fi
+    [ "${TP:-0}" -ge 1 ] || TP=1
+fi
+exec "$VENV/bin/launch_server" ${MODEL:+--model "$MODEL"} --tp-size "$TP" --port "${PORT:-30000}" "$@"
