@@ -38,6 +38,7 @@ class GenerateResult:
     logprobs: list[float] | None = None
     ttft_s: float | None = None  # first text since send
     latency_s: float | None = None  # last output since send
+    max_tokens_clamped_to: int | None = None  # the server cut max_tokens to fit the context
 
 
 def raise_for_error(req_id: int, finish_reason: str | None, error: str | None) -> None:

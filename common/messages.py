@@ -140,6 +140,7 @@ class ReqOutput:
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list | None = None
+    max_tokens_clamped_to: int | None = None  # set once, when the context length cut max_tokens
 
 
 # ---- frontend -> scheduler -----------------------------------------------------------------
@@ -167,7 +168,8 @@ class DetokRegister:
 @message(31)
 class TokenOutBatch:
     """One entry per request that changed in a step: [req_id, token_ids (int32 bytes),
-    finish_reason | None, error | None, num_prompt_tokens, num_cached_tokens, logprobs | None]."""
+    finish_reason | None, error | None, num_prompt_tokens, num_cached_tokens, logprobs | None,
+    max_tokens_clamped_to | None]."""
 
     entries: list
 

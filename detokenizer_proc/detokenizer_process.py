@@ -67,7 +67,9 @@ class DetokenizerLoop:
                 msg.stats["detokenizer_states"] = len(self.states)
                 self.to_frontend.send(msg)
 
-    def on_tokens(self, req_id, raw_ids, finish_reason, error, num_prompt_tokens, num_cached_tokens, logprobs) -> None:
+    def on_tokens(
+        self, req_id, raw_ids, finish_reason, error, num_prompt_tokens, num_cached_tokens, logprobs, clamped_to
+    ) -> None:
         state = self.states.get(req_id)
         if state is None:
             if finish_reason is not None and error is not None:  # refused before it was registered
@@ -83,12 +85,12 @@ class DetokenizerLoop:
             text += state.detok.flush()
             if state.detok.stopped and finish_reason != "error":  # the stop string completed in held-back text
                 finish_reason = "stop"
-        if not text and finish_reason is None and not token_ids:
+        if not text and finish_reason is None and not token_ids and clamped_to is None:
             return
         self.to_frontend.send(
             ReqOutput(
                 req_id, text, ids_to_bytes(token_ids), finish_reason, error,
-                state.num_prompt_tokens, state.num_output_tokens, num_cached_tokens, logprobs,
+                state.num_prompt_tokens, state.num_output_tokens, num_cached_tokens, logprobs, clamped_to,
             )
         )
         if finish_reason is not None:

@@ -12,6 +12,7 @@ touched while the worker is writing to pages it might free.
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 from dataclasses import asdict
@@ -75,8 +76,12 @@ class SchedulerLoop:
 
     def handle(self, msg) -> None:
         if isinstance(msg, TokenizedReq):
-            params = SamplingParams.from_dict(msg.sampling)
             input_ids = bytes_to_ids(msg.input_ids)
+            try:  # validated by the frontend already; a bad one must still not take the loop down
+                params = SamplingParams.from_dict(msg.sampling)
+            except ValueError as exc:
+                self.publish([ReqUpdate(msg.req_id, [], "error", str(exc), len(input_ids), 0, None, None)])
+                return
             updates = self.scheduler.submit(msg.req_id, input_ids, params)
             if not updates:
                 self.to_detok.send(DetokRegister(msg.req_id, list(params.stop), len(input_ids)))
@@ -97,7 +102,10 @@ class SchedulerLoop:
         if not updates:
             return
         entries = [
-            [u.req_id, ids_to_bytes(u.new_token_ids), u.finish_reason, u.error, u.num_prompt_tokens, u.num_cached_tokens, u.logprobs]
+            [
+                u.req_id, ids_to_bytes(u.new_token_ids), u.finish_reason, u.error, u.num_prompt_tokens,
+                u.num_cached_tokens, u.logprobs, u.max_tokens_clamped_to,
+            ]
             for u in updates
         ]
         self.to_detok.send(TokenOutBatch(entries))
@@ -133,6 +141,8 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
             "scheduler ready: %d KV pages of %d tokens, context %d, policy %s/%s, budget %d tokens/step",
             ready.num_pages, ready.page_size, ready.context_len, cfg.schedule_policy, cfg.admission_policy, cfg.max_prefill_tokens,
         )
+        gc.collect()
+        gc.freeze()  # startup objects never need scanning again: shorter collector pauses in the loop
         SchedulerLoop(scheduler, inbox, to_worker, from_worker, to_detok).run_forever()
     finally:
         ctx.destroy(linger=0)

@@ -215,3 +215,13 @@ def test_full_queue_refuses_with_server_busy(model_dir):
         assert "busy" in outcomes and "length" in outcomes, outcomes
     finally:
         assert handle.stop() == 0, handle.log()
+
+
+def test_max_tokens_beyond_the_context_is_clamped_and_reported(server, oracle):
+    input_ids = (oracle.encode(LONG_PREFIX) * 20)[:400]
+    num_prompt = len(input_ids)
+    with Client(server.port, timeout_s=120) as c:
+        result = c.generate(input_ids=input_ids, max_tokens=1000, ignore_eos=True)
+    assert result.max_tokens_clamped_to == 512 - num_prompt
+    assert result.finish_reason == "length"
+    assert len(result.output_ids) == 512 - num_prompt
