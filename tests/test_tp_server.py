@@ -10,7 +10,9 @@ the full last-position logits) must agree to 1e-4.
 
 from __future__ import annotations
 
+import subprocess
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -19,6 +21,7 @@ from client import Client
 from tests.model_fixtures import make_tiny_checkpoint
 from tests.server_harness import ServerHandle, start_server
 
+REPO = Path(__file__).resolve().parents[1]
 BUDGET = 16  # --max-prefill-tokens: most prompts here are chunked
 FLAGS = ("--max-prefill-tokens", str(BUDGET), "--page-size", "4", "--kv-cache-tokens", "2048", "--num-threads", "1")
 KINDS = {"llama": {}, "qwen3": {}, "gpt2": {"vocab_size": 601}}
@@ -88,3 +91,10 @@ def test_the_server_runs_two_ranks(outcome):
     log = sharded.log()
     assert "model rank 0 ready" in log and "model rank 1 ready" in log
     assert "2 tensor-parallel ranks on 1 node(s)" in log
+
+
+def test_launch_check_script_sees_the_server(outcome):
+    _, _, _, sharded = outcome
+    proc = subprocess.run(["bash", "scripts/launch_check.sh", str(sharded.port)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"server tcp://127.0.0.1:{sharded.port} is up" in proc.stdout
