@@ -52,7 +52,9 @@ class HttpClient:
             path, body["prompt"] = "/v1/completions", prompt if prompt is not None else input_ids
         result = GenerateResult(req_id=0)
         sent_s = time.perf_counter()
-        final_delta: str | None = None  # the finishing chunk is yielded once the usage chunk after it is in
+        # The finishing chunk is yielded once the usage chunk after it is in, and the body is read
+        # to its end first, so the connection goes back to the pool for the next request.
+        final_delta: str | None = None
         async with self._session.post(self.base_url + path, json=body) as response:
             if response.status != 200:
                 raise _error(response.status, await response.text())
@@ -63,12 +65,11 @@ class HttpClient:
                 if "error" in chunk:
                     raise _error(500, json.dumps(chunk))
                 delta = _fold(chunk, result, time.perf_counter() - sent_s)
-                if delta is None:
-                    break  # the usage chunk: the last one
-                if result.finish_reason is not None:
-                    final_delta = delta
-                else:
-                    yield delta, result
+                if result.finish_reason is None:
+                    if delta:
+                        yield delta, result
+                elif final_delta is None:
+                    final_delta = delta or ""
         if final_delta is None:
             raise ServerError(f"HTTP stream from {path} ended without a finish reason")
         yield final_delta, result
