@@ -34,7 +34,7 @@ PROMPT_KEYS = ("prompt", "input_ids", "messages")
 
 
 def generate_routes(state: HttpState) -> list[Route]:
-    async def generate(request: Request) -> Response:
+    async def generate(request: Request) -> Response | SseResponse:
         return await guarded(state, "/generate", request, lambda: serve_generate(state, request))
 
     return [Route("/generate", generate, methods=["POST"])]

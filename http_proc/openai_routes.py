@@ -30,10 +30,10 @@ from http_proc.sse_response import SseResponse
 
 
 def openai_routes(state: HttpState) -> list[Route]:
-    async def completions(request: Request) -> Response:
+    async def completions(request: Request) -> Response | SseResponse:
         return await guarded(state, "/v1/completions", request, lambda: serve(state, request, CompletionRequest))
 
-    async def chat_completions(request: Request) -> Response:
+    async def chat_completions(request: Request) -> Response | SseResponse:
         return await guarded(state, "/v1/chat/completions", request, lambda: serve(state, request, ChatCompletionRequest))
 
     async def models(request: Request) -> Response:
