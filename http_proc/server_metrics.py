@@ -35,7 +35,7 @@ STAT_COUNTERS = (
     ("num_prefix_hit_tokens", "prefix_hit_tokens", "prompt tokens served by the prefix cache"),
     ("num_generated_tokens", "generation_tokens", "tokens generated"),
     ("num_finished", "requests_finished", "requests finished by the scheduler (stop or length)"),
-    ("num_aborted", "scheduler_requests_aborted", "requests the scheduler ended early (client aborts and stop strings)"),
+    ("num_aborted", "scheduler_requests_aborted", "requests the scheduler ended early (client aborts, disconnects, shutdown)"),
     ("num_refused", "scheduler_requests_refused", "requests the scheduler refused at submit (busy, cannot fit)"),
     ("num_steps", "scheduler_steps", "scheduler steps run"),
 )

@@ -121,8 +121,12 @@ class Scheduler:
         else:
             state = "between chunks" if entry.is_prefilling else "running"
             self._release(entry)
-        logger.info("req %d aborted (%s) while %s", req_id, reason, state)
-        self._totals.num_aborted += 1
+        if finish_reason == "stop":  # the detokenizer matched a stop string: a normal finish
+            logger.info("req %d finished (stop string) while %s", req_id, state)
+            self._totals.num_finished += 1
+        else:
+            logger.info("req %d aborted (%s) while %s", req_id, reason, state)
+            self._totals.num_aborted += 1
         return [self._final_update(entry, finish_reason)]
 
     # -- one step ----------------------------------------------------------------------------

@@ -307,7 +307,7 @@ def test_abort_with_a_finish_reason_reports_it_and_stats_add_up():
     h.submit(3, prompt(1, 9), p(max_tokens=3))
     h.run()
     s = h.scheduler.stats()
-    assert (s.num_submitted, s.num_finished, s.num_aborted, s.num_refused) == (3, 1, 2, 0)
+    assert (s.num_submitted, s.num_finished, s.num_aborted, s.num_refused) == (3, 2, 1, 0)  # a stop-string end counts as finished
     assert s.num_prompt_tokens == 6 + 9 and s.num_prefix_hit_tokens == 4  # request 1 cached one page
     assert s.num_prefilled_tokens == 6 + 5 and s.num_decoded_tokens == 2 and s.num_generated_tokens == 1 + 3
     h.assert_drained()
