@@ -83,18 +83,21 @@ class AsyncClient:
         return list(await asyncio.gather(*(self.generate(p, **sampling) for p in prompts)))
 
     async def stream(self, prompt: str | None = None, **kwargs) -> AsyncIterator[str]:
-        """Text deltas as they come. Leaving the loop early aborts the request."""
+        """Text deltas as they come. Leaving the loop early aborts the request once the generator
+        is closed: `async with contextlib.aclosing(client.stream(...)) as s:` closes it at once."""
         req_id = await self.submit(prompt, **kwargs)
-        async for delta in self._outputs(req_id, ResultBuilder(req_id)):
-            if delta:
-                yield delta
+        async with contextlib.aclosing(self._outputs(req_id, ResultBuilder(req_id))) as outputs:
+            async for delta in outputs:
+                if delta:
+                    yield delta
 
     async def stream_outputs(self, prompt: str | None = None, **kwargs) -> AsyncIterator[tuple[str, GenerateResult]]:
         """(delta, result so far) pairs, for callers that want ids, usage and timings as they grow."""
         req_id = await self.submit(prompt, **kwargs)
         builder = ResultBuilder(req_id)
-        async for delta in self._outputs(req_id, builder):
-            yield delta, builder.result
+        async with contextlib.aclosing(self._outputs(req_id, builder)) as outputs:
+            async for delta in outputs:
+                yield delta, builder.result
 
     async def abort(self, req_id: int) -> None:
         await self._send(AbortReq(req_id, "abort"))
