@@ -14,6 +14,11 @@ LONG tokens per request (EOS ignored, fresh random prompts each time, so no pref
 
 Prefill, start-up and client overheads are the same in both runs and cancel out.
 
+Alongside, the latency of one gloo all-reduce of a [1, hidden] tensor between two processes on
+loopback, before and after the rounds: a tp 2 decode step of a Llama makes 2 per layer, plus
+one for the embedding and an all-gather for the logits, and on a busy machine each waits for
+the other process to be scheduled.
+
 The demo model (SmolLM2-135M) has 9 attention heads and 3 KV heads, which do not split over 2
 ranks (nor do they in vLLM or SGLang, which also split heads evenly). Without --model the
 benchmark therefore runs the demo model's shape with 8 heads of 72 (hidden size 576 and the q/o
@@ -24,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import sys
@@ -75,6 +81,32 @@ def demo_shaped_model(target: Path) -> Path:
     return target
 
 
+def _allreduce_rank(rank: int, store: str, hidden: int, num_iters: int, out_path: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
+    x = torch.zeros(1, hidden)
+    for _ in range(20):
+        dist.all_reduce(x)
+    t0 = time.perf_counter()
+    for _ in range(num_iters):
+        dist.all_reduce(x)
+    if rank == 0:
+        Path(out_path).write_text(str((time.perf_counter() - t0) / num_iters * 1e6))
+    dist.destroy_process_group()
+
+
+def allreduce_latency_us(hidden: int, num_iters: int = 300) -> float:
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory(prefix="bench-tp-ar-") as tmp:
+        out_path = f"{tmp}/us"
+        mp.start_processes(_allreduce_rank, args=(f"{tmp}/store", hidden, num_iters, out_path), nprocs=2, start_method="spawn")
+        return float(Path(out_path).read_text())
+
+
 def timed_batch(address: str, batch_size: int, prompt_len: int, max_tokens: int, rng: np.random.Generator) -> float:
     with Client(address, timeout_s=600) as c:
         prompts = [rng.integers(100, 10_000, size=prompt_len).tolist() for _ in range(batch_size)]
@@ -98,6 +130,8 @@ def run(args: argparse.Namespace, model_dir: str) -> dict:
     log(f"starting {len(tp_sizes)} servers on {model_dir}")
     pending = {tp: ServerProcess.spawn(model_dir, [*args.server_args.split(), "--tp-size", str(tp)]) for tp in tp_sizes}
     servers = {tp: p.wait_ready(600) for tp, p in pending.items()}
+    hidden = json.loads((Path(model_dir) / "config.json").read_text())["hidden_size"]
+    latency_us = [allreduce_latency_us(hidden)]
     try:
         rng = np.random.default_rng(0)
         for server in servers.values():  # warm-up
@@ -113,7 +147,8 @@ def run(args: argparse.Namespace, model_dir: str) -> dict:
     finally:
         for server in servers.values():
             server.stop()
-    return {"model": model_dir, "args": vars(args), "machine": machine_info(), "decode_tok_s": figures}
+    latency_us.append(allreduce_latency_us(hidden))
+    return {"model": model_dir, "args": vars(args), "machine": machine_info(), "decode_tok_s": figures, "allreduce_us": latency_us}
 
 
 def render(report: dict, tp_sizes: list[int], batch_sizes: list[int]) -> str:
@@ -129,11 +164,14 @@ def render(report: dict, tp_sizes: list[int], batch_sizes: list[int]) -> str:
             medians.append(statistics.median(values))
             cells.append(f"{medians[-1]:8.1f} ({min(values):6.1f}-{max(values):6.1f})")
         lines.append(f"{b:>5} " + " ".join(f"{c:>24}" for c in cells) + f" {medians[-1] / medians[0]:>8.2f}x")
+    before_us, after_us = report["allreduce_us"]
+    lines.append(f"gloo all-reduce of [1, hidden] between 2 processes: {before_us:.0f} us before the rounds, {after_us:.0f} us after")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # the probe's ranks, like the server's, on loopback
     with tempfile.TemporaryDirectory(prefix="bench-tp-") as tmp:
         model_dir = args.model or str(demo_shaped_model(Path(tmp) / "smollm2-135m-shaped"))
         report = run(args, model_dir)
