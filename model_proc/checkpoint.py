@@ -108,15 +108,19 @@ class Checkpoint:
         self._progress.update(1)
         return tensor
 
-    def copy_into(self, param: torch.Tensor, tensor: torch.Tensor, name: str, row_offset: int = 0) -> None:
-        """param[row_offset : row_offset + len(tensor)] = tensor, cast to param's dtype."""
+    def copy_into(self, param: torch.Tensor, tensor: torch.Tensor, name: str, row_offset: int = 0, transposed: bool = False) -> None:
+        """param[row_offset : row_offset + len(tensor)] = tensor, cast to param's dtype.
+
+        `transposed=True`: param is stored [in, out] and `tensor` holds [out, in] rows, so the rows
+        land in param's columns."""
+        dst = param.t() if transposed else param
         stop = row_offset + tensor.shape[0]
-        if tensor.shape[1:] != param.shape[1:] or stop > param.shape[0]:
+        if tensor.shape[1:] != dst.shape[1:] or stop > dst.shape[0]:
             raise ValueError(
-                f"tensor {name!r}: shard of shape {list(tensor.shape)} does not fit rows {row_offset}.. of parameter {list(param.shape)}"
+                f"tensor {name!r}: shard of shape {list(tensor.shape)} does not fit rows {row_offset}.. of parameter {list(dst.shape)}"
             )
         with torch.no_grad():
-            param[row_offset:stop].copy_(tensor)
+            dst[row_offset:stop].copy_(tensor)
         self._loaded_param_ids.add(id(param))
 
     def missing_params(self, model: torch.nn.Module) -> list[str]:

@@ -1,5 +1,10 @@
-"""Vocab-parallel token embedding and LM head: rank r holds vocab rows [r * s, (r + 1) * s),
-s = ceil(vocab / tp), the last rank's tail zero-padded."""
+"""Vocab-parallel token embedding and LM head: rank r holds vocab entries [r * s, (r + 1) * s),
+s = ceil(vocab / tp), the last rank's tail zero-padded.
+
+The LM head is stored [dim, vocab] and applied as h @ W (the fast GEMV layout, see linear.py);
+it is the largest matrix of a small model. A tied embedding shares that tensor, so its lookup
+gathers columns instead of rows: T columns per step, cheap next to the LM head's full pass.
+"""
 
 from __future__ import annotations
 
@@ -12,42 +17,48 @@ from model_proc.layers.parallel import all_gather_last_dim, all_reduce, padded_s
 
 
 class VocabParallelEmbedding(nn.Module):
-    def __init__(self, vocab_size: int, dim: int, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(self, vocab_size: int, dim: int, tp_rank: int = 0, tp_size: int = 1, transposed: bool = False):
         super().__init__()
         self.vocab_size, self.dim = vocab_size, dim
-        self.tp_size = tp_size
+        self.tp_size, self.transposed = tp_size, transposed
         self.vocab_start, self.vocab_stop, shard_size = padded_shard_range(vocab_size, tp_rank, tp_size)
-        self.weight = nn.Parameter(torch.empty(shard_size, dim), requires_grad=False)
+        shape = (dim, shard_size) if transposed else (shard_size, dim)
+        self.weight = nn.Parameter(torch.empty(shape), requires_grad=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
-            return F.embedding(ids, self.weight)  # [T] -> [T, dim]
-        # ids owned by other ranks look up row 0 here and are zeroed; the all-reduce fills them in
+            return self._lookup(ids)  # [T] -> [T, dim]
+        # ids owned by other ranks look up entry 0 here and are zeroed; the all-reduce fills them in
         owned = (ids >= self.vocab_start) & (ids < self.vocab_stop)
-        local_ids = torch.where(owned, ids - self.vocab_start, 0)
-        out = F.embedding(local_ids, self.weight) * owned.unsqueeze(-1).to(self.weight.dtype)
+        out = self._lookup(torch.where(owned, ids - self.vocab_start, 0)) * owned.unsqueeze(-1).to(self.weight.dtype)
         return all_reduce(out, self.tp_size)
 
+    def _lookup(self, local_ids: torch.Tensor) -> torch.Tensor:
+        if self.transposed:
+            return self.weight.index_select(1, local_ids).t().contiguous()  # [dim, T] -> [T, dim]
+        return F.embedding(local_ids, self.weight)
+
     def load(self, ckpt: Checkpoint, name: str) -> None:
-        rows = ckpt.read(name, (self.vocab_size, self.dim), rows=(self.vocab_start, self.vocab_stop))
+        rows = ckpt.read(name, (self.vocab_size, self.dim), rows=(self.vocab_start, self.vocab_stop))  # [n, dim]
         with torch.no_grad():
-            self.weight[rows.shape[0] :].zero_()
-        ckpt.copy_into(self.weight, rows, name)
+            (self.weight.t() if self.transposed else self.weight)[rows.shape[0] :].zero_()  # padding past the vocab
+        ckpt.copy_into(self.weight, rows, name, transposed=self.transposed)
 
 
 class ParallelLMHead(nn.Module):
-    """logits = h @ W.T over the full vocab; `tied_to` shares the embedding's weight (same shard)."""
+    """logits = h @ W over the full vocab; `tied_to` shares a transposed embedding's weight."""
 
     def __init__(self, vocab_size: int, dim: int, tp_rank: int = 0, tp_size: int = 1, tied_to: VocabParallelEmbedding | None = None):
         super().__init__()
+        assert tied_to is None or tied_to.transposed, "a tied embedding must be stored [dim, vocab]"
         self.vocab_size, self.dim, self.tp_size = vocab_size, dim, tp_size
         self.vocab_start, self.vocab_stop, shard_size = padded_shard_range(vocab_size, tp_rank, tp_size)
         self.tied_to = tied_to
-        self.weight = None if tied_to is not None else nn.Parameter(torch.empty(shard_size, dim), requires_grad=False)
+        self.weight = None if tied_to is not None else nn.Parameter(torch.empty(dim, shard_size), requires_grad=False)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         weight = self.tied_to.weight if self.tied_to is not None else self.weight
-        logits = F.linear(h, weight)  # [n, dim] -> [n, vocab / tp]
+        logits = torch.mm(h, weight)  # [n, dim] @ [dim, vocab / tp]
         if self.tp_size > 1:
             logits = all_gather_last_dim(logits, self.tp_size)[:, : self.vocab_size]
         return logits.float()  # [n, vocab]
@@ -57,5 +68,5 @@ class ParallelLMHead(nn.Module):
             return
         rows = ckpt.read(name, (self.vocab_size, self.dim), rows=(self.vocab_start, self.vocab_stop))
         with torch.no_grad():
-            self.weight[rows.shape[0] :].zero_()
-        ckpt.copy_into(self.weight, rows, name)
+            self.weight[:, rows.shape[0] :].zero_()
+        ckpt.copy_into(self.weight, rows, name, transposed=True)

@@ -80,7 +80,7 @@ class GPT2Block(nn.Module):
 class GPT2LMHeadModel(nn.Module):
     def __init__(self, cfg: HfConfig, tp_rank: int = 0, tp_size: int = 1):
         super().__init__()
-        self.wte = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size)
+        self.wte = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size, transposed=True)  # tied
         self.wpe = VocabParallelEmbedding(cfg.context_len, cfg.hidden_size)  # small: replicated on every rank
         self.h = nn.ModuleList(GPT2Block(cfg, i, tp_rank, tp_size) for i in range(cfg.num_layers))
         self.ln_f = LayerNorm(cfg.hidden_size, cfg.norm_eps)

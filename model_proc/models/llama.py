@@ -94,7 +94,7 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: HfConfig, tp_rank: int = 0, tp_size: int = 1):
         super().__init__()
         assert cfg.rope_theta is not None, "the Llama family uses rotary positions"
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size, transposed=cfg.tie_word_embeddings)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(cfg, self.attention_cls(cfg, i, tp_rank, tp_size), tp_rank, tp_size) for i in range(cfg.num_layers)
