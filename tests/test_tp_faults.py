@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -54,3 +56,18 @@ def test_sigkill_of_a_rank_fails_in_flight_requests_and_exits(model_dir, rank):
     assert handle.proc.wait(timeout=20) != 0
     assert wait_dead(children, 10) == [], handle.log()
     assert f"model rank {rank} process killed by SIGKILL" in handle.log()
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (("--tp-size", "3"), "the model's 4 attention heads do not split evenly across 3 ranks"),
+        (("--tp-size", "2", "--nnodes", "2"), "--nnodes > 1 needs --dist-init-addr"),
+    ],
+)
+def test_impossible_rank_flags_are_refused_before_anything_starts(model_dir, flags, needle):
+    proc = subprocess.run(
+        [sys.executable, "-m", "launcher", "--model", str(model_dir), *flags], capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert needle in proc.stderr
