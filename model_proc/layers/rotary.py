@@ -52,7 +52,7 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """x [T, heads, head_dim] -> same shape. Equals x * cos + rotate_half(x) * sin with
-    rotate_half(x) = cat(-x2, x1), written with one cat and no negation."""
+    rotate_half(x) = cat(-x2, x1), written as three ops (cat, mul, addcmul) and no negation."""
     half = x.shape[-1] // 2
     swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + swapped * sin_signed
+    return torch.addcmul(x * cos, swapped, sin_signed)
