@@ -7,7 +7,9 @@
 
 One Client is one ZMQ DEALER socket; it is not thread-safe (use one per thread, or AsyncClient).
 Outputs of several requests in flight are demultiplexed by req_id, so `generate_batch` sends
-everything first and then collects.
+everything first and then collects. Timings (`ttft_s`, `latency_s`) run from `submit` to when
+this client *receives* an output, which for a sync client is when some call reads the socket:
+measure concurrent requests with AsyncClient, whose reader task receives as outputs arrive.
 """
 
 from __future__ import annotations
@@ -55,7 +57,8 @@ class Client:
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.connect(self.address)
-        self._outputs: dict[int, deque[ReqOutput]] = {}
+        self._outputs: dict[int, deque[tuple[float, ReqOutput]]] = {}  # (arrival perf_counter, output)
+        self._sent_s: dict[int, float] = {}
         self._stats: dict[int, dict] = {}
         self._heartbeat = HeartbeatThread(self._ctx, self.address, self.client_id, heartbeat_interval_s)
 
@@ -69,6 +72,7 @@ class Client:
         req_id = new_req_id() if req_id is None else req_id
         body = build_body(prompt, input_ids, messages, sampling)
         self._outputs[req_id] = deque()
+        self._sent_s[req_id] = time.perf_counter()
         self._send(GenerateReq(req_id, self.client_id, body))
         return req_id
 
@@ -84,10 +88,11 @@ class Client:
         return TextStream(self, self.submit(prompt, **kwargs))
 
     def result(self, req_id: int) -> GenerateResult:
-        builder = ResultBuilder(req_id)
+        builder = ResultBuilder(req_id, self._sent_s.get(req_id))
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while not builder.done:
-            builder.add(self._next_output(req_id, deadline))
+            arrived_s, out = self._next_output(req_id, deadline)
+            builder.add(out, arrived_s)
         return builder.result
 
     def abort(self, req_id: int) -> None:
@@ -108,6 +113,7 @@ class Client:
         for req_id in list(self._outputs):
             self._send(AbortReq(req_id, "abort"))
         self._outputs.clear()
+        self._sent_s.clear()
         self._heartbeat.stop()
         self._sock.close(linger=100)
         self._ctx.term()
@@ -123,19 +129,24 @@ class Client:
     def _send(self, msg) -> None:
         self._sock.send(CLIENT_TO_FRONTEND.encode(msg))
 
-    def _next_output(self, req_id: int, deadline: float | None) -> ReqOutput:
+    def _next_output(self, req_id: int, deadline: float | None) -> tuple[float, ReqOutput]:
         queue = self._outputs[req_id]
         while not queue:
             try:
                 self._pump(deadline)
             except RequestTimeoutError:
                 self.abort(req_id)
-                self._outputs.pop(req_id, None)
+                self._forget(req_id)
                 raise
-        out = queue.popleft()
+        arrived_s, out = queue.popleft()
         if out.finish_reason is not None:
-            del self._outputs[req_id]
-        return out
+            self._forget(req_id)
+        return arrived_s, out
+
+    def _forget(self, req_id: int) -> None:
+        """Drop a request's client state; later outputs for it are discarded."""
+        self._outputs.pop(req_id, None)
+        self._sent_s.pop(req_id, None)
 
     def _pump(self, deadline: float | None) -> None:
         """Receive whatever arrives within one poll interval and file it by req_id."""
@@ -148,7 +159,7 @@ class Client:
         while self._sock.poll(0):
             msg = FRONTEND_TO_CLIENT.decode(self._sock.recv())
             if isinstance(msg, ReqOutput) and msg.req_id in self._outputs:
-                self._outputs[msg.req_id].append(msg)
+                self._outputs[msg.req_id].append((time.perf_counter(), msg))
             elif isinstance(msg, StatsOut):
                 self._stats[msg.req_id] = msg.stats
 
@@ -169,18 +180,19 @@ class TextStream:
         return next(self._gen)
 
     def _deltas(self) -> Iterator[str]:
-        builder = ResultBuilder(self.req_id)
+        builder = ResultBuilder(self.req_id, self.client._sent_s.get(self.req_id))
         deadline = None if self.client.timeout_s is None else time.monotonic() + self.client.timeout_s
         try:
             while not builder.done:
-                delta = builder.add(self.client._next_output(self.req_id, deadline))
+                arrived_s, out = self.client._next_output(self.req_id, deadline)
+                delta = builder.add(out, arrived_s)
                 if delta:
                     yield delta
             self.result = builder.result
         finally:
             if not builder.done and self.req_id in self.client._outputs:
                 self.client.abort(self.req_id)
-                del self.client._outputs[self.req_id]  # later outputs of this request are dropped
+                self.client._forget(self.req_id)  # later outputs of this request are dropped
 
     def close(self) -> None:
         self._gen.close()

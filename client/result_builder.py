@@ -9,15 +9,17 @@ from common.messages import ReqOutput, bytes_to_ids
 
 
 class ResultBuilder:
-    def __init__(self, req_id: int):
-        self.sent_s = time.perf_counter()
+    def __init__(self, req_id: int, sent_s: float | None = None):
+        """`sent_s`: time.perf_counter() when the request was sent (default: now)."""
+        self.sent_s = time.perf_counter() if sent_s is None else sent_s
         self.result = GenerateResult(req_id)
 
-    def add(self, out: ReqOutput) -> str:
-        """Fold in one output; returns its text delta. Raises ServerError for an error outcome."""
+    def add(self, out: ReqOutput, arrived_s: float | None = None) -> str:
+        """Fold in one output (received at perf_counter `arrived_s`, default now); returns its
+        text delta. Raises ServerError for an error outcome."""
         raise_for_error(out.req_id, out.finish_reason, out.error)
         r = self.result
-        now_s = time.perf_counter() - self.sent_s
+        now_s = (time.perf_counter() if arrived_s is None else arrived_s) - self.sent_s
         if out.text and r.ttft_s is None:
             r.ttft_s = now_s
         r.text += out.text
