@@ -225,3 +225,24 @@ def test_max_tokens_beyond_the_context_is_clamped_and_reported(server, oracle):
     assert result.max_tokens_clamped_to == 512 - num_prompt
     assert result.finish_reason == "length"
     assert len(result.output_ids) == 512 - num_prompt
+
+
+def test_terminal_chat_streams_keeps_the_conversation_and_resets(server, oracle):
+    import subprocess
+    import sys
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "client", "--port", str(server.port), "--max-tokens", "6"],
+        input="Hello there\nAnd again\n/reset\n/quit\n", capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    first = oracle.decode(oracle.greedy(oracle.chat_ids([{"role": "user", "content": "Hello there"}]), 6))
+    assert first and first in proc.stdout
+    assert "(conversation cleared)" in proc.stdout
+    # the second turn was answered with the first exchange in its context
+    history = [
+        {"role": "user", "content": "Hello there"},
+        {"role": "assistant", "content": first},
+        {"role": "user", "content": "And again"},
+    ]
+    assert oracle.decode(oracle.greedy(oracle.chat_ids(history), 6)) in proc.stdout
