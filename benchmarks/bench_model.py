@@ -173,7 +173,8 @@ def main() -> None:
     torch.set_num_threads(num_threads)
 
     batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x]
-    max_tokens = max([1, *batch_sizes]) * (-(-(CONTEXT_LEN + 1) // PAGE_SIZE)) * PAGE_SIZE
+    pages_per_req = -(-(CONTEXT_LEN + 1) // PAGE_SIZE)
+    max_tokens = max(max([1, *batch_sizes]) * pages_per_req * PAGE_SIZE, PREFILL_LEN)
     log(f"loading {model_dir} (ours, then transformers), {num_threads} thread(s)")
     ours = ModelRunner(model_dir, device="cpu", dtype="float32", page_size=PAGE_SIZE, kv_cache_tokens=max_tokens, num_threads=num_threads)
     hf = HfSide(model_dir)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from model_proc.layers import attention_metadata
 from model_proc.model_runner import ModelRunner
 from tests.model_fixtures import TINY_KINDS, GreedyDriver, HfReference, make_tiny_checkpoint, random_prompt
 
@@ -111,6 +112,16 @@ def test_mixed_batches(checkpoints, name, page_size):
     assert num_steps_with_all_phases >= 3
     for seq in running:
         assert seq.output_ids == ref.greedy(seq.prompt), f"prompt of {len(seq.prompt)}"
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2"])
+def test_decode_rows_in_chunks(checkpoints, name, monkeypatch):
+    """CPU decode attends in row chunks sized by bytes; force one row per chunk."""
+    monkeypatch.setattr(attention_metadata, "DECODE_CHUNK_BYTES", 1)
+    model_dir, ref = checkpoints(name)
+    driver = GreedyDriver(make_runner(model_dir))
+    outputs = driver.generate([driver.add(p, NEW_TOKENS) for p in prompts()])
+    assert outputs == [ref.greedy(p) for p in prompts()]
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

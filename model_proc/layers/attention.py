@@ -54,11 +54,15 @@ class PagedAttention(nn.Module):
         """q [B, h, d], one token per row -> [B, h * d]"""
         rows, pool = meta.decode, meta.kv_pool
         B, kvh, d = rows.num_rows, self.num_kv_heads, self.head_dim
-        group = self.num_heads // kvh
-        keys = pool.pages(k_cache).index_select(1, rows.page_table).view(kvh, B, -1, d)  # [kvh, B, Lp, d]
-        values = pool.pages(v_cache).index_select(1, rows.page_table).view(kvh, B, -1, d)
-        q = q.view(B, kvh, group, d).transpose(0, 1)  # [kvh, B, group, d]: query heads sharing a kv head
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=rows.mask, scale=self.scale)  # [kvh, B, group, d]
+        q = q.view(B, kvh, self.num_heads // kvh, d).transpose(0, 1)  # [kvh, B, group, d]: query heads sharing a kv head
+        outs = []
+        for chunk in rows.chunks:
+            n = chunk.row_stop - chunk.row_start
+            keys = pool.pages(k_cache).index_select(1, chunk.page_table).view(kvh, n, -1, d)  # [kvh, n, Lp, d]
+            values = pool.pages(v_cache).index_select(1, chunk.page_table).view(kvh, n, -1, d)
+            q_chunk = q[:, chunk.row_start : chunk.row_stop]
+            outs.append(F.scaled_dot_product_attention(q_chunk, keys, values, attn_mask=chunk.mask, scale=self.scale))
+        out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [kvh, B, group, d]
         return out.transpose(0, 1).reshape(B, self.num_heads * d)
 
     def _prefill_row(self, q, k, v, k_cache, v_cache, row, meta) -> torch.Tensor:

@@ -7,7 +7,10 @@ Tokens of a batch are packed request after request; request i owns tokens
     positions    0 1 2 3 4       17      5 6 7       40          (r1, r3 decode; r2 a chunk after 5 cached)
 
 Rows with extend_len == 1 (decode, or a 1-token chunk) are attended together: their pages are
-gathered into a padded [kvh, B, max_pages * page_size, d] tensor, masked past each row's length.
+gathered into a padded [kvh, rows, max_pages * page_size, d] tensor, masked past each row's
+length. On CPU the rows go in chunks of about DECODE_CHUNK_BYTES of gathered K and V, so what
+one chunk gathers is still in cache when attention reads it (at batch 64 x 256 tokens on
+SmolLM2-135M this cut the attention time by a third); on CUDA, one chunk.
 Longer rows each go through SDPA, over their own new K/V when nothing is cached (no gather), else
 over the gathered pages with a bottom-right causal mask. On CUDA with flash-attn installed, every
 row goes through one varlen call over slot-gathered K/V instead.
@@ -23,13 +26,22 @@ import torch
 from common.forward_batch import ForwardBatch
 from model_proc.kv_pool import KVPool
 
+DECODE_CHUNK_BYTES = 8 << 20
+
+
+@dataclass(slots=True)
+class DecodeChunk:
+    row_start: int
+    row_stop: int
+    page_table: torch.Tensor  # int64[rows * max_pages], padded with page 0 (masked out)
+    mask: torch.Tensor  # [1, rows, 1, max_pages * page_size] additive: 0 where j < seq_len, -inf after
+
 
 @dataclass(slots=True)
 class DecodeRows:
     num_rows: int
     token_idx: torch.Tensor | None  # int64[B] into the batch's tokens; None when the batch is only these rows, in order
-    page_table: torch.Tensor  # int64[B * max_pages], padded with page 0 (masked out)
-    mask: torch.Tensor  # [1, B, 1, max_pages * page_size] additive: 0 where j < seq_len, -inf after
+    chunks: list[DecodeChunk]
 
 
 @dataclass(slots=True)
@@ -83,7 +95,7 @@ class AttentionMetadata:
                 kv_pool, to_device(positions), to_device(out_slots), None, [], _varlen(batch, seq_lens, page_starts, page_ids, page_size, to_device)
             )
         is_decode = extend == 1
-        decode = _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids, page_size, dtype, to_device)
+        decode = _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids, kv_pool, dtype, to_device)
         prefills = []
         for i in np.nonzero(~is_decode)[0]:
             start, c, e = int(token_starts[i]), int(cached[i]), int(extend[i])
@@ -96,25 +108,28 @@ class AttentionMetadata:
         return AttentionMetadata(kv_pool, to_device(positions), to_device(out_slots), decode, prefills, None)
 
 
-def _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids, page_size, dtype, to_device) -> DecodeRows | None:
+def _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids, kv_pool, dtype, to_device) -> DecodeRows | None:
     rows = np.nonzero(is_decode)[0]
     if rows.size == 0:
         return None
+    page_size = kv_pool.page_size
     num_pages = batch.num_pages[rows].astype(np.int64)
     max_pages = int(num_pages.max())
-    # page_table[b, j] = page_ids[page_starts[row b] + j] for j < num_pages[b], else page 0
+    # table[b, j] = page_ids[page_starts[row b] + j] for j < num_pages[b], else page 0
     table = np.zeros((rows.size, max_pages), np.int64)
     col = np.arange(max_pages)[None, :]
     valid = col < num_pages[:, None]
     table[valid] = page_ids[(page_starts[rows][:, None] + col)[valid]]
     mask = np.where(np.arange(max_pages * page_size)[None, :] < seq_lens[rows][:, None], 0.0, -np.inf)
+    table_t, mask_t = to_device(table.reshape(-1)), to_device(mask.astype(np.float32)).to(dtype)[None, :, None, :]
+    gathered_bytes_per_row = 2 * kv_pool.num_kv_heads * max_pages * page_size * kv_pool.head_dim * dtype.itemsize
+    chunk_rows = rows.size if kv_pool.device.type == "cuda" else max(1, DECODE_CHUNK_BYTES // gathered_bytes_per_row)
+    chunks = [
+        DecodeChunk(start, stop, table_t[start * max_pages : stop * max_pages], mask_t[:, start:stop])
+        for start, stop in ((s, min(s + chunk_rows, rows.size)) for s in range(0, rows.size, chunk_rows))
+    ]
     only_these = rows.size == batch.num_reqs
-    return DecodeRows(
-        num_rows=int(rows.size),
-        token_idx=None if only_these else to_device(token_starts[rows]),
-        page_table=to_device(table.reshape(-1)),
-        mask=to_device(mask.astype(np.float32)).to(dtype)[None, :, None, :],
-    )
+    return DecodeRows(num_rows=int(rows.size), token_idx=None if only_these else to_device(token_starts[rows]), chunks=chunks)
 
 
 def _varlen(batch, seq_lens, page_starts, page_ids, page_size, to_device) -> VarlenRows:
