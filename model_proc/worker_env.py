@@ -1,14 +1,16 @@
 """Threads for the model worker, and the environment its process must start with (torch-free).
 
-Why the worker does not simply take every core, with OpenMP's default wait policy:
+How many threads, and why OpenMP waits passively:
 
   - A CPU decode step is ~10 small ops per layer, each one OpenMP parallel region. With N
-    threads, a region ends only when the slowest thread does. If another process (scheduler,
-    tokenizer, detokenizer, or another test) holds one of the N cores, the thread queued
-    behind it stalls the region for a scheduler time slice: milliseconds per op, tens of
-    milliseconds per step. So on CPU the worker uses one core fewer than it is allowed
-    (`default_num_threads`), which on a 2-core machine means a single thread: no barrier at all,
-    and a core left for the rest of the server.
+    threads, a region ends only when the slowest thread does, so a thread queued behind another
+    process (scheduler, tokenizer, detokenizer) can stall a region for a time slice. That was
+    the reason for an earlier default of one core fewer than allowed. Measured with
+    benchmarks/bench_serving.py and bench_offline.py (BENCHMARKS.md, sections 1, 5 and 6) it
+    did not show: the other server processes use 2-5% of a core each, and 2 worker threads on
+    2 cores gave 1.3x the output throughput of 1 on a quiet machine (no loss on a loaded one)
+    and are what make zserve faster than transformers offline. So the default is every core the
+    process may use (`default_num_threads`); `--num-threads` overrides it.
   - OMP_WAIT_POLICY=PASSIVE: between regions, idle OpenMP threads sleep instead of spinning.
     Spinning (ACTIVE) saves a few microseconds per region only when every thread has a core of
     its own; on a shared machine a spinning thread takes CPU from exactly the processes the
@@ -45,8 +47,8 @@ def available_cores() -> int:
 
 
 def default_num_threads(num_cores: int | None = None) -> int:
-    """One fewer than the cores this process may use (leaves one for the other processes), at least 1."""
-    return max(1, (num_cores or available_cores()) - 1)
+    """Every core this process may use (see the module docstring for the measurement), at least 1."""
+    return max(1, num_cores or available_cores())
 
 
 def worker_env(num_threads: int = 0, device: str = "auto", wait_policy: str = "PASSIVE") -> dict[str, str]:

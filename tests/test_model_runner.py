@@ -63,7 +63,7 @@ def test_kv_pool_layout():
 
 
 def test_worker_env():
-    assert default_num_threads(2) == 1 and default_num_threads(1) == 1 and default_num_threads(16) == 15
+    assert default_num_threads(2) == 2 and default_num_threads(1) == 1 and default_num_threads(16) == 16
     env = worker_env(3)
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3" and env["OMP_WAIT_POLICY"] == "PASSIVE"
     assert int(worker_env(0, "cuda")["OMP_NUM_THREADS"]) <= 2
