@@ -55,12 +55,14 @@ async def _drive(address: str, requests: list[BenchRequest], offsets_s: list[flo
             for i in range(options.num_warmup_requests)
         ))
         stats_before = await client.stats()
-        bar = tqdm(total=len(requests), desc=options.progress_desc, file=sys.stderr, disable=not options.show_progress,
-                   mininterval=1.0, unit="req", dynamic_ncols=True)
+        # progress in output tokens (a long run shows movement before the first request ends)
+        bar = tqdm(total=sum(r.max_tokens for r in requests), desc=options.progress_desc, file=sys.stderr,
+                   disable=not options.show_progress, mininterval=1.0, unit="tok", dynamic_ncols=True)
+        done = [0]
         start_s = time.perf_counter() + 0.05  # room to create the tasks before the first send
         try:
             records = await asyncio.gather(*(
-                _one_request(client, req, start_s + offset_s, options.ignore_eos, bar)
+                _one_request(client, req, start_s + offset_s, options.ignore_eos, bar, done)
                 for req, offset_s in zip(requests, offsets_s, strict=True)
             ))
         finally:
@@ -69,7 +71,9 @@ async def _drive(address: str, requests: list[BenchRequest], offsets_s: list[flo
     return LoadRun(list(records), start_s, stats_before, stats_after)
 
 
-async def _one_request(client: AsyncClient, req: BenchRequest, send_at_s: float, ignore_eos: bool, bar: tqdm) -> RequestRecord:
+async def _one_request(
+    client: AsyncClient, req: BenchRequest, send_at_s: float, ignore_eos: bool, bar: tqdm, done: list[int],
+) -> RequestRecord:
     delay_s = send_at_s - time.perf_counter()
     if delay_s > 0:
         await asyncio.sleep(delay_s)
@@ -81,13 +85,15 @@ async def _one_request(client: AsyncClient, req: BenchRequest, send_at_s: float,
             now_s = time.perf_counter() - record.send_s
             if delta:
                 record.chunk_times_s.append(now_s)
+            bar.update(result.usage.completion_tokens - record.num_output_tokens)
+            record.num_output_tokens = result.usage.completion_tokens
             if result.finish_reason is not None:
                 record.latency_s = now_s
                 record.finish_reason = result.finish_reason
                 record.num_prompt_tokens = result.usage.prompt_tokens
-                record.num_output_tokens = result.usage.completion_tokens
                 record.num_cached_tokens = result.usage.cached_tokens
     except Exception as exc:  # a failed request is a figure of the run, not the end of it
         record.error = f"{type(exc).__name__}: {exc}"
-    bar.update(1)
+    done[0] += 1
+    bar.set_postfix_str(f"{done[0]} requests done", refresh=False)
     return record
