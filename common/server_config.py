@@ -25,7 +25,7 @@ class ServerConfig:
     dist_init_addr: str = field(default="", metadata={"help": "host:port of node 0, reachable from every node (required with --nnodes > 1): torch.distributed meets on port, rank 0 broadcasts batches on port + 1; empty = a private file rendezvous, loopback only"})
     page_size: int = field(default=16, metadata={"help": "tokens per KV page"})
     max_running_requests: int = field(default=64, metadata={"help": "request slots (rows of the request table)"})
-    max_prefill_tokens: int = field(default=256, metadata={"help": "per-step token budget for prefill (chunked prefill size)"})
+    max_prefill_tokens: int = field(default=512, metadata={"help": "per-step token budget for prefill (chunked prefill size)"})
     kv_cache_tokens: int = field(default=0, metadata={"help": "KV pool size in tokens (0 = size from free memory)"})
     kv_memory_fraction: float = field(default=0.3, metadata={"help": "fraction of free memory for the KV pool when --kv-cache-tokens is 0"})
     schedule_policy: str = field(default="mixed", metadata={"help": "prefill-first, decode-first or mixed", "choices": ["prefill-first", "decode-first", "mixed"]})
