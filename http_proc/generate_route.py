@@ -11,7 +11,6 @@ usage so far) as SSE `data:` lines, then `data: [DONE]`.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -27,7 +26,7 @@ from http_proc.http_state import HttpState
 from http_proc.openai_formatter import SSE_DONE, sse
 from http_proc.openai_protocol import SubRequest
 from http_proc.request_group import ChoiceEvent, RequestGroup
-from http_proc.response_guard import guarded
+from http_proc.response_guard import guarded, guarded_stream
 from http_proc.sse_response import SseResponse
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
@@ -94,18 +93,11 @@ def event_body(event: ChoiceEvent) -> dict[str, Any]:
     return output_body(event.delta, event.new_ids, r, logprobs)
 
 
-async def stream_outputs(state: HttpState, first: ChoiceEvent, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[bytes]:
-    try:
+def stream_outputs(state: HttpState, first: ChoiceEvent, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[bytes]:
+    async def chunks() -> AsyncIterator[bytes]:
         yield sse(event_body(first))
         async for event in events:
             yield sse(event_body(event))
         yield SSE_DONE
-    except asyncio.CancelledError:  # the client disconnected
-        state.metrics.count_aborted("client_disconnect")
-        raise
-    except Exception as exc:
-        error = ApiError.from_client_error(exc)
-        state.metrics.count_failed(error.status)
-        yield sse(error.body())
-    finally:
-        await events.aclose()
+
+    return guarded_stream(state, chunks(), events)

@@ -7,17 +7,15 @@ An error after that arrives as a `data: {"error": ...}` chunk, which the OpenAI 
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from http_proc.api_error import ApiError
 from http_proc.disconnect_watch import until_disconnect
 from http_proc.http_state import HttpState
-from http_proc.openai_formatter import SSE_DONE, OpenAIFormatter, sse
+from http_proc.openai_formatter import SSE_DONE, OpenAIFormatter
 from http_proc.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -25,7 +23,7 @@ from http_proc.openai_protocol import (
     parse_body,
 )
 from http_proc.request_group import ChoiceEvent, RequestGroup
-from http_proc.response_guard import guarded
+from http_proc.response_guard import guarded, guarded_stream
 from http_proc.sse_response import SseResponse
 
 
@@ -71,11 +69,11 @@ async def serve(state: HttpState, request: Request, model: type[CompletionReques
     return SseResponse(chunks)
 
 
-async def stream_chunks(
+def stream_chunks(
     state: HttpState, formatter: OpenAIFormatter, subs: list[SubRequest], group: RequestGroup,
     first: ChoiceEvent, events: AsyncIterator[ChoiceEvent],
 ) -> AsyncIterator[bytes]:
-    try:
+    async def chunks() -> AsyncIterator[bytes]:
         for chunk in formatter.opening_chunks(len(subs)):
             yield chunk
         event: ChoiceEvent | None = first
@@ -88,12 +86,5 @@ async def stream_chunks(
         if usage is not None:
             yield usage
         yield SSE_DONE
-    except asyncio.CancelledError:  # Starlette cancels the stream when the client disconnects
-        state.metrics.count_aborted("client_disconnect")
-        raise
-    except Exception as exc:
-        error = ApiError.from_client_error(exc)
-        state.metrics.count_failed(error.status)
-        yield sse(error.body())
-    finally:
-        await events.aclose()
+
+    return guarded_stream(state, chunks(), events)

@@ -3,8 +3,9 @@ response is counted by route and status. A client that went away gets a 499 nobo
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -13,6 +14,7 @@ from client.types import ServerError
 from http_proc.api_error import ApiError
 from http_proc.disconnect_watch import ClientDisconnected
 from http_proc.http_state import HttpState
+from http_proc.openai_formatter import sse
 from http_proc.sse_response import SseResponse
 
 logger = logging.getLogger("http_proc")
@@ -40,3 +42,22 @@ async def guarded(
         response = error_response(error)
     state.metrics.count_response(route, response.status_code)
     return response
+
+
+async def guarded_stream(
+    state: HttpState, chunks: AsyncIterator[bytes], events: AsyncIterator,
+) -> AsyncIterator[bytes]:
+    """A streamed body's outcome: a client disconnect (Starlette cancels the stream) is counted,
+    a failure mid-stream ends the stream with an error event, and `events` is always closed."""
+    try:
+        async for chunk in chunks:
+            yield chunk
+    except asyncio.CancelledError:
+        state.metrics.count_aborted("client_disconnect")
+        raise
+    except Exception as exc:
+        error = ApiError.from_client_error(exc)
+        state.metrics.count_failed(error.status)
+        yield sse(error.body())
+    finally:
+        await events.aclose()
