@@ -92,3 +92,15 @@ def pid_alive(pid: int) -> bool:
             return f.read().split()[2] != "Z"
     except FileNotFoundError:
         return False
+
+
+def wait_idle(client, timeout_s: float = 15.0) -> dict:
+    """Poll the server's stats through `client` until nothing runs, waits or prefills; returns them."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = client.stats()
+        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["num_prefilling"] == 0:
+            return stats
+        if time.monotonic() > deadline:
+            raise AssertionError(f"server not idle: {stats}")
+        time.sleep(0.05)

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from client import Client
 from tests.e2e_fixtures import build_tiny_llama_dir
 from tests.server_harness import start_server
+from tests.server_harness import wait_idle as harness_wait_idle
 
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -62,15 +63,8 @@ def model_name(oai):
 
 
 def wait_idle(port: int, timeout_s: float = 15.0) -> dict:
-    deadline = time.monotonic() + timeout_s
     with Client(port) as c:
-        while True:
-            stats = c.stats()
-            if stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["num_prefilling"] == 0:
-                return stats
-            if time.monotonic() > deadline:
-                raise AssertionError(f"server not idle: {stats}")
-            time.sleep(0.05)
+        return harness_wait_idle(c, timeout_s)
 
 
 def http_get(port: int, path: str) -> tuple[int, str]:

@@ -6,14 +6,13 @@ The oracle is transformers on the same weights: greedy token ids must be identic
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 import zmq
 
 from client import Client, ServerBusyError, ServerError
 from tests.e2e_fixtures import GreedyOracle, build_tiny_llama_dir
-from tests.server_harness import start_server
+from tests.server_harness import start_server, wait_idle
 
 BUDGET = 16  # --max-prefill-tokens: small, so ordinary prompts are chunked
 LONG_PREFIX = "The quick brown fox jumps over the lazy dog. " * 4
@@ -38,17 +37,6 @@ def server(model_dir):
     yield handle
     code = handle.stop()
     assert code == 0, handle.log()
-
-
-def wait_idle(client: Client, timeout_s: float = 10.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        stats = client.stats()
-        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["num_prefilling"] == 0:
-            return stats
-        if time.monotonic() > deadline:
-            raise AssertionError(f"server not idle: {stats}")
-        time.sleep(0.1)
 
 
 def test_concurrent_clients_get_transformers_greedy_tokens(server, oracle):
