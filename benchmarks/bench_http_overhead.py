@@ -5,7 +5,7 @@
 
 Starts one `launch_server --http-port` with the prefix cache off (a repeated prompt costs the
 same every time), then sends each request of the workload twice, once through `AsyncClient`
-(ZMQ) and once through `http_proc.http_client.HttpClient` (POST /v1/completions, SSE), in
+(ZMQ) and once through `testing.http_client.HttpClient` (POST /v1/completions, SSE), in
 alternating order, one request at a time, so both paths see the same prompts, the same server
 and the same machine load. Both time TTFT the same way: from just before the send to the first
 text. Prints p50 / p90 of TTFT, end-to-end latency and inter-chunk gaps per path, and the HTTP
@@ -29,8 +29,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from client import AsyncClient  # noqa: E402
-from http_proc.http_client import HttpClient  # noqa: E402
-from tests.server_harness import start_server  # noqa: E402
+from testing.http_client import HttpClient  # noqa: E402
+from testing.server_process import start_server  # noqa: E402
 
 PASSAGE = (
     "The history of computing is a story of layers: each generation of engineers builds on the abstractions "
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         model = args.model
         if not model:
-            from tests.e2e_fixtures import build_tiny_llama_dir
+            from testing.e2e_fixtures import build_tiny_llama_dir
 
             model = str(build_tiny_llama_dir(Path(tmp) / "tiny-llama"))
         http_port = free_port()

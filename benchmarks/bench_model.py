@@ -10,7 +10,7 @@ processes' memory traffic then slows both alike). K/V contents do not change the
 sides get 256 tokens of random context instead of a real prefill (which would take minutes).
 
 Both sides run fp32 in one process started with the model worker's environment
-(model_proc/worker_env.py: thread count, OpenMP wait policy, malloc thresholds; the script
+(common/worker_env.py: thread count, OpenMP wait policy, malloc thresholds; the script
 re-executes itself with it), so they share threads, allocator and machine state.
 """
 
@@ -29,8 +29,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.forward_batch import ForwardBatch, SamplingArrays  # noqa: E402
-from model_proc.model_runner import ModelRunner  # noqa: E402
-from model_proc.worker_env import worker_env  # noqa: E402
+from common.worker_env import worker_env  # noqa: E402
+from testing.model_fixtures import make_runner  # noqa: E402
 
 DECODE_BATCH_SIZES = (1, 8, 32, 64)
 CONTEXT_LEN = 256
@@ -164,7 +164,7 @@ def main() -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     model_dir = args.model
     if model_dir is None:
-        from model_proc.demo_model import demo_model_dir
+        from launcher.demo_model import demo_model_dir
 
         model_dir = str(demo_model_dir())
         if not Path(model_dir).is_dir():
@@ -176,7 +176,7 @@ def main() -> None:
     pages_per_req = -(-(CONTEXT_LEN + 1) // PAGE_SIZE)
     max_tokens = max(max([1, *batch_sizes]) * pages_per_req * PAGE_SIZE, PREFILL_LEN)
     log(f"loading {model_dir} (ours, then transformers), {num_threads} thread(s)")
-    ours = ModelRunner(model_dir, device="cpu", dtype="float32", page_size=PAGE_SIZE, kv_cache_tokens=max_tokens, num_threads=num_threads)
+    ours = make_runner(model_dir, device="cpu", dtype="float32", page_size=PAGE_SIZE, kv_cache_tokens=max_tokens, num_threads=num_threads)
     hf = HfSide(model_dir)
     weight_bytes = sum(p.numel() * p.element_size() for p in ours.model.parameters())
     for k in ours.kv_pool.k + ours.kv_pool.v:  # random context, as on the transformers side

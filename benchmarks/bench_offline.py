@@ -33,8 +33,8 @@ from benchmarks.json_report import write_json  # noqa: E402
 from benchmarks.load_driver import LoadOptions, drive  # noqa: E402
 from benchmarks.machine_info import load_average, machine_info  # noqa: E402
 from benchmarks.metrics import RunMetrics  # noqa: E402
-from benchmarks.server_process import ServerProcess, resolve_model_dir  # noqa: E402
 from benchmarks.workloads import LengthRange, random_workload, sampleable_token_ids  # noqa: E402
+from testing.server_process import ServerProcess, resolve_model_dir  # noqa: E402
 
 DEFAULT_SERVER_ARGS = "--log-level warning"
 

@@ -12,13 +12,18 @@ Targets: decode step < 1 ms, prefill step < 3 ms.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
-from common.forward_batch import ForwardBatch, StepResult
-from common.sampling_params import SamplingParams
-from scheduler_proc.scheduler import STEP_POLICIES, Scheduler
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from common.forward_batch import ForwardBatch, StepResult  # noqa: E402
+from common.sampling_params import SamplingParams  # noqa: E402
+from scheduler_proc.scheduler import STEP_POLICIES, Scheduler  # noqa: E402
+from testing.scheduler_harness import make_scheduler  # noqa: E402
 
 PAGE_SIZE = 16
 RUNNING = 256
@@ -53,13 +58,13 @@ def bench(policy: str, num_steps: int, seed: int) -> dict[str, list[tuple[float,
     """(cpu ms, wall ms) of every measured step, by kind: "fill" (the warm-up steps, whatever
     they run, until all 256 rows run; their prefills use the full 8192-token budget), then, at
     256 running, decode only, prefill only, or mixed."""
-    scheduler = Scheduler(
+    scheduler = make_scheduler(  # the server's default knobs, but for the step policy and sizes measured here
         num_pages=RUNNING * (SYSTEM_PROMPT_LEN + 1024 + 512) // PAGE_SIZE,
         page_size=PAGE_SIZE,
-        max_running_requests=RUNNING,
-        max_prefill_tokens=8192,
         context_len=4096,
         eos_token_ids=[2],
+        max_running_requests=RUNNING,
+        max_prefill_tokens=8192,
         schedule_policy=policy,
         max_queued_requests=2 * WAITING,
         seed=seed,

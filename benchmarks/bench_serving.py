@@ -36,7 +36,6 @@ from benchmarks.latency_plot import plot_runs  # noqa: E402
 from benchmarks.load_driver import LoadOptions, drive  # noqa: E402
 from benchmarks.machine_info import load_average, machine_info  # noqa: E402
 from benchmarks.results_table import render_table  # noqa: E402
-from benchmarks.server_process import ServerProcess, resolve_model_dir  # noqa: E402
 from benchmarks.workloads import (  # noqa: E402
     DEFAULT_BASE_PROMPT,
     BenchRequest,
@@ -47,6 +46,7 @@ from benchmarks.workloads import (  # noqa: E402
     sampleable_token_ids,
     shared_prefix_workload,
 )
+from testing.server_process import ServerProcess, resolve_model_dir  # noqa: E402
 
 DEFAULT_SERVER_ARGS = "--log-level warning"
 

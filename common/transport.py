@@ -4,7 +4,7 @@ Addresses are per server instance: ipc:// sockets in a private runtime directory
 launcher (mode 0700), so two servers on one machine never collide and nothing but the client
 port listens on the network. The one exception is asked for explicitly: with --nnodes > 1,
 the tensor-parallel ranks meet at --dist-init-addr and rank 0 broadcasts batches on the port
-after it (model_proc/rank_layout.py).
+after it (common/rank_layout.py).
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ import zmq
 
 from client.async_client import AsyncClient
 from common.messages import LAUNCHER_INBOX, ProcReady
+from common.model_config import ModelConfig
 from common.proc_runtime import child_setup
 from common.server_config import ServerConfig
 from common.transport import Addresses, push
@@ -28,7 +29,6 @@ from http_proc.health_monitor import HealthMonitor
 from http_proc.http_app import build_app
 from http_proc.http_state import HttpState
 from http_proc.server_metrics import ServerMetrics
-from model_proc.hf_config import HfConfig
 
 logger = logging.getLogger("http_proc")
 GRACEFUL_SHUTDOWN_S = 3
@@ -57,7 +57,7 @@ def bind_http_socket(host: str, port: int) -> socket.socket:
 
 
 async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
-    context_len = HfConfig.from_model_dir(cfg.model).context_len
+    context_len = ModelConfig.from_model_dir(cfg.model).context_len
     sock = bind_http_socket(cfg.host, cfg.http_port)
     client_host = "127.0.0.1" if cfg.host in WILDCARD_HOSTS else cfg.host
     ctx = zmq.Context()

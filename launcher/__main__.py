@@ -8,10 +8,10 @@ import sys
 from dataclasses import replace
 
 from common.proc_runtime import setup_logging
+from common.rank_layout import RankLayout
 from common.server_config import ServerConfig
 from launcher.cli import parse_config
 from launcher.launcher import Launcher, StartupError
-from model_proc.rank_layout import RankLayout
 
 logger = logging.getLogger("launcher")
 
@@ -19,7 +19,7 @@ logger = logging.getLogger("launcher")
 def resolve_model(cfg: ServerConfig) -> ServerConfig:
     if cfg.model:
         return cfg
-    from model_proc.demo_model import ensure_demo_model
+    from launcher.demo_model import ensure_demo_model
 
     return replace(cfg, model=str(ensure_demo_model(progress=True)))
 
@@ -27,10 +27,10 @@ def resolve_model(cfg: ServerConfig) -> ServerConfig:
 def resolve_ranks(cfg: ServerConfig) -> tuple[ServerConfig, RankLayout]:
     """Check the rank flags against each other and the model (before any process starts), and
     fix the threads of each rank: --num-threads 0 shares this node's among its ranks."""
-    from model_proc.hf_config import HfConfig
+    from common.model_config import ModelConfig
 
     layout = RankLayout.from_config(cfg)
-    hf = HfConfig.from_model_dir(cfg.model)
+    hf = ModelConfig.from_model_dir(cfg.model)
     layout.check_model(hf.num_heads, hf.num_kv_heads, hf.intermediate_size)
     return replace(cfg, num_threads=layout.threads_per_rank(cfg.num_threads)), layout
 
@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     except (ValueError, FileNotFoundError) as exc:
         logger.error("%s", exc)
         sys.exit(2)
-    from model_proc.worker_env import worker_env
+    from common.worker_env import worker_env
 
     launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device), layout)
     signal.signal(signal.SIGTERM, lambda *_: launcher.request_stop())

@@ -23,10 +23,10 @@ import time
 import zmq
 
 from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, FailAll, ProcReady
+from common.rank_layout import RankLayout
 from common.server_config import ServerConfig
 from common.transport import Addresses, pull, push
 from launcher.child_process import ChildProcess
-from model_proc.rank_layout import RankLayout
 
 logger = logging.getLogger("launcher")
 SERVER_CHILDREN = (  # (name, module) started on node 0 after the model worker ranks (they load longest)

@@ -18,15 +18,15 @@ import numpy as np
 import torch
 
 from common.forward_batch import ForwardBatch, StepResult
+from common.model_config import ModelConfig
+from common.worker_env import default_num_threads
 from model_proc.checkpoint import Checkpoint
-from model_proc.hf_config import HfConfig
 from model_proc.kv_pool import KVPool
 from model_proc.layers.attention import flash_attn_available
 from model_proc.layers.attention_metadata import AttentionMetadata
 from model_proc.models.registry import build_model
 from model_proc.sampler import Sampler
 from model_proc.tp_group import min_across_ranks
-from model_proc.worker_env import default_num_threads
 
 if TYPE_CHECKING:
     from common.server_config import ServerConfig
@@ -67,20 +67,22 @@ class ModelRunner:
         self,
         model_dir: str | Path,
         *,
-        device: str | torch.device = "auto",
-        dtype: str | torch.dtype = "auto",
-        page_size: int = 16,
-        kv_cache_tokens: int = 0,
-        kv_memory_fraction: float = 0.3,
-        num_threads: int = 0,
+        device: str | torch.device,
+        dtype: str | torch.dtype,
+        page_size: int,
+        kv_cache_tokens: int,
+        kv_memory_fraction: float,
+        num_threads: int,
+        tp_size: int,
+        seed: int,
         tp_rank: int = 0,
-        tp_size: int = 1,
-        seed: int = 0,
         show_progress: bool | None = None,
     ):
-        """`kv_cache_tokens` > 0 sizes the KV pool in tokens; 0 takes `kv_memory_fraction` of the
-        memory free after loading. `num_threads` 0 = `default_num_threads()` on CPU."""
-        self.config = HfConfig.from_model_dir(model_dir)
+        """The knobs come from the server config through `from_server_config` (the one source of
+        their defaults). `kv_cache_tokens` > 0 sizes the KV pool in tokens; 0 takes
+        `kv_memory_fraction` of the memory free after loading. `num_threads` 0 =
+        `default_num_threads()` on CPU."""
+        self.config = ModelConfig.from_model_dir(model_dir)
         self.device = resolve_device(device)
         self.dtype = resolve_dtype(dtype, self.device)
         self.page_size, self.tp_rank, self.tp_size = page_size, tp_rank, tp_size
@@ -110,7 +112,7 @@ class ModelRunner:
         self.sampler = Sampler(self.device)
 
     @staticmethod
-    def from_server_config(cfg: ServerConfig, tp_rank: int = 0) -> ModelRunner:
+    def from_server_config(cfg: ServerConfig, tp_rank: int = 0, show_progress: bool | None = None) -> ModelRunner:
         """Unpack the launcher's ServerConfig into plain values."""
         return ModelRunner(
             cfg.model,
@@ -121,8 +123,9 @@ class ModelRunner:
             kv_memory_fraction=cfg.kv_memory_fraction,
             num_threads=cfg.num_threads,
             tp_rank=tp_rank,
-            tp_size=getattr(cfg, "tp_size", 1),
+            tp_size=cfg.tp_size,
             seed=cfg.seed,
+            show_progress=show_progress,
         )
 
     def _load_model(self, show_progress: bool | None) -> torch.nn.Module:

@@ -32,10 +32,10 @@ from common.messages import (
     WorkerReady,
 )
 from common.proc_runtime import child_args, child_setup
+from common.rank_layout import RankLayout
 from common.server_config import ServerConfig
 from common.transport import Addresses, Endpoint, pull, push
 from model_proc.batch_broadcast import HEARTBEAT_INTERVAL_S, BatchPublisher, BatchSubscriber
-from model_proc.rank_layout import RankLayout
 
 logger = logging.getLogger("model_proc")
 

@@ -11,7 +11,7 @@ Pages move free -> own (alloc), own -> tree (cache_req), tree -> free (evict), o
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import numpy as np
 
@@ -21,12 +21,18 @@ from scheduler_proc.req import Req
 
 
 class CacheManager:
-    def __init__(self, num_pages: int, page_size: int, enable_radix_cache: bool):
+    def __init__(
+        self, num_pages: int, page_size: int, enable_radix_cache: bool,
+        on_pages_freed: Callable[[np.ndarray], None] | None = None,
+    ):
+        """`on_pages_freed` sees every page id array just before it goes back on the free list (the
+        test harness poisons those pages, so a later read of them fails)."""
         self.num_pages = num_pages
         self.page_size = page_size
         self.enable_radix_cache = enable_radix_cache
         self.allocator = PageAllocator(num_pages, page_size)
         self.tree = RadixCache(page_size)  # stays empty when the cache is disabled
+        self.on_pages_freed = on_pages_freed
 
     @property
     def num_free_pages(self) -> int:
@@ -62,7 +68,7 @@ class CacheManager:
         reserved them (admission promised them), so running out is a bookkeeping bug."""
         pages = self.allocator.alloc(num_pages)
         if pages is None:
-            self.allocator.free(self.tree.evict(num_pages - self.allocator.num_free_pages))
+            self._free(self.tree.evict(num_pages - self.allocator.num_free_pages))
             pages = self.allocator.alloc(num_pages)
         assert pages is not None, f"out of KV pages: need {num_pages}, {self.num_available_pages} free or evictable"
         return pages
@@ -93,15 +99,20 @@ class CacheManager:
         req.page_table[:num_full_pages] = match.page_ids  # repoint first ...
         req.cache_node = match.node
         req.num_tree_pages = num_full_pages
-        self.allocator.free(duplicates)  # ... then free
+        self._free(duplicates)  # ... then free
 
     def release_req(self, req: Req) -> None:
         """A request's end: cache what it computed, free its own pages, drop its lock."""
         self.cache_req(req)
-        self.allocator.free(req.page_table[req.num_tree_pages : req.num_pages])
+        self._free(req.page_table[req.num_tree_pages : req.num_pages])
         self.tree.unlock(req.cache_node)
         req.cache_node = self.tree.root
         req.num_pages = req.num_tree_pages = 0
+
+    def _free(self, page_ids: np.ndarray) -> None:
+        if self.on_pages_freed is not None:
+            self.on_pages_freed(page_ids)
+        self.allocator.free(page_ids)
 
     def check_integrity(self, reqs: Iterable[Req]) -> None:
         """Every page is free, held by the tree, or owned by exactly one of `reqs` (the live

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -48,14 +48,18 @@ class Scheduler:
         max_prefill_tokens: int,
         context_len: int,
         eos_token_ids: Sequence[int],
-        schedule_policy: str = "prefill-first",
-        admission_policy: str = "fifo",
-        admission_lookahead: int = 64,
-        force_fifo_every: int = 8,
-        enable_radix_cache: bool = True,
-        max_queued_requests: int = 1024,
-        seed: int = 0,
+        schedule_policy: str,
+        admission_policy: str,
+        admission_lookahead: int,
+        force_fifo_every: int,
+        enable_radix_cache: bool,
+        max_queued_requests: int,
+        seed: int,
+        on_pages_freed: Callable[[np.ndarray], None] | None = None,
     ):
+        """The sizes come from the model worker (`WorkerReady`); the policy knobs from the server
+        config through `scheduler_knobs` (the one source of their defaults). `on_pages_freed` is
+        a test hook (see CacheManager)."""
         if schedule_policy not in STEP_POLICIES:
             raise ValueError(f"schedule policy must be one of {STEP_POLICIES}, got {schedule_policy!r}")
         sizes = {"num_pages": num_pages, "page_size": page_size, "max_running_requests": max_running_requests,
@@ -72,7 +76,7 @@ class Scheduler:
             context_len=context_len, page_size=page_size, num_pages=num_pages, eos_token_ids=eos_token_ids, seed=seed
         )
         self.eos_token_ids = self._intake.eos_token_ids
-        self._cache = CacheManager(num_pages, page_size, enable_radix_cache)
+        self._cache = CacheManager(num_pages, page_size, enable_radix_cache, on_pages_freed)
         self._req_table = ReqTable(max_running_requests)
         self._decode = DecodeManager(page_size)
         self._admission = AdmissionPolicy(admission_policy, admission_lookahead, force_fifo_every)

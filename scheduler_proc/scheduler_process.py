@@ -43,6 +43,7 @@ from common.sampling_params import SamplingParams
 from common.server_config import ServerConfig
 from common.transport import Addresses, Endpoint, pull, push
 from scheduler_proc.scheduler import ReqUpdate, Scheduler
+from scheduler_proc.scheduler_knobs import scheduler_knobs
 
 logger = logging.getLogger("scheduler_proc")
 
@@ -124,17 +125,9 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         scheduler = Scheduler(
             num_pages=ready.num_pages,
             page_size=ready.page_size,
-            max_running_requests=cfg.max_running_requests,
-            max_prefill_tokens=cfg.max_prefill_tokens,
             context_len=ready.context_len,
             eos_token_ids=ready.eos_token_ids,
-            schedule_policy=cfg.schedule_policy,
-            admission_policy=cfg.admission_policy,
-            admission_lookahead=cfg.admission_lookahead,
-            force_fifo_every=cfg.force_fifo_every,
-            enable_radix_cache=not cfg.disable_radix_cache,
-            max_queued_requests=cfg.max_queued_requests,
-            seed=cfg.seed,
+            **scheduler_knobs(cfg),
         )
         launcher.send(ProcReady("scheduler", os.getpid(), {"num_pages": ready.num_pages}))
         logger.info(

@@ -8,10 +8,10 @@ import os
 import zmq
 
 from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, SCHEDULER_INBOX, ProcReady
+from common.model_config import ModelConfig
 from common.proc_runtime import child_args, child_setup
 from common.server_config import ServerConfig
 from common.transport import Addresses, pull, push
-from model_proc.hf_config import HfConfig
 from tokenizer_proc.client_registry import ClientRegistry
 from tokenizer_proc.frontend import Frontend
 from tokenizer_proc.request_validator import RequestValidator
@@ -31,8 +31,8 @@ def bind_client_port(ctx: zmq.Context, host: str, port: int) -> tuple[zmq.Socket
 
 
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:
-    hf_config = HfConfig.from_model_dir(cfg.model)
-    validator = RequestValidator(TextTokenizer.from_model_dir(cfg.model), hf_config.context_len, hf_config.vocab_size)
+    model_config = ModelConfig.from_model_dir(cfg.model)
+    validator = RequestValidator(TextTokenizer.from_model_dir(cfg.model), model_config.context_len, model_config.vocab_size)
     ctx = zmq.Context()
     try:
         router, port = bind_client_port(ctx, cfg.host, cfg.port)

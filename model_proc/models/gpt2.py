@@ -12,8 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from common.model_config import ModelConfig
 from model_proc.checkpoint import Checkpoint
-from model_proc.hf_config import HfConfig
 from model_proc.layers.activation import get_activation
 from model_proc.layers.attention import PagedAttention
 from model_proc.layers.attention_metadata import AttentionMetadata
@@ -24,7 +24,7 @@ from model_proc.models.llama import heads_per_rank
 
 
 class GPT2Attention(nn.Module):
-    def __init__(self, cfg: HfConfig, layer_idx: int, tp_rank: int, tp_size: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp_rank: int, tp_size: int):
         super().__init__()
         self.num_heads, _ = heads_per_rank(cfg, tp_size)
         self.head_dim = cfg.head_dim
@@ -44,7 +44,7 @@ class GPT2Attention(nn.Module):
 
 
 class GPT2MLP(nn.Module):
-    def __init__(self, cfg: HfConfig, tp_rank: int, tp_size: int):
+    def __init__(self, cfg: ModelConfig, tp_rank: int, tp_size: int):
         super().__init__()
         self.c_fc = ColumnParallelLinear(cfg.hidden_size, [cfg.intermediate_size], True, tp_rank, tp_size)
         self.c_proj = RowParallelLinear(cfg.intermediate_size, cfg.hidden_size, True, tp_rank, tp_size)
@@ -59,7 +59,7 @@ class GPT2MLP(nn.Module):
 
 
 class GPT2Block(nn.Module):
-    def __init__(self, cfg: HfConfig, layer_idx: int, tp_rank: int, tp_size: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp_rank: int, tp_size: int):
         super().__init__()
         self.ln_1 = LayerNorm(cfg.hidden_size, cfg.norm_eps)
         self.attn = GPT2Attention(cfg, layer_idx, tp_rank, tp_size)
@@ -78,7 +78,7 @@ class GPT2Block(nn.Module):
 
 
 class GPT2LMHeadModel(nn.Module):
-    def __init__(self, cfg: HfConfig, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(self, cfg: ModelConfig, tp_rank: int = 0, tp_size: int = 1):
         super().__init__()
         self.wte = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size, transposed=True)  # tied
         self.wpe = VocabParallelEmbedding(cfg.context_len, cfg.hidden_size)  # small: replicated on every rank

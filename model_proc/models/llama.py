@@ -10,8 +10,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from common.model_config import ModelConfig
 from model_proc.checkpoint import Checkpoint
-from model_proc.hf_config import HfConfig
 from model_proc.layers.activation import get_activation
 from model_proc.layers.attention import PagedAttention
 from model_proc.layers.attention_metadata import AttentionMetadata
@@ -21,7 +21,7 @@ from model_proc.layers.norm import RMSNorm
 from model_proc.layers.rotary import RotaryEmbedding, apply_rotary
 
 
-def heads_per_rank(cfg: HfConfig, tp_size: int) -> tuple[int, int]:
+def heads_per_rank(cfg: ModelConfig, tp_size: int) -> tuple[int, int]:
     if cfg.num_heads % tp_size or cfg.num_kv_heads % tp_size:
         raise ValueError(
             f"{cfg.num_heads} attention heads / {cfg.num_kv_heads} KV heads do not split across {tp_size} tensor-parallel ranks"
@@ -30,7 +30,7 @@ def heads_per_rank(cfg: HfConfig, tp_size: int) -> tuple[int, int]:
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, cfg: HfConfig, layer_idx: int, tp_rank: int, tp_size: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp_rank: int, tp_size: int):
         super().__init__()
         self.num_heads, self.num_kv_heads = heads_per_rank(cfg, tp_size)
         self.head_dim = cfg.head_dim
@@ -54,7 +54,7 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, cfg: HfConfig, tp_rank: int, tp_size: int):
+    def __init__(self, cfg: ModelConfig, tp_rank: int, tp_size: int):
         super().__init__()
         size = cfg.intermediate_size
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [size, size], cfg.mlp_bias, tp_rank, tp_size)
@@ -70,7 +70,7 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: HfConfig, attention: nn.Module, tp_rank: int, tp_size: int):
+    def __init__(self, cfg: ModelConfig, attention: nn.Module, tp_rank: int, tp_size: int):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.self_attn = attention
@@ -91,7 +91,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaForCausalLM(nn.Module):
     attention_cls: type[LlamaAttention] = LlamaAttention
 
-    def __init__(self, cfg: HfConfig, tp_rank: int = 0, tp_size: int = 1):
+    def __init__(self, cfg: ModelConfig, tp_rank: int = 0, tp_size: int = 1):
         super().__init__()
         assert cfg.rope_theta is not None, "the Llama family uses rotary positions"
         self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size, transposed=cfg.tie_word_embeddings)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 
+from common.model_config import ModelConfig
 from model_proc.checkpoint import Checkpoint
-from model_proc.hf_config import HfConfig
 from model_proc.layers.norm import RMSNorm
 from model_proc.models.llama import LlamaAttention, LlamaForCausalLM
 
 
 class Qwen3Attention(LlamaAttention):
-    def __init__(self, cfg: HfConfig, layer_idx: int, tp_rank: int, tp_size: int):
+    def __init__(self, cfg: ModelConfig, layer_idx: int, tp_rank: int, tp_size: int):
         super().__init__(cfg, layer_idx, tp_rank, tp_size)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
         self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)

@@ -1,10 +1,10 @@
-"""Model family (from HfConfig.family) -> our model class."""
+"""Model family (from ModelConfig.family) -> our model class."""
 
 from __future__ import annotations
 
 from torch import nn
 
-from model_proc.hf_config import HfConfig
+from common.model_config import ModelConfig
 from model_proc.models.gpt2 import GPT2LMHeadModel
 from model_proc.models.llama import LlamaForCausalLM
 from model_proc.models.qwen3 import Qwen3ForCausalLM
@@ -16,7 +16,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
 }
 
 
-def build_model(cfg: HfConfig, tp_rank: int = 0, tp_size: int = 1) -> nn.Module:
+def build_model(cfg: ModelConfig, tp_rank: int = 0, tp_size: int = 1) -> nn.Module:
     """Uninitialised parameters (in the current default device and dtype); call `.load(ckpt)` next."""
     if cfg.family not in MODEL_CLASSES:
         raise ValueError(f"no model code for family {cfg.family!r} ({cfg.architecture}); have {', '.join(MODEL_CLASSES)}")

@@ -1,0 +1,246 @@
+"""What zserve needs from a Hugging Face model directory's config.json, read without torch.
+
+The scheduler and tokenizer processes import this to learn the context length and EOS ids
+cheaply; the model worker builds its model from it. Both spellings of RoPE settings are read:
+the older top-level `rope_theta` + `rope_scaling`, and transformers 5's `rope_parameters`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# architecture (config.json "architectures"[0]) -> model family our code implements
+ARCH_FAMILIES: dict[str, str] = {
+    "LlamaForCausalLM": "llama",
+    "MistralForCausalLM": "llama",
+    "Qwen2ForCausalLM": "llama",
+    "Qwen3ForCausalLM": "qwen3",
+    "GPT2LMHeadModel": "gpt2",
+}
+ROPE_TYPES = ("default", "linear", "llama3")
+DEFAULT_ROPE_THETA = 10_000.0
+
+
+@dataclass(frozen=True, slots=True)
+class RopeScaling:
+    """RoPE frequency scaling; `rope_type` is "linear" or "llama3" (Llama 3.1 style)."""
+
+    rope_type: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    model_dir: str
+    architecture: str  # e.g. "LlamaForCausalLM"
+    family: str  # "llama" | "qwen3" | "gpt2"
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    context_len: int  # max positions the model can attend over (capped at a sliding window, see below)
+    norm_eps: float
+    hidden_act: str  # "silu" | "gelu_new" | ...
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    o_bias: bool
+    mlp_bias: bool
+    qk_norm: bool  # Qwen3: RMSNorm over head_dim on q and k
+    rope_theta: float | None  # None: learned absolute positions (GPT-2)
+    rope_scaling: RopeScaling | None
+    attn_scale: float  # softmax scale for layer 0
+    attn_scale_by_layer: bool  # GPT-2 scale_attn_by_inverse_layer_idx: layer i divides by (i + 1)
+    eos_token_ids: tuple[int, ...]  # union of config.json and generation_config.json
+    bos_token_id: int | None
+    stored_dtype: str | None  # "bfloat16", "float32"... as config.json says; weights are cast at load
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    @property
+    def num_params(self) -> int:
+        """Approximate parameter count (weights of linears and embeddings), for progress and sizing."""
+        attn = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
+        mlp_mats = 2 if self.family == "gpt2" else 3
+        embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * (attn + mlp_mats * self.hidden_size * self.intermediate_size) + embed
+
+    @staticmethod
+    def from_model_dir(model_dir: str | Path) -> ModelConfig:
+        """Read config.json (+ generation_config.json if present). Raises FileNotFoundError or
+        ValueError naming the file and the problem."""
+        root = Path(model_dir)
+        if not root.is_dir():
+            raise FileNotFoundError(f"model directory {str(root)!r} does not exist or is not a directory")
+        path = root / "config.json"
+        raw = _read_json(path, required=True)
+        gen = _read_json(root / "generation_config.json", required=False) or {}
+        return _parse(raw, gen, str(root), path)
+
+
+def _read_json(path: Path, required: bool) -> dict[str, Any] | None:
+    if not path.is_file():
+        if required:
+            raise FileNotFoundError(f"{path} not found: a Hugging Face model directory needs a config.json")
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON: {e}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path) -> ModelConfig:
+    archs = raw.get("architectures")
+    if not isinstance(archs, list) or not archs or not isinstance(archs[0], str):
+        raise ValueError(f"{path}: 'architectures' must be a non-empty list of names, got {archs!r}")
+    arch = archs[0]
+    if arch not in ARCH_FAMILIES:
+        raise ValueError(f"{path}: architecture {arch!r} is not supported; supported: {', '.join(ARCH_FAMILIES)}")
+    family = ARCH_FAMILIES[arch]
+
+    def get(*keys: str, default: Any = ..., kind: type = int) -> Any:
+        return _field(raw, path, keys, default, kind)
+
+    if family == "gpt2":
+        hidden = get("n_embd", "hidden_size")
+        num_heads = get("n_head", "num_attention_heads")
+        num_kv_heads = num_heads
+        intermediate = get("n_inner", default=4 * hidden)
+        num_layers = get("n_layer", "num_hidden_layers")
+        context_len = get("n_positions", "max_position_embeddings")
+        norm_eps = get("layer_norm_epsilon", default=1e-5, kind=float)
+        hidden_act = get("activation_function", default="gelu_new", kind=str)
+        head_dim = hidden // num_heads
+        tie, qkv_bias, o_bias, mlp_bias, qk_norm = True, True, True, True, False
+        rope_theta, rope_scaling = None, None
+        attn_scale = head_dim**-0.5 if raw.get("scale_attn_weights", True) else 1.0
+        attn_scale_by_layer = bool(raw.get("scale_attn_by_inverse_layer_idx", False))
+    else:
+        hidden = get("hidden_size")
+        num_heads = get("num_attention_heads")
+        num_kv_heads = get("num_key_value_heads", default=num_heads)
+        intermediate = get("intermediate_size")
+        num_layers = get("num_hidden_layers")
+        context_len = get("max_position_embeddings")
+        norm_eps = get("rms_norm_eps", default=1e-6, kind=float)
+        hidden_act = get("hidden_act", default="silu", kind=str)
+        head_dim = get("head_dim", default=128 if family == "qwen3" else hidden // num_heads)
+        tie = bool(raw.get("tie_word_embeddings", False))
+        attention_bias = bool(raw.get("attention_bias", False))
+        qkv_bias = True if arch == "Qwen2ForCausalLM" else attention_bias
+        o_bias = False if arch == "Qwen2ForCausalLM" else attention_bias
+        mlp_bias = bool(raw.get("mlp_bias", False))
+        qk_norm = family == "qwen3"
+        rope_theta, rope_scaling = _parse_rope(raw, path)
+        attn_scale = head_dim**-0.5
+        attn_scale_by_layer = False
+        # A sliding window only matters past its length; capping the context at it keeps us exact.
+        window = raw.get("sliding_window")
+        uses_window = raw.get("use_sliding_window", arch == "MistralForCausalLM")
+        if uses_window and isinstance(window, int) and 0 < window < context_len:
+            context_len = window
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{path}: num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}")
+    vocab_size = get("vocab_size")
+    return ModelConfig(
+        model_dir=model_dir,
+        architecture=arch,
+        family=family,
+        vocab_size=vocab_size,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_layers=num_layers,
+        num_heads=num_heads,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        context_len=context_len,
+        norm_eps=norm_eps,
+        hidden_act=hidden_act,
+        tie_word_embeddings=tie,
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=mlp_bias,
+        qk_norm=qk_norm,
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        attn_scale=attn_scale,
+        attn_scale_by_layer=attn_scale_by_layer,
+        eos_token_ids=_eos_ids(raw, gen, path),
+        bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
+        stored_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+    )
+
+
+def _field(raw: dict[str, Any], path: Path, keys: tuple[str, ...], default: Any, kind: type) -> Any:
+    """The first of `keys` present (and not null) in config.json, checked to be of `kind`."""
+    for key in keys:
+        value = raw.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else kind):
+            raise ValueError(f"{path}: {key!r} must be {kind.__name__}, got {value!r}")
+        return kind(value)
+    if default is ...:
+        raise ValueError(f"{path}: missing {' / '.join(repr(k) for k in keys)}")
+    return default
+
+
+def _parse_rope(raw: dict[str, Any], path: Path) -> tuple[float, RopeScaling | None]:
+    """theta and scaling from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`."""
+    params = raw.get("rope_parameters")
+    if params is None:
+        params = dict(raw.get("rope_scaling") or {})
+        params.setdefault("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA))
+    if not isinstance(params, dict):
+        raise ValueError(f"{path}: 'rope_parameters' must be an object, got {params!r}")
+    theta = float(params.get("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"{path}: rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ValueError(f"{path}: partial_rotary_factor != 1 is not supported")
+    if rope_type == "default":
+        return theta, None
+    if "factor" not in params:
+        raise ValueError(f"{path}: rope type {rope_type!r} needs a 'factor'")
+    scaling = RopeScaling(
+        rope_type=rope_type,
+        factor=float(params["factor"]),
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=int(
+            params.get("original_max_position_embeddings", raw.get("max_position_embeddings", 8192))
+        ),
+    )
+    return theta, scaling
+
+
+def _eos_ids(raw: dict[str, Any], gen: dict[str, Any], path: Path) -> tuple[int, ...]:
+    ids: list[int] = []
+    for source in (raw, gen):
+        value = source.get("eos_token_id")
+        for token_id in value if isinstance(value, list) else [value]:
+            if token_id is None:
+                continue
+            if not isinstance(token_id, int) or isinstance(token_id, bool) or token_id < 0:
+                raise ValueError(f"{path.parent}: eos_token_id must be non-negative integers, got {value!r}")
+            if token_id not in ids:
+                ids.append(token_id)
+    return tuple(ids)

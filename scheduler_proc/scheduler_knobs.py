@@ -1,0 +1,28 @@
+"""The Scheduler's policy knobs, from the one frozen server config (the one source of their defaults).
+
+    Scheduler(num_pages=..., page_size=..., context_len=..., eos_token_ids=..., **scheduler_knobs(cfg))
+
+The sizes (pages, page size, context, EOS ids) are the model worker's to say; everything else
+the scheduler decides by comes from `ServerConfig`, so tests and benchmarks that build a
+Scheduler from `ServerConfig()` run the policy the server runs by default.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.server_config import ServerConfig
+
+
+def scheduler_knobs(cfg: ServerConfig) -> dict[str, Any]:
+    return {
+        "max_running_requests": cfg.max_running_requests,
+        "max_prefill_tokens": cfg.max_prefill_tokens,
+        "schedule_policy": cfg.schedule_policy,
+        "admission_policy": cfg.admission_policy,
+        "admission_lookahead": cfg.admission_lookahead,
+        "force_fifo_every": cfg.force_fifo_every,
+        "enable_radix_cache": not cfg.disable_radix_cache,
+        "max_queued_requests": cfg.max_queued_requests,
+        "seed": cfg.seed,
+    }

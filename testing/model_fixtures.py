@@ -1,0 +1,222 @@
+"""Tiny random checkpoints of every architecture we serve, built in about a second each, plus a
+greedy driver that runs ModelRunner with hand-built ForwardBatches (no scheduler needed).
+
+Other tests import these:
+
+    from testing.model_fixtures import TINY_KINDS, make_tiny_checkpoint, GreedyDriver
+    model_dir = make_tiny_checkpoint(tmp_path / "m", "qwen3", with_tokenizer=True)
+
+Kinds: llama (GQA), llama3_rope (Llama-3 rope scaling, short original context so it matters),
+llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2. Options:
+`num_shards` > 1 writes model-0000i-of-0000n.safetensors + index; `stored_dtype="bfloat16"`
+stores the weights in bf16 (transformers and zserve both load them as fp32 for parity).
+Weights are drawn larger than transformers' default init, and norms and biases are random too,
+so logits have clear gaps (greedy near-ties would make parity flaky) and a loading bug in any
+tensor shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.forward_batch import ForwardBatch, SamplingArrays
+from common.server_config import ServerConfig
+from model_proc.model_runner import ModelRunner
+
+VOCAB_SIZE = 600  # covers testing.tokenizer_fixtures' byte-level BPE of 600 tokens
+EOS_TOKEN_IDS = (2, 0)  # config.json says 2, generation_config.json says [2, 0]
+
+_LLAMA_SIZES = dict(
+    vocab_size=VOCAB_SIZE, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-5,
+)
+TINY_KINDS: dict[str, tuple[str, dict]] = {
+    "llama": ("LlamaConfig", dict(_LLAMA_SIZES, rope_theta=10000.0)),
+    "llama3_rope": ("LlamaConfig", dict(_LLAMA_SIZES, rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=32, rope_theta=500000.0))),
+    "llama_tied": ("LlamaConfig", dict(_LLAMA_SIZES, tie_word_embeddings=True, num_key_value_heads=4)),
+    "mistral": ("MistralConfig", dict(_LLAMA_SIZES, head_dim=24, sliding_window=None)),
+    "qwen2": ("Qwen2Config", dict(_LLAMA_SIZES, num_key_value_heads=1)),
+    "qwen3": ("Qwen3Config", dict(_LLAMA_SIZES, head_dim=32)),
+    "gpt2": ("GPT2Config", dict(vocab_size=VOCAB_SIZE, n_embd=64, n_layer=2, n_head=4, n_positions=256,
+                                bos_token_id=1, eos_token_id=2)),
+}
+
+
+def make_runner(model_dir: str | Path, *, tp_rank: int = 0, **overrides: Any) -> ModelRunner:
+    """A ModelRunner with the server's defaults (`ServerConfig()`), except what the test names
+    (`page_size=4, kv_cache_tokens=512, device="cpu"`, ...)."""
+    cfg = replace(ServerConfig(model=str(model_dir)), **overrides)
+    return ModelRunner.from_server_config(cfg, tp_rank=tp_rank)
+
+
+def make_tiny_checkpoint(
+    target_dir: str | Path,
+    kind: str = "llama",
+    *,
+    seed: int = 0,
+    num_shards: int = 1,
+    stored_dtype: str = "float32",
+    with_tokenizer: bool = False,
+    **config_overrides,
+) -> Path:
+    """Save a random tiny `kind` model to `target_dir` as a Hugging Face directory (safetensors)."""
+    import transformers
+
+    if kind not in TINY_KINDS:
+        raise ValueError(f"unknown tiny model kind {kind!r}; have {', '.join(TINY_KINDS)}")
+    config_name, kwargs = TINY_KINDS[kind]
+    config = getattr(transformers, config_name)(**{**kwargs, **config_overrides})
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+    _sharpen(model)
+    model.generation_config.eos_token_id = list(EOS_TOKEN_IDS)
+    target = Path(target_dir)
+    model.to(getattr(torch, stored_dtype))
+    if num_shards > 1:
+        num_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        model.save_pretrained(target, max_shard_size=f"{num_bytes // num_shards // 1000 + 1}KB")
+    else:
+        model.save_pretrained(target)
+    if with_tokenizer:
+        from testing.tokenizer_fixtures import build_byte_level_bpe
+
+        build_byte_level_bpe(target, vocab_size=min(VOCAB_SIZE, config.vocab_size))
+    return target
+
+
+@torch.no_grad()
+def _sharpen(model: torch.nn.Module) -> None:
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            p.normal_(0.0, 0.1 if "wpe" not in name else 0.02)
+        elif "norm" in name or ".ln_" in name or "ln_f" in name:  # norm weights around 1, biases around 0
+            p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn_like(p))
+        else:
+            p.normal_(0.0, 0.1)
+
+
+def random_prompt(length: int, seed: int, vocab_size: int = VOCAB_SIZE) -> list[int]:
+    return np.random.default_rng(seed).integers(3, vocab_size, size=length).tolist()
+
+
+@dataclass
+class Seq:
+    """One request as the driver tracks it."""
+
+    prompt: list[int]
+    max_new_tokens: int
+    chunk_size: int | None = None  # prompt tokens per step; None = whole prompt at once
+    tokens: list[int] = field(init=False)  # prompt + generated
+    cached_len: int = 0  # tokens whose K/V are in the pool
+    page_ids: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.tokens = list(self.prompt)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.tokens[len(self.prompt) :]
+
+    @property
+    def done(self) -> bool:
+        return len(self.output_ids) >= self.max_new_tokens
+
+
+class GreedyDriver:
+    """Greedy generation through a ModelRunner, batches built by hand; pages come from a counter."""
+
+    def __init__(self, runner):
+        self.runner = runner
+        self.page_size = runner.page_size
+        self.next_page = 0
+        self.step_id = 0
+
+    def add(self, prompt: list[int], max_new_tokens: int, chunk_size: int | None = None, prefix_of: Seq | None = None, prefix_len: int = 0) -> Seq:
+        """A new request; with `prefix_of`, the first `prefix_len` tokens (rounded down to whole
+        pages, and leaving at least one token to compute) reuse that earlier request's pages, as
+        a prefix-cache hit would."""
+        seq = Seq(prompt, max_new_tokens, chunk_size)
+        if prefix_of is not None:
+            assert prompt[:prefix_len] == prefix_of.tokens[:prefix_len] and prefix_len <= prefix_of.cached_len
+            num_shared = min(prefix_len, len(prompt) - 1) // self.page_size
+            seq.page_ids = prefix_of.page_ids[:num_shared]
+            seq.cached_len = num_shared * self.page_size
+        return seq
+
+    def _new_pages(self, n: int) -> list[int]:
+        ids = list(range(self.next_page, self.next_page + n))
+        self.next_page += n
+        if self.next_page > self.runner.num_pages_total:
+            raise RuntimeError(f"the test's KV pool of {self.runner.num_pages_total} pages is too small")
+        return ids
+
+    def build_batch(self, seqs: list[Seq]) -> ForwardBatch:
+        input_ids, cached, extend, page_ids, num_pages, sampled = [], [], [], [], [], []
+        for seq in seqs:
+            todo = len(seq.tokens) - seq.cached_len
+            n = min(todo, seq.chunk_size) if seq.chunk_size and seq.cached_len < len(seq.prompt) else todo
+            need = -(-(seq.cached_len + n) // self.page_size)
+            seq.page_ids += self._new_pages(need - len(seq.page_ids))
+            input_ids += seq.tokens[seq.cached_len : seq.cached_len + n]
+            cached.append(seq.cached_len)
+            extend.append(n)
+            page_ids += seq.page_ids
+            num_pages.append(len(seq.page_ids))
+            sampled.append(seq.cached_len + n == len(seq.tokens))
+        self.step_id += 1
+        i32 = lambda xs: np.asarray(xs, np.int32)  # noqa: E731
+        return ForwardBatch(
+            step_id=self.step_id, input_ids=i32(input_ids), cached_lens=i32(cached), extend_lens=i32(extend),
+            page_ids=i32(page_ids), num_pages=i32(num_pages), is_sampled=np.asarray(sampled, bool),
+            return_logprob=np.zeros(len(seqs), bool), sampling=SamplingArrays.greedy(len(seqs)),
+        )
+
+    def step(self, seqs: list[Seq]) -> None:
+        """One forward over `seqs` (each contributes its next chunk, or its last token)."""
+        batch = self.build_batch(seqs)
+        result = self.runner.run(batch)
+        next_ids = iter(result.next_token_ids.tolist())
+        for seq, n, sampled in zip(seqs, batch.extend_lens, batch.is_sampled, strict=True):
+            seq.cached_len += int(n)
+            if sampled:
+                seq.tokens.append(next(next_ids))
+
+    def generate(self, seqs: list[Seq]) -> list[list[int]]:
+        """Step all unfinished seqs together until each has its max_new_tokens."""
+        while not all(seq.done for seq in seqs):
+            self.step([seq for seq in seqs if not seq.done])
+        return [seq.output_ids for seq in seqs]
+
+
+class HfReference:
+    """transformers on the same directory, fp32: the oracle for parity tests."""
+
+    def __init__(self, model_dir: str | Path):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        # generate() merges the model's generation_config into ours: drop its EOS ids there too
+        self.model.generation_config.eos_token_id = None
+
+    @torch.no_grad()
+    def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
+        """Greedy `generate` (KV cache on), EOS ignored so every run has max_new_tokens."""
+        from transformers import GenerationConfig
+
+        config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=0)
+        out = self.model.generate(torch.tensor([prompt]), generation_config=config, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+        generated = out[0, len(prompt) :].tolist()
+        assert len(generated) == max_new_tokens, "transformers stopped early"
+        return generated
+
+    @torch.no_grad()
+    def last_logits(self, ids: list[int]) -> torch.Tensor:
+        return self.model(torch.tensor([ids])).logits[0, -1].float()

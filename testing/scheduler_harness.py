@@ -1,0 +1,134 @@
+"""SchedulerHarness: drives a Scheduler against a FakeModel and checks what a client would see.
+
+For tests and benchmarks only. After every call it checks:
+  - every sampled token equals `FakeModel.next_token(prompt + output so far)`, so a request that
+    read a freed, reused or foreign page is caught (freed pages are also poisoned);
+  - one update per request per step, a finish reason exactly when one is due, nothing after it;
+  - `Scheduler.check_integrity()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from common.forward_batch import ForwardBatch
+from common.sampling_params import SamplingParams
+from common.server_config import ServerConfig
+from scheduler_proc.req_update import ReqUpdate
+from scheduler_proc.scheduler import Scheduler
+from scheduler_proc.scheduler_knobs import scheduler_knobs
+from testing.fake_model import FakeModel
+
+
+def make_scheduler(
+    *, num_pages: int, page_size: int, context_len: int, eos_token_ids: Sequence[int],
+    on_pages_freed: Callable[[np.ndarray], None] | None = None, **knobs: Any,
+) -> Scheduler:
+    """A Scheduler with the server's default policy knobs (`ServerConfig()`), except those named."""
+    defaults = scheduler_knobs(ServerConfig())
+    unknown = set(knobs) - set(defaults)
+    if unknown:
+        raise TypeError(f"not a scheduler knob: {', '.join(sorted(unknown))}")
+    return Scheduler(
+        num_pages=num_pages, page_size=page_size, context_len=context_len, eos_token_ids=eos_token_ids,
+        on_pages_freed=on_pages_freed, **{**defaults, **knobs},
+    )
+
+
+class SchedulerHarness:
+    """Builds its Scheduler over `model`'s pool (server defaults, except the knobs named) and poisons
+    every page the scheduler frees, through the CacheManager's `on_pages_freed` hook."""
+
+    def __init__(
+        self, model: FakeModel, *, context_len: int, eos_token_ids: Sequence[int], check_integrity: bool = True,
+        **knobs: Any,
+    ):
+        self.model = model
+        self.scheduler = make_scheduler(
+            num_pages=model.num_pages, page_size=model.page_size, context_len=context_len, eos_token_ids=eos_token_ids,
+            on_pages_freed=model.poison, **knobs,
+        )
+        self.check = check_integrity
+        self.prompts: dict[int, list[int]] = {}
+        self.params: dict[int, SamplingParams] = {}
+        self.outputs: dict[int, list[int]] = {}
+        self.final: dict[int, ReqUpdate] = {}  # req_id -> its update with finish_reason
+        self.first: dict[int, ReqUpdate] = {}
+        self.batches: list[ForwardBatch] = []
+
+    def submit(self, req_id: int, prompt: Sequence[int], params: SamplingParams | None = None) -> list[ReqUpdate]:
+        params = params or SamplingParams()
+        assert req_id not in self.prompts, f"the harness needs unique req_ids ({req_id})"
+        self.prompts[req_id], self.params[req_id], self.outputs[req_id] = list(prompt), params, []
+        updates = self.scheduler.submit(req_id, prompt, params)
+        self._record(updates, expect_final=True)
+        return updates
+
+    def abort(self, req_id: int, reason: str = "abort") -> list[ReqUpdate]:
+        updates = self.scheduler.abort(req_id, reason)
+        self._record(updates, expect_final=True)
+        return updates
+
+    def step(self, abort_in_flight: Iterable[int] = ()) -> list[ReqUpdate] | None:
+        """One step (None when there was nothing to run). `abort_in_flight`: ids aborted while
+        the batch is with the worker."""
+        batch = self.scheduler.next_batch()
+        if batch is None:
+            return None
+        self.batches.append(batch)
+        for req_id in abort_in_flight:
+            self.abort(req_id)
+        updates = self.scheduler.on_result(self.model.forward(batch))
+        self._record(updates)
+        return updates
+
+    def run(self, max_steps: int = 100_000) -> int:
+        """Step until the scheduler has no work; returns the number of steps."""
+        for num_steps in range(max_steps):
+            if not self.scheduler.has_work:
+                return num_steps
+            assert self.step() is not None, "the scheduler has work but built no batch"
+        raise AssertionError(f"still working after {max_steps} steps")
+
+    def assert_drained(self) -> None:
+        """Everything ended exactly once; all pages are free or evictable; all rows are free."""
+        s = self.scheduler
+        assert not s.has_work
+        assert set(self.final) == set(self.prompts), f"requests that never ended: {sorted(set(self.prompts) - set(self.final))}"
+        stats = s.stats()
+        assert stats.num_used_pages == 0 and stats.num_reserved_pages == 0, stats
+        assert stats.num_evictable_pages == stats.num_cached_pages, stats
+        assert stats.num_free_pages + stats.num_cached_pages == s._cache.num_pages, stats
+        assert s._req_table.num_free_rows == s._req_table.num_rows
+        s.check_integrity()
+
+    def _record(self, updates: list[ReqUpdate], expect_final: bool = False) -> None:
+        seen = set()
+        for u in updates:
+            assert u.req_id not in seen, f"two updates for request {u.req_id} in one call"
+            seen.add(u.req_id)
+            assert u.req_id not in self.final, f"update for request {u.req_id} after its final update: {u}"
+            self.first.setdefault(u.req_id, u)
+            if expect_final:
+                assert u.finish_reason is not None and not u.new_token_ids, u
+            for token_id in u.new_token_ids:
+                self._check_token(u, token_id)
+            if u.finish_reason is not None:
+                self.final[u.req_id] = u
+        if self.check:
+            self.scheduler.check_integrity()
+
+    def _check_token(self, u: ReqUpdate, token_id: int) -> None:
+        prompt, output, params = self.prompts[u.req_id], self.outputs[u.req_id], self.params[u.req_id]
+        expected = FakeModel.next_token(prompt + output, self.model.vocab_size)
+        assert token_id == expected, f"request {u.req_id} got token {token_id} at output {len(output)}, its sequence gives {expected}"
+        output.append(token_id)
+        max_tokens = min(params.max_tokens, self.scheduler.context_len - len(prompt))
+        stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.scheduler.eos_token_ids))
+        due = "stop" if token_id in stop_ids else "length" if len(output) == max_tokens else None
+        assert u.finish_reason == due, f"request {u.req_id}: finish_reason {u.finish_reason!r}, expected {due!r}"
+        assert len(output) <= max_tokens
+        assert (u.logprobs is not None) == params.return_logprob and (u.logprobs is None or len(u.logprobs) == 1), u

@@ -1,0 +1,203 @@
+"""A real `launch_server` (every process) started for a test or a benchmark, and stopped.
+
+    server = start_server(model_dir, "--page-size", "4")          # tests: flags as arguments
+    with ServerProcess.start(model_dir, ["--max-prefill-tokens", "64"]) as server:   # benchmarks
+        ... Client(server.port) / AsyncClient(server.address) ...
+
+or `spawn` several and `wait_ready` each, so they load at the same time. The client port is
+picked here, not parsed from the ready line: children log to the same pipe, and a log line can
+land between the printed port and its newline. Everything the server prints is kept (`log()`)
+and, when `log_path` is given, written there as it comes.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from testing.paths import REPO_ROOT
+
+READY_MARK = "zserve ready:"
+
+
+@dataclass
+class ServerProcess:
+    proc: subprocess.Popen
+    port: int
+    startup_s: float = 0.0
+    log_lines: list[str] = field(default_factory=list)
+    http_port: int = 0  # set by tests that start one with --http-port
+
+    @staticmethod
+    def start(
+        model_dir: str | Path, flags: list[str], *, log_path: Path | None = None, timeout_s: float = 600.0,
+        env: dict[str, str] | None = None,
+    ) -> ServerProcess:
+        return ServerProcess.spawn(model_dir, flags, log_path=log_path, env=env).wait_ready(timeout_s)
+
+    @staticmethod
+    def spawn(
+        model_dir: str | Path, flags: list[str], *, log_path: Path | None = None, env: dict[str, str] | None = None
+    ) -> PendingServer:
+        """Start launch_server without waiting; several servers can then load at the same time."""
+        port = free_port()
+        cmd = [sys.executable, "-m", "launcher", "--model", str(model_dir), *flags, "--port", str(port)]
+        proc_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+        proc_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), proc_env.get("PYTHONPATH")) if p)
+        started_s = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=proc_env)
+        pending = PendingServer(proc, port, started_s)
+        threading.Thread(target=_read_output, args=(proc, pending.log_lines, pending.ready, log_path), daemon=True).start()
+        return pending
+
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    def log(self) -> str:
+        return "".join(self.log_lines)
+
+    def log_tail(self, num_lines: int = 200) -> str:
+        return "".join(self.log_lines[-num_lines:])
+
+    def child_pids(self) -> list[int]:
+        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
+        return [int(p) for p in out.split()]
+
+    def child_pid(self, module: str) -> int:
+        """The pid of the child started as `python -m <module>`."""
+        for pid in self.child_pids():
+            if module.encode() in _cmdline(pid):
+                return pid
+        raise AssertionError(f"no child runs {module}")
+
+    def rank_pid(self, rank: int) -> int:
+        """The pid of the child running model worker rank `rank`."""
+        for pid in self.child_pids():
+            argv = _cmdline(pid)
+            if b"model_proc" in argv and argv[argv.index(b"--rank") + 1] == str(rank).encode():
+                return pid
+        raise AssertionError(f"no child runs rank {rank}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 30.0) -> int:
+        """Signal the launcher and wait for it; one that does not exit in time is killed and reported."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(
+                f"launch_server did not exit within {timeout_s}s of {signal.Signals(sig).name}\n{self.log_tail()}"
+            ) from None
+
+    def request_stop(self) -> None:
+        """SIGTERM, without waiting (stop several servers at once, then `wait_stopped` each)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self, timeout_s: float = 30.0) -> int:
+        try:
+            return self.proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+@dataclass
+class PendingServer:
+    """A launch_server that has been started and may not be ready yet."""
+
+    proc: subprocess.Popen
+    port: int
+    started_s: float
+    log_lines: list[str] = field(default_factory=list)
+    ready: queue.Queue[bool] = field(default_factory=queue.Queue)
+
+    def wait_ready(self, timeout_s: float = 600.0) -> ServerProcess:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                self.ready.get(timeout=0.2)
+                return ServerProcess(self.proc, self.port, time.perf_counter() - self.started_s, self.log_lines)
+            except queue.Empty:
+                if self.proc.poll() is not None:
+                    time.sleep(0.2)  # let the reader take the last lines
+                    raise RuntimeError(
+                        f"launch_server exited with {self.proc.returncode} before ready:\n{''.join(self.log_lines[-200:])}"
+                    ) from None
+        self.kill()
+        raise RuntimeError(f"launch_server not ready within {timeout_s:.0f}s:\n{''.join(self.log_lines[-200:])}")
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+
+def start_server(model_dir: str | Path, *flags: str, timeout_s: float = 120.0, env: dict[str, str] | None = None) -> ServerProcess:
+    """A ready server with `flags` (the tests' spelling of `ServerProcess.start`)."""
+    return ServerProcess.start(model_dir, list(flags), timeout_s=timeout_s, env=env)
+
+
+def wait_idle(client, timeout_s: float = 15.0) -> dict:
+    """Poll the server's stats through `client` until nothing runs, waits or prefills; returns them."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stats = client.stats()
+        if stats["num_running"] == 0 and stats["num_waiting"] == 0 and stats["num_prefilling"] == 0:
+            return stats
+        if time.monotonic() > deadline:
+            raise AssertionError(f"server not idle: {stats}")
+        time.sleep(0.05)
+
+
+def resolve_model_dir(model_dir: str) -> str:
+    """`model_dir`, or the demo model (fetched on first use) when it is empty."""
+    if model_dir:
+        return model_dir
+    from launcher.demo_model import ensure_demo_model
+
+    return str(ensure_demo_model(progress=True))
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _cmdline(pid: int) -> list[bytes]:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        return f.read().split(b"\0")
+
+
+def _read_output(proc: subprocess.Popen, lines: list[str], ready: queue.Queue[bool], log_path: Path | None) -> None:
+    assert proc.stdout is not None
+    log_file = open(log_path, "a") if log_path is not None else None  # noqa: SIM115 (closed below)
+    try:
+        for line in proc.stdout:
+            lines.append(line)
+            if log_file is not None:
+                log_file.write(line)
+                log_file.flush()
+            if READY_MARK in line:
+                ready.put(True)
+    finally:
+        if log_file is not None:
+            log_file.close()

@@ -1,0 +1,95 @@
+"""The benchmark scripts run end to end on the tiny model: bench_serving writes a well-formed
+table, JSON and PNG; bench_offline reports both throughputs and their ratio.
+
+Speed is not checked here (that is what the benchmarks are for); only that the figures exist,
+are consistent with the workload, and that the radix-cache comparison sees prefix hits.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+from testing.paths import REPO_ROOT
+
+REPO = REPO_ROOT
+SERVER_ARGS = "--log-level warning --kv-cache-tokens 8192 --num-threads 1 --max-running-requests 8"
+
+
+def run_bench(*args: str, timeout_s: float = 240) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_serving.py"), "--server-args", SERVER_ARGS, "--no-progress", *args]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=REPO)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_compare_two_configs_with_repeats(model_dir, tmp_path):
+    out = tmp_path / "serving.json"
+    proc = run_bench(
+        "--model", str(model_dir), "--num-requests", "6", "--prompt-repeats", "1,3", "--unique-prompts", "--max-tokens", "4",
+        "--submit-interval-ms", "10", "--compare", "", "--max-prefill-tokens 16", "--repeats", "2",
+        "--warmup-requests", "1", "--output-json", str(out),
+    )
+    assert "TTFT p99 (ms)" in proc.stdout and "[1]/[0]" in proc.stdout
+    report = json.loads(out.read_text())
+    assert report["workload"]["num_requests"] == 6 and report["repeats"] == 2
+    base, other = report["configs"]
+    assert base["ratio_to_baseline"] is None and other["ratio_to_baseline"]["output_throughput"] > 0
+    assert other["server_flags"][-2:] == ["--max-prefill-tokens", "16"]
+    for config in report["configs"]:
+        assert len(config["runs"]) == 2
+        for run in config["runs"]:
+            assert run["num_completed"] == 6 and run["num_failed"] == 0
+            assert run["num_output_tokens"] == 6 * 4  # --ignore-eos is the default
+            for name in ("ttft", "tpot", "itl", "latency"):
+                assert 0 < run[f"{name}.p50_ms"] <= run[f"{name}.p95_ms"] <= run[f"{name}.p99_ms"]
+            assert run["ttft.p99_ms"] <= run["latency.p99_ms"]
+            assert run["output_throughput"] > 0 and run["total_throughput"] > run["output_throughput"]
+        assert config["median"]["num_completed"] == 6
+    width, height = png_size(tmp_path / "serving.png")
+    assert width > 500 and height > 400
+
+
+def test_shared_prefix_with_and_without_radix_cache(model_dir, tmp_path):
+    out = tmp_path / "prefix.json"
+    run_bench(
+        "--model", str(model_dir), "--workload", "shared-prefix", "--num-groups", "2", "--prompts-per-group", "3",
+        "--system-prompt-len", "64", "--question-len", "4", "--max-tokens", "3", "--request-rate", "50",
+        "--compare", "", "--disable-radix-cache", "--output-json", str(out), "--output-png", str(tmp_path / "p.png"),
+    )
+    report = json.loads(out.read_text())
+    cached, uncached = (c["median"] for c in report["configs"])
+    assert cached["num_completed"] == uncached["num_completed"] == 6
+    assert cached["prefix_hit_rate"] > 0.3  # 4 of 6 requests find their group's 64-token prefix
+    assert uncached["prefix_hit_rate"] == 0
+    png_size(tmp_path / "p.png")
+
+
+def test_offline_reports_both_throughputs_and_the_ratio(model_dir, tmp_path):
+    out = tmp_path / "offline.json"
+    cmd = [
+        sys.executable, str(REPO / "benchmarks" / "bench_offline.py"), "--model", str(model_dir), "--num-requests", "6",
+        "--input-len", "40", "--min-input-len", "8", "--output-len", "6", "--min-output-len", "2",
+        "--server-args", SERVER_ARGS,
+        "--hf-batch-sizes", "2,4", "--hf-search-requests", "4", "--hf-threads", "1", "--output-json", str(out), "--no-progress",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert "zserve / transformers" in proc.stdout
+    report = json.loads(out.read_text())
+    workload, zserve, hf = report["workload"], report["zserve"], report["transformers"]
+    assert zserve["num_completed"] == 6 and zserve["num_output_tokens"] == workload["num_output_tokens"]
+    assert 6 * 2 <= workload["num_output_tokens"] <= 6 * 6
+    assert hf["num_output_tokens"] == workload["num_output_tokens"] and hf["batch_size"] in (2, 4)
+    assert [run["batch_size"] for run in hf["search"]] == [2, 4]
+    assert report["ratio_output_throughput"] > 0
+    assert report["ratio_output_throughput"] == zserve["output_throughput"] / hf["output_throughput"]

@@ -1,0 +1,100 @@
+"""ModelConfig: both RoPE spellings, EOS ids, context length, clear errors for bad directories."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from common.model_config import ModelConfig, RopeScaling
+from testing.model_fixtures import EOS_TOKEN_IDS, make_tiny_checkpoint
+
+LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+    "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256, "vocab_size": 100,
+}
+LLAMA3_SCALING = {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+
+
+def write_config(tmp_path, config: dict, generation: dict | None = None):
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    if generation is not None:
+        (tmp_path / "generation_config.json").write_text(json.dumps(generation))
+    return tmp_path
+
+
+def test_saved_checkpoints_of_every_kind(tmp_path):
+    cfg = ModelConfig.from_model_dir(make_tiny_checkpoint(tmp_path / "q", "qwen3"))
+    assert (cfg.family, cfg.qk_norm, cfg.head_dim, cfg.context_len) == ("qwen3", True, 32, 256)
+    assert cfg.eos_token_ids == EOS_TOKEN_IDS  # config's 2 first, then generation_config's 0
+    cfg = ModelConfig.from_model_dir(make_tiny_checkpoint(tmp_path / "g", "gpt2"))
+    assert (cfg.family, cfg.rope_theta, cfg.tie_word_embeddings, cfg.context_len, cfg.intermediate_size) == ("gpt2", None, True, 256, 256)
+    cfg = ModelConfig.from_model_dir(make_tiny_checkpoint(tmp_path / "q2", "qwen2"))
+    assert (cfg.qkv_bias, cfg.o_bias, cfg.num_kv_heads) == (True, False, 1)
+    cfg = ModelConfig.from_model_dir(make_tiny_checkpoint(tmp_path / "l3", "llama3_rope"))  # written by transformers 5
+    assert cfg.rope_theta == 500000.0
+    assert cfg.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 32)
+
+
+def test_rope_old_spelling(tmp_path):
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **LLAMA3_SCALING}}))
+    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+
+
+def test_rope_new_spelling(tmp_path):
+    params = {"rope_type": "llama3", "rope_theta": 500000.0, **LLAMA3_SCALING}
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "rope_parameters": params}))
+    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+
+
+def test_rope_defaults_and_unsupported_type(tmp_path):
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, LLAMA))
+    assert (cfg.rope_theta, cfg.rope_scaling, cfg.head_dim, cfg.num_kv_heads) == (10000.0, None, 16, 2)
+    write_config(tmp_path, {**LLAMA, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    with pytest.raises(ValueError, match="rope type 'yarn' is not supported"):
+        ModelConfig.from_model_dir(tmp_path)
+
+
+def test_eos_ids_union_of_lists(tmp_path):
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "eos_token_id": [128001, 128008]}, {"eos_token_id": [128001, 128009]}))
+    assert cfg.eos_token_ids == (128001, 128008, 128009)
+
+
+def test_mistral_sliding_window_caps_context(tmp_path):
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "architectures": ["MistralForCausalLM"], "max_position_embeddings": 32768, "sliding_window": 4096}))
+    assert cfg.context_len == 4096
+
+
+def test_unsupported_architecture_names_the_supported_ones(tmp_path):
+    write_config(tmp_path, {**LLAMA, "architectures": ["MambaForCausalLM"]})
+    with pytest.raises(ValueError, match=r"'MambaForCausalLM' is not supported; supported: LlamaForCausalLM, .*GPT2LMHeadModel"):
+        ModelConfig.from_model_dir(tmp_path)
+
+
+def test_missing_directory_and_files(tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        ModelConfig.from_model_dir(tmp_path / "nope")
+    with pytest.raises(FileNotFoundError, match="config.json not found"):
+        ModelConfig.from_model_dir(tmp_path)
+
+
+def test_malformed_config(tmp_path):
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"config.json is not valid JSON"):
+        ModelConfig.from_model_dir(tmp_path)
+    write_config(tmp_path, {k: v for k, v in LLAMA.items() if k != "hidden_size"})
+    with pytest.raises(ValueError, match=r"config.json: missing 'hidden_size'"):
+        ModelConfig.from_model_dir(tmp_path)
+    write_config(tmp_path, {**LLAMA, "num_hidden_layers": "two"})
+    with pytest.raises(ValueError, match=r"'num_hidden_layers' must be int"):
+        ModelConfig.from_model_dir(tmp_path)
+    write_config(tmp_path, LLAMA, generation={"eos_token_id": "x"})
+    with pytest.raises(ValueError, match="eos_token_id"):
+        ModelConfig.from_model_dir(tmp_path)
+
+
+def test_config_reader_does_not_import_torch():
+    code = "import sys, common.model_config, common.worker_env; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -1,0 +1,363 @@
+"""The HTTP front end end to end: a real launch_server with --http-port on the tiny random Llama,
+driven by the official `openai` package (unmodified) and by raw HTTP.
+
+One server for the module (starting one costs seconds); the last test stops it.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import signal
+import socket
+import threading
+import time
+import urllib.request
+
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from client import Client
+from testing.server_process import free_port, start_server
+from testing.server_process import wait_idle as harness_wait_idle
+
+PROMPT = "The quick brown fox jumps over the lazy dog and then"
+MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    http_port = free_port()
+    handle = start_server(
+        model_dir, "--http-port", str(http_port), "--page-size", "4", "--kv-cache-tokens", "8192",
+        "--max-running-requests", "2", "--max-queued-requests", "4", "--num-threads", "1",
+    )
+    handle.http_port = http_port
+    assert f"HTTP on http://127.0.0.1:{http_port}" in handle.log()
+    yield handle
+    assert handle.stop() == 0, handle.log()
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def model_name(oai):
+    [model] = oai.models.list().data
+    return model.id
+
+
+def wait_idle(port: int, timeout_s: float = 15.0) -> dict:
+    with Client(port) as c:
+        return harness_wait_idle(c, timeout_s)
+
+
+def http_get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=30) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def post_raw(port: int, path: str, body: bytes) -> tuple[int, dict]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", path, body=body, headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    status, data = response.status, json.loads(response.read())
+    conn.close()
+    return status, data
+
+
+def metric_samples(port: int) -> dict[tuple[str, tuple], float]:
+    status, text = http_get(port, "/metrics")
+    assert status == 200
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+# ---- the OpenAI SDK ----------------------------------------------------------------------------
+
+
+def test_models_lists_the_model_directory(oai, model_dir, model_name):
+    assert model_name == model_dir.name
+
+
+def test_completion_greedy_matches_the_zmq_client(server, oai, model_name):
+    with Client(server.port, timeout_s=60) as c:
+        expected = c.generate(PROMPT, max_tokens=20, temperature=0.0, ignore_eos=True)
+    r = oai.completions.create(model=model_name, prompt=PROMPT, max_tokens=20, temperature=0, extra_body={"ignore_eos": True})
+    assert r.object == "text_completion" and r.model == model_name
+    assert r.choices[0].text == expected.text
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.prompt_tokens == expected.usage.prompt_tokens
+    assert r.usage.completion_tokens == 20 and r.usage.total_tokens == expected.usage.prompt_tokens + 20
+
+    stream = oai.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == expected.text
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 20
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_chat_greedy_matches_the_zmq_client(server, oai, model_name):
+    with Client(server.port, timeout_s=60) as c:
+        expected = c.generate(messages=MESSAGES, max_tokens=16, temperature=0.0)
+    r = oai.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=16, temperature=0)
+    assert r.object == "chat.completion"
+    assert r.choices[0].message.role == "assistant" and r.choices[0].message.content == expected.text
+    assert r.choices[0].finish_reason == expected.finish_reason
+    assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (expected.usage.prompt_tokens, expected.usage.completion_tokens)
+
+    chunks = list(oai.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=16, temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == expected.text
+    assert chunks[-1].choices[0].finish_reason == expected.finish_reason
+    assert all(c.usage is None for c in chunks)  # no include_usage: no usage chunk
+
+
+def test_finish_reason_stop_for_stop_strings_and_stop_token_ids(server, oai, model_name):
+    with Client(server.port, timeout_s=60) as c:
+        full = c.generate(PROMPT, max_tokens=30, temperature=0.0, ignore_eos=True)
+        stop = full.text[6:9]
+        by_string = c.generate(PROMPT, max_tokens=30, temperature=0.0, ignore_eos=True, stop=[stop])
+        by_id = c.generate(PROMPT, max_tokens=30, temperature=0.0, ignore_eos=True, stop_token_ids=[full.output_ids[4]])
+    r = oai.completions.create(model=model_name, prompt=PROMPT, max_tokens=30, temperature=0, stop=stop, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].text == by_string.text == full.text[: full.text.index(stop)]
+    assert r.usage.completion_tokens == by_string.usage.completion_tokens < 30
+    r = oai.completions.create(
+        model=model_name, prompt=PROMPT, max_tokens=30, temperature=0, extra_body={"ignore_eos": True, "stop_token_ids": [full.output_ids[4]]},
+    )
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].text == by_id.text
+    assert r.usage.completion_tokens == by_id.usage.completion_tokens <= 5
+
+
+def test_token_id_prompt_and_cached_tokens(server, oai, model_name):
+    ids = list(range(40, 80))
+    with Client(server.port, timeout_s=60) as c:
+        expected = c.generate(input_ids=ids, max_tokens=8, temperature=0.0, ignore_eos=True)
+    r = oai.completions.create(model=model_name, prompt=ids, max_tokens=8, temperature=0, extra_body={"ignore_eos": True})
+    assert r.choices[0].text == expected.text
+    assert r.usage.prompt_tokens == 40
+    assert r.usage.prompt_tokens_details.cached_tokens > 0  # the ZMQ request above left the prefix in the cache
+
+
+def test_n_choices_sampled_with_seeds_and_usage_summed(oai, model_name):
+    kwargs = dict(model=model_name, prompt=PROMPT, max_tokens=8, temperature=1.0, n=3, seed=11, extra_body={"ignore_eos": True})
+    r = oai.completions.create(**kwargs)
+    again = oai.completions.create(**kwargs)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [c.text for c in again.choices]  # seed + i per choice: reproducible
+    assert len({c.text for c in r.choices}) > 1  # and the choices differ
+    assert r.usage.completion_tokens == 24
+    chunks = list(oai.completions.create(**kwargs, stream=True))
+    by_choice = {i: "".join(c.choices[0].text for c in chunks if c.choices[0].index == i) for i in range(3)}
+    assert by_choice == {c.index: c.text for c in r.choices}
+
+
+# ---- errors ------------------------------------------------------------------------------------
+
+BAD = [
+    (dict(prompt=""), "empty"),
+    (dict(prompt="hi " * 600), "context"),
+    (dict(prompt="hi", temperature=-1), "temperature"),
+    (dict(prompt="hi", top_p=0), "top_p"),
+    (dict(prompt="hi", extra_body={"frobnicate": 1}), "frobnicate"),
+    (dict(prompt="hi", extra_body={"min_p": 2.0}), "min_p"),
+    (dict(prompt="hi", logprobs=2), "logprobs"),
+    (dict(prompt="hi", n=1000), "choices"),
+    (dict(prompt=[10**6]), "token"),
+]
+
+
+@pytest.mark.parametrize(("kwargs", "needle"), BAD, ids=[n for _, n in BAD])
+def test_bad_requests_are_400_with_the_reason(oai, model_name, kwargs, needle):
+    for stream in (False, True):
+        with pytest.raises(openai.BadRequestError, match=needle) as info:
+            oai.completions.create(model=model_name, max_tokens=4, stream=stream, **kwargs)
+        assert info.value.status_code == 400
+        assert info.value.body["type"] == "invalid_request_error"
+
+
+def test_unknown_model_is_404_and_bad_json_is_400(server, oai):
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        oai.chat.completions.create(model="gpt-4o", messages=MESSAGES)
+    status, body = post_raw(server.http_port, "/v1/completions", b"{not json")
+    assert status == 400 and body["error"]["type"] == "invalid_request_error"
+    status, body = post_raw(server.http_port, "/generate", b"[1, 2]")
+    assert status == 400 and "JSON object" in body["error"]["message"]
+    status, _ = http_get(server.http_port, "/v1/nothing")
+    assert status == 404
+
+
+def test_full_queue_is_503(server, oai, model_name):
+    outcomes: list[str] = []
+
+    def one() -> None:
+        try:
+            oai.completions.create(model=model_name, prompt=PROMPT, max_tokens=48, extra_body={"ignore_eos": True})
+            outcomes.append("ok")
+        except openai.APIStatusError as exc:
+            outcomes.append(f"{exc.status_code} {exc.body['message']}")
+
+    threads = [threading.Thread(target=one) for _ in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert "ok" in outcomes, outcomes
+    busy = [o for o in outcomes if o != "ok"]
+    assert busy and all(o.startswith("503 server busy") for o in busy), outcomes
+    wait_idle(server.port)
+
+
+# ---- native /generate ---------------------------------------------------------------------------
+
+
+def test_generate_returns_token_ids_like_the_python_client(server):
+    with Client(server.port, timeout_s=60) as c:
+        expected = c.generate(PROMPT, max_tokens=10, ignore_eos=True, return_logprob=True)
+    body = json.dumps({"prompt": PROMPT, "max_tokens": 10, "ignore_eos": True, "return_logprob": True}).encode()
+    status, r = post_raw(server.http_port, "/generate", body)
+    assert status == 200
+    assert r["output_ids"] == expected.output_ids and r["text"] == expected.text and r["finish_reason"] == "length"
+    assert r["usage"]["completion_tokens"] == 10 and len(r["logprobs"]) == 10
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+    conn.request("POST", "/generate", body=json.dumps({"input_ids": expected.output_ids[:3], "max_tokens": 5, "stream": True}))
+    lines = [line for line in conn.getresponse().read().decode().split("\n\n") if line]
+    conn.close()
+    assert lines[-1] == "data: [DONE]"
+    outputs = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert outputs[-1]["finish_reason"] is not None and all(o["finish_reason"] is None for o in outputs[:-1])
+    assert sum(len(o["output_ids"]) for o in outputs) == outputs[-1]["usage"]["completion_tokens"]
+    status, r = post_raw(server.http_port, "/generate", json.dumps({"prompt": "hi", "bogus": 1}).encode())
+    assert status == 400 and "bogus" in r["error"]["message"]
+
+
+def test_http_client_helper_matches_the_zmq_client(server):
+    """testing.http_client.HttpClient: the AsyncClient interface over HTTP, for benchmarks."""
+    import asyncio
+
+    from client import AsyncClient
+    from testing.http_client import HttpClient
+
+    async def both():
+        async with AsyncClient(server.port) as zc, HttpClient(f"http://127.0.0.1:{server.http_port}") as hc:
+            kwargs = dict(max_tokens=12, temperature=0.0, ignore_eos=True)
+            pairs = [pair async for pair in hc.stream_outputs(PROMPT, **kwargs)]
+            return await zc.generate(PROMPT, **kwargs), pairs, await hc.generate(messages=MESSAGES, max_tokens=3), await hc.stats()
+
+    expected, pairs, chat, stats = asyncio.run(both())
+    final = pairs[-1][1]
+    assert "".join(d for d, _ in pairs) == final.text == expected.text
+    assert final.finish_reason == "length" and final.usage.completion_tokens == 12
+    assert final.usage.prompt_tokens == expected.usage.prompt_tokens and final.ttft_s is not None
+    assert chat.usage.completion_tokens <= 3 and chat.finish_reason in ("stop", "length")
+    assert {"num_running", "num_waiting", "num_free_pages", "num_generated_tokens", "num_aborted"} <= set(stats)
+
+
+# ---- disconnects, health, metrics ---------------------------------------------------------------
+
+
+def open_request(port: int, path: str, body: dict) -> http.client.HTTPConnection:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
+    return conn
+
+
+def disconnect(conn: http.client.HTTPConnection) -> None:
+    conn.sock.shutdown(socket.SHUT_RDWR)
+    conn.close()
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "no-stream"])
+def test_client_disconnect_aborts_the_request(server, model_name, stream):
+    before = wait_idle(server.port)
+    aborted_before = metric_samples(server.http_port).get(("zserve_requests_aborted_total", (("cause", "client_disconnect"),)), 0)
+    body = {"model": model_name, "prompt": PROMPT, "max_tokens": 400, "stream": stream, "ignore_eos": True}
+    conn = open_request(server.http_port, "/v1/completions", body)
+    if stream:
+        response = conn.getresponse()
+        assert response.status == 200 and response.readline().startswith(b"data: ")
+    else:
+        with Client(server.port) as c:
+            while c.stats()["num_running"] == 0:
+                time.sleep(0.02)
+    disconnect(conn)
+    after = wait_idle(server.port, timeout_s=5)  # far less than 400 tokens take
+    assert after["num_aborted"] == before["num_aborted"] + 1
+    assert after["num_generated_tokens"] - before["num_generated_tokens"] < 400
+    assert after["num_used_pages"] == 0, after
+    aborted_after = metric_samples(server.http_port)[("zserve_requests_aborted_total", (("cause", "client_disconnect"),))]
+    assert aborted_after == aborted_before + 1
+
+
+def test_metrics_parse_and_counters_move(server, oai, model_name):
+    wait_idle(server.port)
+    before = metric_samples(server.http_port)
+    r = oai.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=6, temperature=0, extra_body={"ignore_eos": True})
+    after = metric_samples(server.http_port)
+
+    def moved(name: str, **labels) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0.0)
+
+    assert moved("zserve_generation_tokens_total") == r.usage.completion_tokens == 6
+    assert moved("zserve_prompt_tokens_total") == r.usage.prompt_tokens
+    assert moved("zserve_requests_finished_total") == 1
+    for name in ("zserve_time_to_first_token_seconds_count", "zserve_e2e_request_latency_seconds_count"):
+        assert moved(name) == 1
+    assert moved("zserve_inter_token_latency_seconds_count") >= 1
+    assert moved("zserve_http_responses_total", route="/v1/chat/completions", status="200") == 1
+    assert after[("zserve_num_requests_running", ())] == 0 and after[("zserve_kv_pages_used", ())] == 0
+    assert after[("zserve_kv_pages_free", ())] > 0 and 0 <= after[("zserve_prefix_cache_hit_rate", ())] <= 1
+    for name in ("zserve_num_requests_waiting", "zserve_kv_pages_cached", "zserve_scheduler_requests_aborted_total",
+                 "zserve_requests_failed_total"):
+        assert any(key[0] == name for key in after), name
+
+
+def test_health_is_200_when_serving_and_503_when_the_model_worker_hangs(server):
+    status, body = http_get(server.http_port, "/health")
+    assert status == 200 and json.loads(body)["status"] == "ready"
+    model_pid = server.child_pid("model_proc")
+    os_kill = __import__("os").kill
+    os_kill(model_pid, signal.SIGSTOP)
+    try:
+        status, body = http_get(server.http_port, "/health")
+        assert status == 503 and json.loads(body)["status"] == "broken", body
+    finally:
+        os_kill(model_pid, signal.SIGCONT)
+    status, body = http_get(server.http_port, "/health")
+    assert status == 200, body
+
+
+def test_shutdown_ends_in_flight_requests_with_503(server, oai, model_name):
+    """Last in the module: it stops the server."""
+    outcome: list[BaseException | str] = []
+
+    def long_request() -> None:
+        try:
+            oai.completions.create(model=model_name, prompt=PROMPT, max_tokens=400, extra_body={"ignore_eos": True})
+            outcome.append("finished")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=long_request)
+    thread.start()
+    with Client(server.port) as c:
+        while c.stats()["num_running"] == 0:
+            time.sleep(0.02)
+    server.proc.send_signal(signal.SIGTERM)
+    thread.join(timeout=30)
+    [exc] = outcome
+    assert isinstance(exc, openai.APIStatusError) and exc.status_code == 503, exc
+    assert exc.body["code"] == "server_draining"
+    assert server.proc.wait(timeout=20) == 0

@@ -1,0 +1,65 @@
+"""ModelRunner plumbing: sampling and logprobs through run(), KV pool sizing, worker threads/env."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from common.forward_batch import SamplingArrays
+from common.worker_env import default_num_threads, worker_env
+from model_proc.kv_pool import KVPool, free_memory_bytes
+from testing.model_fixtures import GreedyDriver, HfReference, make_runner, random_prompt
+
+
+def test_info_for_the_scheduler(llama_dir):
+    runner = make_runner(llama_dir, device="cpu", page_size=8, kv_cache_tokens=100)
+    assert runner.info() == {"num_pages": 13, "page_size": 8, "context_len": 256, "eos_token_ids": [2, 0], "vocab_size": 600}
+    assert runner.dtype == torch.float32 and runner.device.type == "cpu"
+
+
+def test_logprobs_and_sampling_through_run(llama_dir):
+    runner = make_runner(llama_dir, device="cpu", page_size=4, kv_cache_tokens=256)
+    driver = GreedyDriver(runner)
+    prompt = random_prompt(12, seed=5)
+    seqs = [driver.add(prompt, 1), driver.add(prompt, 1), driver.add(random_prompt(4, seed=6), 1)]
+    batch = driver.build_batch(seqs)
+    batch.return_logprob = np.array([True, False, True])
+    batch.sampling = SamplingArrays.greedy(3)
+    batch.sampling.temperature[1] = 1.0  # row 1 samples, rows 0 and 2 are greedy
+    batch.sampling.seed[1] = 1234
+    result = runner.run(batch)
+    assert result.next_token_ids.dtype == np.int32 and result.next_token_ids.shape == (3,)
+    assert np.isnan(result.logprobs[1]) and not np.isnan(result.logprobs[[0, 2]]).any()
+    ref = HfReference(llama_dir)
+    expected = torch.log_softmax(ref.last_logits(prompt), -1)
+    assert result.next_token_ids[0] == int(expected.argmax())
+    assert abs(result.logprobs[0] - float(expected.max())) < 1e-4
+    assert result.forward_ms > 0
+
+
+def test_kv_pool_sized_from_memory(llama_dir):
+    runner = make_runner(llama_dir, device="cpu", page_size=16, kv_cache_tokens=0, kv_memory_fraction=0.001)
+    per_token = KVPool.bytes_per_token(2, 2, 16, torch.float32)
+    expected = free_memory_bytes(torch.device("cpu")) * 0.001 / (per_token * 16)
+    assert 0.5 * expected < runner.num_pages_total < 2 * expected
+    with pytest.raises(ValueError, match="fraction must be in"):
+        make_runner(llama_dir, device="cpu", kv_cache_tokens=0, kv_memory_fraction=1.5)
+
+
+def test_kv_pool_layout():
+    pool = KVPool(num_layers=2, num_kv_heads=3, head_dim=8, page_size=4, num_pages=5, dtype=torch.float32, device=torch.device("cpu"))
+    assert pool.num_slots == 20 and pool.k[0].shape == (3, 20, 8)
+    assert pool.num_bytes == 2 * 2 * 20 * 3 * 8 * 4
+    pool.k[1][:, 4 * 2 + 1] = 7.0  # slot of page 2, offset 1
+    assert (pool.pages(pool.k[1])[:, 2, 1] == 7.0).all()
+    assert KVPool.num_pages_for(17, 4) == 5
+
+
+def test_worker_env():
+    assert default_num_threads(2) == 2 and default_num_threads(1) == 1 and default_num_threads(16) == 16
+    env = worker_env(3)
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert int(worker_env(0, "cuda")["OMP_NUM_THREADS"]) <= 2
+    with pytest.raises(ValueError, match="num_threads"):
+        worker_env(-1)

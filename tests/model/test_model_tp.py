@@ -1,0 +1,72 @@
+"""Tensor parallelism on CPU: two gloo ranks, each loading only its shard, give the logits and
+greedy tokens of a single rank."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from model_proc.model_runner import ModelRunner
+from testing.model_fixtures import GreedyDriver, make_runner, make_tiny_checkpoint, random_prompt
+from testing.server_process import free_port
+
+TP_SIZE = 2
+PROMPT_LENS = (9, 21)
+NEW_TOKENS = 12
+
+
+
+def run_and_record(runner: ModelRunner) -> dict:
+    """Greedy tokens for two prompts run together, and the last logits of a mixed batch."""
+    driver = GreedyDriver(runner)
+    seqs = [driver.add(random_prompt(n, seed=n), NEW_TOKENS, chunk_size=8) for n in PROMPT_LENS]
+    outputs = driver.generate(seqs)
+    fresh = driver.add(random_prompt(6, seed=99), 1)
+    logits = runner.last_logits(driver.build_batch(seqs + [fresh]))
+    return {"outputs": outputs, "logits": logits.tolist()}
+
+
+KINDS = {"llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}}  # gpt2: an odd vocab, padded on the last rank
+
+
+def rank_main(rank: int, model_dirs: dict[str, str], port: int, out_path: str) -> None:
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=TP_SIZE)
+    try:
+        records = {}
+        for kind, model_dir in model_dirs.items():
+            runner = make_runner(model_dir, device="cpu", page_size=4, kv_cache_tokens=512, num_threads=1, tp_rank=rank, tp_size=TP_SIZE)
+            head = runner.model.lm_head
+            records[kind] = {**run_and_record(runner), "shard_rows": (head.tied_to or head).weight.shape[1]}  # [dim, vocab / tp]
+        if rank == 0:
+            with open(out_path, "w") as f:
+                json.dump(records, f)
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_match_one(tmp_path):
+    """One pair of rank processes runs every kind (process start-up dominates the cost)."""
+    model_dirs = {kind: str(make_tiny_checkpoint(tmp_path / kind, kind, **overrides)) for kind, overrides in KINDS.items()}
+    out_path = tmp_path / "rank0.json"
+    mp.start_processes(rank_main, args=(model_dirs, free_port(), str(out_path)), nprocs=TP_SIZE, start_method="spawn")
+    sharded = json.loads(out_path.read_text())
+    for kind, overrides in KINDS.items():
+        single = run_and_record(make_runner(model_dirs[kind], device="cpu", page_size=4, kv_cache_tokens=512))
+        vocab = overrides.get("vocab_size", 600)
+        assert sharded[kind]["shard_rows"] == -(-vocab // TP_SIZE), kind  # each rank holds half the vocab
+        assert sharded[kind]["outputs"] == single["outputs"], kind
+        np.testing.assert_allclose(np.array(sharded[kind]["logits"]), np.array(single["logits"]), atol=1e-4, rtol=0, err_msg=kind)
+
+
+def test_heads_must_split(tmp_path):
+    model_dir = make_tiny_checkpoint(tmp_path / "q2", "qwen2")  # one KV head
+    torch.distributed.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        with pytest.raises(ValueError, match="1 KV heads do not split across 2 tensor-parallel ranks"):
+            make_runner(model_dir, device="cpu", kv_cache_tokens=64, tp_rank=0, tp_size=2)
+    finally:
+        torch.distributed.destroy_process_group()

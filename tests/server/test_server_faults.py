@@ -1,0 +1,60 @@
+"""Process faults: a dead model worker, SIGTERM and SIGKILL of the launcher. Nothing may hang or linger."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+from client import Client, ServerError
+from testing.processes import wait_dead
+from testing.server_process import start_server
+
+FLAGS = ("--kv-cache-tokens", "2048", "--num-threads", "1")
+
+
+
+def test_sigkill_of_model_worker_fails_requests_and_exits_nonzero(model_dir):
+    handle = start_server(model_dir, *FLAGS)
+    children = handle.child_pids()
+    assert len(children) == 4, handle.log()
+    with Client(handle.port, timeout_s=30) as c:
+        stream = c.stream("Once upon a time", max_tokens=400, ignore_eos=True)
+        next(iter(stream))
+        stats = c.stats()
+        assert stats["num_running"] == 1
+        os.kill(handle.child_pid("model_proc"), signal.SIGKILL)
+        t0 = time.monotonic()
+        with pytest.raises(ServerError, match="model"):
+            for _ in stream:
+                pass
+        assert time.monotonic() - t0 < 10
+    code = handle.proc.wait(timeout=15)
+    assert code != 0
+    assert wait_dead(children, 5) == [], handle.log()
+    assert "model process killed by SIGKILL" in handle.log()
+
+
+def test_sigterm_of_launcher_aborts_in_flight_and_ends_all(model_dir):
+    handle = start_server(model_dir, *FLAGS)
+    children = handle.child_pids()
+    with Client(handle.port, timeout_s=30) as c:
+        stream = c.stream("Once upon a time", max_tokens=400, ignore_eos=True)
+        next(iter(stream))
+        handle.proc.send_signal(signal.SIGTERM)
+        for _ in stream:
+            pass
+        assert stream.result.finish_reason == "abort"
+    assert handle.proc.wait(timeout=15) == 0
+    assert wait_dead(children, 5) == []
+
+
+def test_sigkill_of_launcher_leaves_no_process_behind(model_dir):
+    handle = start_server(model_dir, *FLAGS)
+    children = handle.child_pids()
+    assert len(children) == 4
+    handle.proc.send_signal(signal.SIGKILL)
+    handle.proc.wait(timeout=5)
+    assert wait_dead(children, 5) == [], "children outlived a SIGKILLed launcher"
