@@ -1,8 +1,9 @@
 """Every message on every zserve socket, and the set each socket carries.
 
-Messages are dataclasses whose fields are msgpack-native (int, float, str, bytes, bool, None,
-list, dict). Token ids travel as raw int32 bytes (`ids_to_bytes` / `bytes_to_ids`). Each socket
-decodes with its own `Codec` listing exactly the messages it carries (bottom of this file).
+Messages are declared with `@message(tag)` (common/wire.py holds the mechanism and the field
+types it understands); `ForwardBatch` and `StepResult` are declared in common/forward_batch.py.
+Token ids travel as raw int32 bytes (`ids_to_bytes` / `bytes_to_ids`). Each socket decodes with
+its own `Codec` listing exactly the messages it carries (bottom of this file).
 
 Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the client port):
 
@@ -11,8 +12,8 @@ Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the cl
     detok   -> scheduler     inbox                        AbortReq (a stop string matched)
     scheduler -> detok                                    DetokRegister TokenOutBatch StatsOut
     detok   -> frontend                                   ReqOutput StatsOut
-    scheduler <-> worker                                  ForwardBatchMsg | StepResultMsg WorkerReady WorkerError
-    rank 0  -> other TP ranks  XPUB/SUB (ipc, or tcp     ForwardBatchMsg (the scheduler's frame, re-sent) RankHeartbeat RankStop
+    scheduler <-> worker                                  ForwardBatch | StepResult WorkerReady WorkerError
+    rank 0  -> other TP ranks  XPUB/SUB (ipc, or tcp     ForwardBatch (the scheduler's frame, re-sent) RankHeartbeat RankStop
                                across nodes)
     children -> launcher     control                      ProcReady
     launcher -> frontend     control                      FailAll
@@ -20,13 +21,12 @@ Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the cl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
-from common.batch_messages import ForwardBatchMsg, StepResultMsg
-from common.wire import Codec
+from common.forward_batch import ForwardBatch, StepResult
+from common.wire import Codec, message
 
 
 def ids_to_bytes(ids: Any) -> bytes:
@@ -37,66 +37,19 @@ def bytes_to_ids(raw: bytes) -> list[int]:
     return np.frombuffer(raw, dtype=np.int32).tolist()
 
 
-_WIRE_TYPES: dict[str, tuple[type, ...]] = {
-    "int": (int,),
-    "float": (float, int),
-    "str": (str,),
-    "bytes": (bytes,),
-    "bool": (bool,),
-    "dict": (dict,),
-    "list": (list,),
-}
-
-
-def _field_check(annotation: str) -> tuple[tuple[type, ...], bool]:
-    """('int | None') -> ((int,), True): the accepted types and whether None is allowed."""
-    parts = [p.strip() for p in annotation.split("|")]
-    allow_none = "None" in parts
-    types = tuple(t for p in parts if p != "None" for t in _WIRE_TYPES[p])
-    return types, allow_none
-
-
-def message(tag: int):
-    """Class decorator: a dataclass sent as `[tag, *fields in declaration order]`.
-    Decoding checks each field's type, so a forged frame fails in `Codec.decode`, not deep inside a process."""
-
-    def wrap(cls):
-        cls = dataclass(slots=True)(cls)
-        names = tuple(f.name for f in fields(cls))
-        checks = tuple(_field_check(f.type) for f in fields(cls))
-        cls.TAG = tag
-
-        def to_wire(self) -> list[Any]:
-            return [getattr(self, n) for n in names]
-
-        def from_wire(klass, values: list[Any]):
-            if len(values) != len(names):
-                raise ValueError(f"{klass.__name__} takes {len(names)} fields, got {len(values)}")
-            for name, value, (types, allow_none) in zip(names, values, checks, strict=True):
-                if value is None and allow_none:
-                    continue
-                if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-                    raise TypeError(f"{klass.__name__}.{name} must be {types[0].__name__}, got {type(value).__name__}")
-            return klass(*values)
-
-        cls.to_wire = to_wire
-        cls.from_wire = classmethod(from_wire)
-        return cls
-
-    return wrap
-
-
 # ---- client <-> frontend -------------------------------------------------------------------
 
 
 @message(10)
 class GenerateReq:
-    """`body` is the client's request as sent: exactly one of prompt / input_ids / messages,
-    plus `sampling` (SamplingParams fields). It is validated in the frontend, not trusted."""
+    """`body` is the client's request exactly as sent: untrusted JSON-like values (str keys; str,
+    int, float, bool, None, lists and maps of those), meant to hold exactly one of prompt /
+    input_ids / messages plus `sampling` (SamplingParams fields). The frontend's RequestValidator
+    is the only reader: it checks every value before anything else sees the request."""
 
     req_id: int
     client_id: str
-    body: dict
+    body: dict[str, Any]
 
 
 @message(11)
@@ -123,7 +76,7 @@ class StatsReq:
 @message(15)
 class StatsOut:
     req_id: int
-    stats: dict
+    stats: dict[str, int]  # SchedulerStats fields, plus what the detokenizer and frontend add
 
 
 @message(16)
@@ -139,7 +92,7 @@ class ReqOutput:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    logprobs: list | None = None
+    logprobs: list[float] | None = None
     max_tokens_clamped_to: int | None = None  # set once, when the context length cut max_tokens
 
 
@@ -150,7 +103,7 @@ class ReqOutput:
 class TokenizedReq:
     req_id: int
     input_ids: bytes  # int32
-    sampling: dict  # SamplingParams.to_dict()
+    sampling: dict[str, Any]  # SamplingParams.to_dict()
 
 
 # ---- scheduler -> detokenizer --------------------------------------------------------------
@@ -161,7 +114,7 @@ class DetokRegister:
     """Sent when the scheduler accepts a request, before any of its tokens (same socket, so ordered)."""
 
     req_id: int
-    stop: list
+    stop: list[str]
     num_prompt_tokens: int
 
 
@@ -171,7 +124,7 @@ class TokenOutBatch:
     finish_reason | None, error | None, num_prompt_tokens, num_cached_tokens, logprobs | None,
     max_tokens_clamped_to | None]."""
 
-    entries: list
+    entries: list[list[Any]]
 
 
 # ---- model worker -> scheduler --------------------------------------------------------------
@@ -182,7 +135,7 @@ class WorkerReady:
     num_pages: int
     page_size: int
     context_len: int
-    eos_token_ids: list
+    eos_token_ids: list[int]
     vocab_size: int
 
 
@@ -216,7 +169,7 @@ class RankStop:
 class ProcReady:
     name: str
     pid: int
-    info: dict
+    info: dict[str, int | str | list[int]]  # what the launcher reports or needs: ports, url, the KV pool
 
 
 @message(51)
@@ -232,7 +185,7 @@ FRONTEND_TO_CLIENT = Codec(ReqOutput, StatsOut, HeartbeatAck)
 SCHEDULER_INBOX = Codec(TokenizedReq, AbortReq, StatsReq)
 DETOK_INBOX = Codec(DetokRegister, TokenOutBatch, StatsOut)
 FRONTEND_INBOX = Codec(ReqOutput, StatsOut, FailAll)
-WORKER_INBOX = Codec(ForwardBatchMsg)
-WORKER_TO_SCHEDULER = Codec(StepResultMsg, WorkerReady, WorkerError)
-RANK_BROADCAST = Codec(ForwardBatchMsg, RankHeartbeat, RankStop)
+WORKER_INBOX = Codec(ForwardBatch)
+WORKER_TO_SCHEDULER = Codec(StepResult, WorkerReady, WorkerError)
+RANK_BROADCAST = Codec(ForwardBatch, RankHeartbeat, RankStop)
 LAUNCHER_INBOX = Codec(ProcReady)

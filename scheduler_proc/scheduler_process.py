@@ -19,7 +19,7 @@ from dataclasses import asdict
 
 import zmq
 
-from common.batch_messages import ForwardBatchMsg, StepResultMsg
+from common.forward_batch import StepResult
 from common.messages import (
     DETOK_INBOX,
     LAUNCHER_INBOX,
@@ -62,7 +62,7 @@ class SchedulerLoop:
             batch = self.scheduler.next_batch()
             if batch is not None:
                 self.checked_idle = False
-                self.to_worker.send(ForwardBatchMsg(batch))
+                self.to_worker.send(batch)
                 self.publish(self.scheduler.on_result(self.wait_result(batch.step_id)))
             elif not self.scheduler.has_work and not self.checked_idle:
                 self.scheduler.check_integrity()
@@ -91,12 +91,12 @@ class SchedulerLoop:
         elif isinstance(msg, StatsReq):
             self.to_detok.send(StatsOut(msg.req_id, asdict(self.scheduler.stats())))
 
-    def wait_result(self, step_id: int):
+    def wait_result(self, step_id: int) -> StepResult:
         reply = self.from_worker.recv()
         if isinstance(reply, WorkerError):
             raise RuntimeError(f"model worker refused step {reply.step_id}: {reply.message}")
-        assert isinstance(reply, StepResultMsg) and reply.result.step_id == step_id, reply
-        return reply.result
+        assert isinstance(reply, StepResult) and reply.step_id == step_id, reply
+        return reply
 
     def publish(self, updates: list[ReqUpdate]) -> None:
         if not updates:
