@@ -1,9 +1,10 @@
 """Every message on every zserve socket, and the set each socket carries.
 
 Messages are declared with `@message(tag)` (common/wire.py holds the mechanism and the field
-types it understands); `ForwardBatch` and `StepResult` are declared in common/forward_batch.py.
-Token ids travel as raw int32 bytes (`ids_to_bytes` / `bytes_to_ids`). Each socket decodes with
-its own `Codec` listing exactly the messages it carries (bottom of this file).
+types it understands); `ForwardBatch` and `StepResult` are declared in common/forward_batch.py,
+`SamplingParams` in common/sampling_params.py. Token ids travel as raw int32 bytes (`Int32Array`
+fields; `ids_to_bytes` / `bytes_to_ids`). Each socket decodes with its own `Codec` listing
+exactly the messages it carries (bottom of this file).
 
 Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the client port):
 
@@ -26,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from common.forward_batch import ForwardBatch, StepResult
-from common.wire import Codec, message
+from common.sampling_params import SamplingParams
+from common.wire import Codec, Int32Array, message
 
 
 def ids_to_bytes(ids: Any) -> bytes:
@@ -102,8 +104,8 @@ class ReqOutput:
 @message(20)
 class TokenizedReq:
     req_id: int
-    input_ids: bytes  # int32
-    sampling: dict[str, Any]  # SamplingParams.to_dict()
+    input_ids: Int32Array
+    params: SamplingParams  # validated by the frontend (RequestValidator); the scheduler trusts it
 
 
 # ---- scheduler -> detokenizer --------------------------------------------------------------

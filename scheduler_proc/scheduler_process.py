@@ -35,11 +35,9 @@ from common.messages import (
     TokenOutBatch,
     WorkerError,
     WorkerReady,
-    bytes_to_ids,
     ids_to_bytes,
 )
 from common.proc_runtime import child_args, child_setup
-from common.sampling_params import SamplingParams
 from common.server_config import ServerConfig
 from common.transport import Addresses, Endpoint, pull, push
 from scheduler_proc.scheduler import ReqUpdate, Scheduler
@@ -75,16 +73,10 @@ class SchedulerLoop:
             msg = self.inbox.recv_nowait()
 
     def handle(self, msg) -> None:
-        if isinstance(msg, TokenizedReq):
-            input_ids = bytes_to_ids(msg.input_ids)
-            try:  # validated by the frontend already; a bad one must still not take the loop down
-                params = SamplingParams.from_dict(msg.sampling)
-            except ValueError as exc:
-                self.publish([ReqUpdate(msg.req_id, [], "error", str(exc), len(input_ids), 0, None, None)])
-                return
-            updates = self.scheduler.submit(msg.req_id, input_ids, params)
+        if isinstance(msg, TokenizedReq):  # its params were validated once, by the frontend
+            updates = self.scheduler.submit(msg.req_id, msg.input_ids, msg.params)
             if not updates:
-                self.to_detok.send(DetokRegister(msg.req_id, list(params.stop), len(input_ids)))
+                self.to_detok.send(DetokRegister(msg.req_id, list(msg.params.stop), len(msg.input_ids)))
             self.publish(updates)
         elif isinstance(msg, AbortReq):
             self.publish(self.scheduler.abort(msg.req_id, msg.reason))

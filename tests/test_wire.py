@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 
 from common.forward_batch import ForwardBatch, SamplingArrays, StepResult
+from common.messages import SCHEDULER_INBOX, TokenizedReq
+from common.sampling_params import SamplingParams
 from common.wire import BoolArray, Codec, Float32Array, Int32Array, Int64Array, WireError, message
 
 
@@ -225,3 +227,14 @@ def test_a_field_without_an_element_type_is_refused_at_declaration():
 def test_a_nested_only_message_cannot_be_carried_by_itself():
     with pytest.raises(ValueError, match="no tag"):
         Codec(Point)
+
+
+def test_sampling_params_travel_typed_inside_a_tokenized_request():
+    params = SamplingParams(max_tokens=9, temperature=0.5, seed=3, stop=("###",), stop_token_ids=(7,), return_logprob=True)
+    req = TokenizedReq(req_id=1, input_ids=np.array([5, 6], np.int32), params=params)
+    got = SCHEDULER_INBOX.decode(SCHEDULER_INBOX.encode(req))
+    assert got.params == params and got.input_ids.tolist() == [5, 6]
+    values = req.to_wire()
+    values[2][1] = "hot"  # temperature
+    with pytest.raises(WireError, match="TokenizedReq.params: SamplingParams.temperature"):
+        SCHEDULER_INBOX.decode(msgpack.packb([TokenizedReq.TAG, *values], use_bin_type=True))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import zmq
 
 from common.messages import (
@@ -33,7 +34,6 @@ from common.messages import (
     StatsOut,
     StatsReq,
     TokenizedReq,
-    ids_to_bytes,
 )
 from common.transport import Endpoint
 from common.wire import WireError
@@ -108,7 +108,7 @@ class Frontend:
             self.send_to(identity, ReqOutput(msg.req_id, "", b"", "error", str(exc)))
             return
         self.registry.add_request(msg.client_id, identity, msg.req_id, now_s)
-        self.to_scheduler.send(TokenizedReq(msg.req_id, ids_to_bytes(input_ids), params.to_dict()))
+        self.to_scheduler.send(TokenizedReq(req_id=msg.req_id, input_ids=np.asarray(input_ids, np.int32), params=params))
 
     # ---- from the detokenizer and the launcher -----------------------------------------------
 
