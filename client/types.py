@@ -3,6 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from common.finish_reason import FinishReason
+
+if TYPE_CHECKING:
+    from common.messages import ReqOutput
 
 
 class ServerError(RuntimeError):
@@ -33,7 +39,7 @@ class GenerateResult:
     req_id: int
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    finish_reason: str | None = None  # "stop", "length" or "abort" (FinishReason.text)
     usage: Usage = field(default_factory=Usage)
     logprobs: list[float] | None = None
     ttft_s: float | None = None  # first text since send
@@ -41,10 +47,10 @@ class GenerateResult:
     max_tokens_clamped_to: int | None = None  # the server cut max_tokens to fit the context
 
 
-def raise_for_error(req_id: int, finish_reason: str | None, error: str | None) -> None:
-    if finish_reason != "error":
+def raise_for_error(out: ReqOutput) -> None:
+    if out.finish_reason is not FinishReason.ERROR:
         return
-    message = error or "unknown server error"
+    message = out.error or "unknown server error"
     if message.startswith("server busy"):
-        raise ServerBusyError(f"request {req_id}: {message}")
-    raise ServerError(f"request {req_id}: {message}")
+        raise ServerBusyError(f"request {out.req_id}: {message}")
+    raise ServerError(f"request {out.req_id}: {message}")

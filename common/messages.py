@@ -2,16 +2,16 @@
 
 Messages are declared with `@message(tag)` (common/wire.py holds the mechanism and the field
 types it understands); `ForwardBatch` and `StepResult` are declared in common/forward_batch.py,
-`SamplingParams` in common/sampling_params.py. Token ids travel as raw int32 bytes (`Int32Array`
-fields; `ids_to_bytes` / `bytes_to_ids`). Each socket decodes with its own `Codec` listing
-exactly the messages it carries (bottom of this file).
+`SamplingParams` in common/sampling_params.py. Token ids travel as `Int32Array` (raw int32
+bytes). Each socket decodes with its own `Codec` listing exactly the messages it carries (bottom
+of this file).
 
 Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the client port):
 
     client  <-> frontend     ROUTER (tcp, --host/--port)  GenerateReq AbortReq Heartbeat StatsReq | ReqOutput StatsOut HeartbeatAck
     frontend -> scheduler    inbox                        TokenizedReq AbortReq StatsReq
     detok   -> scheduler     inbox                        AbortReq (a stop string matched)
-    scheduler -> detok                                    DetokRegister TokenOutBatch StatsOut
+    scheduler -> detok                                    DetokRegister TokenOutBatch ReqOutput (a refusal) StatsOut
     detok   -> frontend                                   ReqOutput StatsOut
     scheduler <-> worker                                  ForwardBatch | StepResult WorkerReady WorkerError
     rank 0  -> other TP ranks  XPUB/SUB (ipc, or tcp     ForwardBatch (the scheduler's frame, re-sent) RankHeartbeat RankStop
@@ -26,17 +26,13 @@ from typing import Any
 
 import numpy as np
 
+from common.array_codec import unpack_array
+from common.finish_reason import FinishReason
 from common.forward_batch import ForwardBatch, StepResult
 from common.sampling_params import SamplingParams
 from common.wire import Codec, Int32Array, message
 
-
-def ids_to_bytes(ids: Any) -> bytes:
-    return np.asarray(ids, dtype=np.int32).tobytes()
-
-
-def bytes_to_ids(raw: bytes) -> list[int]:
-    return np.frombuffer(raw, dtype=np.int32).tolist()
+NO_TOKEN_IDS = unpack_array(b"", np.dtype(np.int32))  # read-only, so one shared empty array is safe
 
 
 # ---- client <-> frontend -------------------------------------------------------------------
@@ -56,8 +52,11 @@ class GenerateReq:
 
 @message(11)
 class AbortReq:
+    """Stop a request. `finish_reason` is ABORT, or STOP when the detokenizer matched a stop string
+    (a normal finish); the frontend forwards a client's abort as ABORT whatever it said."""
+
     req_id: int
-    reason: str = "abort"
+    finish_reason: FinishReason = FinishReason.ABORT
 
 
 @message(12)
@@ -83,19 +82,26 @@ class StatsOut:
 
 @message(16)
 class ReqOutput:
-    """One streamed piece of a request's result. The last one has `finish_reason` set
-    ("stop", "length", "abort" or "error"; `error` holds the message for "error")."""
+    """One streamed piece of a request's result. The last one has `finish_reason` set; when it
+    is ERROR, `error` is the message."""
 
     req_id: int
     text: str
-    token_ids: bytes  # int32, the tokens behind `text` and any held-back text
-    finish_reason: str | None = None
+    token_ids: Int32Array  # the tokens behind `text` and any held-back text
+    finish_reason: FinishReason | None = None
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[float] | None = None
     max_tokens_clamped_to: int | None = None  # set once, when the context length cut max_tokens
+
+    @staticmethod
+    def final(req_id: int, finish_reason: FinishReason, error: str | None = None, prompt_tokens: int = 0) -> ReqOutput:
+        """The only output of a request that ends without producing anything (refused, or ended by FailAll)."""
+        return ReqOutput(
+            req_id=req_id, text="", token_ids=NO_TOKEN_IDS, finish_reason=finish_reason, error=error, prompt_tokens=prompt_tokens,
+        )
 
 
 # ---- frontend -> scheduler -----------------------------------------------------------------
@@ -113,20 +119,42 @@ class TokenizedReq:
 
 @message(30)
 class DetokRegister:
-    """Sent when the scheduler accepts a request, before any of its tokens (same socket, so ordered)."""
+    """Sent when the scheduler accepts a request, before any of its tokens (same socket, so
+    ordered). A refused request is never registered: its one ReqOutput goes through the
+    detokenizer as it is, with its prompt count."""
 
     req_id: int
     stop: list[str]
     num_prompt_tokens: int
 
 
+@message()
+class TokenOut:
+    """What happened to one request in one step: the scheduler makes one per request per step in
+    which something happened to it. A request's last TokenOut is the only one with
+    `finish_reason` set, and nothing follows it.
+
+    finish_reason: STOP (an EOS id or a stop token id; that token is the last of `token_ids`),
+    LENGTH (max_tokens, or the context limit), ABORT, or ERROR (with `error`).
+    """
+
+    req_id: int
+    token_ids: Int32Array  # the new tokens: one per step, none in an update that only ends the request
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the radix cache
+    logprobs: list[float] | None = None  # one per new token, when the request asked
+    max_tokens_clamped_to: int | None = None  # set on the first update when max_tokens was clamped
+
+
 @message(31)
 class TokenOutBatch:
-    """One entry per request that changed in a step: [req_id, token_ids (int32 bytes),
-    finish_reason | None, error | None, num_prompt_tokens, num_cached_tokens, logprobs | None,
-    max_tokens_clamped_to | None]."""
+    """Every TokenOut of one scheduler step (or of one submit / abort), in one frame.
 
-    entries: list[list[Any]]
+    A list of records, not columns: the detokenizer handles requests one by one anyway, most
+    fields are empty for most records, and a record is what the scheduler core hands its tests."""
+
+    outs: list[TokenOut]
 
 
 # ---- model worker -> scheduler --------------------------------------------------------------
@@ -176,16 +204,17 @@ class ProcReady:
 
 @message(51)
 class FailAll:
-    """Launcher -> frontend: end every in-flight request with this outcome."""
+    """Launcher -> frontend: end every in-flight request with this outcome (ABORT on shutdown,
+    ERROR when a process died)."""
 
-    finish_reason: str
-    error: str | None
+    finish_reason: FinishReason
+    error: str | None = None
 
 
 CLIENT_TO_FRONTEND = Codec(GenerateReq, AbortReq, Heartbeat, StatsReq)
 FRONTEND_TO_CLIENT = Codec(ReqOutput, StatsOut, HeartbeatAck)
 SCHEDULER_INBOX = Codec(TokenizedReq, AbortReq, StatsReq)
-DETOK_INBOX = Codec(DetokRegister, TokenOutBatch, StatsOut)
+DETOK_INBOX = Codec(DetokRegister, TokenOutBatch, ReqOutput, StatsOut)
 FRONTEND_INBOX = Codec(ReqOutput, StatsOut, FailAll)
 WORKER_INBOX = Codec(ForwardBatch)
 WORKER_TO_SCHEDULER = Codec(StepResult, WorkerReady, WorkerError)

@@ -3,7 +3,7 @@
     loop:
         drain the inbox (block only when there is no work)
         batch = scheduler.next_batch()
-        if batch: send it, wait for its result, publish the updates
+        if batch: send it, wait for its result, publish the TokenOuts
         else if idle: check integrity
 
 Only one batch is in flight (no overlap scheduling yet), so the scheduler's state is never
@@ -19,6 +19,7 @@ from dataclasses import asdict
 
 import zmq
 
+from common.finish_reason import FinishReason
 from common.forward_batch import StepResult
 from common.messages import (
     DETOK_INBOX,
@@ -29,18 +30,19 @@ from common.messages import (
     AbortReq,
     DetokRegister,
     ProcReady,
+    ReqOutput,
     StatsOut,
     StatsReq,
     TokenizedReq,
+    TokenOut,
     TokenOutBatch,
     WorkerError,
     WorkerReady,
-    ids_to_bytes,
 )
 from common.proc_runtime import child_args, child_setup
 from common.server_config import ServerConfig
 from common.transport import Addresses, Endpoint, pull, push
-from scheduler_proc.scheduler import ReqUpdate, Scheduler
+from scheduler_proc.scheduler import Scheduler
 
 logger = logging.getLogger("scheduler_proc")
 
@@ -73,15 +75,24 @@ class SchedulerLoop:
             msg = self.inbox.recv_nowait()
 
     def handle(self, msg) -> None:
-        if isinstance(msg, TokenizedReq):  # its params were validated once, by the frontend
-            updates = self.scheduler.submit(msg.req_id, msg.input_ids, msg.params)
-            if not updates:
-                self.to_detok.send(DetokRegister(msg.req_id, list(msg.params.stop), len(msg.input_ids)))
-            self.publish(updates)
+        if isinstance(msg, TokenizedReq):
+            self.submit(msg)
         elif isinstance(msg, AbortReq):
-            self.publish(self.scheduler.abort(msg.req_id, msg.reason))
+            self.publish(self.scheduler.abort(msg.req_id, msg.finish_reason))
         elif isinstance(msg, StatsReq):
-            self.to_detok.send(StatsOut(msg.req_id, asdict(self.scheduler.stats())))
+            self.to_detok.send(StatsOut(req_id=msg.req_id, stats=asdict(self.scheduler.stats())))
+
+    def submit(self, msg: TokenizedReq) -> None:
+        """Register an accepted request with the detokenizer; a refused one is never registered,
+        so its one output (with its prompt count, which DetokRegister would have carried) goes
+        through the detokenizer whole."""
+        num_prompt_tokens = len(msg.input_ids)
+        refusal = self.scheduler.submit(msg.req_id, msg.input_ids, msg.params)
+        if not refusal:
+            self.to_detok.send(DetokRegister(req_id=msg.req_id, stop=list(msg.params.stop), num_prompt_tokens=num_prompt_tokens))
+            return
+        (out,) = refusal
+        self.to_detok.send(ReqOutput.final(msg.req_id, FinishReason.ERROR, error=out.error, prompt_tokens=num_prompt_tokens))
 
     def wait_result(self, step_id: int) -> StepResult:
         reply = self.from_worker.recv()
@@ -90,17 +101,9 @@ class SchedulerLoop:
         assert isinstance(reply, StepResult) and reply.step_id == step_id, reply
         return reply
 
-    def publish(self, updates: list[ReqUpdate]) -> None:
-        if not updates:
-            return
-        entries = [
-            [
-                u.req_id, ids_to_bytes(u.new_token_ids), u.finish_reason, u.error, u.num_prompt_tokens,
-                u.num_cached_tokens, u.logprobs, u.max_tokens_clamped_to,
-            ]
-            for u in updates
-        ]
-        self.to_detok.send(TokenOutBatch(entries))
+    def publish(self, outs: list[TokenOut]) -> None:
+        if outs:
+            self.to_detok.send(TokenOutBatch(outs=outs))
 
 
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:
@@ -128,7 +131,7 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
             max_queued_requests=cfg.max_queued_requests,
             seed=cfg.seed,
         )
-        launcher.send(ProcReady("scheduler", os.getpid(), {"num_pages": ready.num_pages}))
+        launcher.send(ProcReady(name="scheduler", pid=os.getpid(), info={"num_pages": ready.num_pages}))
         logger.info(
             "scheduler ready: %d KV pages of %d tokens, context %d, policy %s/%s, budget %d tokens/step",
             ready.num_pages, ready.page_size, ready.context_len, cfg.schedule_policy, cfg.admission_policy, cfg.max_prefill_tokens,

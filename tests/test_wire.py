@@ -8,8 +8,19 @@ import msgpack
 import numpy as np
 import pytest
 
+from common.finish_reason import FinishReason
 from common.forward_batch import ForwardBatch, SamplingArrays, StepResult
-from common.messages import SCHEDULER_INBOX, TokenizedReq
+from common.messages import (
+    DETOK_INBOX,
+    FRONTEND_INBOX,
+    NO_TOKEN_IDS,
+    SCHEDULER_INBOX,
+    FailAll,
+    GenerateReq,
+    TokenizedReq,
+    TokenOut,
+    TokenOutBatch,
+)
 from common.sampling_params import SamplingParams
 from common.wire import BoolArray, Codec, Float32Array, Int32Array, Int64Array, WireError, message
 
@@ -238,3 +249,29 @@ def test_sampling_params_travel_typed_inside_a_tokenized_request():
     values[2][1] = "hot"  # temperature
     with pytest.raises(WireError, match="TokenizedReq.params: SamplingParams.temperature"):
         SCHEDULER_INBOX.decode(msgpack.packb([TokenizedReq.TAG, *values], use_bin_type=True))
+
+
+def test_token_outs_travel_as_records():
+    outs = [
+        TokenOut(req_id=1, token_ids=np.array([42], np.int32), num_cached_tokens=4, logprobs=[-0.5], max_tokens_clamped_to=6),
+        TokenOut(req_id=2, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.ERROR, error="server busy"),
+    ]
+    got = DETOK_INBOX.decode(DETOK_INBOX.encode(TokenOutBatch(outs=outs))).outs
+    assert [o.token_ids.tolist() for o in got] == [[42], []]
+    assert (got[0].finish_reason, got[0].num_cached_tokens, got[0].logprobs, got[0].max_tokens_clamped_to) == (None, 4, [-0.5], 6)
+    assert (got[1].finish_reason, got[1].error) == (FinishReason.ERROR, "server busy")
+
+
+def test_generate_req_body_is_carried_as_sent_and_fail_all_is_typed():
+    req = GenerateReq(req_id=1, client_id="c", body={"prompt": "x", "sampling": {"max_tokens": "many"}})
+    from common.messages import CLIENT_TO_FRONTEND
+
+    assert CLIENT_TO_FRONTEND.decode(CLIENT_TO_FRONTEND.encode(req)) == req  # validated by the frontend, not here
+    fail = FailAll(finish_reason=FinishReason.ERROR, error="server failure: x")
+    got = FRONTEND_INBOX.decode(FRONTEND_INBOX.encode(fail))
+    assert (got.finish_reason, got.error) == (FinishReason.ERROR, "server failure: x")
+
+
+def test_finish_reason_is_an_int_on_the_wire_and_a_word_for_clients():
+    assert [r.text for r in FinishReason] == ["stop", "length", "abort", "error"]
+    assert msgpack.packb(FinishReason.STOP) == msgpack.packb(1) and str(FinishReason.ABORT) == "abort"
