@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from common.array_codec import unpack_array
+from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
 from common.forward_batch import ForwardBatch, StepResult
 from common.sampling_params import SamplingParams
@@ -83,12 +84,13 @@ class StatsOut:
 @message(16)
 class ReqOutput:
     """One streamed piece of a request's result. The last one has `finish_reason` set; when it
-    is ERROR, `error` is the message."""
+    is ERROR, `code` says whose fault it is and `error` is the message for people."""
 
     req_id: int
     text: str
     token_ids: Int32Array  # the tokens behind `text` and any held-back text
     finish_reason: FinishReason | None = None
+    code: ErrorCode | None = None
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -97,10 +99,13 @@ class ReqOutput:
     max_tokens_clamped_to: int | None = None  # set once, when the context length cut max_tokens
 
     @staticmethod
-    def final(req_id: int, finish_reason: FinishReason, error: str | None = None, prompt_tokens: int = 0) -> ReqOutput:
+    def final(
+        req_id: int, finish_reason: FinishReason, code: ErrorCode | None = None, error: str | None = None, prompt_tokens: int = 0,
+    ) -> ReqOutput:
         """The only output of a request that ends without producing anything (refused, or ended by FailAll)."""
         return ReqOutput(
-            req_id=req_id, text="", token_ids=NO_TOKEN_IDS, finish_reason=finish_reason, error=error, prompt_tokens=prompt_tokens,
+            req_id=req_id, text="", token_ids=NO_TOKEN_IDS, finish_reason=finish_reason, code=code, error=error,
+            prompt_tokens=prompt_tokens,
         )
 
 
@@ -135,12 +140,13 @@ class TokenOut:
     `finish_reason` set, and nothing follows it.
 
     finish_reason: STOP (an EOS id or a stop token id; that token is the last of `token_ids`),
-    LENGTH (max_tokens, or the context limit), ABORT, or ERROR (with `error`).
+    LENGTH (max_tokens, or the context limit), ABORT, or ERROR (with `code` and `error`).
     """
 
     req_id: int
     token_ids: Int32Array  # the new tokens: one per step, none in an update that only ends the request
     finish_reason: FinishReason | None = None
+    code: ErrorCode | None = None
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the radix cache
     logprobs: list[float] | None = None  # one per new token, when the request asked
@@ -205,9 +211,10 @@ class ProcReady:
 @message(51)
 class FailAll:
     """Launcher -> frontend: end every in-flight request with this outcome (ABORT on shutdown,
-    ERROR when a process died)."""
+    ERROR with code GONE when a process died)."""
 
     finish_reason: FinishReason
+    code: ErrorCode | None = None
     error: str | None = None
 
 

@@ -76,10 +76,10 @@ class DetokenizerLoop:
             return  # already finished here (stop string matched while a step was in flight)
         state.num_output_tokens += len(out.token_ids)
         text = state.detok.add_tokens(out.token_ids.tolist())
-        finish_reason, error = out.finish_reason, out.error
+        finish_reason, code, error = out.finish_reason, out.code, out.error
         if state.detok.stopped:
             self.to_scheduler.send(AbortReq(req_id=out.req_id, finish_reason=FinishReason.STOP))
-            finish_reason, error = FinishReason.STOP, None
+            finish_reason, code, error = FinishReason.STOP, None, None
         elif finish_reason is not None:
             text += state.detok.flush()
             if state.detok.stopped and finish_reason is not FinishReason.ERROR:  # the stop string completed in held-back text
@@ -87,7 +87,7 @@ class DetokenizerLoop:
         if not text and finish_reason is None and not len(out.token_ids) and out.max_tokens_clamped_to is None:
             return
         self.to_frontend.send(ReqOutput(
-            req_id=out.req_id, text=text, token_ids=out.token_ids, finish_reason=finish_reason, error=error,
+            req_id=out.req_id, text=text, token_ids=out.token_ids, finish_reason=finish_reason, code=code, error=error,
             prompt_tokens=state.num_prompt_tokens, completion_tokens=state.num_output_tokens,
             cached_tokens=out.num_cached_tokens, logprobs=out.logprobs, max_tokens_clamped_to=out.max_tokens_clamped_to,
         ))

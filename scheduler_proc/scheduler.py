@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
 from common.forward_batch import ForwardBatch, StepResult
 from common.messages import NO_TOKEN_IDS, TokenOut
@@ -92,13 +93,15 @@ class Scheduler:
         input_ids = np.array(input_ids, dtype=np.int32).reshape(-1)
         max_tokens = self._intake.max_tokens(len(input_ids), params)
         self._totals.num_submitted += 1
-        error = self._refusal(req_id, len(input_ids), max_tokens)
-        if error is not None:
-            logger.info("req %d refused: %s", req_id, error)
+        refusal = self._refusal(req_id, len(input_ids), max_tokens)
+        if refusal is not None:
+            code, error = refusal
+            logger.info("req %d refused (%s): %s", req_id, code.text, error)
             self._totals.num_refused += 1
             clamped_to = max_tokens if 0 < max_tokens < params.max_tokens else None
             return [TokenOut(
-                req_id=req_id, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.ERROR, error=error, max_tokens_clamped_to=clamped_to,
+                req_id=req_id, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.ERROR, code=code, error=error,
+                max_tokens_clamped_to=clamped_to,
             )]
         pending = self._intake.pending(req_id, input_ids, params, max_tokens)
         if pending.max_tokens_clamped_to is not None:
@@ -277,13 +280,16 @@ class Scheduler:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _refusal(self, req_id: int, num_prompt_tokens: int, max_tokens: int) -> str | None:
+    def _refusal(self, req_id: int, num_prompt_tokens: int, max_tokens: int) -> tuple[ErrorCode, str] | None:
+        """Why the request is refused now, and whose fault that is; None to queue it."""
         if req_id in self._live:
-            return f"duplicate req_id {req_id}: a request with this id is still live"
+            return ErrorCode.INTERNAL, f"duplicate req_id {req_id}: a request with this id is still live"
         error = self._intake.refusal(num_prompt_tokens, max_tokens)
-        if error is None and len(self._queue) >= self.max_queued_requests:
-            error = f"server busy: {len(self._queue)} requests waiting (max_queued_requests={self.max_queued_requests})"
-        return error
+        if error is not None:
+            return ErrorCode.INVALID, error
+        if len(self._queue) >= self.max_queued_requests:
+            return ErrorCode.BUSY, f"server busy: {len(self._queue)} requests waiting (max_queued_requests={self.max_queued_requests})"
+        return None
 
     def _schedule_prefill(self, token_budget: int) -> PrefillAdder | None:
         """The prefill part of this step, or None when nothing can be prefilled."""

@@ -92,7 +92,9 @@ class SchedulerLoop:
             self.to_detok.send(DetokRegister(req_id=msg.req_id, stop=list(msg.params.stop), num_prompt_tokens=num_prompt_tokens))
             return
         (out,) = refusal
-        self.to_detok.send(ReqOutput.final(msg.req_id, FinishReason.ERROR, error=out.error, prompt_tokens=num_prompt_tokens))
+        self.to_detok.send(ReqOutput.final(
+            msg.req_id, FinishReason.ERROR, code=out.code, error=out.error, prompt_tokens=num_prompt_tokens,
+        ))
 
     def wait_result(self, step_id: int) -> StepResult:
         reply = self.from_worker.recv()

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
 from common.sampling_params import SamplingParams
 from scheduler_proc.fake_model import FakeModel
@@ -152,7 +153,7 @@ def test_max_tokens_beyond_the_context_is_clamped_and_reported_once():
 def test_a_request_that_can_never_run_is_refused_at_once_with_a_reason(ids, max_tokens, message):
     h = make(num_pages=3, context_len=16)
     (u,) = h.submit(1, ids, p(max_tokens=max_tokens))
-    assert u.finish_reason == FinishReason.ERROR and message in u.error and u.token_ids.tolist() == []
+    assert (u.finish_reason, u.code) == (FinishReason.ERROR, ErrorCode.INVALID) and message in u.error and u.token_ids.tolist() == []
     assert not h.scheduler.has_work and h.scheduler.stats().num_refused == 1
     h.submit(2, prompt(1, 3), p(max_tokens=2))  # 4 tokens of KV fit in one page
     h.run()
@@ -163,9 +164,9 @@ def test_a_full_queue_answers_server_busy_and_duplicate_ids_are_refused():
     h = make(max_queued_requests=2)
     assert h.submit(1, prompt(1, 4)) == [] and h.submit(2, prompt(1, 4)) == []
     (busy,) = h.submit(3, prompt(1, 4))
-    assert busy.finish_reason == FinishReason.ERROR and "server busy: 2 requests waiting" in busy.error
+    assert (busy.finish_reason, busy.code) == (FinishReason.ERROR, ErrorCode.BUSY) and "server busy: 2 requests waiting" in busy.error
     (dup,) = h.scheduler.submit(1, prompt(9, 4), p())
-    assert dup.finish_reason == FinishReason.ERROR and "duplicate req_id 1" in dup.error
+    assert (dup.finish_reason, dup.code) == (FinishReason.ERROR, ErrorCode.INTERNAL) and "duplicate req_id 1" in dup.error
     h.run()
     assert h.final[1].finish_reason == h.final[2].finish_reason == FinishReason.LENGTH
     h.assert_drained()
@@ -301,7 +302,7 @@ def test_abort_with_a_finish_reason_reports_it_and_stats_add_up():
     h.submit(1, prompt(1, 6), p(max_tokens=100))  # clamped to 10
     h.step()
     (u,) = h.abort(1, FinishReason.STOP)  # the detokenizer found a stop string
-    assert (u.finish_reason, u.max_tokens_clamped_to, u.error) == (FinishReason.STOP, None, None)
+    assert (u.finish_reason, u.max_tokens_clamped_to, u.code) == (FinishReason.STOP, None, None)
     h.submit(2, prompt(1, 6), p(max_tokens=100))
     (u,) = h.abort(2)  # waiting: its only update carries the clamp
     assert (u.finish_reason, u.max_tokens_clamped_to) == (FinishReason.ABORT, 10)

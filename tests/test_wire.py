@@ -8,6 +8,14 @@ import msgpack
 import numpy as np
 import pytest
 
+from client.types import (
+    InvalidRequestError,
+    ServerBusyError,
+    ServerError,
+    ServerGoneError,
+    raise_for_error,
+)
+from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
 from common.forward_batch import ForwardBatch, SamplingArrays, StepResult
 from common.messages import (
@@ -17,12 +25,14 @@ from common.messages import (
     SCHEDULER_INBOX,
     FailAll,
     GenerateReq,
+    ReqOutput,
     TokenizedReq,
     TokenOut,
     TokenOutBatch,
 )
 from common.sampling_params import SamplingParams
 from common.wire import BoolArray, Codec, Float32Array, Int32Array, Int64Array, WireError, message
+from http_proc.api_error import ApiError, error_code_of
 
 
 def _batch() -> ForwardBatch:
@@ -254,12 +264,12 @@ def test_sampling_params_travel_typed_inside_a_tokenized_request():
 def test_token_outs_travel_as_records():
     outs = [
         TokenOut(req_id=1, token_ids=np.array([42], np.int32), num_cached_tokens=4, logprobs=[-0.5], max_tokens_clamped_to=6),
-        TokenOut(req_id=2, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.ERROR, error="server busy"),
+        TokenOut(req_id=2, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.ERROR, code=ErrorCode.BUSY, error="server busy"),
     ]
     got = DETOK_INBOX.decode(DETOK_INBOX.encode(TokenOutBatch(outs=outs))).outs
     assert [o.token_ids.tolist() for o in got] == [[42], []]
     assert (got[0].finish_reason, got[0].num_cached_tokens, got[0].logprobs, got[0].max_tokens_clamped_to) == (None, 4, [-0.5], 6)
-    assert (got[1].finish_reason, got[1].error) == (FinishReason.ERROR, "server busy")
+    assert (got[1].finish_reason, got[1].code, got[1].error) == (FinishReason.ERROR, ErrorCode.BUSY, "server busy")
 
 
 def test_generate_req_body_is_carried_as_sent_and_fail_all_is_typed():
@@ -267,11 +277,58 @@ def test_generate_req_body_is_carried_as_sent_and_fail_all_is_typed():
     from common.messages import CLIENT_TO_FRONTEND
 
     assert CLIENT_TO_FRONTEND.decode(CLIENT_TO_FRONTEND.encode(req)) == req  # validated by the frontend, not here
-    fail = FailAll(finish_reason=FinishReason.ERROR, error="server failure: x")
+    fail = FailAll(finish_reason=FinishReason.ERROR, code=ErrorCode.GONE, error="server failure: x")
     got = FRONTEND_INBOX.decode(FRONTEND_INBOX.encode(fail))
-    assert (got.finish_reason, got.error) == (FinishReason.ERROR, "server failure: x")
+    assert (got.finish_reason, got.code) == (FinishReason.ERROR, ErrorCode.GONE)
 
 
 def test_finish_reason_is_an_int_on_the_wire_and_a_word_for_clients():
     assert [r.text for r in FinishReason] == ["stop", "length", "abort", "error"]
     assert msgpack.packb(FinishReason.STOP) == msgpack.packb(1) and str(FinishReason.ABORT) == "abort"
+
+
+# ---- error codes -> client exceptions -> HTTP statuses ----------------------------------------
+
+CODE_MAPPING = [
+    (ErrorCode.BUSY, ServerBusyError, 503, "server_busy"),
+    (ErrorCode.INVALID, InvalidRequestError, 400, None),
+    (ErrorCode.INTERNAL, ServerError, 500, "internal_error"),
+    (ErrorCode.GONE, ServerGoneError, 500, "server_failure"),
+    (ErrorCode.UNAVAILABLE, ServerGoneError, 503, "server_unavailable"),
+]
+
+
+def test_every_error_code_is_mapped():
+    assert {c for c, *_ in CODE_MAPPING} == set(ErrorCode)
+
+
+@pytest.mark.parametrize(("code", "exc_type", "status", "api_code"), CODE_MAPPING)
+def test_each_error_code_maps_to_its_client_exception_and_http_status(code, exc_type, status, api_code):
+    out = ReqOutput.final(5, FinishReason.ERROR, code=code, error="some text that says nothing")
+    out = FRONTEND_INBOX.decode(FRONTEND_INBOX.encode(out))
+    with pytest.raises(ServerError) as info:
+        raise_for_error(out)
+    exc = info.value
+    assert type(exc) is exc_type and exc.code is code and exc.req_id == 5
+    assert exc.message == "some text that says nothing" and str(exc) == "request 5: some text that says nothing"
+    error = ApiError.from_client_error(exc)
+    assert (error.status, error.code) == (status, api_code)
+    assert error.message.endswith("some text that says nothing")
+    assert error_code_of(status, api_code) is code  # the HTTP client gets the same code back
+
+
+def test_a_finish_other_than_error_raises_nothing():
+    for reason in (FinishReason.STOP, FinishReason.LENGTH, FinishReason.ABORT, None):
+        raise_for_error(ReqOutput(req_id=1, text="", token_ids=NO_TOKEN_IDS, finish_reason=reason))
+
+
+def test_an_error_without_a_code_is_internal():
+    with pytest.raises(ServerError) as info:
+        raise_for_error(ReqOutput(req_id=1, text="", token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.ERROR))
+    assert type(info.value) is ServerError and info.value.code is ErrorCode.INTERNAL
+
+
+def test_http_error_responses_map_back_by_status_when_the_code_is_not_ours():
+    assert error_code_of(404, None) is ErrorCode.INVALID
+    assert error_code_of(503, "server_draining") is ErrorCode.UNAVAILABLE
+    assert error_code_of(500, None) is ErrorCode.INTERNAL

@@ -22,6 +22,7 @@ import time
 import numpy as np
 import zmq
 
+from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
 from common.messages import (
     CLIENT_TO_FRONTEND,
@@ -101,13 +102,13 @@ class Frontend:
     def on_generate(self, identity: bytes, msg: GenerateReq, now_s: float) -> None:
         if self.registry.identity_of(msg.req_id) is not None:
             error = f"req_id {msg.req_id} is already in flight"
-            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, error=error))
+            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL, error=error))
             return
         try:
             input_ids, params = self.validator.validate(msg.body)
         except ValueError as exc:
             logger.info("req %d refused: %s", msg.req_id, exc)
-            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, error=str(exc)))
+            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INVALID, error=str(exc)))
             return
         self.registry.add_request(msg.client_id, identity, msg.req_id, now_s)
         self.to_scheduler.send(TokenizedReq(req_id=msg.req_id, input_ids=np.asarray(input_ids, np.int32), params=params))
@@ -140,7 +141,7 @@ class Frontend:
         req_ids = list(self.registry.owner_of)
         logger.info("ending %d in-flight request(s): %s %s", len(req_ids), msg.finish_reason.text, msg.error or "")
         for req_id in req_ids:
-            self.route_output(ReqOutput.final(req_id, msg.finish_reason, error=msg.error))
+            self.route_output(ReqOutput.final(req_id, msg.finish_reason, code=msg.code, error=msg.error))
             self.to_scheduler.send(AbortReq(req_id=req_id))
 
     def abort_silent_clients(self) -> None:
