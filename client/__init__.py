@@ -4,6 +4,7 @@ from client.async_client import AsyncClient
 from client.client import Client, TextStream
 from client.types import (
     GenerateResult,
+    InvalidRequestError,
     RequestTimeoutError,
     ServerBusyError,
     ServerError,
@@ -15,6 +16,7 @@ __all__ = [
     "AsyncClient",
     "Client",
     "GenerateResult",
+    "InvalidRequestError",
     "RequestTimeoutError",
     "ServerBusyError",
     "ServerError",

@@ -69,7 +69,7 @@ class AsyncClient:
         req_id = new_req_id() if req_id is None else req_id
         body = build_body(prompt, input_ids, messages, sampling)
         self._queues[req_id] = asyncio.Queue()
-        await self._send(GenerateReq(req_id, self.client_id, body))
+        await self._send(GenerateReq(req_id=req_id, client_id=self.client_id, body=body))
         return req_id
 
     async def generate(self, prompt: str | None = None, **kwargs) -> GenerateResult:
@@ -100,7 +100,7 @@ class AsyncClient:
                 yield delta, builder.result
 
     async def abort(self, req_id: int) -> None:
-        await self._send(AbortReq(req_id, "abort"))
+        await self._send(AbortReq(req_id=req_id))
 
     async def stats(self) -> dict:
         self._ensure_started()
@@ -114,7 +114,7 @@ class AsyncClient:
 
     async def close(self) -> None:
         for req_id in list(self._queues):
-            await self._send(AbortReq(req_id, "abort"))
+            await self._send(AbortReq(req_id=req_id))
         self._queues.clear()
         for task in self._tasks:
             task.cancel()

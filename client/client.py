@@ -73,7 +73,7 @@ class Client:
         body = build_body(prompt, input_ids, messages, sampling)
         self._outputs[req_id] = deque()
         self._sent_s[req_id] = time.perf_counter()
-        self._send(GenerateReq(req_id, self.client_id, body))
+        self._send(GenerateReq(req_id=req_id, client_id=self.client_id, body=body))
         return req_id
 
     def generate(self, prompt: str | None = None, **kwargs) -> GenerateResult:
@@ -97,7 +97,7 @@ class Client:
 
     def abort(self, req_id: int) -> None:
         """Ask the server to stop `req_id`; its result ends with finish_reason "abort"."""
-        self._send(AbortReq(req_id, "abort"))
+        self._send(AbortReq(req_id=req_id))
 
     def stats(self) -> dict:
         """Server state: waiting, running, KV pages free/cached/used, prefix hit tokens, ..."""
@@ -111,7 +111,7 @@ class Client:
     def close(self) -> None:
         """Abort what is still in flight, stop the heartbeat, close the socket."""
         for req_id in list(self._outputs):
-            self._send(AbortReq(req_id, "abort"))
+            self._send(AbortReq(req_id=req_id))
         self._outputs.clear()
         self._sent_s.clear()
         self._heartbeat.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 
 from client.types import GenerateResult, Usage, raise_for_error
-from common.messages import ReqOutput, bytes_to_ids
+from common.messages import ReqOutput
 
 
 class ResultBuilder:
@@ -17,20 +17,20 @@ class ResultBuilder:
     def add(self, out: ReqOutput, arrived_s: float | None = None) -> str:
         """Fold in one output (received at perf_counter `arrived_s`, default now); returns its
         text delta. Raises ServerError for an error outcome."""
-        raise_for_error(out.req_id, out.finish_reason, out.error)
+        raise_for_error(out)
         r = self.result
         now_s = (time.perf_counter() if arrived_s is None else arrived_s) - self.sent_s
         if out.text and r.ttft_s is None:
             r.ttft_s = now_s
         r.text += out.text
-        r.output_ids.extend(bytes_to_ids(out.token_ids))
+        r.output_ids.extend(out.token_ids.tolist())
         if out.logprobs is not None:
             r.logprobs = (r.logprobs or []) + list(out.logprobs)
         r.usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
         if out.max_tokens_clamped_to is not None:
             r.max_tokens_clamped_to = out.max_tokens_clamped_to
         if out.finish_reason is not None:
-            r.finish_reason = out.finish_reason
+            r.finish_reason = out.finish_reason.text
             r.latency_s = now_s
             if r.ttft_s is None:
                 r.ttft_s = now_s

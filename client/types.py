@@ -3,18 +3,44 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from common.error_code import ErrorCode
+from common.finish_reason import FinishReason
+
+if TYPE_CHECKING:
+    from common.messages import ReqOutput
 
 
 class ServerError(RuntimeError):
-    """The server refused or failed a request; the message is the server's."""
+    """The server refused or failed a request. `code` (an ErrorCode) says whose fault it is;
+    `message` is the server's own text, and str() adds the request it is about."""
+
+    default_code = ErrorCode.INTERNAL
+
+    def __init__(self, message: str, code: ErrorCode | None = None, req_id: int | None = None):
+        super().__init__(message if req_id is None else f"request {req_id}: {message}")
+        self.message = message
+        self.code = self.default_code if code is None else code
+        self.req_id = req_id
 
 
 class ServerBusyError(ServerError):
     """The server's waiting queue is full; try again later."""
 
+    default_code = ErrorCode.BUSY
+
+
+class InvalidRequestError(ServerError):
+    """The server can never serve this request as given (bad parameters, a prompt too long)."""
+
+    default_code = ErrorCode.INVALID
+
 
 class ServerGoneError(ServerError):
-    """The server stopped answering (it is down, or unreachable)."""
+    """The server stopped answering, or one of its processes died (it is down, or unreachable)."""
+
+    default_code = ErrorCode.UNAVAILABLE
 
 
 class RequestTimeoutError(TimeoutError):
@@ -33,7 +59,7 @@ class GenerateResult:
     req_id: int
     text: str = ""
     output_ids: list[int] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop", "length" or "abort"
+    finish_reason: str | None = None  # "stop", "length" or "abort" (FinishReason.text)
     usage: Usage = field(default_factory=Usage)
     logprobs: list[float] | None = None
     ttft_s: float | None = None  # first text since send
@@ -41,10 +67,17 @@ class GenerateResult:
     max_tokens_clamped_to: int | None = None  # the server cut max_tokens to fit the context
 
 
-def raise_for_error(req_id: int, finish_reason: str | None, error: str | None) -> None:
-    if finish_reason != "error":
-        return
-    message = error or "unknown server error"
-    if message.startswith("server busy"):
-        raise ServerBusyError(f"request {req_id}: {message}")
-    raise ServerError(f"request {req_id}: {message}")
+def server_error(message: str, code: ErrorCode, req_id: int | None = None) -> ServerError:
+    """The exception for an error with `code`: its type is picked by the code alone."""
+    kind = {
+        ErrorCode.BUSY: ServerBusyError,
+        ErrorCode.INVALID: InvalidRequestError,
+        ErrorCode.GONE: ServerGoneError,
+        ErrorCode.UNAVAILABLE: ServerGoneError,
+    }.get(code, ServerError)
+    return kind(message, code, req_id)
+
+
+def raise_for_error(out: ReqOutput) -> None:
+    if out.finish_reason is FinishReason.ERROR:
+        raise server_error(out.error or "unknown server error", out.code or ErrorCode.INTERNAL, out.req_id)

@@ -18,8 +18,10 @@ A request's pages cover `cached_len + extend_len` tokens after the step:
 earlier chunks, a prefill after a prefix hit, and decode (extend_len = 1) are all the same
 shape, so one forward serves any mix of them.
 
-On the wire every array is raw little-endian bytes (int32 / float32 / int64), not a msgpack
-list: a 4096-id list costs ~0.2 ms to pack, raw bytes ~1 us.
+These are wire messages (common/wire.py): ForwardBatch (scheduler -> worker, and rank 0 -> the
+other ranks) and StepResult (worker -> scheduler), with SamplingArrays nested in ForwardBatch.
+Every array travels as raw little-endian bytes, not a msgpack list: a 4096-id list costs ~0.2 ms
+to pack, raw bytes ~1 us. A decoded array is a read-only view of the frame.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from common.wire import BoolArray, Float32Array, Int32Array, Int64Array, message
+
 # Sampling defaults that mean "off".
 GREEDY_TEMPERATURE = 0.0
 TOP_K_OFF = 0
@@ -35,6 +39,7 @@ TOP_P_OFF = 1.0
 MIN_P_OFF = 0.0
 
 
+@message()
 @dataclass(slots=True)
 class SamplingArrays:
     """Per-request sampling parameters of one batch, one entry per request in batch order.
@@ -44,11 +49,11 @@ class SamplingArrays:
     other requests share its batch.
     """
 
-    temperature: np.ndarray  # float32[num_reqs]
-    top_k: np.ndarray  # int32[num_reqs], 0 = off
-    top_p: np.ndarray  # float32[num_reqs], 1.0 = off
-    min_p: np.ndarray  # float32[num_reqs], 0.0 = off
-    seed: np.ndarray  # int64[num_reqs]
+    temperature: Float32Array  # [num_reqs]
+    top_k: Int32Array  # [num_reqs], 0 = off
+    top_p: Float32Array  # [num_reqs], 1.0 = off
+    min_p: Float32Array  # [num_reqs], 0.0 = off
+    seed: Int64Array  # [num_reqs]
 
     @staticmethod
     def greedy(num_reqs: int) -> SamplingArrays:
@@ -69,19 +74,20 @@ class SamplingArrays:
         return bool((self.temperature == GREEDY_TEMPERATURE).all())
 
 
+@message(1)
 @dataclass(slots=True)
 class ForwardBatch:
     """One step's work for the model worker. Arrays are indexed by request in batch order,
     except `input_ids` (concatenated new tokens) and `page_ids` (concatenated page tables)."""
 
     step_id: int
-    input_ids: np.ndarray  # int32[sum(extend_lens)]
-    cached_lens: np.ndarray  # int32[num_reqs]: tokens whose K/V are already in the pool
-    extend_lens: np.ndarray  # int32[num_reqs]: tokens computed this step (1 for decode)
-    page_ids: np.ndarray  # int32[sum(num_pages)]
-    num_pages: np.ndarray  # int32[num_reqs]
-    is_sampled: np.ndarray  # bool[num_reqs]: False for a ChunkedReq (prompt left after this step)
-    return_logprob: np.ndarray  # bool[num_reqs]
+    input_ids: Int32Array  # [sum(extend_lens)]
+    cached_lens: Int32Array  # [num_reqs]: tokens whose K/V are already in the pool
+    extend_lens: Int32Array  # [num_reqs]: tokens computed this step (1 for decode)
+    page_ids: Int32Array  # [sum(num_pages)]
+    num_pages: Int32Array  # [num_reqs]
+    is_sampled: BoolArray  # [num_reqs]: False for a ChunkedReq (prompt left after this step)
+    return_logprob: BoolArray  # [num_reqs]
     sampling: SamplingArrays
 
     @property
@@ -131,11 +137,12 @@ class ForwardBatch:
             )
 
 
+@message(2)
 @dataclass(slots=True)
 class StepResult:
     """What rank 0 returns for a ForwardBatch: one token per sampled request, in batch order."""
 
     step_id: int
-    next_token_ids: np.ndarray  # int32[num_sampled]
-    logprobs: np.ndarray  # float32[num_sampled]; NaN where the request did not ask
+    next_token_ids: Int32Array  # [num_sampled]
+    logprobs: Float32Array  # [num_sampled]; NaN where the request did not ask
     forward_ms: float = 0.0

@@ -1,18 +1,20 @@
 """Every message on every zserve socket, and the set each socket carries.
 
-Messages are dataclasses whose fields are msgpack-native (int, float, str, bytes, bool, None,
-list, dict). Token ids travel as raw int32 bytes (`ids_to_bytes` / `bytes_to_ids`). Each socket
-decodes with its own `Codec` listing exactly the messages it carries (bottom of this file).
+Messages are declared with `@message(tag)` (common/wire.py holds the mechanism and the field
+types it understands); `ForwardBatch` and `StepResult` are declared in common/forward_batch.py,
+`SamplingParams` in common/sampling_params.py. Token ids travel as `Int32Array` (raw int32
+bytes). Each socket decodes with its own `Codec` listing exactly the messages it carries (bottom
+of this file).
 
 Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the client port):
 
     client  <-> frontend     ROUTER (tcp, --host/--port)  GenerateReq AbortReq Heartbeat StatsReq | ReqOutput StatsOut HeartbeatAck
     frontend -> scheduler    inbox                        TokenizedReq AbortReq StatsReq
     detok   -> scheduler     inbox                        AbortReq (a stop string matched)
-    scheduler -> detok                                    DetokRegister TokenOutBatch StatsOut
+    scheduler -> detok                                    DetokRegister TokenOutBatch ReqOutput (a refusal) StatsOut
     detok   -> frontend                                   ReqOutput StatsOut
-    scheduler <-> worker                                  ForwardBatchMsg | StepResultMsg WorkerReady WorkerError
-    rank 0  -> other TP ranks  XPUB/SUB (ipc, or tcp     ForwardBatchMsg (the scheduler's frame, re-sent) RankHeartbeat RankStop
+    scheduler <-> worker                                  ForwardBatch | StepResult WorkerReady WorkerError
+    rank 0  -> other TP ranks  XPUB/SUB (ipc, or tcp     ForwardBatch (the scheduler's frame, re-sent) RankHeartbeat RankStop
                                across nodes)
     children -> launcher     control                      ProcReady
     launcher -> frontend     control                      FailAll
@@ -20,70 +22,18 @@ Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the cl
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
 from typing import Any
 
 import numpy as np
 
-from common.batch_messages import ForwardBatchMsg, StepResultMsg
-from common.wire import Codec
+from common.array_codec import unpack_array
+from common.error_code import ErrorCode
+from common.finish_reason import FinishReason
+from common.forward_batch import ForwardBatch, StepResult
+from common.sampling_params import SamplingParams
+from common.wire import Codec, Int32Array, message
 
-
-def ids_to_bytes(ids: Any) -> bytes:
-    return np.asarray(ids, dtype=np.int32).tobytes()
-
-
-def bytes_to_ids(raw: bytes) -> list[int]:
-    return np.frombuffer(raw, dtype=np.int32).tolist()
-
-
-_WIRE_TYPES: dict[str, tuple[type, ...]] = {
-    "int": (int,),
-    "float": (float, int),
-    "str": (str,),
-    "bytes": (bytes,),
-    "bool": (bool,),
-    "dict": (dict,),
-    "list": (list,),
-}
-
-
-def _field_check(annotation: str) -> tuple[tuple[type, ...], bool]:
-    """('int | None') -> ((int,), True): the accepted types and whether None is allowed."""
-    parts = [p.strip() for p in annotation.split("|")]
-    allow_none = "None" in parts
-    types = tuple(t for p in parts if p != "None" for t in _WIRE_TYPES[p])
-    return types, allow_none
-
-
-def message(tag: int):
-    """Class decorator: a dataclass sent as `[tag, *fields in declaration order]`.
-    Decoding checks each field's type, so a forged frame fails in `Codec.decode`, not deep inside a process."""
-
-    def wrap(cls):
-        cls = dataclass(slots=True)(cls)
-        names = tuple(f.name for f in fields(cls))
-        checks = tuple(_field_check(f.type) for f in fields(cls))
-        cls.TAG = tag
-
-        def to_wire(self) -> list[Any]:
-            return [getattr(self, n) for n in names]
-
-        def from_wire(klass, values: list[Any]):
-            if len(values) != len(names):
-                raise ValueError(f"{klass.__name__} takes {len(names)} fields, got {len(values)}")
-            for name, value, (types, allow_none) in zip(names, values, checks, strict=True):
-                if value is None and allow_none:
-                    continue
-                if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
-                    raise TypeError(f"{klass.__name__}.{name} must be {types[0].__name__}, got {type(value).__name__}")
-            return klass(*values)
-
-        cls.to_wire = to_wire
-        cls.from_wire = classmethod(from_wire)
-        return cls
-
-    return wrap
+NO_TOKEN_IDS = unpack_array(b"", np.dtype(np.int32))  # read-only, so one shared empty array is safe
 
 
 # ---- client <-> frontend -------------------------------------------------------------------
@@ -91,18 +41,23 @@ def message(tag: int):
 
 @message(10)
 class GenerateReq:
-    """`body` is the client's request as sent: exactly one of prompt / input_ids / messages,
-    plus `sampling` (SamplingParams fields). It is validated in the frontend, not trusted."""
+    """`body` is the client's request exactly as sent: untrusted JSON-like values (str keys; str,
+    int, float, bool, None, lists and maps of those), meant to hold exactly one of prompt /
+    input_ids / messages plus `sampling` (SamplingParams fields). The frontend's RequestValidator
+    is the only reader: it checks every value before anything else sees the request."""
 
     req_id: int
     client_id: str
-    body: dict
+    body: dict[str, Any]
 
 
 @message(11)
 class AbortReq:
+    """Stop a request. `finish_reason` is ABORT, or STOP when the detokenizer matched a stop string
+    (a normal finish); the frontend forwards a client's abort as ABORT whatever it said."""
+
     req_id: int
-    reason: str = "abort"
+    finish_reason: FinishReason = FinishReason.ABORT
 
 
 @message(12)
@@ -123,24 +78,35 @@ class StatsReq:
 @message(15)
 class StatsOut:
     req_id: int
-    stats: dict
+    stats: dict[str, int]  # SchedulerStats fields, plus what the detokenizer and frontend add
 
 
 @message(16)
 class ReqOutput:
-    """One streamed piece of a request's result. The last one has `finish_reason` set
-    ("stop", "length", "abort" or "error"; `error` holds the message for "error")."""
+    """One streamed piece of a request's result. The last one has `finish_reason` set; when it
+    is ERROR, `code` says whose fault it is and `error` is the message for people."""
 
     req_id: int
     text: str
-    token_ids: bytes  # int32, the tokens behind `text` and any held-back text
-    finish_reason: str | None = None
+    token_ids: Int32Array  # the tokens behind `text` and any held-back text
+    finish_reason: FinishReason | None = None
+    code: ErrorCode | None = None
     error: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
-    logprobs: list | None = None
+    logprobs: list[float] | None = None
     max_tokens_clamped_to: int | None = None  # set once, when the context length cut max_tokens
+
+    @staticmethod
+    def final(
+        req_id: int, finish_reason: FinishReason, code: ErrorCode | None = None, error: str | None = None, prompt_tokens: int = 0,
+    ) -> ReqOutput:
+        """The only output of a request that ends without producing anything (refused, or ended by FailAll)."""
+        return ReqOutput(
+            req_id=req_id, text="", token_ids=NO_TOKEN_IDS, finish_reason=finish_reason, code=code, error=error,
+            prompt_tokens=prompt_tokens,
+        )
 
 
 # ---- frontend -> scheduler -----------------------------------------------------------------
@@ -149,8 +115,8 @@ class ReqOutput:
 @message(20)
 class TokenizedReq:
     req_id: int
-    input_ids: bytes  # int32
-    sampling: dict  # SamplingParams.to_dict()
+    input_ids: Int32Array
+    params: SamplingParams  # validated by the frontend (RequestValidator); the scheduler trusts it
 
 
 # ---- scheduler -> detokenizer --------------------------------------------------------------
@@ -158,20 +124,43 @@ class TokenizedReq:
 
 @message(30)
 class DetokRegister:
-    """Sent when the scheduler accepts a request, before any of its tokens (same socket, so ordered)."""
+    """Sent when the scheduler accepts a request, before any of its tokens (same socket, so
+    ordered). A refused request is never registered: its one ReqOutput goes through the
+    detokenizer as it is, with its prompt count."""
 
     req_id: int
-    stop: list
+    stop: list[str]
     num_prompt_tokens: int
+
+
+@message()
+class TokenOut:
+    """What happened to one request in one step: the scheduler makes one per request per step in
+    which something happened to it. A request's last TokenOut is the only one with
+    `finish_reason` set, and nothing follows it.
+
+    finish_reason: STOP (an EOS id or a stop token id; that token is the last of `token_ids`),
+    LENGTH (max_tokens, or the context limit), ABORT, or ERROR (with `code` and `error`).
+    """
+
+    req_id: int
+    token_ids: Int32Array  # the new tokens: one per step, none in an update that only ends the request
+    finish_reason: FinishReason | None = None
+    code: ErrorCode | None = None
+    error: str | None = None
+    num_cached_tokens: int = 0  # prompt tokens served from the radix cache
+    logprobs: list[float] | None = None  # one per new token, when the request asked
+    max_tokens_clamped_to: int | None = None  # set on the first update when max_tokens was clamped
 
 
 @message(31)
 class TokenOutBatch:
-    """One entry per request that changed in a step: [req_id, token_ids (int32 bytes),
-    finish_reason | None, error | None, num_prompt_tokens, num_cached_tokens, logprobs | None,
-    max_tokens_clamped_to | None]."""
+    """Every TokenOut of one scheduler step (or of one submit / abort), in one frame.
 
-    entries: list
+    A list of records, not columns: the detokenizer handles requests one by one anyway, most
+    fields are empty for most records, and a record is what the scheduler core hands its tests."""
+
+    outs: list[TokenOut]
 
 
 # ---- model worker -> scheduler --------------------------------------------------------------
@@ -182,7 +171,7 @@ class WorkerReady:
     num_pages: int
     page_size: int
     context_len: int
-    eos_token_ids: list
+    eos_token_ids: list[int]
     vocab_size: int
 
 
@@ -216,23 +205,25 @@ class RankStop:
 class ProcReady:
     name: str
     pid: int
-    info: dict
+    info: dict[str, int | str | list[int]]  # what the launcher reports or needs: ports, url, the KV pool
 
 
 @message(51)
 class FailAll:
-    """Launcher -> frontend: end every in-flight request with this outcome."""
+    """Launcher -> frontend: end every in-flight request with this outcome (ABORT on shutdown,
+    ERROR with code GONE when a process died)."""
 
-    finish_reason: str
-    error: str | None
+    finish_reason: FinishReason
+    code: ErrorCode | None = None
+    error: str | None = None
 
 
 CLIENT_TO_FRONTEND = Codec(GenerateReq, AbortReq, Heartbeat, StatsReq)
 FRONTEND_TO_CLIENT = Codec(ReqOutput, StatsOut, HeartbeatAck)
 SCHEDULER_INBOX = Codec(TokenizedReq, AbortReq, StatsReq)
-DETOK_INBOX = Codec(DetokRegister, TokenOutBatch, StatsOut)
+DETOK_INBOX = Codec(DetokRegister, TokenOutBatch, ReqOutput, StatsOut)
 FRONTEND_INBOX = Codec(ReqOutput, StatsOut, FailAll)
-WORKER_INBOX = Codec(ForwardBatchMsg)
-WORKER_TO_SCHEDULER = Codec(StepResultMsg, WorkerReady, WorkerError)
-RANK_BROADCAST = Codec(ForwardBatchMsg, RankHeartbeat, RankStop)
+WORKER_INBOX = Codec(ForwardBatch)
+WORKER_TO_SCHEDULER = Codec(StepResult, WorkerReady, WorkerError)
+RANK_BROADCAST = Codec(ForwardBatch, RankHeartbeat, RankStop)
 LAUNCHER_INBOX = Codec(ProcReady)

@@ -1,4 +1,7 @@
-"""Per-request generation options, as the client sends them and the scheduler keeps them."""
+"""Per-request generation options, as the client sends them and the scheduler keeps them.
+
+Built from the client's untrusted fields once, at the door (`from_dict`, in the frontend's
+RequestValidator), then carried whole to the scheduler as a nested wire message."""
 
 from __future__ import annotations
 
@@ -6,7 +9,10 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from common.wire import message
 
+
+@message()
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     max_tokens: int = 128

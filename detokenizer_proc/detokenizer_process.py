@@ -4,6 +4,7 @@
         DetokRegister -> start a request's incremental state (stop strings)
         TokenOutBatch -> per request: text delta; a matched stop string finishes it here and
                          tells the scheduler to stop decoding it; a finish flushes held-back text
+        ReqOutput     -> pass through (a request the scheduler refused: never registered)
         StatsOut      -> pass through
 
 Per-request state lives from DetokRegister to the request's last output, never longer.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from common.finish_reason import FinishReason
 from common.messages import (
     DETOK_INBOX,
     FRONTEND_INBOX,
@@ -27,9 +29,8 @@ from common.messages import (
     ProcReady,
     ReqOutput,
     StatsOut,
+    TokenOut,
     TokenOutBatch,
-    bytes_to_ids,
-    ids_to_bytes,
 )
 from common.proc_runtime import child_args, child_setup
 from common.server_config import ServerConfig
@@ -61,40 +62,37 @@ class DetokenizerLoop:
             if isinstance(msg, DetokRegister):
                 self.states[msg.req_id] = DetokState(IncrementalDetokenizer(self.tokenizer, stop=msg.stop), msg.num_prompt_tokens)
             elif isinstance(msg, TokenOutBatch):
-                for entry in msg.entries:
-                    self.on_tokens(*entry)
+                for out in msg.outs:
+                    self.on_tokens(out)
+            elif isinstance(msg, ReqOutput):
+                self.to_frontend.send(msg)
             elif isinstance(msg, StatsOut):
                 msg.stats["detokenizer_states"] = len(self.states)
                 self.to_frontend.send(msg)
 
-    def on_tokens(
-        self, req_id, raw_ids, finish_reason, error, num_prompt_tokens, num_cached_tokens, logprobs, clamped_to
-    ) -> None:
-        state = self.states.get(req_id)
+    def on_tokens(self, out: TokenOut) -> None:
+        state = self.states.get(out.req_id)
         if state is None:
-            if finish_reason is not None and error is not None:  # refused before it was registered
-                self.to_frontend.send(ReqOutput(req_id, "", b"", finish_reason, error, num_prompt_tokens))
             return  # already finished here (stop string matched while a step was in flight)
-        token_ids = bytes_to_ids(raw_ids)
-        state.num_output_tokens += len(token_ids)
-        text = state.detok.add_tokens(token_ids)
+        state.num_output_tokens += len(out.token_ids)
+        text = state.detok.add_tokens(out.token_ids.tolist())
+        finish_reason, code, error = out.finish_reason, out.code, out.error
         if state.detok.stopped:
-            self.to_scheduler.send(AbortReq(req_id, "stop"))
-            finish_reason, error = "stop", None
+            self.to_scheduler.send(AbortReq(req_id=out.req_id, finish_reason=FinishReason.STOP))
+            finish_reason, code, error = FinishReason.STOP, None, None
         elif finish_reason is not None:
             text += state.detok.flush()
-            if state.detok.stopped and finish_reason != "error":  # the stop string completed in held-back text
-                finish_reason = "stop"
-        if not text and finish_reason is None and not token_ids and clamped_to is None:
+            if state.detok.stopped and finish_reason is not FinishReason.ERROR:  # the stop string completed in held-back text
+                finish_reason = FinishReason.STOP
+        if not text and finish_reason is None and not len(out.token_ids) and out.max_tokens_clamped_to is None:
             return
-        self.to_frontend.send(
-            ReqOutput(
-                req_id, text, ids_to_bytes(token_ids), finish_reason, error,
-                state.num_prompt_tokens, state.num_output_tokens, num_cached_tokens, logprobs, clamped_to,
-            )
-        )
+        self.to_frontend.send(ReqOutput(
+            req_id=out.req_id, text=text, token_ids=out.token_ids, finish_reason=finish_reason, code=code, error=error,
+            prompt_tokens=state.num_prompt_tokens, completion_tokens=state.num_output_tokens,
+            cached_tokens=out.num_cached_tokens, logprobs=out.logprobs, max_tokens_clamped_to=out.max_tokens_clamped_to,
+        ))
         if finish_reason is not None:
-            del self.states[req_id]
+            del self.states[out.req_id]
 
 
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:
@@ -105,7 +103,7 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         to_frontend = push(ctx, addrs.frontend_inbox, FRONTEND_INBOX)
         to_scheduler = push(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
         launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open: a closed LINGER=0 socket drops its queue
-        launcher.send(ProcReady("detokenizer", os.getpid(), {}))
+        launcher.send(ProcReady(name="detokenizer", pid=os.getpid(), info={}))
         logger.info("detokenizer ready")
         DetokenizerLoop(tokenizer, inbox, to_frontend, to_scheduler).run_forever()
     finally:

@@ -2,16 +2,18 @@
 
     {"error": {"message": "...", "type": "invalid_request_error", "param": null, "code": null}}
 
-Status codes: 400 a bad request (validation, a prompt too long for the context), 404 an unknown
-model or path, 503 the server cannot take the request now (queue full, draining, not answering),
-500 a real internal fault (a process died, a bug).
+A server error's HTTP status and OpenAI `code` come from its ErrorCode alone (STATUS_OF_CODE),
+never from its text: 400 a bad request (validation, a prompt too long for the context), 404 an
+unknown model or path, 503 the server cannot take the request now (queue full, draining, not
+answering), 500 a real internal fault (a process died, a bug).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client.types import RequestTimeoutError, ServerBusyError, ServerError, ServerGoneError
+from client.types import RequestTimeoutError, ServerError
+from common.error_code import ErrorCode
 
 ERROR_TYPES = {
     400: "invalid_request_error",
@@ -19,8 +21,13 @@ ERROR_TYPES = {
     500: "internal_server_error",
     503: "service_unavailable_error",
 }
-# ServerError messages that are the server's fault, not the request's (the rest are validation)
-INTERNAL_PREFIXES = ("server failure", "duplicate req_id", "req_id ")
+STATUS_OF_CODE: dict[ErrorCode, tuple[int, str | None]] = {  # ErrorCode -> (HTTP status, OpenAI error code)
+    ErrorCode.BUSY: (503, "server_busy"),
+    ErrorCode.INVALID: (400, None),
+    ErrorCode.INTERNAL: (500, "internal_error"),
+    ErrorCode.GONE: (500, "server_failure"),
+    ErrorCode.UNAVAILABLE: (503, "server_unavailable"),
+}
 
 
 @dataclass
@@ -42,23 +49,21 @@ class ApiError(Exception):
         """The HTTP error for an exception the async client raised for a request."""
         if isinstance(exc, ApiError):
             return exc
-        if isinstance(exc, ServerBusyError):
-            return ApiError(503, _server_message(exc), code="server_busy")
-        if isinstance(exc, ServerGoneError):
-            return ApiError(503, f"the server is not answering: {exc}", code="server_unavailable")
         if isinstance(exc, RequestTimeoutError):
             return ApiError(503, str(exc), code="timeout")
         if isinstance(exc, ServerError):
-            message = _server_message(exc)
-            if message.startswith(INTERNAL_PREFIXES):
-                return ApiError(500, message, code="internal_error")
-            return ApiError(400, message)
+            status, code = STATUS_OF_CODE[exc.code]
+            message = f"the server is not answering: {exc.message}" if exc.code is ErrorCode.UNAVAILABLE else exc.message
+            return ApiError(status, message, code=code)
         return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
 
 
-def _server_message(exc: ServerError) -> str:
-    """The server's own message, without the client's "request <id>: " prefix."""
-    text = str(exc)
-    if text.startswith("request ") and ": " in text:
-        return text.split(": ", 1)[1]
-    return text
+def error_code_of(status: int, api_code: str | None) -> ErrorCode:
+    """The ErrorCode behind an HTTP error response (the inverse of STATUS_OF_CODE): by its OpenAI
+    `code` when it is one of ours, else by its status."""
+    for code, (_, known) in STATUS_OF_CODE.items():
+        if known is not None and known == api_code:
+            return code
+    if 400 <= status < 500:
+        return ErrorCode.INVALID
+    return ErrorCode.UNAVAILABLE if status == 503 else ErrorCode.INTERNAL

@@ -73,7 +73,7 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
             server = HttpServer(config, health)
             launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open until exit (LINGER=0 drops on close)
             url = f"http://{cfg.host}:{cfg.http_port}"
-            launcher.send(ProcReady("http", os.getpid(), {"port": cfg.http_port, "url": url}))
+            launcher.send(ProcReady(name="http", pid=os.getpid(), info={"port": cfg.http_port, "url": url}))
             logger.info("HTTP listening on %s (model %s, client port %d)", url, state.model_name, client_port)
             await server.serve(sockets=[sock])
     finally:

@@ -22,6 +22,8 @@ import time
 
 import zmq
 
+from common.error_code import ErrorCode
+from common.finish_reason import FinishReason
 from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, FailAll, ProcReady
 from common.rank_layout import RankLayout
 from common.server_config import ServerConfig
@@ -107,7 +109,7 @@ class Launcher:
         what = "; ".join(f"the {name} process {ChildProcess.describe_exit(code)}" for name, code in dead)
         logger.error("%s; shutting %s down", what, "the server" if self.to_frontend else f"node {self.layout.node_rank}")
         if self.to_frontend is not None:
-            self.to_frontend.send(FailAll("error", f"server failure: {what}"))
+            self.to_frontend.send(FailAll(finish_reason=FinishReason.ERROR, code=ErrorCode.GONE, error=f"server failure: {what}"))
         return 1
 
     def dead_children(self) -> list[tuple[str, int]]:
@@ -126,10 +128,10 @@ class Launcher:
 
     def shutdown(self) -> None:
         if self.ready.get("tokenizer") and self.first_dead_child() is None:
-            self.to_frontend.send(FailAll("abort", None))
+            self.to_frontend.send(FailAll(finish_reason=FinishReason.ABORT))
             time.sleep(0.3)  # let the frontend tell its clients before it goes
         elif self.ready.get("tokenizer"):
-            time.sleep(0.3)  # FailAll("error") was sent by supervise()
+            time.sleep(0.3)  # FailAll(ERROR, GONE) was sent by supervise()
         for child in self.children:
             child.terminate()
         for child in self.children:

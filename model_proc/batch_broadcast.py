@@ -23,7 +23,7 @@ import time
 
 import zmq
 
-from common.batch_messages import ForwardBatchMsg
+from common.forward_batch import ForwardBatch
 from common.messages import RANK_BROADCAST, RankHeartbeat, RankStop
 from common.wire import WireError
 
@@ -78,13 +78,13 @@ class BatchPublisher:
         self._send(frame)
 
     def heartbeat(self) -> None:
-        self._send(RANK_BROADCAST.encode(RankHeartbeat(self.last_step_id)))
+        self._send(RANK_BROADCAST.encode(RankHeartbeat(step_id=self.last_step_id)))
 
     def close(self, error: str | None) -> None:
         """Tell the followers to stop, cleanly when `error` is None (best effort: a full queue
         means they are gone anyway)."""
         try:
-            self.socket.send(RANK_BROADCAST.encode(RankStop(error)), zmq.NOBLOCK)
+            self.socket.send(RANK_BROADCAST.encode(RankStop(error=error)), zmq.NOBLOCK)
             self.socket.close(linger=1000)
         except zmq.ZMQError:
             self.socket.close(linger=0)
@@ -115,7 +115,7 @@ class BatchSubscriber:
         self.socket.setsockopt(zmq.SUBSCRIBE, b"")
         self.socket.connect(address)
 
-    def next_batch(self, silence_timeout_s: float = SILENCE_TIMEOUT_S) -> ForwardBatchMsg | None:
+    def next_batch(self, silence_timeout_s: float = SILENCE_TIMEOUT_S) -> ForwardBatch | None:
         """The next batch; None when rank 0 stopped cleanly. Raises RankZeroLost when rank 0
         failed, or after `silence_timeout_s` of silence (heartbeats included) while waiting."""
         while True:
@@ -125,7 +125,7 @@ class BatchSubscriber:
                 msg = RANK_BROADCAST.decode(self.socket.recv())
             except WireError as exc:  # rank 0 forwards only frames it decoded, so this is a bug
                 raise RuntimeError(f"undecodable frame from rank 0 on {self.address}: {exc}") from exc
-            if isinstance(msg, ForwardBatchMsg):
+            if isinstance(msg, ForwardBatch):
                 return msg
             if isinstance(msg, RankStop):
                 if msg.error is not None:

@@ -22,7 +22,7 @@ import os
 
 import zmq
 
-from common.batch_messages import ForwardBatchMsg, StepResultMsg
+from common.forward_batch import ForwardBatch, StepResult
 from common.messages import (
     LAUNCHER_INBOX,
     WORKER_INBOX,
@@ -46,11 +46,11 @@ def build_runner(cfg: ServerConfig, rank: int):
     return ModelRunner.from_server_config(cfg, tp_rank=rank)
 
 
-def run_step(runner, msg: ForwardBatchMsg) -> StepResultMsg | WorkerError:
+def run_step(runner, batch: ForwardBatch) -> StepResult | WorkerError:
     try:
-        return StepResultMsg(runner.run(msg.batch))
+        return runner.run(batch)
     except ValueError as exc:
-        return WorkerError(msg.batch.step_id, str(exc))
+        return WorkerError(step_id=batch.step_id, message=str(exc))
 
 
 def lead(runner, inbox: Endpoint, results: Endpoint, publisher: BatchPublisher | None) -> None:
@@ -61,10 +61,10 @@ def lead(runner, inbox: Endpoint, results: Endpoint, publisher: BatchPublisher |
         if got is None:
             publisher.heartbeat()
             continue
-        frame, msg = got
+        frame, batch = got
         if publisher:
-            publisher.publish(frame, msg.batch.step_id)
-        reply = run_step(runner, msg)
+            publisher.publish(frame, batch.step_id)
+        reply = run_step(runner, batch)
         if isinstance(reply, WorkerError):
             logger.error("refused batch %d: %s", reply.step_id, reply.message)
         results.send(reply)
@@ -72,8 +72,8 @@ def lead(runner, inbox: Endpoint, results: Endpoint, publisher: BatchPublisher |
 
 def follow(runner, subscriber: BatchSubscriber) -> None:
     """A follower's loop: returns when rank 0 stops cleanly."""
-    while (msg := subscriber.next_batch()) is not None:
-        run_step(runner, msg)  # rank 0 reports the result, or the refusal
+    while (batch := subscriber.next_batch()) is not None:
+        run_step(runner, batch)  # rank 0 reports the result, or the refusal
 
 
 def serve_lead(cfg: ServerConfig, addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoint, name: str) -> None:
@@ -86,7 +86,7 @@ def serve_lead(cfg: ServerConfig, addrs: Addresses, runner, ctx: zmq.Context, la
             publisher.wait_for_followers(cfg.startup_timeout_s)
         info = runner.info()
         results.send(WorkerReady(**info))
-        launcher.send(ProcReady(name, os.getpid(), info))
+        launcher.send(ProcReady(name=name, pid=os.getpid(), info=info))
         logger.info("model worker ready (%d ranks): %s", cfg.tp_size, info)
         lead(runner, inbox, results, publisher)
     except Exception as exc:
@@ -99,7 +99,7 @@ def serve_lead(cfg: ServerConfig, addrs: Addresses, runner, ctx: zmq.Context, la
 
 def serve_follower(addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoint, name: str) -> None:
     subscriber = BatchSubscriber(ctx, addrs.rank_broadcast)
-    launcher.send(ProcReady(name, os.getpid(), {}))
+    launcher.send(ProcReady(name=name, pid=os.getpid(), info={}))
     logger.info("%s ready, following rank 0 on %s", name, addrs.rank_broadcast)
     follow(runner, subscriber)
     logger.info("rank 0 stopped; %s exits", name)

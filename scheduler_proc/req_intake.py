@@ -33,7 +33,8 @@ class ReqIntake:
         return -(-(num_prompt_tokens + max_tokens - 1) // self.page_size)
 
     def refusal(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
-        """Why the request can never run, or None."""
+        """Why the request can never run on this server (the scheduler refuses it as
+        ErrorCode.INVALID: the request's fault, not the server's state), or None."""
         if num_prompt_tokens == 0:
             return "empty prompt"
         if max_tokens < 1:

@@ -4,9 +4,10 @@
     next_batch()            -> the ForwardBatch of one step (None when there is nothing to run)
     on_result(StepResult)   -> append sampled tokens, finish, cache and free
 
-One batch is in flight at a time. A request aborted while its batch is in flight is answered at
-once but freed by on_result, after the worker is done with its pages, and gets nothing after
-its abort update.
+Each returns the TokenOut records (common/messages.py) to send to the detokenizer. One batch is
+in flight at a time. A request aborted while its batch is in flight is answered at once but
+freed by on_result, after the worker is done with its pages, and gets nothing after its abort
+update.
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from common.error_code import ErrorCode
+from common.finish_reason import FinishReason
 from common.forward_batch import ForwardBatch, StepResult
+from common.messages import NO_TOKEN_IDS, TokenOut
 from common.sampling_params import SamplingParams
 from scheduler_proc.admission_policy import AdmissionPolicy
 from scheduler_proc.cache_manager import CacheManager
@@ -27,11 +31,10 @@ from scheduler_proc.prefill_adder import PrefillAdder
 from scheduler_proc.req import ChunkedReq, PendingReq, Req
 from scheduler_proc.req_intake import ReqIntake
 from scheduler_proc.req_table import ReqTable
-from scheduler_proc.req_update import FINISH_REASONS, ReqUpdate
 from scheduler_proc.scheduled_batch import ScheduledBatch
 from scheduler_proc.scheduler_stats import SchedulerStats
 
-__all__ = ["STEP_POLICIES", "ReqUpdate", "Scheduler", "SchedulerStats"]
+__all__ = ["STEP_POLICIES", "Scheduler", "SchedulerStats"]
 
 logger = logging.getLogger(__name__)
 
@@ -89,17 +92,21 @@ class Scheduler:
 
     # -- requests in and out -----------------------------------------------------------------
 
-    def submit(self, req_id: int, input_ids: Sequence[int] | np.ndarray, params: SamplingParams) -> list[ReqUpdate]:
-        """Queue a request ([]), or refuse it at once with an "error" update saying why."""
+    def submit(self, req_id: int, input_ids: Sequence[int] | np.ndarray, params: SamplingParams) -> list[TokenOut]:
+        """Queue a request ([]), or refuse it at once with an ERROR update saying why."""
         input_ids = np.array(input_ids, dtype=np.int32).reshape(-1)
         max_tokens = self._intake.max_tokens(len(input_ids), params)
         self._totals.num_submitted += 1
-        error = self._refusal(req_id, len(input_ids), max_tokens)
-        if error is not None:
-            logger.info("req %d refused: %s", req_id, error)
+        refusal = self._refusal(req_id, len(input_ids), max_tokens)
+        if refusal is not None:
+            code, error = refusal
+            logger.info("req %d refused (%s): %s", req_id, code.text, error)
             self._totals.num_refused += 1
             clamped_to = max_tokens if 0 < max_tokens < params.max_tokens else None
-            return [ReqUpdate(req_id, [], "error", error, len(input_ids), 0, None, clamped_to)]
+            return [TokenOut(
+                req_id=req_id, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.ERROR, code=code, error=error,
+                max_tokens_clamped_to=clamped_to,
+            )]
         pending = self._intake.pending(req_id, input_ids, params, max_tokens)
         if pending.max_tokens_clamped_to is not None:
             logger.info("req %d: max_tokens %d clamped to %d by the context length %d", req_id, params.max_tokens, max_tokens, self.context_len)
@@ -107,14 +114,12 @@ class Scheduler:
         self._live[req_id] = pending
         return []
 
-    def abort(self, req_id: int, reason: str = "abort") -> list[ReqUpdate]:
-        """End a request in any state. Unknown or already finished ids get []. `reason` becomes
-        the finish reason if it is one ("stop" for a stop string the detokenizer found), else
-        it is logged and the finish reason is "abort"."""
+    def abort(self, req_id: int, finish_reason: FinishReason = FinishReason.ABORT) -> list[TokenOut]:
+        """End a request in any state with `finish_reason` (ABORT, or STOP for a stop string the
+        detokenizer found). Unknown or already finished ids get []."""
         entry = self._live.pop(req_id, None)
         if entry is None:
             return []
-        finish_reason = reason if reason in FINISH_REASONS else "abort"
         if isinstance(entry, PendingReq):
             self._queue.remove(entry)
             state = "waiting"
@@ -125,11 +130,11 @@ class Scheduler:
         else:
             state = "between chunks" if entry.is_prefilling else "running"
             self._release(entry)
-        if finish_reason == "stop":  # the detokenizer matched a stop string: a normal finish
+        if finish_reason is FinishReason.STOP:  # the detokenizer matched a stop string: a normal finish
             logger.info("req %d finished (stop string) while %s", req_id, state)
             self._totals.num_finished += 1
         else:
-            logger.info("req %d aborted (%s) while %s", req_id, reason, state)
+            logger.info("req %d aborted (%s) while %s", req_id, finish_reason.text, state)
             self._totals.num_aborted += 1
         return [self._final_update(entry, finish_reason)]
 
@@ -164,25 +169,25 @@ class Scheduler:
         self._totals.num_steps += 1
         return batch.to_forward_batch(self._req_table)
 
-    def on_result(self, result: StepResult) -> list[ReqUpdate]:
+    def on_result(self, result: StepResult) -> list[TokenOut]:
         batch = self._in_flight
         assert batch is not None and result.step_id == batch.step_id, f"result for step {result.step_id}, in flight: {batch and batch.step_id}"
         self._in_flight = None
-        token_ids = result.next_token_ids.tolist()
+        token_ids = result.next_token_ids
         logprobs = result.logprobs.tolist()
         assert len(token_ids) == batch.num_sampled, f"step {batch.step_id}: {len(token_ids)} tokens for {batch.num_sampled} sampled requests"
         num_decode = len(batch.decode_reqs)
         self._totals.num_decoded_tokens += num_decode
         self._totals.num_prefilled_tokens += sum(batch.prefill_extend_lens)
-        updates: list[ReqUpdate] = []
+        updates: list[TokenOut] = []
         self._on_decoded(batch.decode_reqs, token_ids[:num_decode], logprobs[:num_decode], updates)
         self._on_prefilled(batch, token_ids[num_decode:], logprobs[num_decode:], updates)
         self._totals.num_generated_tokens += len(updates)
         return updates
 
-    def _on_decoded(self, reqs: list[Req], token_ids: list[int], logprobs: list[float], updates: list[ReqUpdate]) -> None:
+    def _on_decoded(self, reqs: list[Req], token_ids: np.ndarray, logprobs: list[float], updates: list[TokenOut]) -> None:
         """The hot path: one new token for each running request."""
-        for req, token_id, logprob in zip(reqs, token_ids, logprobs, strict=True):
+        for i, (req, token_id, logprob) in enumerate(zip(reqs, token_ids.tolist(), logprobs, strict=True)):
             req.in_flight = False
             req.cached_len += 1
             if req.is_aborted:  # its abort update is sent: drop the token, free it now
@@ -190,20 +195,20 @@ class Scheduler:
                 continue
             req.output_ids.append(token_id)
             finish_reason = _finish_reason(req, token_id)
-            updates.append(ReqUpdate(
-                req.req_id, [token_id], finish_reason, None, req.num_prompt_tokens, req.num_cached_tokens,
-                [logprob] if req.params.return_logprob else None,
+            updates.append(TokenOut(
+                req_id=req.req_id, token_ids=token_ids[i : i + 1], finish_reason=finish_reason,
+                num_cached_tokens=req.num_cached_tokens, logprobs=[logprob] if req.params.return_logprob else None,
             ))
             if finish_reason is not None:
                 self._finish(req, finish_reason)
 
-    def _on_prefilled(self, batch: ScheduledBatch, token_ids: list[int], logprobs: list[float], updates: list[ReqUpdate]) -> None:
+    def _on_prefilled(self, batch: ScheduledBatch, token_ids: np.ndarray, logprobs: list[float], updates: list[TokenOut]) -> None:
         """Prefill chunks: a finished prompt gives the first token (the request's first update)."""
-        samples = zip(token_ids, logprobs, strict=True)
+        samples = zip(range(len(token_ids)), token_ids.tolist(), logprobs, strict=True)
         for req, extend_len, sampled in zip(batch.prefill_reqs, batch.prefill_extend_lens, batch.prefill_is_sampled, strict=True):
             req.in_flight = False
             req.cached_len += extend_len
-            token_id, logprob = next(samples) if sampled else (0, 0.0)
+            i, token_id, logprob = next(samples) if sampled else (0, 0, 0.0)
             if req.is_aborted:
                 self._release(req)
             elif not sampled:  # prompt left: share what is computed so far, say nothing yet
@@ -211,9 +216,10 @@ class Scheduler:
             else:
                 req.output_ids.append(token_id)
                 finish_reason = _finish_reason(req, token_id)
-                updates.append(ReqUpdate(
-                    req.req_id, [token_id], finish_reason, None, req.num_prompt_tokens, req.num_cached_tokens,
-                    [logprob] if req.params.return_logprob else None, req.max_tokens_clamped_to,
+                updates.append(TokenOut(
+                    req_id=req.req_id, token_ids=token_ids[i : i + 1], finish_reason=finish_reason,
+                    num_cached_tokens=req.num_cached_tokens, logprobs=[logprob] if req.params.return_logprob else None,
+                    max_tokens_clamped_to=req.max_tokens_clamped_to,
                 ))
                 if finish_reason is not None:
                     self._finish(req, finish_reason)
@@ -278,13 +284,16 @@ class Scheduler:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _refusal(self, req_id: int, num_prompt_tokens: int, max_tokens: int) -> str | None:
+    def _refusal(self, req_id: int, num_prompt_tokens: int, max_tokens: int) -> tuple[ErrorCode, str] | None:
+        """Why the request is refused now, and whose fault that is; None to queue it."""
         if req_id in self._live:
-            return f"duplicate req_id {req_id}: a request with this id is still live"
+            return ErrorCode.INTERNAL, f"duplicate req_id {req_id}: a request with this id is still live"
         error = self._intake.refusal(num_prompt_tokens, max_tokens)
-        if error is None and len(self._queue) >= self.max_queued_requests:
-            error = f"server busy: {len(self._queue)} requests waiting (max_queued_requests={self.max_queued_requests})"
-        return error
+        if error is not None:
+            return ErrorCode.INVALID, error
+        if len(self._queue) >= self.max_queued_requests:
+            return ErrorCode.BUSY, f"server busy: {len(self._queue)} requests waiting (max_queued_requests={self.max_queued_requests})"
+        return None
 
     def _schedule_prefill(self, token_budget: int) -> PrefillAdder | None:
         """The prefill part of this step, or None when nothing can be prefilled."""
@@ -312,8 +321,8 @@ class Scheduler:
         chunked = self._chunked.req.num_reserved_pages if self._chunked is not None else 0
         return self._decode.num_reserved_pages + chunked
 
-    def _finish(self, req: Req, finish_reason: str) -> None:
-        logger.info("req %d finished (%s): %d output tokens", req.req_id, finish_reason, len(req.output_ids))
+    def _finish(self, req: Req, finish_reason: FinishReason) -> None:
+        logger.info("req %d finished (%s): %d output tokens", req.req_id, finish_reason.text, len(req.output_ids))
         del self._live[req.req_id]
         self._totals.num_finished += 1
         self._release(req)
@@ -331,18 +340,20 @@ class Scheduler:
         self._cache.release_req(req)
         self._req_table.free(req.row_idx, req.req_id)
 
-    def _final_update(self, entry: PendingReq | Req, finish_reason: str) -> ReqUpdate:
+    def _final_update(self, entry: PendingReq | Req, finish_reason: FinishReason) -> TokenOut:
         first = isinstance(entry, PendingReq) or not entry.output_ids
-        num_cached = entry.num_cached_tokens if isinstance(entry, Req) else 0
-        clamped_to = entry.max_tokens_clamped_to if first else None
-        return ReqUpdate(entry.req_id, [], finish_reason, None, entry.num_prompt_tokens, num_cached, None, clamped_to)
+        return TokenOut(
+            req_id=entry.req_id, token_ids=NO_TOKEN_IDS, finish_reason=finish_reason,
+            num_cached_tokens=entry.num_cached_tokens if isinstance(entry, Req) else 0,
+            max_tokens_clamped_to=entry.max_tokens_clamped_to if first else None,
+        )
 
 
-def _finish_reason(req: Req, token_id: int) -> str | None:
+def _finish_reason(req: Req, token_id: int) -> FinishReason | None:
     """Why `req` ends with `token_id` just appended, or None. The context limit is already in
     max_tokens (clamped at submit)."""
     if token_id in req.stop_ids:
-        return "stop"
+        return FinishReason.STOP
     if len(req.output_ids) >= req.max_tokens:
-        return "length"
+        return FinishReason.LENGTH
     return None

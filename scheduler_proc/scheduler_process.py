@@ -3,7 +3,7 @@
     loop:
         drain the inbox (block only when there is no work)
         batch = scheduler.next_batch()
-        if batch: send it, wait for its result, publish the updates
+        if batch: send it, wait for its result, publish the TokenOuts
         else if idle: check integrity
 
 Only one batch is in flight (no overlap scheduling yet), so the scheduler's state is never
@@ -19,7 +19,8 @@ from dataclasses import asdict
 
 import zmq
 
-from common.batch_messages import ForwardBatchMsg, StepResultMsg
+from common.finish_reason import FinishReason
+from common.forward_batch import StepResult
 from common.messages import (
     DETOK_INBOX,
     LAUNCHER_INBOX,
@@ -29,20 +30,19 @@ from common.messages import (
     AbortReq,
     DetokRegister,
     ProcReady,
+    ReqOutput,
     StatsOut,
     StatsReq,
     TokenizedReq,
+    TokenOut,
     TokenOutBatch,
     WorkerError,
     WorkerReady,
-    bytes_to_ids,
-    ids_to_bytes,
 )
 from common.proc_runtime import child_args, child_setup
-from common.sampling_params import SamplingParams
 from common.server_config import ServerConfig
 from common.transport import Addresses, Endpoint, pull, push
-from scheduler_proc.scheduler import ReqUpdate, Scheduler
+from scheduler_proc.scheduler import Scheduler
 from scheduler_proc.scheduler_knobs import scheduler_knobs
 
 logger = logging.getLogger("scheduler_proc")
@@ -63,7 +63,7 @@ class SchedulerLoop:
             batch = self.scheduler.next_batch()
             if batch is not None:
                 self.checked_idle = False
-                self.to_worker.send(ForwardBatchMsg(batch))
+                self.to_worker.send(batch)
                 self.publish(self.scheduler.on_result(self.wait_result(batch.step_id)))
             elif not self.scheduler.has_work and not self.checked_idle:
                 self.scheduler.check_integrity()
@@ -77,39 +77,36 @@ class SchedulerLoop:
 
     def handle(self, msg) -> None:
         if isinstance(msg, TokenizedReq):
-            input_ids = bytes_to_ids(msg.input_ids)
-            try:  # validated by the frontend already; a bad one must still not take the loop down
-                params = SamplingParams.from_dict(msg.sampling)
-            except ValueError as exc:
-                self.publish([ReqUpdate(msg.req_id, [], "error", str(exc), len(input_ids), 0, None, None)])
-                return
-            updates = self.scheduler.submit(msg.req_id, input_ids, params)
-            if not updates:
-                self.to_detok.send(DetokRegister(msg.req_id, list(params.stop), len(input_ids)))
-            self.publish(updates)
+            self.submit(msg)
         elif isinstance(msg, AbortReq):
-            self.publish(self.scheduler.abort(msg.req_id, msg.reason))
+            self.publish(self.scheduler.abort(msg.req_id, msg.finish_reason))
         elif isinstance(msg, StatsReq):
-            self.to_detok.send(StatsOut(msg.req_id, asdict(self.scheduler.stats())))
+            self.to_detok.send(StatsOut(req_id=msg.req_id, stats=asdict(self.scheduler.stats())))
 
-    def wait_result(self, step_id: int):
+    def submit(self, msg: TokenizedReq) -> None:
+        """Register an accepted request with the detokenizer; a refused one is never registered,
+        so its one output (with its prompt count, which DetokRegister would have carried) goes
+        through the detokenizer whole."""
+        num_prompt_tokens = len(msg.input_ids)
+        refusal = self.scheduler.submit(msg.req_id, msg.input_ids, msg.params)
+        if not refusal:
+            self.to_detok.send(DetokRegister(req_id=msg.req_id, stop=list(msg.params.stop), num_prompt_tokens=num_prompt_tokens))
+            return
+        (out,) = refusal
+        self.to_detok.send(ReqOutput.final(
+            msg.req_id, FinishReason.ERROR, code=out.code, error=out.error, prompt_tokens=num_prompt_tokens,
+        ))
+
+    def wait_result(self, step_id: int) -> StepResult:
         reply = self.from_worker.recv()
         if isinstance(reply, WorkerError):
             raise RuntimeError(f"model worker refused step {reply.step_id}: {reply.message}")
-        assert isinstance(reply, StepResultMsg) and reply.result.step_id == step_id, reply
-        return reply.result
+        assert isinstance(reply, StepResult) and reply.step_id == step_id, reply
+        return reply
 
-    def publish(self, updates: list[ReqUpdate]) -> None:
-        if not updates:
-            return
-        entries = [
-            [
-                u.req_id, ids_to_bytes(u.new_token_ids), u.finish_reason, u.error, u.num_prompt_tokens,
-                u.num_cached_tokens, u.logprobs, u.max_tokens_clamped_to,
-            ]
-            for u in updates
-        ]
-        self.to_detok.send(TokenOutBatch(entries))
+    def publish(self, outs: list[TokenOut]) -> None:
+        if outs:
+            self.to_detok.send(TokenOutBatch(outs=outs))
 
 
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:
@@ -129,7 +126,7 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
             eos_token_ids=ready.eos_token_ids,
             **scheduler_knobs(cfg),
         )
-        launcher.send(ProcReady("scheduler", os.getpid(), {"num_pages": ready.num_pages}))
+        launcher.send(ProcReady(name="scheduler", pid=os.getpid(), info={"num_pages": ready.num_pages}))
         logger.info(
             "scheduler ready: %d KV pages of %d tokens, context %d, policy %s/%s, budget %d tokens/step",
             ready.num_pages, ready.page_size, ready.context_len, cfg.schedule_policy, cfg.admission_policy, cfg.max_prefill_tokens,

@@ -8,9 +8,9 @@ load drivers that want to drive the HTTP path with the code they use for the ZMQ
 
 It streams POST /v1/completions (prompt or input_ids) or /v1/chat/completions (messages) with
 `stream_options.include_usage`, so `result.usage` is filled at the end; `result.output_ids` stays
-empty (the OpenAI API returns text). Errors raise the client's own types: ServerBusyError for a
-503 "server busy", ServerError otherwise. Needs aiohttp (in the `test` extra); the server never
-imports this module.
+empty (the OpenAI API returns text). Errors raise the client's own types, picked by the error's
+ErrorCode as the status and the OpenAI error `code` give it back (ServerBusyError for a 503
+"server_busy", ...). Needs aiohttp (in the `test` extra); the server never imports this module.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ from collections.abc import AsyncIterator
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
-from client.types import GenerateResult, ServerBusyError, ServerError, Usage
+from client.types import GenerateResult, ServerError, Usage, server_error
+from http_proc.api_error import error_code_of
 from http_proc.server_metrics import PREFIX, STAT_COUNTERS, STAT_GAUGES
 
 METRIC_TO_STAT = {f"{PREFIX}_{name}": key for key, name, _ in STAT_GAUGES} | {
@@ -120,10 +121,10 @@ def _fold(chunk: dict, result: GenerateResult, now_s: float) -> str | None:
 
 
 def _error(status: int, text: str) -> ServerError:
+    """The client's exception for an error response (or an in-stream error event) with `text`."""
     try:
-        message = json.loads(text)["error"]["message"]
-    except (ValueError, KeyError, TypeError):
-        message = text
-    if status == 503 and message.startswith("server busy"):
-        return ServerBusyError(message)
-    return ServerError(f"HTTP {status}: {message}")
+        error = json.loads(text)["error"]
+        message, api_code = str(error["message"]), error.get("code")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message, api_code = text, None
+    return server_error(f"HTTP {status}: {message}", error_code_of(status, api_code))

@@ -14,10 +14,11 @@ from typing import Any
 
 import numpy as np
 
+from common.finish_reason import FinishReason
 from common.forward_batch import ForwardBatch
+from common.messages import TokenOut
 from common.sampling_params import SamplingParams
 from common.server_config import ServerConfig
-from scheduler_proc.req_update import ReqUpdate
 from scheduler_proc.scheduler import Scheduler
 from scheduler_proc.scheduler_knobs import scheduler_knobs
 from testing.fake_model import FakeModel
@@ -55,11 +56,11 @@ class SchedulerHarness:
         self.prompts: dict[int, list[int]] = {}
         self.params: dict[int, SamplingParams] = {}
         self.outputs: dict[int, list[int]] = {}
-        self.final: dict[int, ReqUpdate] = {}  # req_id -> its update with finish_reason
-        self.first: dict[int, ReqUpdate] = {}
+        self.final: dict[int, TokenOut] = {}  # req_id -> its update with finish_reason
+        self.first: dict[int, TokenOut] = {}
         self.batches: list[ForwardBatch] = []
 
-    def submit(self, req_id: int, prompt: Sequence[int], params: SamplingParams | None = None) -> list[ReqUpdate]:
+    def submit(self, req_id: int, prompt: Sequence[int], params: SamplingParams | None = None) -> list[TokenOut]:
         params = params or SamplingParams()
         assert req_id not in self.prompts, f"the harness needs unique req_ids ({req_id})"
         self.prompts[req_id], self.params[req_id], self.outputs[req_id] = list(prompt), params, []
@@ -67,12 +68,12 @@ class SchedulerHarness:
         self._record(updates, expect_final=True)
         return updates
 
-    def abort(self, req_id: int, reason: str = "abort") -> list[ReqUpdate]:
-        updates = self.scheduler.abort(req_id, reason)
+    def abort(self, req_id: int, finish_reason: FinishReason = FinishReason.ABORT) -> list[TokenOut]:
+        updates = self.scheduler.abort(req_id, finish_reason)
         self._record(updates, expect_final=True)
         return updates
 
-    def step(self, abort_in_flight: Iterable[int] = ()) -> list[ReqUpdate] | None:
+    def step(self, abort_in_flight: Iterable[int] = ()) -> list[TokenOut] | None:
         """One step (None when there was nothing to run). `abort_in_flight`: ids aborted while
         the batch is with the worker."""
         batch = self.scheduler.next_batch()
@@ -105,7 +106,7 @@ class SchedulerHarness:
         assert s._req_table.num_free_rows == s._req_table.num_rows
         s.check_integrity()
 
-    def _record(self, updates: list[ReqUpdate], expect_final: bool = False) -> None:
+    def _record(self, updates: list[TokenOut], expect_final: bool = False) -> None:
         seen = set()
         for u in updates:
             assert u.req_id not in seen, f"two updates for request {u.req_id} in one call"
@@ -113,22 +114,22 @@ class SchedulerHarness:
             assert u.req_id not in self.final, f"update for request {u.req_id} after its final update: {u}"
             self.first.setdefault(u.req_id, u)
             if expect_final:
-                assert u.finish_reason is not None and not u.new_token_ids, u
-            for token_id in u.new_token_ids:
+                assert u.finish_reason is not None and len(u.token_ids) == 0, u
+            for token_id in u.token_ids.tolist():
                 self._check_token(u, token_id)
             if u.finish_reason is not None:
                 self.final[u.req_id] = u
         if self.check:
             self.scheduler.check_integrity()
 
-    def _check_token(self, u: ReqUpdate, token_id: int) -> None:
+    def _check_token(self, u: TokenOut, token_id: int) -> None:
         prompt, output, params = self.prompts[u.req_id], self.outputs[u.req_id], self.params[u.req_id]
         expected = FakeModel.next_token(prompt + output, self.model.vocab_size)
         assert token_id == expected, f"request {u.req_id} got token {token_id} at output {len(output)}, its sequence gives {expected}"
         output.append(token_id)
         max_tokens = min(params.max_tokens, self.scheduler.context_len - len(prompt))
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.scheduler.eos_token_ids))
-        due = "stop" if token_id in stop_ids else "length" if len(output) == max_tokens else None
+        due = FinishReason.STOP if token_id in stop_ids else FinishReason.LENGTH if len(output) == max_tokens else None
         assert u.finish_reason == due, f"request {u.req_id}: finish_reason {u.finish_reason!r}, expected {due!r}"
         assert len(output) <= max_tokens
         assert (u.logprobs is not None) == params.return_logprob and (u.logprobs is None or len(u.logprobs) == 1), u

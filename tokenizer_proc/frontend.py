@@ -19,8 +19,11 @@ from __future__ import annotations
 import logging
 import time
 
+import numpy as np
 import zmq
 
+from common.error_code import ErrorCode
+from common.finish_reason import FinishReason
 from common.messages import (
     CLIENT_TO_FRONTEND,
     FRONTEND_TO_CLIENT,
@@ -33,7 +36,6 @@ from common.messages import (
     StatsOut,
     StatsReq,
     TokenizedReq,
-    ids_to_bytes,
 )
 from common.transport import Endpoint
 from common.wire import WireError
@@ -89,26 +91,27 @@ class Frontend:
             self.on_generate(identity, msg, now_s)
         elif isinstance(msg, AbortReq):
             if self.registry.identity_of(msg.req_id) == identity:
-                self.to_scheduler.send(AbortReq(msg.req_id, "abort"))
+                self.to_scheduler.send(AbortReq(req_id=msg.req_id))  # ABORT, whatever the client said
         elif isinstance(msg, Heartbeat):
             self.registry.heard_from(msg.client_id, now_s)
-            self.send_to(identity, HeartbeatAck(msg.client_id))
+            self.send_to(identity, HeartbeatAck(client_id=msg.client_id))
         elif isinstance(msg, StatsReq):
             self.stats_waiters[msg.req_id] = identity
             self.to_scheduler.send(msg)
 
     def on_generate(self, identity: bytes, msg: GenerateReq, now_s: float) -> None:
         if self.registry.identity_of(msg.req_id) is not None:
-            self.send_to(identity, ReqOutput(msg.req_id, "", b"", "error", f"req_id {msg.req_id} is already in flight"))
+            error = f"req_id {msg.req_id} is already in flight"
+            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL, error=error))
             return
         try:
             input_ids, params = self.validator.validate(msg.body)
         except ValueError as exc:
             logger.info("req %d refused: %s", msg.req_id, exc)
-            self.send_to(identity, ReqOutput(msg.req_id, "", b"", "error", str(exc)))
+            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INVALID, error=str(exc)))
             return
         self.registry.add_request(msg.client_id, identity, msg.req_id, now_s)
-        self.to_scheduler.send(TokenizedReq(msg.req_id, ids_to_bytes(input_ids), params.to_dict()))
+        self.to_scheduler.send(TokenizedReq(req_id=msg.req_id, input_ids=np.asarray(input_ids, np.int32), params=params))
 
     # ---- from the detokenizer and the launcher -----------------------------------------------
 
@@ -136,15 +139,15 @@ class Frontend:
 
     def fail_all(self, msg: FailAll) -> None:
         req_ids = list(self.registry.owner_of)
-        logger.info("ending %d in-flight request(s): %s %s", len(req_ids), msg.finish_reason, msg.error or "")
+        logger.info("ending %d in-flight request(s): %s %s", len(req_ids), msg.finish_reason.text, msg.error or "")
         for req_id in req_ids:
-            self.route_output(ReqOutput(req_id, "", b"", msg.finish_reason, msg.error))
-            self.to_scheduler.send(AbortReq(req_id, "abort"))
+            self.route_output(ReqOutput.final(req_id, msg.finish_reason, code=msg.code, error=msg.error))
+            self.to_scheduler.send(AbortReq(req_id=req_id))
 
     def abort_silent_clients(self) -> None:
         for req_id in self.registry.silent_requests(time.monotonic()):
             logger.info("req %d: client silent for over %.1fs, aborting", req_id, self.registry.client_timeout_s)
-            self.to_scheduler.send(AbortReq(req_id, "abort"))
+            self.to_scheduler.send(AbortReq(req_id=req_id))
 
     def send_to(self, identity: bytes, msg) -> None:
         self.router.send_multipart([identity, FRONTEND_TO_CLIENT.encode(msg)])

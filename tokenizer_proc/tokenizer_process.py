@@ -39,7 +39,7 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         inbox = pull(ctx, addrs.frontend_inbox, FRONTEND_INBOX)
         to_scheduler = push(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
         launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open: a closed LINGER=0 socket drops its queue
-        launcher.send(ProcReady("tokenizer", os.getpid(), {"port": port}))
+        launcher.send(ProcReady(name="tokenizer", pid=os.getpid(), info={"port": port}))
         logger.info("frontend listening on tcp://%s:%d", cfg.host, port)
         Frontend(validator, router, inbox, to_scheduler, ClientRegistry(cfg.client_timeout_s)).run_forever()
     finally:

@@ -17,6 +17,7 @@ from client.types import (
     ServerGoneError,
     Usage,
 )
+from common.error_code import ErrorCode
 from http_proc.api_error import ApiError
 from http_proc.health_monitor import HealthMonitor
 from http_proc.openai_formatter import OpenAIFormatter, usage_of
@@ -85,11 +86,11 @@ def test_unknown_fields_are_refused_by_the_model():
 @pytest.mark.parametrize(
     ("exc", "status"),
     [
-        (ServerBusyError("request 1: server busy: 9 requests waiting"), 503),
+        (ServerBusyError("server busy: 9 requests waiting", req_id=1), 503),
         (ServerGoneError("server at x has not answered"), 503),
         (RequestTimeoutError("no result"), 503),
-        (ServerError("request 1: prompt is empty"), 400),
-        (ServerError("request 1: server failure: the model process died"), 500),
+        (ServerError("prompt is empty", ErrorCode.INVALID, req_id=1), 400),
+        (ServerGoneError("server failure: the model process died", ErrorCode.GONE, req_id=1), 500),
         (RuntimeError("bug"), 500),
     ],
 )

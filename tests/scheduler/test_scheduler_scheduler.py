@@ -3,6 +3,8 @@
 import numpy as np
 import pytest
 
+from common.error_code import ErrorCode
+from common.finish_reason import FinishReason
 from common.sampling_params import SamplingParams
 from testing.fake_model import FakeModel
 from testing.scheduler_harness import SchedulerHarness
@@ -124,10 +126,10 @@ def test_finish_on_any_eos_id_stop_token_or_max_tokens():
     h.submit(4, pr, p(max_tokens=2))
     h.run()
     cut = seq.index(seq[3]) + 1  # the first occurrence of the EOS id ends it
-    assert h.outputs[1] == seq[:cut] and h.final[1].finish_reason == "stop"
-    assert h.outputs[2] == seq and h.final[2].finish_reason == "length"
-    assert h.outputs[3] == seq[: seq.index(seq[5]) + 1] and h.final[3].finish_reason == "stop"
-    assert h.outputs[4] == seq[:2] and h.final[4].finish_reason == "length"
+    assert h.outputs[1] == seq[:cut] and h.final[1].finish_reason == FinishReason.STOP
+    assert h.outputs[2] == seq and h.final[2].finish_reason == FinishReason.LENGTH
+    assert h.outputs[3] == seq[: seq.index(seq[5]) + 1] and h.final[3].finish_reason == FinishReason.STOP
+    assert h.outputs[4] == seq[:2] and h.final[4].finish_reason == FinishReason.LENGTH
     h.assert_drained()
 
 
@@ -136,7 +138,7 @@ def test_max_tokens_beyond_the_context_is_clamped_and_reported_once():
     h.submit(1, prompt(1, 10), p(max_tokens=100))
     h.run()
     assert h.first[1].max_tokens_clamped_to == 6
-    assert len(h.outputs[1]) == 6 and h.final[1].finish_reason == "length" and h.final[1].max_tokens_clamped_to is None
+    assert len(h.outputs[1]) == 6 and h.final[1].finish_reason == FinishReason.LENGTH and h.final[1].max_tokens_clamped_to is None
     h.submit(2, prompt(1, 10), p(max_tokens=6))
     h.run()
     assert h.first[2].max_tokens_clamped_to is None
@@ -154,7 +156,7 @@ def test_max_tokens_beyond_the_context_is_clamped_and_reported_once():
 def test_a_request_that_can_never_run_is_refused_at_once_with_a_reason(ids, max_tokens, message):
     h = make(num_pages=3, context_len=16)
     (u,) = h.submit(1, ids, p(max_tokens=max_tokens))
-    assert u.finish_reason == "error" and message in u.error and u.new_token_ids == []
+    assert (u.finish_reason, u.code) == (FinishReason.ERROR, ErrorCode.INVALID) and message in u.error and u.token_ids.tolist() == []
     assert not h.scheduler.has_work and h.scheduler.stats().num_refused == 1
     h.submit(2, prompt(1, 3), p(max_tokens=2))  # 4 tokens of KV fit in one page
     h.run()
@@ -165,11 +167,11 @@ def test_a_full_queue_answers_server_busy_and_duplicate_ids_are_refused():
     h = make(max_queued_requests=2)
     assert h.submit(1, prompt(1, 4)) == [] and h.submit(2, prompt(1, 4)) == []
     (busy,) = h.submit(3, prompt(1, 4))
-    assert busy.finish_reason == "error" and busy.error.startswith("server busy: 2 requests waiting")
+    assert (busy.finish_reason, busy.code) == (FinishReason.ERROR, ErrorCode.BUSY) and "server busy: 2 requests waiting" in busy.error
     (dup,) = h.scheduler.submit(1, prompt(9, 4), p())
-    assert dup.finish_reason == "error" and "duplicate req_id 1" in dup.error
+    assert (dup.finish_reason, dup.code) == (FinishReason.ERROR, ErrorCode.INTERNAL) and "duplicate req_id 1" in dup.error
     h.run()
-    assert h.final[1].finish_reason == h.final[2].finish_reason == "length"
+    assert h.final[1].finish_reason == h.final[2].finish_reason == FinishReason.LENGTH
     h.assert_drained()
 
 
@@ -178,19 +180,19 @@ def test_abort_in_every_state():
     h.submit(1, prompt(1, 20), p(max_tokens=8))  # chunked: 8 + 8 + 4
     h.submit(2, prompt(30, 4), p(max_tokens=8))
     (u,) = h.abort(2)  # waiting
-    assert (u.req_id, u.finish_reason, u.new_token_ids) == (2, "abort", [])
+    assert (u.req_id, u.finish_reason, u.token_ids.tolist()) == (2, FinishReason.ABORT, [])
     h.step()
     (u,) = h.abort(1)  # between chunks: freed at once
-    assert u.finish_reason == "abort" and h.scheduler.stats().num_used_pages == 0
+    assert u.finish_reason == FinishReason.ABORT and h.scheduler.stats().num_used_pages == 0
     h.submit(3, prompt(40, 5), p(max_tokens=8))
     h.step()
     h.step()
-    h.abort(3, reason="client went away")  # running
-    assert h.final[3].finish_reason == "abort" and h.scheduler.stats().num_running == 0
+    h.abort(3)  # running
+    assert h.final[3].finish_reason == FinishReason.ABORT and h.scheduler.stats().num_running == 0
     assert h.abort(3) == [] and h.abort(99) == []  # already ended, unknown
     h.submit(4, prompt(50, 3), p(max_tokens=1))
     h.step()
-    assert h.final[4].finish_reason == "length" and h.abort(4) == []  # just finished
+    assert h.final[4].finish_reason == FinishReason.LENGTH and h.abort(4) == []  # just finished
     assert [b.extend_lens.tolist() for b in h.batches] == [[8], [5], [1], [3]]  # 2 never ran, 1 stopped after a chunk
     h.assert_drained()
 
@@ -204,7 +206,7 @@ def test_abort_while_in_flight_frees_after_the_step_and_sends_nothing_after():
     batch = s.next_batch()  # 1: second chunk, in flight
     h.batches.append(batch)
     (u,) = h.abort(1)
-    assert u.finish_reason == "abort"
+    assert u.finish_reason == FinishReason.ABORT
     stats = s.stats()
     assert (stats.num_used_pages, stats.num_cached_pages, stats.num_free_pages) == (2, 2, 60)  # held: the worker writes them
     updates = s.on_result(h.model.forward(batch))
@@ -213,7 +215,7 @@ def test_abort_while_in_flight_frees_after_the_step_and_sends_nothing_after():
     assert s.stats().num_cached_pages == 4  # the 16 computed tokens are kept for others
     h.step()  # 2 prefills
     updates = h.step(abort_in_flight=[2])  # 2 decodes while aborted: the token is dropped
-    assert updates == [] and h.final[2].finish_reason == "abort" and len(h.outputs[2]) == 1
+    assert updates == [] and h.final[2].finish_reason == FinishReason.ABORT and len(h.outputs[2]) == 1
     assert h.abort(2) == []
     h.assert_drained()
 
@@ -302,11 +304,11 @@ def test_abort_with_a_finish_reason_reports_it_and_stats_add_up():
     h = make(context_len=16)
     h.submit(1, prompt(1, 6), p(max_tokens=100))  # clamped to 10
     h.step()
-    (u,) = h.abort(1, reason="stop")  # the detokenizer found a stop string
-    assert (u.finish_reason, u.max_tokens_clamped_to, u.num_prompt_tokens) == ("stop", None, 6)
+    (u,) = h.abort(1, FinishReason.STOP)  # the detokenizer found a stop string
+    assert (u.finish_reason, u.max_tokens_clamped_to, u.code) == (FinishReason.STOP, None, None)
     h.submit(2, prompt(1, 6), p(max_tokens=100))
     (u,) = h.abort(2)  # waiting: its only update carries the clamp
-    assert (u.finish_reason, u.max_tokens_clamped_to) == ("abort", 10)
+    assert (u.finish_reason, u.max_tokens_clamped_to) == (FinishReason.ABORT, 10)
     h.submit(3, prompt(1, 9), p(max_tokens=3))
     h.run()
     s = h.scheduler.stats()

@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 import zmq
 
-from common.batch_messages import ForwardBatchMsg
 from common.forward_batch import ForwardBatch, SamplingArrays
 from common.messages import WORKER_INBOX
 from model_proc.batch_broadcast import BatchPublisher, BatchSubscriber, FollowerLost, RankZeroLost
@@ -19,7 +18,7 @@ def frame(step_id: int) -> bytes:
         step_id=step_id, input_ids=i32([5, 6, 7]), cached_lens=i32([0]), extend_lens=i32([3]), page_ids=i32([0]),
         num_pages=i32([1]), is_sampled=np.ones(1, bool), return_logprob=np.zeros(1, bool), sampling=SamplingArrays.greedy(1),
     )
-    return WORKER_INBOX.encode(ForwardBatchMsg(batch))
+    return WORKER_INBOX.encode(batch)
 
 
 @pytest.fixture
@@ -44,7 +43,7 @@ def test_every_follower_gets_every_batch_once_in_order(group):
         publisher.publish(frame(step_id), step_id)
         publisher.heartbeat()  # skipped by next_batch
     for follower in followers:
-        batches = [follower.next_batch(silence_timeout_s=2).batch for _ in range(3)]
+        batches = [follower.next_batch(silence_timeout_s=2) for _ in range(3)]
         assert [b.step_id for b in batches] == [1, 2, 3]
         np.testing.assert_array_equal(batches[0].input_ids, [5, 6, 7])
     publisher.close(None)
