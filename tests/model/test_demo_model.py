@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from common.forward_batch import SamplingArrays
+from launcher import demo_model
 from launcher.demo_model import REQUIRED_FILES, demo_model_dir, ensure_demo_model, missing_files
-from model_proc import demo_model
 from testing.model_fixtures import GreedyDriver, HfReference, Seq, make_runner
 from testing.paths import REPO_ROOT
 
