@@ -200,14 +200,15 @@ def test_full_queue_refuses_with_server_busy(model_dir):
         assert handle.stop() == 0, handle.log()
 
 
-def test_max_tokens_beyond_the_context_is_clamped_and_reported(server, oracle):
+def test_max_tokens_beyond_the_context_is_refused_and_none_runs_up_to_the_context(server, oracle):
     input_ids = (oracle.encode(LONG_PREFIX) * 20)[:400]
-    num_prompt = len(input_ids)
     with Client(server.port, timeout_s=120) as c:
-        result = c.generate(input_ids=input_ids, max_tokens=1000, ignore_eos=True)
-    assert result.max_tokens_clamped_to == 512 - num_prompt
-    assert result.finish_reason == "length"
-    assert len(result.output_ids) == 512 - num_prompt
+        with pytest.raises(ServerError, match=r"maximum context length is 512 tokens\. However, you requested 1400 tokens "
+                                              r"\(400 in the prompt, 1000 in the completion\)"):
+            c.generate(input_ids=input_ids, max_tokens=1000, ignore_eos=True)
+        result = c.generate(input_ids=input_ids, ignore_eos=True)  # no max_tokens: up to the context
+    assert result.finish_reason == "length" and len(result.output_ids) == 512 - 400
+    assert result.max_tokens_clamped_to is None
 
 
 def test_terminal_chat_streams_keeps_the_conversation_and_resets(server, oracle):
