@@ -96,7 +96,6 @@ class ReqOutput:
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[float] | None = None
-    max_tokens_clamped_to: int | None = None  # set once, when the context length cut max_tokens
 
     @staticmethod
     def final(
@@ -150,7 +149,6 @@ class TokenOut:
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the radix cache
     logprobs: list[float] | None = None  # one per new token, when the request asked
-    max_tokens_clamped_to: int | None = None  # set on the first update when max_tokens was clamped
 
 
 @message(31)

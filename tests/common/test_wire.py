@@ -263,12 +263,12 @@ def test_sampling_params_travel_typed_inside_a_tokenized_request():
 
 def test_token_outs_travel_as_records():
     outs = [
-        TokenOut(req_id=1, token_ids=np.array([42], np.int32), num_cached_tokens=4, logprobs=[-0.5], max_tokens_clamped_to=6),
+        TokenOut(req_id=1, token_ids=np.array([42], np.int32), num_cached_tokens=4, logprobs=[-0.5]),
         TokenOut(req_id=2, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.ERROR, code=ErrorCode.BUSY, error="server busy"),
     ]
     got = DETOK_INBOX.decode(DETOK_INBOX.encode(TokenOutBatch(outs=outs))).outs
     assert [o.token_ids.tolist() for o in got] == [[42], []]
-    assert (got[0].finish_reason, got[0].num_cached_tokens, got[0].logprobs, got[0].max_tokens_clamped_to) == (None, 4, [-0.5], 6)
+    assert (got[0].finish_reason, got[0].num_cached_tokens, got[0].logprobs) == (None, 4, [-0.5])
     assert (got[1].finish_reason, got[1].code, got[1].error) == (FinishReason.ERROR, ErrorCode.BUSY, "server busy")
 
 
