@@ -78,7 +78,7 @@ class StatsReq:
 @message(15)
 class StatsOut:
     req_id: int
-    stats: dict[str, int]  # SchedulerStats fields, plus what the detokenizer and frontend add
+    stats: dict[str, int | float]  # SchedulerStats fields (new_token_ratio is a float), plus what the detokenizer and frontend add
 
 
 @message(16)

@@ -332,3 +332,16 @@ def test_http_error_responses_map_back_by_status_when_the_code_is_not_ours():
     assert error_code_of(404, None) is ErrorCode.INVALID
     assert error_code_of(503, "server_draining") is ErrorCode.UNAVAILABLE
     assert error_code_of(500, None) is ErrorCode.INTERNAL
+
+
+def test_stats_out_carries_every_scheduler_stats_field():
+    """The scheduler sends asdict(SchedulerStats()) as StatsOut: every field's type must pass the
+    socket's decoder, or the stats frame is dropped and clients time out waiting for it."""
+    from dataclasses import asdict, replace
+
+    from common.messages import DETOK_INBOX, StatsOut
+    from scheduler_proc.scheduler_stats import SchedulerStats
+
+    stats = asdict(replace(SchedulerStats(), num_running=3, new_token_ratio=0.55))
+    got = DETOK_INBOX.decode(DETOK_INBOX.encode(StatsOut(req_id=7, stats=stats)))
+    assert got.stats == stats
