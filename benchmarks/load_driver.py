@@ -1,5 +1,9 @@
-"""The load driver: sends a workload to a server at its arrival times through one AsyncClient,
+"""The load driver: sends a workload to a server at its arrival times through one client,
 streams every answer, and records when each text chunk came back.
+
+The address picks the client: `tcp://HOST:PORT` the ZMQ AsyncClient, `http://HOST:PORT` the
+OpenAI HTTP API through testing/http_client.py (zserve's HTTP front end, or another server such
+as vLLM's, whose /metrics has none of zserve's stats: they are then empty).
 
 Sampling is greedy; `ignore_eos` makes every request generate exactly its `max_tokens`.
 Server stats are read before and after the run, so the run's prefix hits can be told apart
@@ -40,15 +44,25 @@ class LoadOptions:
     num_warmup_requests: int = 1
     progress_desc: str = "requests"
     show_progress: bool = True
+    model: str | None = None  # the OpenAI `model` field, for HTTP servers that require it
 
 
 def drive(address: str, requests: list[BenchRequest], offsets_s: list[float], options: LoadOptions) -> LoadRun:
     return asyncio.run(_drive(address, requests, offsets_s, options))
 
 
+def open_client(address: str, timeout_s: float | None, model: str | None = None):
+    """The client for `address`: ZMQ for tcp://, HTTP (OpenAI API) for http://."""
+    if address.startswith("http://"):
+        from testing.http_client import HttpClient
+
+        return HttpClient(address, model=model, timeout_s=timeout_s)
+    return AsyncClient(address, timeout_s=timeout_s)
+
+
 async def _drive(address: str, requests: list[BenchRequest], offsets_s: list[float], options: LoadOptions) -> LoadRun:
     assert len(requests) == len(offsets_s)
-    async with AsyncClient(address, timeout_s=options.request_timeout_s) as client:
+    async with open_client(address, options.request_timeout_s, options.model) as client:
         # short, unrelated prompts: they warm the worker up without seeding the prefix cache
         await asyncio.gather(*(
             client.generate(WARMUP_PROMPT.format(i=i), max_tokens=4, temperature=0.0)
