@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -110,11 +111,15 @@ async def run_once(address: str, config: str, requests: list[dict], *, concurren
                 peak = max(peak, int((await client.stats())["num_running"]))
                 await asyncio.sleep(POLL_INTERVAL_S)
 
+        bar = tqdm(total=len(requests), desc=f"{config or '(defaults)'}", unit="req", file=sys.stderr, mininterval=2.0)
+
         async def one(kwargs: dict):
             try:
                 return await client.generate(**kwargs)
             except Exception as exc:  # noqa: BLE001 - a failed request is a figure of the run, not a crash
                 return exc
+            finally:
+                bar.update(1)
 
         poller = asyncio.create_task(poll())
         t0 = time.perf_counter()
@@ -125,6 +130,7 @@ async def run_once(address: str, config: str, requests: list[dict], *, concurren
         wall_s = time.perf_counter() - t0
         done.set()
         await poller
+        bar.close()
         stats_after = await wait_idle(client)
     ok = [r for r in results if not isinstance(r, BaseException)]
     return Run(
