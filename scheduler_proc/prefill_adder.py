@@ -10,6 +10,13 @@ Admission is conservative: a request is admitted only if everything it can ever 
 (`uncached prompt + max_tokens`, in whole pages) fits in free + evictable KV on top of
 `reserved_size`, what admitted requests may still write. So running requests never wait for
 memory and are never preempted.
+
+Identical prompts in one round are computed once: a request whose whole prompt equals that of a
+request this step completes (its *source*), with the same cached prefix, is admitted as a *copy*
+(`copy_of`). It gets its own row, pages and reservation like any request, but costs no token
+budget: the worker copies the source's K/V of this step into its pages, and it samples from the
+source's logits. A prompt that shares only a prefix with one in this step waits for that page
+instead (WAIT_FOR_PREFIX): next step it is a cache hit.
 """
 
 from __future__ import annotations
@@ -52,6 +59,8 @@ class PrefillAdder:
         self.wait_for_shared_prefix = wait_for_shared_prefix and cache.enable_radix_cache
         self.reqs: list[Req] = []  # scheduled this step, in order
         self.extend_lens: list[int] = []
+        self.copy_of: list[int | None] = []  # per entry of `reqs`: the index of its source, for a copy
+        self._sources: dict[bytes, int] = {}  # prompt bytes -> index in `reqs` of the request completing it now
         self.admitted: list[Req] = []  # the newly admitted subset of `reqs`
         self.chunked: ChunkedReq | None = None  # the request left with prompt after this step
 
@@ -62,7 +71,8 @@ class PrefillAdder:
         self._schedule(req, min(self.token_budget, req.num_prompt_tokens - req.cached_len))
 
     def try_add(self, pending: PendingReq) -> AddOutcome:
-        if self.token_budget <= 0:
+        source_idx = self._sources.get(pending.input_ids.tobytes()) if self._sources else None
+        if self.token_budget <= 0 and source_idx is None:
             return AddOutcome.NO_BUDGET
         if self.req_table.num_free_rows == 0:
             return AddOutcome.NO_ROW
@@ -72,7 +82,11 @@ class PrefillAdder:
         if not self._fits(pending.max_num_pages - max_num_hit_pages):
             return AddOutcome.NO_MEMORY  # even a full prefix hit would not fit: skip the match
         match = self.cache.match_prefix(pending.input_ids, num_prompt_tokens - 1)
-        if self._prefix_in_this_step(pending.input_ids, match.num_tokens):
+        if source_idx is not None and self.reqs[source_idx].cached_len != match.num_tokens:
+            source_idx = None  # a ChunkedReq's last chunk that started mid-page: not the same computation
+            if self.token_budget <= 0:
+                return AddOutcome.NO_BUDGET
+        if source_idx is None and self._prefix_in_this_step(pending.input_ids, match.num_tokens):
             return AddOutcome.WAIT_FOR_PREFIX
         num_need_pages = pending.max_num_pages - len(match.page_ids)
         if not self._fits(num_need_pages):
@@ -105,12 +119,19 @@ class PrefillAdder:
             num_cached_tokens=match.num_tokens,
         )
         self.reserved_size += num_need_pages * self.page_size
+        self.admitted.append(req)
+        if source_idx is not None:
+            logger.info(
+                "req %d admitted: %d prompt tokens, %d cached, a copy of req %d's %d computed now, row %d",
+                req.req_id, num_prompt_tokens, match.num_tokens, self.reqs[source_idx].req_id, self.extend_lens[source_idx], row_idx,
+            )
+            self._schedule(req, self.extend_lens[source_idx], source_idx)
+            return AddOutcome.ADMITTED
         extend_len = min(self.token_budget, num_prompt_tokens - match.num_tokens)
         logger.info(
             "req %d admitted: %d prompt tokens, %d cached, %d computed now, row %d",
             req.req_id, num_prompt_tokens, match.num_tokens, extend_len, row_idx,
         )
-        self.admitted.append(req)
         self._schedule(req, extend_len)
         return AddOutcome.ADMITTED
 
@@ -119,10 +140,9 @@ class PrefillAdder:
     def _fits(self, num_need_pages: int) -> bool:
         return num_need_pages * self.page_size + self.reserved_size <= self.cache.num_available_pages * self.page_size
 
-    def _schedule(self, req: Req, extend_len: int) -> None:
-        """Compute `extend_len` more prompt tokens of `req` this step; give it the pages they
-        need out of its reservation."""
-        assert 0 < extend_len <= self.token_budget, (extend_len, self.token_budget)
+    def _schedule(self, req: Req, extend_len: int, source_idx: int | None = None) -> None:
+        """Compute `extend_len` more prompt tokens of `req` this step (or, for a copy, take them
+        from `reqs[source_idx]` at no budget); give it the pages they need out of its reservation."""
         end = req.cached_len + extend_len
         num_new_pages = -(-end // self.page_size) - req.num_pages
         if num_new_pages > 0:
@@ -131,16 +151,23 @@ class PrefillAdder:
             self.reserved_size -= num_new_pages * self.page_size
         self.reqs.append(req)
         self.extend_lens.append(extend_len)
+        self.copy_of.append(source_idx)
+        if source_idx is not None:
+            assert end == req.num_prompt_tokens and req.cached_len == self.reqs[source_idx].cached_len
+            return
+        assert 0 < extend_len <= self.token_budget, (extend_len, self.token_budget)
         self.token_budget -= extend_len
         if end < req.num_prompt_tokens:
             assert self.token_budget == 0
             self.chunked = ChunkedReq(req)
             logger.info("req %d chunked: %d of %d prompt tokens after this step", req.req_id, end, req.num_prompt_tokens)
+        else:  # its prompt completes now: an identical one admitted after it is a copy
+            self._sources.setdefault(req.input_ids.tobytes(), len(self.reqs) - 1)
 
     def _prefix_in_this_step(self, input_ids: np.ndarray, num_matched_tokens: int) -> bool:
         """True if the page after the cached prefix is computed in this step by a request with
-        the same tokens up to there. Waiting one step turns it into a cache hit, so identical
-        prompts arriving together are computed once instead of once each."""
+        the same tokens up to there. Waiting one step turns it into a cache hit, so a prefix
+        shared by prompts arriving together is computed once instead of once each."""
         end = num_matched_tokens + self.page_size
         if not self.wait_for_shared_prefix or end > len(input_ids) - 1:
             return False
