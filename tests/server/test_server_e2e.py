@@ -87,7 +87,7 @@ def test_identical_prompts_sent_together_are_computed_once(model_dir, oracle):
             os.kill(scheduler_pid, signal.SIGSTOP)
             try:
                 req_ids = [c.submit(input_ids=ids, max_tokens=8, ignore_eos=True, **p) for p in params]
-                time.sleep(0.5)  # the tokenizer passes them on; they wait in the scheduler's socket
+                time.sleep(1.0)  # the tokenizer passes them on; they wait in the scheduler's socket
             finally:
                 os.kill(scheduler_pid, signal.SIGCONT)
             together = [c.result(r).output_ids for r in req_ids]
