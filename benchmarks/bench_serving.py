@@ -30,6 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.arrival_schedule import arrival_offsets_s, describe_arrivals  # noqa: E402
+from benchmarks.compare_args import split_compare  # noqa: E402
 from benchmarks.config_runs import ConfigRuns  # noqa: E402
 from benchmarks.json_report import write_json  # noqa: E402
 from benchmarks.latency_plot import plot_runs  # noqa: E402
@@ -111,20 +112,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.output_json = args.output_json or Path("bench_serving.json")
     args.output_png = args.output_png or args.output_json.with_suffix(".png")
     return args
-
-
-def split_compare(argv: list[str], own_options: set[str]) -> tuple[list[str], list[str] | None]:
-    """Take the configurations after --compare out of argv: argparse would read a lone server
-    flag such as "--disable-radix-cache" as an option of this script."""
-    if "--compare" not in argv:
-        return argv, None
-    start = argv.index("--compare")
-    end = start + 1
-    while end < len(argv) and argv[end].split("=", 1)[0] not in own_options:
-        end += 1
-    if end == start + 1:
-        raise SystemExit("bench_serving.py: --compare needs at least one configuration")
-    return argv[:start] + argv[end:], argv[start + 1:end]
 
 
 def build_workload(args: argparse.Namespace, model_dir: str, repeat: int) -> tuple[list[BenchRequest], str]:

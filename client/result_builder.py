@@ -27,8 +27,6 @@ class ResultBuilder:
         if out.logprobs is not None:
             r.logprobs = (r.logprobs or []) + list(out.logprobs)
         r.usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
-        if out.max_tokens_clamped_to is not None:
-            r.max_tokens_clamped_to = out.max_tokens_clamped_to
         if out.finish_reason is not None:
             r.finish_reason = out.finish_reason.text
             r.latency_s = now_s

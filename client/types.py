@@ -64,7 +64,6 @@ class GenerateResult:
     logprobs: list[float] | None = None
     ttft_s: float | None = None  # first text since send
     latency_s: float | None = None  # last output since send
-    max_tokens_clamped_to: int | None = None  # the server cut max_tokens to fit the context
 
 
 def server_error(message: str, code: ErrorCode, req_id: int | None = None) -> ServerError:

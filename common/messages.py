@@ -78,7 +78,7 @@ class StatsReq:
 @message(15)
 class StatsOut:
     req_id: int
-    stats: dict[str, int]  # SchedulerStats fields, plus what the detokenizer and frontend add
+    stats: dict[str, int | float]  # SchedulerStats fields (new_token_ratio is a float), plus what the detokenizer and frontend add
 
 
 @message(16)
@@ -96,7 +96,6 @@ class ReqOutput:
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[float] | None = None
-    max_tokens_clamped_to: int | None = None  # set once, when the context length cut max_tokens
 
     @staticmethod
     def final(
@@ -150,7 +149,6 @@ class TokenOut:
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the radix cache
     logprobs: list[float] | None = None  # one per new token, when the request asked
-    max_tokens_clamped_to: int | None = None  # set on the first update when max_tokens was clamped
 
 
 @message(31)

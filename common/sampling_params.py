@@ -15,7 +15,7 @@ from common.wire import message
 @message()
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    max_tokens: int = 128
+    max_tokens: int | None = None  # None: up to the context (prompt + output fill it at most)
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off; must be in (0, 1]
@@ -28,8 +28,8 @@ class SamplingParams:
 
     def validate(self) -> None:
         """Raise ValueError with a message fit for the client."""
-        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1):
+            raise ValueError(f"max_tokens must be an integer >= 1 (or none: up to the context), got {self.max_tokens!r}")
         if not _is_number(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
         if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:

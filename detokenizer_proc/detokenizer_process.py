@@ -84,12 +84,12 @@ class DetokenizerLoop:
             text += state.detok.flush()
             if state.detok.stopped and finish_reason is not FinishReason.ERROR:  # the stop string completed in held-back text
                 finish_reason = FinishReason.STOP
-        if not text and finish_reason is None and not len(out.token_ids) and out.max_tokens_clamped_to is None:
+        if not text and finish_reason is None and not len(out.token_ids):
             return
         self.to_frontend.send(ReqOutput(
             req_id=out.req_id, text=text, token_ids=out.token_ids, finish_reason=finish_reason, code=code, error=error,
             prompt_tokens=state.num_prompt_tokens, completion_tokens=state.num_output_tokens,
-            cached_tokens=out.num_cached_tokens, logprobs=out.logprobs, max_tokens_clamped_to=out.max_tokens_clamped_to,
+            cached_tokens=out.num_cached_tokens, logprobs=out.logprobs,
         ))
         if finish_reason is not None:
             del self.states[out.req_id]

@@ -20,6 +20,7 @@ import uvloop
 import zmq
 
 from client.async_client import AsyncClient
+from common.context_limit import served_context_len
 from common.messages import LAUNCHER_INBOX, ProcReady
 from common.model_config import ModelConfig
 from common.proc_runtime import child_setup
@@ -57,7 +58,7 @@ def bind_http_socket(host: str, port: int) -> socket.socket:
 
 
 async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
-    context_len = ModelConfig.from_model_dir(cfg.model).context_len
+    context_len = served_context_len(ModelConfig.from_model_dir(cfg.model).context_len, cfg.context_length)  # /v1/models
     sock = bind_http_socket(cfg.host, cfg.http_port)
     client_host = "127.0.0.1" if cfg.host in WILDCARD_HOSTS else cfg.host
     ctx = zmq.Context()

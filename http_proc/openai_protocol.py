@@ -172,9 +172,9 @@ class ChatCompletionRequest(SamplingRequest):
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
 
-    def sub_requests(self, context_len: int) -> list[SubRequest]:
-        """`context_len` is the default max_tokens (OpenAI's "until the context is full"); the
-        scheduler clamps it to what the prompt leaves and reports that finish as "length"."""
+    def sub_requests(self) -> list[SubRequest]:
+        """Without max_tokens (or max_completion_tokens) a chat may generate until the context is
+        full, as in OpenAI's API: the request goes without one, and the server reads that so."""
         self.check_supported()
         if self.logprobs:
             raise ApiError(400, "logprobs is not supported by this server", param="logprobs")
@@ -187,6 +187,6 @@ class ChatCompletionRequest(SamplingRequest):
         if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
             raise ApiError(400, "max_tokens and max_completion_tokens differ; give one", param="max_completion_tokens")
         given = [v for v in (self.max_completion_tokens, self.max_tokens) if v is not None]
-        max_tokens = given[0] if given else context_len
+        max_tokens = given[0] if given else None
         messages = [m.to_dict(i) for i, m in enumerate(self.messages)]
         return self.expand([{"messages": messages}], max_tokens)

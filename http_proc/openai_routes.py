@@ -53,7 +53,7 @@ async def serve(state: HttpState, request: Request, model: type[CompletionReques
     state.check_model(body.model)
     state.check_accepting()
     is_chat = isinstance(body, ChatCompletionRequest)
-    subs = body.sub_requests(state.context_len) if is_chat else body.sub_requests()
+    subs = body.sub_requests()
     group = RequestGroup(state.client, subs, state.metrics, state.health)
     formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage)
     if not body.stream:

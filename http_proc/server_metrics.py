@@ -37,6 +37,7 @@ STAT_COUNTERS = (
     ("num_finished", "requests_finished", "requests finished by the scheduler (stop or length)"),
     ("num_aborted", "scheduler_requests_aborted", "requests the scheduler ended early (client aborts, disconnects, shutdown)"),
     ("num_refused", "scheduler_requests_refused", "requests the scheduler refused at submit (busy, cannot fit)"),
+    ("num_retracted", "scheduler_retracted_requests", "retractions: running requests sent back to the queue to free KV pages (they resume)"),
     ("num_steps", "scheduler_steps", "scheduler steps run"),
 )
 

@@ -7,6 +7,7 @@ import signal
 import sys
 from dataclasses import replace
 
+from common.context_limit import context_length_error
 from common.proc_runtime import setup_logging
 from common.rank_layout import RankLayout
 from common.server_config import ServerConfig
@@ -14,6 +15,16 @@ from launcher.cli import parse_config
 from launcher.launcher import Launcher, StartupError
 
 logger = logging.getLogger("launcher")
+
+
+def check_flags(cfg: ServerConfig) -> None:
+    """Refuse values no model could make right, before the model is even fetched."""
+    if cfg.prefill_max_requests < 0:
+        raise ValueError(f"--prefill-max-requests must be >= 0 (0 = no cap), got {cfg.prefill_max_requests}")
+    if not cfg.schedule_conservativeness > 0:
+        raise ValueError(f"--schedule-conservativeness must be > 0, got {cfg.schedule_conservativeness}")
+    if cfg.context_length < 0:
+        raise ValueError(f"--context-length must be >= 0 (0 = the model's maximum), got {cfg.context_length}")
 
 
 def resolve_model(cfg: ServerConfig) -> ServerConfig:
@@ -25,13 +36,17 @@ def resolve_model(cfg: ServerConfig) -> ServerConfig:
 
 
 def resolve_ranks(cfg: ServerConfig) -> tuple[ServerConfig, RankLayout]:
-    """Check the rank flags against each other and the model (before any process starts), and
-    fix the threads of each rank: --num-threads 0 shares this node's among its ranks."""
+    """Check the rank flags against each other and the model, and --context-length against the
+    model (before any process starts); fix the threads of each rank: --num-threads 0 shares this
+    node's among its ranks."""
     from common.model_config import ModelConfig
 
     layout = RankLayout.from_config(cfg)
     hf = ModelConfig.from_model_dir(cfg.model)
     layout.check_model(hf.num_heads, hf.num_kv_heads, hf.intermediate_size)
+    error = context_length_error(cfg.context_length, hf.context_len)
+    if error is not None:
+        raise ValueError(error)
     return replace(cfg, num_threads=layout.threads_per_rank(cfg.num_threads)), layout
 
 
@@ -49,6 +64,11 @@ def ready_line(cfg: ServerConfig, launcher: Launcher, port: int | None) -> str:
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv)
     setup_logging("launcher", cfg.log_level)
+    try:
+        check_flags(cfg)
+    except ValueError as exc:
+        logger.error("%s", exc)
+        sys.exit(2)
     cfg = resolve_model(cfg)
     try:
         cfg, layout = resolve_ranks(cfg)

@@ -4,6 +4,9 @@
 - pack: look ahead `lookahead` requests and offer them smallest prompt first (stable among
   equals), skipping those that do not fit, so the budget fills with what fits. Every
   `force_fifo_every`-th admission step is fifo, so a long prompt at the head cannot starve.
+
+Under either, retracted requests (back at the head of the queue) are offered first, in order,
+and nobody overtakes them: they were admitted before anything still waiting.
 """
 
 from __future__ import annotations
@@ -33,6 +36,10 @@ class AdmissionPolicy:
         if not queue or adder.token_budget <= 0:
             return
         self._num_steps += 1
+        while queue and queue[0].is_retracted:
+            if adder.try_add(queue[0]) is not AddOutcome.ADMITTED:
+                return
+            queue.popleft()
         if self.name == "fifo" or self._num_steps % self.force_fifo_every == 0:
             self._admit_fifo(adder, queue)
         else:
@@ -50,7 +57,7 @@ class AdmissionPolicy:
             outcome = adder.try_add(window[i])
             if outcome is AddOutcome.ADMITTED:
                 admitted.add(i)
-            elif outcome is AddOutcome.NO_ROW:
+            elif outcome in (AddOutcome.REQUEST_CAP, AddOutcome.NO_ROW):
                 break  # nobody else can get in this step
             # NO_BUDGET: a copy of a prompt computed this step still can (it costs no budget)
         if admitted:

@@ -66,11 +66,19 @@ class CacheManager:
     def alloc(self, num_pages: int) -> np.ndarray:
         """`num_pages` pages, evicting LRU cache leaves if the free list runs short. The caller has
         reserved them (admission promised them), so running out is a bookkeeping bug."""
+        pages = self.try_alloc(num_pages)
+        assert pages is not None, f"out of KV pages: need {num_pages}, {self.num_available_pages} free or evictable"
+        return pages
+
+    def try_alloc(self, num_pages: int, num_keep_pages: int = 0) -> np.ndarray | None:
+        """`num_pages` pages as `alloc` gets them, or None (nothing taken, nothing evicted) unless
+        `num_keep_pages` more would still be free or evictable after."""
+        if num_pages + num_keep_pages > self.num_available_pages:
+            return None
         pages = self.allocator.alloc(num_pages)
         if pages is None:
             self._free(self.tree.evict(num_pages - self.allocator.num_free_pages))
             pages = self.allocator.alloc(num_pages)
-        assert pages is not None, f"out of KV pages: need {num_pages}, {self.num_available_pages} free or evictable"
         return pages
 
     def cache_req(self, req: Req) -> None:
@@ -84,11 +92,7 @@ class CacheManager:
         num_full_pages = req.cached_len // self.page_size
         if not self.enable_radix_cache or num_full_pages <= req.num_tree_pages:
             return
-        num_tokens = num_full_pages * self.page_size
-        token_ids = req.input_ids[:num_tokens]
-        if num_tokens > len(req.input_ids):
-            tail = np.asarray(req.output_ids[: num_tokens - len(req.input_ids)], np.int32)
-            token_ids = np.concatenate([req.input_ids, tail])
+        token_ids = req.token_ids(num_full_pages * self.page_size)
         match = self.tree.insert(token_ids, req.page_table[:num_full_pages])
         old = req.num_tree_pages
         assert np.array_equal(match.page_ids[:old], req.page_table[:old]), f"request {req.req_id}: its locked prefix changed pages"

@@ -1,4 +1,4 @@
-"""DecodeManager: the running requests (prefill done, generating) and their KV reservation."""
+"""DecodeManager: the running requests (prefill done, generating), and their pages for each step."""
 
 from __future__ import annotations
 
@@ -9,14 +9,12 @@ from scheduler_proc.req import Req
 
 
 class DecodeManager:
-    """Tracks running requests in admission order and `num_reserved_pages`: the pages they may
-    still need (`max_num_pages - num_pages` each). Admission keeps that many pages free or
-    evictable, so a decode step never waits for memory and no running request is preempted."""
+    """Tracks running requests in the order they started running. What stays reserved for them
+    is the KvReservation's to say; here: who needs a page this step, and whom to retract."""
 
     def __init__(self, page_size: int):
         self.page_size = page_size
         self._running: dict[int, Req] = {}
-        self.num_reserved_pages = 0
 
     def __len__(self) -> int:
         return len(self._running)
@@ -31,29 +29,37 @@ class DecodeManager:
     def add(self, req: Req) -> None:
         assert req.req_id not in self._running and not req.is_prefilling, req.req_id
         self._running[req.req_id] = req
-        self.num_reserved_pages += req.num_reserved_pages
 
     def remove(self, req: Req) -> None:
-        """Drop a finished or aborted request; its unused reservation is released with it."""
+        """Drop a finished, aborted or retracted request."""
         del self._running[req.req_id]
-        self.num_reserved_pages -= req.num_reserved_pages
 
-    def schedule_decode(self, cache: CacheManager) -> list[Req]:
-        """Every running request, each with a page for the token it writes this step. A request
-        whose pages are full gets its next page from its reservation (one alloc for all)."""
+    def retraction_victim(self) -> Req | None:
+        """The request to retract first: the most recently admitted (first admission), never the
+        oldest running one, so the oldest always makes progress. None when one or none runs."""
+        if len(self._running) < 2:
+            return None
+        oldest = min(self._running.values(), key=lambda r: r.admit_seq)
+        return max((r for r in self._running.values() if r is not oldest), key=lambda r: r.admit_seq)
+
+    def schedule_decode(self, cache: CacheManager, num_keep_pages: int) -> list[Req] | None:
+        """Every running request, each with a page for the token it writes this step: a request
+        whose pages are full gets its next page (one alloc for all). None, with nothing taken,
+        when that would leave fewer than `num_keep_pages` pages free or evictable."""
         reqs = list(self._running.values())
         ps = self.page_size
         needy = [r for r in reqs if r.cached_len == r.num_pages * ps]
         if needy:
-            pages = cache.alloc(len(needy)).tolist()
+            page_ids = cache.try_alloc(len(needy), num_keep_pages)
+            if page_ids is None:
+                return None
+            pages = page_ids.tolist()
             for req, page in zip(needy, pages, strict=True):
                 req.page_table[req.num_pages] = page
                 req.num_pages += 1
-            self.num_reserved_pages -= len(needy)
         return reqs
 
     def check_integrity(self) -> None:
-        total = sum(r.num_reserved_pages for r in self._running.values())
-        assert total == self.num_reserved_pages, f"decode manager counts {self.num_reserved_pages} reserved pages, requests hold {total}"
         for req in self._running.values():
             assert not req.is_prefilling, f"running request {req.req_id} has prompt left"
+            assert req.num_pages <= req.max_num_pages, f"running request {req.req_id} holds more pages than it can use"

@@ -2,21 +2,21 @@
 
 Made fresh every step (a budget lives as long as the step it limits):
 
-    adder = PrefillAdder(token_budget=..., reserved_size=..., ...)
+    adder = PrefillAdder(token_budget=..., reserved_size=..., reservation=..., ...)
     adder.add_chunked(chunked)            # the ChunkedReq left by the last step, first
     adder.try_add(pending) ...            # in the admission policy's order
 
-Admission is conservative: a request is admitted only if everything it can ever write
-(`uncached prompt + max_tokens`, in whole pages) fits in free + evictable KV on top of
-`reserved_size`, what admitted requests may still write. So running requests never wait for
-memory and are never preempted.
+A request is admitted only if what the KvReservation reserves for it (its uncached prompt, plus
+its output: all of max_tokens under `full`, an estimate under `estimated`; in whole pages) fits
+in free + evictable KV on top of `reserved_size`, what it reserves for the requests already
+admitted. Under `full` running requests never wait for memory and are never retracted.
 
 Identical prompts in one round are computed once: a request whose whole prompt equals that of a
 request this step completes (its *source*), with the same cached prefix, is admitted as a *copy*
-(`copy_of`). It gets its own row, pages and reservation like any request, but costs no token
-budget: the worker copies the source's K/V of this step into its pages, and it samples from the
-source's logits. A prompt that shares only a prefix with one in this step waits for that page
-instead (WAIT_FOR_PREFIX): next step it is a cache hit.
+(`copy_of`). It gets its own row, pages and reservation like any request, and counts towards the
+request cap, but costs no token budget: the worker copies the source's K/V of this step into its
+pages, and it samples from the source's logits. A prompt that shares only a prefix with one in
+this step waits for that page instead (WAIT_FOR_PREFIX): next step it is a cache hit.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import logging
 import numpy as np
 
 from scheduler_proc.cache_manager import CacheManager
+from scheduler_proc.kv_reservation import KvReservation
 from scheduler_proc.req import ChunkedReq, PendingReq, Req
 from scheduler_proc.req_table import ReqTable
 
@@ -36,8 +37,9 @@ logger = logging.getLogger(__name__)
 class AddOutcome(enum.Enum):
     ADMITTED = "admitted"
     NO_BUDGET = "no token budget left this step"
+    REQUEST_CAP = "this step admitted as many requests as the per-round cap allows"
     NO_ROW = "all request rows are taken"
-    NO_MEMORY = "not enough free or evictable KV for its prompt and max_tokens"
+    NO_MEMORY = "not enough free or evictable KV for its prompt and reserved output"
     WAIT_FOR_PREFIX = "its next prefix page is being computed by a request in this step"
 
 
@@ -47,14 +49,20 @@ class PrefillAdder:
         *,
         token_budget: int,
         reserved_size: int,
+        reservation: KvReservation,
         cache: CacheManager,
         req_table: ReqTable,
+        max_new_reqs: int | None = None,
+        next_admit_seq: int = 0,
         wait_for_shared_prefix: bool = True,
     ):
         self.token_budget = token_budget  # tokens this step may still compute
         self.reserved_size = reserved_size  # KV tokens promised to admitted requests, not yet allocated
+        self.reservation = reservation
         self.cache = cache
         self.req_table = req_table
+        self.max_new_reqs = max_new_reqs  # newly admitted requests this step may take (None: no cap)
+        self.next_admit_seq = next_admit_seq  # for the next first admission
         self.page_size = cache.page_size
         self.wait_for_shared_prefix = wait_for_shared_prefix and cache.enable_radix_cache
         self.reqs: list[Req] = []  # scheduled this step, in order
@@ -74,12 +82,14 @@ class PrefillAdder:
         source_idx = self._sources.get(pending.input_ids.tobytes()) if self._sources else None
         if self.token_budget <= 0 and source_idx is None:
             return AddOutcome.NO_BUDGET
+        if self.max_new_reqs is not None and len(self.admitted) >= self.max_new_reqs:
+            return AddOutcome.REQUEST_CAP
         if self.req_table.num_free_rows == 0:
             return AddOutcome.NO_ROW
         num_prompt_tokens = pending.num_prompt_tokens
         # At least one prompt token is computed: its logits give the first output token.
         max_num_hit_pages = (num_prompt_tokens - 1) // self.page_size if self.cache.enable_radix_cache else 0
-        if not self._fits(pending.max_num_pages - max_num_hit_pages):
+        if not self._fits(self._num_need_pages(pending, max_num_hit_pages)):
             return AddOutcome.NO_MEMORY  # even a full prefix hit would not fit: skip the match
         match = self.cache.match_prefix(pending.input_ids, num_prompt_tokens - 1)
         if source_idx is not None and self.reqs[source_idx].cached_len != match.num_tokens:
@@ -88,7 +98,7 @@ class PrefillAdder:
                 return AddOutcome.NO_BUDGET
         if source_idx is None and self._prefix_in_this_step(pending.input_ids, match.num_tokens):
             return AddOutcome.WAIT_FOR_PREFIX
-        num_need_pages = pending.max_num_pages - len(match.page_ids)
+        num_need_pages = self._num_need_pages(pending, len(match.page_ids))
         if not self._fits(num_need_pages):
             return AddOutcome.NO_MEMORY
         self.cache.lock(match.node)  # the matched pages stop being evictable: check again
@@ -101,41 +111,50 @@ class PrefillAdder:
         page_table = np.empty(pending.max_num_pages, np.int32)
         num_matched_pages = len(match.page_ids)
         page_table[:num_matched_pages] = match.page_ids
+        is_retracted = pending.is_retracted
+        if not is_retracted:
+            self.next_admit_seq += 1
         req = Req(
             req_id=pending.req_id,
             input_ids=pending.input_ids,
             num_prompt_tokens=num_prompt_tokens,
+            num_orig_prompt_tokens=pending.num_orig_prompt_tokens,
             params=pending.params,
             max_tokens=pending.max_tokens,
             seed=pending.seed,
             stop_ids=pending.stop_ids,
-            max_tokens_clamped_to=pending.max_tokens_clamped_to,
             row_idx=row_idx,
             page_table=page_table,
             num_pages=num_matched_pages,
             num_tree_pages=num_matched_pages,
             cache_node=match.node,
             cached_len=match.num_tokens,
-            num_cached_tokens=match.num_tokens,
+            num_cached_tokens=match.num_tokens if pending.num_cached_tokens is None else pending.num_cached_tokens,
+            admit_seq=pending.admit_seq if is_retracted else self.next_admit_seq - 1,
+            output_ids=list(pending.output_ids),
         )
         self.reserved_size += num_need_pages * self.page_size
-        self.admitted.append(req)
-        if source_idx is not None:
-            logger.info(
-                "req %d admitted: %d prompt tokens, %d cached, a copy of req %d's %d computed now, row %d",
-                req.req_id, num_prompt_tokens, match.num_tokens, self.reqs[source_idx].req_id, self.extend_lens[source_idx], row_idx,
-            )
-            self._schedule(req, self.extend_lens[source_idx], source_idx)
-            return AddOutcome.ADMITTED
-        extend_len = min(self.token_budget, num_prompt_tokens - match.num_tokens)
+        if source_idx is None:
+            extend_len, how = min(self.token_budget, num_prompt_tokens - match.num_tokens), "computed"
+        else:
+            extend_len, how = self.extend_lens[source_idx], f"copied from req {self.reqs[source_idx].req_id}"
         logger.info(
-            "req %d admitted: %d prompt tokens, %d cached, %d computed now, row %d",
-            req.req_id, num_prompt_tokens, match.num_tokens, extend_len, row_idx,
+            "req %d %s: %d prompt tokens, %d cached, %d %s now, row %d",
+            req.req_id, "re-admitted after a retraction" if is_retracted else "admitted",
+            num_prompt_tokens, match.num_tokens, extend_len, how, row_idx,
         )
-        self._schedule(req, extend_len)
+        self.admitted.append(req)
+        self._schedule(req, extend_len, source_idx)
         return AddOutcome.ADMITTED
 
     # -- internals ---------------------------------------------------------------------------
+
+    def _num_need_pages(self, pending: PendingReq, num_hit_pages: int) -> int:
+        """Pages to reserve for `pending` if its first `num_hit_pages` pages are a prefix hit."""
+        return self.reservation.num_pages(
+            num_prompt_tokens=pending.num_prompt_tokens, num_kv_tokens=pending.num_kv_tokens,
+            cached_len=num_hit_pages * self.page_size, num_pages=num_hit_pages,
+        )
 
     def _fits(self, num_need_pages: int) -> bool:
         return num_need_pages * self.page_size + self.reserved_size <= self.cache.num_available_pages * self.page_size

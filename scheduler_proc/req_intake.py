@@ -1,8 +1,9 @@
 """ReqIntake: turns a submitted request into a PendingReq, or says why it can never run.
 
 The tokenizer process validates requests; the scheduler still refuses what it could never
-finish (an empty prompt, no room left in the context, more KV than the whole pool) with a
-reason at once, instead of letting it wait forever.
+finish (an empty prompt, prompt + max_tokens beyond the context, more KV than the whole pool)
+with a reason at once, instead of letting it wait forever. max_tokens is never cut: a request
+without one (None) may generate up to the context.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from common.context_limit import over_context_error
 from common.sampling_params import SamplingParams
 from scheduler_proc.req import PendingReq
 
@@ -24,8 +26,8 @@ class ReqIntake:
         self._rng = np.random.default_rng(seed)  # seeds for requests that give none: reproducible runs
 
     def max_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        """params.max_tokens clamped so that prompt + output fits the context (may be < 1)."""
-        return min(params.max_tokens, self.context_len - num_prompt_tokens)
+        """params.max_tokens, or what the context leaves after the prompt when it is None."""
+        return self.context_len - num_prompt_tokens if params.max_tokens is None else params.max_tokens
 
     def max_num_pages(self, num_prompt_tokens: int, max_tokens: int) -> int:
         """KV pages the request can ever need. Its last sampled token is never fed back, so
@@ -37,8 +39,10 @@ class ReqIntake:
         ErrorCode.INVALID: the request's fault, not the server's state), or None."""
         if num_prompt_tokens == 0:
             return "empty prompt"
-        if max_tokens < 1:
+        if num_prompt_tokens >= self.context_len:
             return f"prompt of {num_prompt_tokens} tokens leaves no room for output in the context of {self.context_len} tokens"
+        if num_prompt_tokens + max_tokens > self.context_len:
+            return over_context_error(self.context_len, num_prompt_tokens, max_tokens)
         num_need_pages = self.max_num_pages(num_prompt_tokens, max_tokens)
         if num_need_pages > self.num_pages:
             return (
@@ -51,8 +55,8 @@ class ReqIntake:
         num_prompt_tokens = len(input_ids)
         seed = params.seed if params.seed is not None else int(self._rng.integers(0, 2**63 - 1))
         stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else self.eos_token_ids)
-        clamped_to = max_tokens if max_tokens < params.max_tokens else None
         return PendingReq(
-            req_id, input_ids, num_prompt_tokens, params, max_tokens, seed, stop_ids, clamped_to,
+            req_id, input_ids, num_prompt_tokens, params, max_tokens, seed, stop_ids,
             self.max_num_pages(num_prompt_tokens, max_tokens),
         )
+

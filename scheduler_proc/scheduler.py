@@ -4,10 +4,18 @@
     next_batch()            -> the ForwardBatch of one step (None when there is nothing to run)
     on_result(StepResult)   -> append sampled tokens, finish, cache and free
 
-Each returns the TokenOut records (common/messages.py) to send to the detokenizer. One batch is
-in flight at a time. A request aborted while its batch is in flight is answered at once but
-freed by on_result, after the worker is done with its pages, and gets nothing after its abort
-update.
+Each returns the TokenOut records (common/messages.py) to send to the detokenizer. One batch is in flight at a time. A request aborted while its batch is in flight is answered at
+once but freed by on_result, after the worker is done with its pages, and gets nothing after
+its abort update.
+
+Retraction (preemption by recompute; only under the `estimated` KV reservation): when a decode
+step cannot get a page for every running request while keeping the pages the ChunkedReq's prompt
+still needs, running requests are retracted, the most recently admitted first and never the
+oldest running one (so every request finishes); should the oldest alone still not get its page,
+the ChunkedReq gives way. A retracted request caches what it computed, frees its pages and row,
+and goes back to the head of the queue with prompt + output as its prompt; re-admitted, it
+computes that (a prefix hit where the cache kept it) and samples its next token from the last
+position, so its client sees one uninterrupted stream.
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ from common.sampling_params import SamplingParams
 from scheduler_proc.admission_policy import AdmissionPolicy
 from scheduler_proc.cache_manager import CacheManager
 from scheduler_proc.decode_manager import DecodeManager
+from scheduler_proc.kv_reservation import KvReservation
 from scheduler_proc.prefill_adder import PrefillAdder
 from scheduler_proc.req import ChunkedReq, PendingReq, Req
 from scheduler_proc.req_intake import ReqIntake
@@ -57,6 +66,9 @@ class Scheduler:
         force_fifo_every: int,
         enable_radix_cache: bool,
         max_queued_requests: int,
+        kv_reservation: str,
+        schedule_conservativeness: float,
+        prefill_max_requests: int,
         seed: int,
         on_pages_freed: Callable[[np.ndarray], None] | None = None,
     ):
@@ -70,11 +82,15 @@ class Scheduler:
         for name, value in sizes.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
+        if prefill_max_requests < 0:
+            raise ValueError(f"prefill_max_requests must be >= 0 (0 = no cap), got {prefill_max_requests}")
         self.page_size = page_size
         self.context_len = context_len
         self.max_prefill_tokens = max_prefill_tokens
         self.max_queued_requests = max_queued_requests
         self.schedule_policy = schedule_policy
+        self.prefill_max_requests = prefill_max_requests or None
+        self._reservation = KvReservation(kv_reservation, page_size, schedule_conservativeness)
         self._intake = ReqIntake(
             context_len=context_len, page_size=page_size, num_pages=num_pages, eos_token_ids=eos_token_ids, seed=seed
         )
@@ -88,6 +104,7 @@ class Scheduler:
         self._live: dict[int, PendingReq | Req] = {}  # every request that has not had its final update
         self._in_flight: ScheduledBatch | None = None
         self._last_step_was_prefill = False
+        self._num_admitted = 0  # first admissions so far: the next one's admit_seq
         self._totals = SchedulerStats()
 
     # -- requests in and out -----------------------------------------------------------------
@@ -102,14 +119,8 @@ class Scheduler:
             code, error = refusal
             logger.info("req %d refused (%s): %s", req_id, code.text, error)
             self._totals.num_refused += 1
-            clamped_to = max_tokens if 0 < max_tokens < params.max_tokens else None
-            return [TokenOut(
-                req_id=req_id, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.ERROR, code=code, error=error,
-                max_tokens_clamped_to=clamped_to,
-            )]
+            return [TokenOut(req_id=req_id, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.ERROR, code=code, error=error)]
         pending = self._intake.pending(req_id, input_ids, params, max_tokens)
-        if pending.max_tokens_clamped_to is not None:
-            logger.info("req %d: max_tokens %d clamped to %d by the context length %d", req_id, params.max_tokens, max_tokens, self.context_len)
         self._queue.append(pending)
         self._live[req_id] = pending
         return []
@@ -144,15 +155,17 @@ class Scheduler:
         assert self._in_flight is None, "next_batch() called before on_result() of the batch in flight"
         decode_reqs: list[Req] = []
         adder: PrefillAdder | None = None
+        if not len(self._decode):
+            self._reservation.on_idle()
         if self.schedule_policy == "mixed":
-            decode_reqs = self._decode.schedule_decode(self._cache)
+            decode_reqs = self._schedule_decode()
             adder = self._schedule_prefill(self.max_prefill_tokens - len(decode_reqs))
         elif self.schedule_policy == "decode-first" and len(self._decode) and self._last_step_was_prefill:
-            decode_reqs = self._decode.schedule_decode(self._cache)
+            decode_reqs = self._schedule_decode()
         else:
             adder = self._schedule_prefill(self.max_prefill_tokens)
             if adder is None:
-                decode_reqs = self._decode.schedule_decode(self._cache)
+                decode_reqs = self._schedule_decode()
         if adder is None and not decode_reqs:
             assert not self._queue and self._chunked is None, "scheduler stalled: requests wait while nothing runs"
             return None
@@ -168,6 +181,7 @@ class Scheduler:
         self._in_flight = batch
         self._last_step_was_prefill = adder is not None
         self._totals.num_steps += 1
+        self._totals.num_running_peak = max(self._totals.num_running_peak, len(self._decode))
         return batch.to_forward_batch(self._req_table)
 
     def on_result(self, result: StepResult) -> list[TokenOut]:
@@ -220,7 +234,6 @@ class Scheduler:
                 updates.append(TokenOut(
                     req_id=req.req_id, token_ids=token_ids[i : i + 1], finish_reason=finish_reason,
                     num_cached_tokens=req.num_cached_tokens, logprobs=[logprob] if req.params.return_logprob else None,
-                    max_tokens_clamped_to=req.max_tokens_clamped_to,
                 ))
                 if finish_reason is not None:
                     self._finish(req, finish_reason)
@@ -246,6 +259,7 @@ class Scheduler:
             num_evictable_pages=cache.num_evictable_pages,
             num_used_pages=cache.num_pages - cache.num_free_pages - cache.num_cached_pages,
             num_reserved_pages=self._num_reserved_pages(),
+            new_token_ratio=self._reservation.new_token_ratio,
         )
 
     def check_integrity(self) -> None:
@@ -259,7 +273,8 @@ class Scheduler:
         self._req_table.check_integrity({r.row_idx: r.req_id for r in reqs})
         self._decode.check_integrity()
         queued = {p.req_id for p in self._queue}
-        assert len(queued) == len(self._queue) <= self.max_queued_requests, "the queue holds a request twice, or too many"
+        num_new = sum(not p.is_retracted for p in self._queue)  # retracted requests come on top of the cap
+        assert len(queued) == len(self._queue) and num_new <= self.max_queued_requests, "the queue holds a request twice, or too many"
         assert all(isinstance(self._live.get(i), PendingReq) for i in queued), "a queued request is not live"
         pending_live = {i for i, e in self._live.items() if isinstance(e, PendingReq)}
         assert pending_live == queued, f"live waiting requests {sorted(pending_live - queued)} are not queued"
@@ -278,10 +293,16 @@ class Scheduler:
         if self._in_flight is None:
             prefilling = [r for r in reqs if r.is_prefilling]
             assert prefilling == ([self._chunked.req] if self._chunked else []), "a request is prefilling but not the ChunkedReq"
-        reserved = self._num_reserved_pages()
-        assert reserved <= self._cache.num_available_pages, (
-            f"{reserved} pages are reserved but only {self._cache.num_available_pages} are free or evictable"
-        )
+        # The ChunkedReq's next chunks always find their pages. Under `full` every reservation is
+        # backed, so nothing is ever retracted; under `estimated` the estimates may exceed what is
+        # left (that is the point), and a decode step retracts when they prove short.
+        available = self._cache.num_available_pages
+        chunk_pages = self._chunked_prompt_pages()
+        assert chunk_pages <= available, f"the ChunkedReq's prompt needs {chunk_pages} more pages, {available} are free or evictable"
+        if self._reservation.is_full:
+            reserved = self._num_reserved_pages()
+            assert reserved <= available, f"{reserved} pages are reserved but only {available} are free or evictable"
+            assert self._totals.num_retracted == 0, "a request was retracted under the full reservation"
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -300,27 +321,75 @@ class Scheduler:
         """The prefill part of this step, or None when nothing can be prefilled."""
         if token_budget <= 0 or (self._chunked is None and not self._queue):
             return None
+        # Without a free row nobody is admitted this step, so the reservation sum (a pass over every
+        # running request) is not needed: the ChunkedReq's continuation checks nothing.
+        num_reserved_pages = self._num_reserved_pages() if self._req_table.num_free_rows else 0
         adder = PrefillAdder(
             token_budget=token_budget,
-            reserved_size=self._num_reserved_pages() * self.page_size,
+            reserved_size=num_reserved_pages * self.page_size,
+            reservation=self._reservation,
             cache=self._cache,
             req_table=self._req_table,
+            max_new_reqs=self.prefill_max_requests,
+            next_admit_seq=self._num_admitted,
         )
         if self._chunked is not None:
             adder.add_chunked(self._chunked)
         self._admission.admit(adder, self._queue)
         self._chunked = adder.chunked
+        self._num_admitted = adder.next_admit_seq
         for req in adder.admitted:
             self._live[req.req_id] = req
             self._totals.num_prompt_tokens += req.num_prompt_tokens
-            self._totals.num_prefix_hit_tokens += req.num_cached_tokens
+            self._totals.num_prefix_hit_tokens += req.cached_len  # this admission's hit (cached_len moves on in on_result)
         return adder if adder.reqs else None
 
+    def _schedule_decode(self) -> list[Req]:
+        """Every running request with a page for this step's token, after retracting requests
+        until there are pages for all of them beside the ChunkedReq's prompt (see the module doc)."""
+        if not len(self._decode):
+            return []
+        num_retracted = 0
+        while (reqs := self._decode.schedule_decode(self._cache, self._chunked_prompt_pages())) is None:
+            victim = self._decode.retraction_victim()
+            if victim is None:  # only the oldest runs and it still gets no page: the ChunkedReq gives way
+                assert self._chunked is not None, "the oldest running request alone finds no page"
+                victim = self._chunked.req
+            self._retract(victim)
+            num_retracted += 1
+        if num_retracted:
+            self._reservation.on_retracted()
+        else:
+            self._reservation.on_decode_step()
+        return reqs
+
+    def _retract(self, req: Req) -> None:
+        """Put `req` back at the head of the queue; what it computed stays in the radix cache."""
+        num_kept_tokens = req.cached_len // self.page_size * self.page_size if self._cache.enable_radix_cache else 0
+        pending = req.retracted()
+        self._release(req)
+        self._queue.appendleft(pending)
+        self._live[req.req_id] = pending
+        self._totals.num_retracted += 1
+        logger.info(
+            "req %d retracted: %d of its %d tokens kept in the cache, %d running",
+            req.req_id, num_kept_tokens, req.seq_len, len(self._decode),
+        )
+
+    def _chunked_prompt_pages(self) -> int:
+        """Pages the ChunkedReq's prompt still needs: kept for it, whatever the estimates say."""
+        if self._chunked is None:
+            return 0
+        req = self._chunked.req
+        return -(-req.num_prompt_tokens // self.page_size) - req.num_pages
+
     def _num_reserved_pages(self) -> int:
-        """Pages promised to admitted requests and not yet allocated (the running ones and the
-        ChunkedReq; outside a step nobody else holds a reservation)."""
-        chunked = self._chunked.req.num_reserved_pages if self._chunked is not None else 0
-        return self._decode.num_reserved_pages + chunked
+        """Pages the KvReservation keeps promised to admitted requests and not yet allocated (the
+        running ones and the ChunkedReq; outside a step nobody else holds a reservation)."""
+        reqs = list(self._decode.reqs)
+        if self._chunked is not None:
+            reqs.append(self._chunked.req)
+        return self._reservation.num_reserved_pages(reqs)
 
     def _finish(self, req: Req, finish_reason: FinishReason) -> None:
         logger.info("req %d finished (%s): %d output tokens", req.req_id, finish_reason.text, len(req.output_ids))
@@ -342,17 +411,13 @@ class Scheduler:
         self._req_table.free(req.row_idx, req.req_id)
 
     def _final_update(self, entry: PendingReq | Req, finish_reason: FinishReason) -> TokenOut:
-        first = isinstance(entry, PendingReq) or not entry.output_ids
-        return TokenOut(
-            req_id=entry.req_id, token_ids=NO_TOKEN_IDS, finish_reason=finish_reason,
-            num_cached_tokens=entry.num_cached_tokens if isinstance(entry, Req) else 0,
-            max_tokens_clamped_to=entry.max_tokens_clamped_to if first else None,
-        )
+        num_cached = entry.num_cached_tokens or 0  # a PendingReq has one only after a retraction
+        return TokenOut(req_id=entry.req_id, token_ids=NO_TOKEN_IDS, finish_reason=finish_reason, num_cached_tokens=num_cached)
 
 
 def _finish_reason(req: Req, token_id: int) -> FinishReason | None:
     """Why `req` ends with `token_id` just appended, or None. The context limit is already in
-    max_tokens (clamped at submit)."""
+    max_tokens (what the context leaves, when the request gave none)."""
     if token_id in req.stop_ids:
         return FinishReason.STOP
     if len(req.output_ids) >= req.max_tokens:

@@ -24,5 +24,8 @@ def scheduler_knobs(cfg: ServerConfig) -> dict[str, Any]:
         "force_fifo_every": cfg.force_fifo_every,
         "enable_radix_cache": not cfg.disable_radix_cache,
         "max_queued_requests": cfg.max_queued_requests,
+        "kv_reservation": cfg.kv_reservation,
+        "schedule_conservativeness": cfg.schedule_conservativeness,
+        "prefill_max_requests": cfg.prefill_max_requests,
         "seed": cfg.seed,
     }

@@ -19,6 +19,7 @@ from dataclasses import asdict
 
 import zmq
 
+from common.context_limit import served_context_len
 from common.finish_reason import FinishReason
 from common.forward_batch import StepResult
 from common.messages import (
@@ -119,17 +120,19 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)
         ready = from_worker.recv()
         assert isinstance(ready, WorkerReady), ready
+        context_len = served_context_len(ready.context_len, cfg.context_length)  # the worker says the model's maximum
         scheduler = Scheduler(
             num_pages=ready.num_pages,
             page_size=ready.page_size,
-            context_len=ready.context_len,
+            context_len=context_len,
             eos_token_ids=ready.eos_token_ids,
             **scheduler_knobs(cfg),
         )
         launcher.send(ProcReady(name="scheduler", pid=os.getpid(), info={"num_pages": ready.num_pages}))
         logger.info(
-            "scheduler ready: %d KV pages of %d tokens, context %d, policy %s/%s, budget %d tokens/step",
-            ready.num_pages, ready.page_size, ready.context_len, cfg.schedule_policy, cfg.admission_policy, cfg.max_prefill_tokens,
+            "scheduler ready: %d KV pages of %d tokens, context %d, policy %s/%s, budget %d tokens/step, %s KV reservation",
+            ready.num_pages, ready.page_size, context_len, cfg.schedule_policy, cfg.admission_policy, cfg.max_prefill_tokens,
+            cfg.kv_reservation,
         )
         gc.collect()
         gc.freeze()  # startup objects never need scanning again: shorter collector pauses in the loop

@@ -15,14 +15,17 @@ class SchedulerStats:
     num_cached_pages: int = 0  # held by the radix cache (locked or evictable)
     num_evictable_pages: int = 0  # cached and unlocked: reclaimable on demand
     num_used_pages: int = 0  # owned by live requests, outside the cache
-    num_reserved_pages: int = 0  # promised to admitted requests, not yet allocated
+    num_reserved_pages: int = 0  # promised to admitted requests, not yet allocated (see KvReservation)
+    new_token_ratio: float = 0.0  # the share of remaining output the estimated KV reservation counts
     # totals since start
     num_steps: int = 0
     num_submitted: int = 0
     num_finished: int = 0  # "stop" or "length"
     num_aborted: int = 0
     num_refused: int = 0  # finished with "error" at submit (busy, can never fit, bad input)
-    num_prompt_tokens: int = 0  # prompt tokens of admitted requests
+    num_retracted: int = 0  # retractions: a running request sent back to the queue to free KV (estimated reservation)
+    num_running_peak: int = 0  # the most requests running at once
+    num_prompt_tokens: int = 0  # prompt tokens of admitted requests (a retracted one's prompt + output, again)
     num_prefix_hit_tokens: int = 0  # of those, served by the radix cache
     num_prefilled_tokens: int = 0  # prompt tokens computed (chunks included)
     num_decoded_tokens: int = 0  # tokens computed by decode (one per running request per step)

@@ -112,7 +112,10 @@ class SchedulerHarness:
             assert u.req_id not in seen, f"two updates for request {u.req_id} in one call"
             seen.add(u.req_id)
             assert u.req_id not in self.final, f"update for request {u.req_id} after its final update: {u}"
-            self.first.setdefault(u.req_id, u)
+            first = self.first.setdefault(u.req_id, u)
+            # usage is the client's view: a retraction does not change the prefix hit reported (the
+            # prompt count travels once, in DetokRegister, from the original prompt)
+            assert u.num_cached_tokens == first.num_cached_tokens, f"request {u.req_id}'s reported prefix hit changed: {u}"
             if expect_final:
                 assert u.finish_reason is not None and len(u.token_ids) == 0, u
             for token_id in u.token_ids.tolist():
@@ -127,7 +130,7 @@ class SchedulerHarness:
         expected = FakeModel.next_token(prompt + output, self.model.vocab_size)
         assert token_id == expected, f"request {u.req_id} got token {token_id} at output {len(output)}, its sequence gives {expected}"
         output.append(token_id)
-        max_tokens = min(params.max_tokens, self.scheduler.context_len - len(prompt))
+        max_tokens = self.scheduler.context_len - len(prompt) if params.max_tokens is None else params.max_tokens
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.scheduler.eos_token_ids))
         due = FinishReason.STOP if token_id in stop_ids else FinishReason.LENGTH if len(output) == max_tokens else None
         assert u.finish_reason == due, f"request {u.req_id}: finish_reason {u.finish_reason!r}, expected {due!r}"

@@ -5,14 +5,17 @@ A body (decoded from msgpack, so only plain values, and untrusted) has exactly o
 plus an optional `sampling` dict of SamplingParams fields. Anything wrong raises ValueError with
 a message fit to send back to the client as the request's error; nothing is dropped silently.
 
-max_tokens is not clamped to the context here: the scheduler clamps it and reports the finish
-as "length". But a prompt must leave room for at least one output token.
+prompt + max_tokens must fit the context (the model's, or less with --context-length): a request
+that asks for more is refused at once, naming both numbers, as vLLM does. Without max_tokens it
+may generate up to the context (the scheduler reads None so). A prompt must leave room for at
+least one output token.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from common.context_limit import over_context_error
 from common.sampling_params import SamplingParams
 from tokenizer_proc.text_tokenizer import TextTokenizer
 
@@ -70,6 +73,9 @@ class RequestValidator:
                 f"the prompt is {len(input_ids)} tokens, but the model's context is {self.context_len} "
                 f"tokens; a prompt may have at most {self.context_len - 1} to leave room for output"
             )
+        if params.max_tokens is not None and len(input_ids) + params.max_tokens > self.context_len:
+            prompt_word = "messages" if kind == "messages" else "prompt"
+            raise ValueError(over_context_error(self.context_len, len(input_ids), params.max_tokens, prompt_word))
         return input_ids, params
 
     def _encode_prompt(self, prompt: Any) -> list[int]:

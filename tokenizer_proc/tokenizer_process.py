@@ -7,6 +7,7 @@ import os
 
 import zmq
 
+from common.context_limit import served_context_len
 from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, SCHEDULER_INBOX, ProcReady
 from common.model_config import ModelConfig
 from common.proc_runtime import child_args, child_setup
@@ -32,7 +33,8 @@ def bind_client_port(ctx: zmq.Context, host: str, port: int) -> tuple[zmq.Socket
 
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:
     model_config = ModelConfig.from_model_dir(cfg.model)
-    validator = RequestValidator(TextTokenizer.from_model_dir(cfg.model), model_config.context_len, model_config.vocab_size)
+    context_len = served_context_len(model_config.context_len, cfg.context_length)
+    validator = RequestValidator(TextTokenizer.from_model_dir(cfg.model), context_len, model_config.vocab_size)
     ctx = zmq.Context()
     try:
         router, port = bind_client_port(ctx, cfg.host, cfg.port)

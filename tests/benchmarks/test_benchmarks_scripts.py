@@ -93,3 +93,26 @@ def test_offline_reports_both_throughputs_and_the_ratio(model_dir, tmp_path):
     assert [run["batch_size"] for run in hf["search"]] == [2, 4]
     assert report["ratio_output_throughput"] > 0
     assert report["ratio_output_throughput"] == zserve["output_throughput"] / hf["output_throughput"]
+
+
+def test_bench_admission_reports_runs_and_compares_outputs(model_dir, tmp_path):
+    """Identical prompts on two configurations, outputs compared with the last one: every figure is
+    there, nothing failed, nothing is left allocated at idle, the outputs agree."""
+    out = tmp_path / "admission.json"
+    cmd = [
+        sys.executable, str(REPO / "benchmarks" / "bench_admission.py"), "--model", str(model_dir), "--scenario", "identical",
+        "--num-requests", "4", "--input-len", "24", "--output-len", "4", "--server-args", SERVER_ARGS,
+        "--compare", "", "--disable-radix-cache", "--reference", "last", "--output-json", str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert "| --disable-radix-cache | 0 |" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["config"] for r in rows] == ["", "--disable-radix-cache"]
+    for row in rows:
+        assert row["errors"] == 0 and row["output_tokens"] == 4 * 4 and row["outputs_differing"] == 0
+        assert row["used_pages_at_idle"] == 0 and row["reserved_pages_at_idle"] == 0
+        assert row["peak_running"] <= 4 and row["prefilled_tokens"] >= 24  # 4-token runs may end between polls
+    # no cache: the copies that reach one admission round together compute their prompt once, so
+    # once per round the burst reached the scheduler in (timing decides: 1 to 4)
+    assert rows[1]["prefilled_tokens"] in (24, 2 * 24, 3 * 24, 4 * 24)

@@ -319,12 +319,12 @@ def test_sampling_params_travel_typed_inside_a_tokenized_request():
 
 def test_token_outs_travel_as_records():
     outs = [
-        TokenOut(req_id=1, token_ids=np.array([42], np.int32), num_cached_tokens=4, logprobs=[-0.5], max_tokens_clamped_to=6),
+        TokenOut(req_id=1, token_ids=np.array([42], np.int32), num_cached_tokens=4, logprobs=[-0.5]),
         TokenOut(req_id=2, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.ERROR, code=ErrorCode.BUSY, error="server busy"),
     ]
     got = DETOK_INBOX.decode(DETOK_INBOX.encode(TokenOutBatch(outs=outs))).outs
     assert [o.token_ids.tolist() for o in got] == [[42], []]
-    assert (got[0].finish_reason, got[0].num_cached_tokens, got[0].logprobs, got[0].max_tokens_clamped_to) == (None, 4, [-0.5], 6)
+    assert (got[0].finish_reason, got[0].num_cached_tokens, got[0].logprobs) == (None, 4, [-0.5])
     assert (got[1].finish_reason, got[1].code, got[1].error) == (FinishReason.ERROR, ErrorCode.BUSY, "server busy")
 
 
@@ -388,3 +388,16 @@ def test_http_error_responses_map_back_by_status_when_the_code_is_not_ours():
     assert error_code_of(404, None) is ErrorCode.INVALID
     assert error_code_of(503, "server_draining") is ErrorCode.UNAVAILABLE
     assert error_code_of(500, None) is ErrorCode.INTERNAL
+
+
+def test_stats_out_carries_every_scheduler_stats_field():
+    """The scheduler sends asdict(SchedulerStats()) as StatsOut: every field's type must pass the
+    socket's decoder, or the stats frame is dropped and clients time out waiting for it."""
+    from dataclasses import asdict, replace
+
+    from common.messages import DETOK_INBOX, StatsOut
+    from scheduler_proc.scheduler_stats import SchedulerStats
+
+    stats = asdict(replace(SchedulerStats(), num_running=3, new_token_ratio=0.55))
+    got = DETOK_INBOX.decode(DETOK_INBOX.encode(StatsOut(req_id=7, stats=stats)))
+    assert got.stats == stats

@@ -186,6 +186,16 @@ def test_bad_requests_are_400_with_the_reason(oai, model_name, kwargs, needle):
         assert info.value.body["type"] == "invalid_request_error"
 
 
+def test_max_tokens_beyond_the_context_is_a_400_naming_both_and_a_chat_without_one_runs_to_the_context(oai, model_name):
+    messages = [{"role": "user", "content": "hi " * 100}]
+    needle = r"maximum context length is 512 tokens\. However, you requested \d+ tokens \(\d+ in the messages, 600 in the completion\)"
+    with pytest.raises(openai.BadRequestError, match=needle) as info:
+        oai.chat.completions.create(model=model_name, messages=messages, max_tokens=600)
+    assert info.value.status_code == 400
+    r = oai.chat.completions.create(model=model_name, messages=messages, temperature=0, extra_body={"ignore_eos": True})
+    assert r.choices[0].finish_reason == "length" and r.usage.prompt_tokens + r.usage.completion_tokens == 512
+
+
 def test_unknown_model_is_404_and_bad_json_is_400(server, oai):
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         oai.chat.completions.create(model="gpt-4o", messages=MESSAGES)

@@ -44,16 +44,17 @@ def test_completion_token_prompts_and_openai_defaults():
     assert sampling == {"max_tokens": 16, "temperature": 1.0}  # OpenAI's defaults
 
 
-def test_chat_defaults_to_the_context_and_flattens_text_parts():
+def test_chat_without_max_tokens_sends_none_and_flattens_text_parts():
     req = ChatCompletionRequest(
         messages=[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
         ignore_eos=True, top_k=5, min_p=0.1, stop_token_ids=[3],
     )
-    [sub] = req.sub_requests(context_len=512)
+    [sub] = req.sub_requests()
     assert sub.prompt == {"messages": [{"role": "user", "content": "a\nb"}]}
-    assert sub.sampling == {"max_tokens": 512, "temperature": 1.0, "top_k": 5, "min_p": 0.1, "stop_token_ids": [3], "ignore_eos": True}
+    # no max_tokens: the server lets it run up to the context (and reserves only an estimate of that)
+    assert sub.sampling == {"temperature": 1.0, "top_k": 5, "min_p": 0.1, "stop_token_ids": [3], "ignore_eos": True}
     req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], max_completion_tokens=9)
-    assert req.sub_requests(512)[0].sampling["max_tokens"] == 9
+    assert req.sub_requests()[0].sampling["max_tokens"] == 9
 
 
 UNSUPPORTED = [
@@ -64,10 +65,10 @@ UNSUPPORTED = [
     (lambda: CompletionRequest(prompt="a", n=MAX_CHOICES + 1).sub_requests(), "n"),
     (lambda: CompletionRequest(prompt="a", stream_options={"include_usage": True}).sub_requests(), "stream_options"),
     (lambda: CompletionRequest(prompt=[]).sub_requests(), "prompt"),
-    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], tools=[{"type": "function"}]).sub_requests(8), "tools"),
-    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], logprobs=True).sub_requests(8), "logprobs"),
-    (lambda: ChatCompletionRequest(messages=[{"role": "assistant"}]).sub_requests(8), "messages"),
-    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], response_format={"type": "json_object"}).sub_requests(8), "response_format"),
+    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], tools=[{"type": "function"}]).sub_requests(), "tools"),
+    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], logprobs=True).sub_requests(), "logprobs"),
+    (lambda: ChatCompletionRequest(messages=[{"role": "assistant"}]).sub_requests(), "messages"),
+    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], response_format={"type": "json_object"}).sub_requests(), "response_format"),
 ]
 
 
@@ -122,7 +123,7 @@ def test_chat_formatter_shapes():
     assert fmt.event_chunk(ChoiceEvent(0, "", [], result("", None, 1, 0, 0))) is None
     last = fmt.event_chunk(ChoiceEvent(0, "hi", [5], result("hi", "length", 1, 1, 0)))
     assert b'"delta":{"content":"hi"}' in last and b'"finish_reason":"length"' in last
-    subs = ChatCompletionRequest(messages=[{"role": "user", "content": "a"}]).sub_requests(8)
+    subs = ChatCompletionRequest(messages=[{"role": "user", "content": "a"}]).sub_requests()
     body = fmt.body(subs, [result("hi", "stop", 1, 1, 0)])
     assert body["object"] == "chat.completion" and body["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
     assert OpenAIFormatter(False, "m").usage_chunk(subs, []) is None
@@ -176,9 +177,11 @@ def test_metrics_render_parses_with_and_without_stats():
     metrics.ttft_s.observe(0.01)
     metrics.count_response("/v1/completions", 200)
     metrics.count_aborted("client_disconnect")
-    stats = {"num_running": 2, "num_waiting": 1, "num_prompt_tokens": 10, "num_prefix_hit_tokens": 4, "num_generated_tokens": 7}
+    stats = {"num_running": 2, "num_waiting": 1, "num_prompt_tokens": 10, "num_prefix_hit_tokens": 4, "num_generated_tokens": 7,
+             "num_retracted": 3}
     samples = {s.name: s for f in text_string_to_metric_families(metrics.render(stats).decode()) for s in f.samples}
     assert samples["zserve_num_requests_running"].value == 2
+    assert samples["zserve_scheduler_retracted_requests_total"].value == 3
     assert samples["zserve_prefix_cache_hit_rate"].value == pytest.approx(0.4)
     assert samples["zserve_generation_tokens_total"].value == 7
     assert samples["zserve_time_to_first_token_seconds_count"].value == 1

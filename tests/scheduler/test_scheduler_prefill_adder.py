@@ -7,6 +7,7 @@ import numpy as np
 from common.sampling_params import SamplingParams
 from scheduler_proc.admission_policy import AdmissionPolicy
 from scheduler_proc.cache_manager import CacheManager
+from scheduler_proc.kv_reservation import KvReservation
 from scheduler_proc.prefill_adder import AddOutcome, PrefillAdder
 from scheduler_proc.req import PendingReq
 from scheduler_proc.req_table import ReqTable
@@ -15,15 +16,19 @@ from scheduler_proc.req_table import ReqTable
 def pending(req_id: int, prompt, max_tokens: int = 4, page_size: int = 1) -> PendingReq:
     prompt = np.array(prompt if not isinstance(prompt, int) else range(1000 * req_id, 1000 * req_id + prompt), np.int32)
     max_num_pages = -(-(len(prompt) + max_tokens - 1) // page_size)
-    return PendingReq(req_id, prompt, len(prompt), SamplingParams(max_tokens=max_tokens), max_tokens, 0, frozenset(), None, max_num_pages)
+    return PendingReq(req_id, prompt, len(prompt), SamplingParams(max_tokens=max_tokens), max_tokens, 0, frozenset(), max_num_pages)
 
 
 def make(num_pages=64, page_size=1, rows=8):
     return CacheManager(num_pages, page_size, enable_radix_cache=True), ReqTable(rows)
 
 
-def adder(cache, table, token_budget, reserved_size=0):
-    return PrefillAdder(token_budget=token_budget, reserved_size=reserved_size, cache=cache, req_table=table)
+def adder(cache, table, token_budget, reserved_size=0, reservation="full", **kw):
+    """Most tests here describe the `full` reservation: every request reserves prompt + max_tokens."""
+    return PrefillAdder(
+        token_budget=token_budget, reserved_size=reserved_size, reservation=KvReservation(reservation, cache.page_size),
+        cache=cache, req_table=table, **kw,
+    )
 
 
 def test_a_prompt_longer_than_the_budget_is_chunked_never_refused():
@@ -123,8 +128,8 @@ def test_an_identical_prompt_is_a_copy_and_a_shared_prefix_waits_for_its_page():
     assert a.copy_of == [None, 0, None, None, 0]
     assert a.token_budget == 64 - 5 - 3 - 2  # copies cost no budget
     assert a.reqs[1].page_table[:3].tolist() == [3, 4, 5]  # its own pages (the worker copies into them) ...
-    assert a.reqs[1].num_pages == 3 and a.reqs[1].num_reserved_pages == 1  # ... and its reservation
-    assert a.reserved_size == 2 * sum(r.num_reserved_pages for r in a.reqs)
+    assert (a.reqs[1].num_pages, a.reqs[1].max_num_pages) == (3, 4)  # ... and its reservation (full: all it may write)
+    assert a.reserved_size == 2 * sum(r.max_num_pages - r.num_pages for r in a.reqs)
 
 
 def test_copies_need_no_budget_but_rows_and_memory():
@@ -142,6 +147,11 @@ def test_copies_need_no_budget_but_rows_and_memory():
     assert a.try_add(pending(1, same, page_size=4)) is AddOutcome.ADMITTED
     assert a.try_add(pending(3, same, page_size=4)) is AddOutcome.ADMITTED
     assert a.try_add(pending(4, same, page_size=4)) is AddOutcome.NO_MEMORY  # 3 pages left of the 11
+    cache, table = make(num_pages=64, page_size=4)
+    a = adder(cache, table, token_budget=10, max_new_reqs=2)
+    assert [a.try_add(pending(i, same, page_size=4)) for i in (1, 2, 3)] == [
+        AddOutcome.ADMITTED, AddOutcome.ADMITTED, AddOutcome.REQUEST_CAP,  # a copy is a request admitted
+    ]
 
 
 def test_a_chunked_source_makes_copies_wait_for_its_pages():
@@ -185,3 +195,27 @@ def test_pack_admits_copies_past_a_request_the_budget_stops():
     b = adder(cache, table, token_budget=4)
     AdmissionPolicy("pack", 64, 8).admit(b, queue)  # 5 is chunked: 6 is no copy of it
     assert [r.req_id for r in b.reqs] == [5] and [p.req_id for p in queue] == [6]
+
+
+def test_the_request_cap_stops_new_admissions_but_not_the_chunked_continuation():
+    cache, table = make(num_pages=128)
+    a = adder(cache, table, token_budget=6, max_new_reqs=2)
+    assert a.try_add(pending(1, 10)) is AddOutcome.ADMITTED  # chunked: 6 of 10
+    b = adder(cache, table, token_budget=64, max_new_reqs=2)
+    a.chunked.req.cached_len += 6
+    b.add_chunked(a.chunked)  # a continuation is not a new admission
+    assert [b.try_add(pending(i, 2)) for i in (2, 3, 4)] == [AddOutcome.ADMITTED, AddOutcome.ADMITTED, AddOutcome.REQUEST_CAP]
+    queue = deque([pending(5, 1), pending(6, 1), pending(7, 1)])
+    c = adder(cache, table, token_budget=64, max_new_reqs=1)
+    AdmissionPolicy("pack", 64, 8).admit(c, queue)
+    assert [r.req_id for r in c.reqs] == [5] and [p.req_id for p in queue] == [6, 7]
+
+
+def test_the_estimated_reservation_admits_what_the_full_one_refuses():
+    cache, table = make(num_pages=20)
+    # 2 prompt tokens, max_tokens 19: full needs 20 pages, estimated 2 + ceil(18 * 0.7) = 15
+    assert adder(cache, table, token_budget=64, reserved_size=1).try_add(pending(1, 2, max_tokens=19)) is AddOutcome.NO_MEMORY
+    a = adder(cache, table, token_budget=64, reserved_size=5, reservation="estimated")
+    assert a.try_add(pending(2, 2, max_tokens=19)) is AddOutcome.ADMITTED
+    assert a.reserved_size == 5 + 15 - 2  # its reservation, less the 2 pages its prompt took now
+    assert a.try_add(pending(3, 1, max_tokens=1)) is AddOutcome.NO_MEMORY  # 1 more page: 20 promised of 20

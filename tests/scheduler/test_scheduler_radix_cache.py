@@ -99,8 +99,8 @@ def _req(cache: CacheManager, req_id: int, tokens, row_idx: int) -> Req:
     n = -(-len(tokens) // cache.page_size)
     page_table = np.zeros(n + 1, np.int32)
     page_table[:n] = cache.alloc(n)
-    return Req(req_id, np.array(tokens, np.int32), len(tokens), SamplingParams(), 1, 0, frozenset(), None, row_idx, page_table,
-               num_pages=n, num_tree_pages=0, cache_node=cache.tree.root, cached_len=len(tokens), num_cached_tokens=0)
+    return Req(req_id, np.array(tokens, np.int32), len(tokens), len(tokens), SamplingParams(), 1, 0, frozenset(), row_idx, page_table,
+               num_pages=n, num_tree_pages=0, cache_node=cache.tree.root, cached_len=len(tokens), num_cached_tokens=0, admit_seq=req_id)
 
 
 def test_duplicate_prefix_is_freed_only_after_the_page_table_points_at_the_shared_copy():

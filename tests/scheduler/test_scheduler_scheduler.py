@@ -213,15 +213,18 @@ def test_finish_on_any_eos_id_stop_token_or_max_tokens():
     h.assert_drained()
 
 
-def test_max_tokens_beyond_the_context_is_clamped_and_reported_once():
+def test_max_tokens_beyond_the_context_is_refused_and_none_means_up_to_the_context():
     h = make(context_len=16)
-    h.submit(1, prompt(1, 10), p(max_tokens=100))
-    h.run()
-    assert h.first[1].max_tokens_clamped_to == 6
-    assert len(h.outputs[1]) == 6 and h.final[1].finish_reason == FinishReason.LENGTH and h.final[1].max_tokens_clamped_to is None
+    (u,) = h.submit(1, prompt(1, 10), p(max_tokens=7))
+    assert u.finish_reason == FinishReason.ERROR and u.code == ErrorCode.INVALID and u.error == (
+        "This model's maximum context length is 16 tokens. However, you requested 17 tokens "
+        "(10 in the prompt, 7 in the completion). Please reduce the length of the prompt or completion."
+    )
     h.submit(2, prompt(1, 10), p(max_tokens=6))
+    h.submit(3, prompt(1, 10), SamplingParams())  # no max_tokens: up to the context
     h.run()
-    assert h.first[2].max_tokens_clamped_to is None
+    assert h.outputs[2] == h.outputs[3] == oracle(prompt(1, 10), 6)
+    assert h.final[2].finish_reason == h.final[3].finish_reason == FinishReason.LENGTH
     h.assert_drained()
 
 
@@ -382,17 +385,44 @@ def test_disabled_radix_cache_computes_everything_and_keeps_nothing():
 
 def test_abort_with_a_finish_reason_reports_it_and_stats_add_up():
     h = make(context_len=16)
-    h.submit(1, prompt(1, 6), p(max_tokens=100))  # clamped to 10
+    h.submit(1, prompt(1, 6), p(max_tokens=None))  # up to the context: 10
     h.step()
     (u,) = h.abort(1, FinishReason.STOP)  # the detokenizer found a stop string
-    assert (u.finish_reason, u.max_tokens_clamped_to, u.code) == (FinishReason.STOP, None, None)
-    h.submit(2, prompt(1, 6), p(max_tokens=100))
-    (u,) = h.abort(2)  # waiting: its only update carries the clamp
-    assert (u.finish_reason, u.max_tokens_clamped_to) == (FinishReason.ABORT, 10)
+    assert (u.finish_reason, u.code) == (FinishReason.STOP, None)
+    h.submit(2, prompt(1, 6), p(max_tokens=10))
+    (u,) = h.abort(2)  # waiting
+    assert (u.finish_reason, u.num_cached_tokens) == (FinishReason.ABORT, 0)
     h.submit(3, prompt(1, 9), p(max_tokens=3))
     h.run()
     s = h.scheduler.stats()
     assert (s.num_submitted, s.num_finished, s.num_aborted, s.num_refused) == (3, 2, 1, 0)  # a stop-string end counts as finished
     assert s.num_prompt_tokens == 6 + 9 and s.num_prefix_hit_tokens == 4  # request 1 cached one page
     assert s.num_prefilled_tokens == 6 + 5 and s.num_decoded_tokens == 2 and s.num_generated_tokens == 1 + 3
+    h.assert_drained()
+
+
+def test_prefill_max_requests_caps_the_new_requests_of_each_round():
+    h = make(prefill_max_requests=2, **PREFILL_FIRST_FIFO)
+    for i in range(5):
+        h.submit(i, prompt(10 * i + 1, 3), p(max_tokens=2))
+    h.run()
+    prefill_rounds = [b.extend_lens.tolist() for b in h.batches if (b.extend_lens > 1).any()]
+    assert prefill_rounds == [[3, 3], [3, 3], [3]]
+    assert all(h.outputs[i] == oracle(prompt(10 * i + 1, 3), 2) for i in range(5))
+    h.assert_drained()
+    with pytest.raises(ValueError, match="prefill_max_requests"):
+        make(prefill_max_requests=-1)
+
+
+@pytest.mark.parametrize("num_rows", [128, 256])
+def test_hundreds_of_concurrent_tiny_requests_run_at_once(num_rows):
+    h = make(num_pages=4 * num_rows, page_size=4, max_running_requests=num_rows, max_prefill_tokens=8192,
+             max_queued_requests=num_rows, admission_policy="fifo")  # pack looks at 64 a round
+    for i in range(num_rows):
+        h.submit(i, [i % 60 + 2, 1, i // 60 + 2], p(max_tokens=5))
+    h.run()
+    stats = h.scheduler.stats()
+    assert stats.num_running_peak == num_rows and stats.num_finished == num_rows and stats.num_retracted == 0
+    assert len(h.batches) == 5  # one prefill round for all, then four decode steps
+    assert all(len(h.outputs[i]) == 5 for i in range(num_rows))
     h.assert_drained()

@@ -232,14 +232,39 @@ def test_full_queue_refuses_with_server_busy(model_dir):
         assert handle.stop() == 0, handle.log()
 
 
-def test_max_tokens_beyond_the_context_is_clamped_and_reported(server, oracle):
+def test_max_tokens_beyond_the_context_is_refused_and_none_runs_up_to_the_context(server, oracle):
     input_ids = (oracle.encode(LONG_PREFIX) * 20)[:400]
-    num_prompt = len(input_ids)
     with Client(server.port, timeout_s=120) as c:
-        result = c.generate(input_ids=input_ids, max_tokens=1000, ignore_eos=True)
-    assert result.max_tokens_clamped_to == 512 - num_prompt
-    assert result.finish_reason == "length"
-    assert len(result.output_ids) == 512 - num_prompt
+        with pytest.raises(ServerError, match=r"maximum context length is 512 tokens\. However, you requested 1400 tokens "
+                                              r"\(400 in the prompt, 1000 in the completion\)"):
+            c.generate(input_ids=input_ids, max_tokens=1000, ignore_eos=True)
+        result = c.generate(input_ids=input_ids, ignore_eos=True)  # no max_tokens: up to the context
+    assert result.finish_reason == "length" and len(result.output_ids) == 512 - 400
+
+
+def test_a_small_pool_retracts_and_every_output_is_still_the_greedy_one(model_dir, oracle):
+    """64 pages of 4 tokens, a context of 128: 8 requests that each run to the context cannot all
+    hold their pages at once, so some are retracted and resumed; every output is still exactly
+    transformers' greedy output, /metrics-visible stats count the retractions, nothing leaks."""
+    handle = start_server(
+        model_dir, "--page-size", "4", "--kv-cache-tokens", "256", "--context-length", "128", "--num-threads", "1",
+        "--max-prefill-tokens", "64",
+    )
+    try:
+        prompts = [f"Story {i}: once upon a time" for i in range(8)]
+        with Client(handle.port, timeout_s=120) as c:
+            req_ids = [c.submit(p, ignore_eos=True) for p in prompts]  # no max_tokens: up to the context
+            results = [c.result(rid) for rid in req_ids]
+            stats = wait_idle(c)
+        for prompt, result in zip(prompts, results, strict=True):
+            ids = oracle.encode(prompt)
+            assert result.output_ids == oracle.greedy(ids, 128 - len(ids), stop_at_eos=False)
+            assert result.finish_reason == "length" and result.usage.prompt_tokens == len(ids)
+        assert stats["num_retracted"] > 0 and stats["num_finished"] == 8, stats
+        assert stats["num_used_pages"] == 0 and stats["num_free_pages"] + stats["num_cached_pages"] == 64, stats
+        assert "retracted:" in handle.log()
+    finally:
+        assert handle.stop() == 0, handle.log()
 
 
 def test_terminal_chat_streams_keeps_the_conversation_and_resets(server, oracle):

@@ -40,9 +40,20 @@ def test_messages_use_the_chat_template(validator, tokenizer):
     assert tokenizer.decode(ids).endswith("<|im_start|>assistant\n")
 
 
-def test_max_tokens_is_not_clamped(validator):
-    _, params = validator.validate({"prompt": "hi", "sampling": {"max_tokens": 10 * CONTEXT_LEN}})
-    assert params.max_tokens == 10 * CONTEXT_LEN
+def test_prompt_plus_max_tokens_beyond_the_context_is_refused_naming_both(validator):
+    ids = [5] * 10
+    _, params = validator.validate({"input_ids": ids, "sampling": {"max_tokens": CONTEXT_LEN - 10}})
+    assert params.max_tokens == CONTEXT_LEN - 10  # exactly the context: fine, and never cut
+    with pytest.raises(ValueError) as exc:
+        validator.validate({"input_ids": ids, "sampling": {"max_tokens": CONTEXT_LEN - 9}})
+    assert str(exc.value) == (
+        f"This model's maximum context length is {CONTEXT_LEN} tokens. However, you requested {CONTEXT_LEN + 1} tokens "
+        f"(10 in the prompt, {CONTEXT_LEN - 9} in the completion). Please reduce the length of the prompt or completion."
+    )
+    with pytest.raises(ValueError, match=r"\(\d+ in the messages, 100000 in the completion\)"):
+        validator.validate({"messages": [{"role": "user", "content": "hi"}], "sampling": {"max_tokens": 100_000}})
+    _, params = validator.validate({"input_ids": ids})
+    assert params.max_tokens is None  # no max_tokens: up to the context, the scheduler's to resolve
 
 
 def test_prompt_must_leave_room_for_one_output_token(validator):
