@@ -22,6 +22,17 @@ These are wire messages (common/wire.py): ForwardBatch (scheduler -> worker, and
 other ranks) and StepResult (worker -> scheduler), with SamplingArrays nested in ForwardBatch.
 Every array travels as raw little-endian bytes, not a msgpack list: a 4096-id list costs ~0.2 ms
 to pack, raw bytes ~1 us. A decoded array is a read-only view of the frame.
+
+Identical prompts admitted in one round are computed once. The first is the *source*; each other
+one is a *copy* (`copy_of[i] = j`, the source's index, `j < i`): it has the source's cached_len
+and extend_len, sends no input_ids, and is not computed. After the forward the worker copies the
+K/V the source wrote this step into the copy's own slots (positions cached_len ..
+cached_len + extend_len - 1, a partial last page included), and the copy samples its first token,
+with its own parameters and seed, from the source's last-position logits:
+
+    request     r0 (source)      r1 (copy_of = 0)        cached_len 8, extend_len 5, page_size 4
+    pages       [a b | p q ]     [a b | s t ]            a b: the shared prefix (radix cache hit)
+    this step   p q computed     p q --slot copy--> s t  r1's logits row = r0's
 """
 
 from __future__ import annotations
@@ -89,6 +100,8 @@ class ForwardBatch:
     is_sampled: BoolArray  # [num_reqs]: False for a ChunkedReq (prompt left after this step)
     return_logprob: BoolArray  # [num_reqs]
     sampling: SamplingArrays
+    # [num_reqs]: i for a computed request, j < i for a copy of request j; None: no copies (most steps)
+    copy_of: Int32Array | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -96,7 +109,53 @@ class ForwardBatch:
 
     @property
     def num_tokens(self) -> int:
+        """Tokens computed this step (a copy's are not)."""
         return int(self.input_ids.shape[0])
+
+    @property
+    def is_computed(self) -> np.ndarray:
+        """bool[num_reqs]: False for a copy."""
+        if self.copy_of is None:
+            return np.ones(self.num_reqs, np.bool_)
+        return self.copy_of == np.arange(self.num_reqs)
+
+    def computed_part(self) -> ForwardBatch:
+        """The batch without its copies: what the forward runs. The batch itself when it has none."""
+        if self.copy_of is None:
+            return self
+        keep = self.is_computed
+        page_starts = np.cumsum(self.num_pages) - self.num_pages
+        kept_pages = [self.page_ids[s : s + n] for s, n in zip(page_starts[keep], self.num_pages[keep], strict=True)]
+        return ForwardBatch(
+            step_id=self.step_id,
+            input_ids=self.input_ids,
+            cached_lens=self.cached_lens[keep],
+            extend_lens=self.extend_lens[keep],
+            page_ids=np.concatenate(kept_pages),
+            num_pages=self.num_pages[keep],
+            is_sampled=self.is_sampled[keep],
+            return_logprob=self.return_logprob[keep],
+            sampling=self.sampling.select(keep),
+        )
+
+    def copied_slots(self, page_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source slots, copy slots), int64: where each copy's K/V for this step's positions come
+        from and go to. Empty when the batch has no copies."""
+        if self.copy_of is None:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64)
+        page_starts = np.cumsum(self.num_pages, dtype=np.int64) - self.num_pages
+        copies = np.flatnonzero(~self.is_computed)
+        sources = self.copy_of[copies].astype(np.int64)
+        extend = self.extend_lens[copies].astype(np.int64)
+        # positions cached_len .. cached_len + extend_len - 1 of every copy, copy after copy
+        which = np.repeat(np.arange(copies.size), extend)
+        positions = self.cached_lens[copies][which] + np.arange(int(extend.sum())) - (np.cumsum(extend) - extend)[which]
+
+        def slots(reqs: np.ndarray) -> np.ndarray:
+            pages = self.page_ids[page_starts[reqs][which] + positions // page_size].astype(np.int64)
+            return pages * page_size + positions % page_size
+
+        return slots(sources), slots(copies)
 
     @property
     def num_sampled(self) -> int:
@@ -112,12 +171,15 @@ class ForwardBatch:
         for name in ("cached_lens", "num_pages", "is_sampled", "return_logprob"):
             if getattr(self, name).shape[0] != n:
                 raise ValueError(f"ForwardBatch {self.step_id}: {name} has {getattr(self, name).shape[0]} entries, expected {n}")
-        if int(self.extend_lens.sum()) != self.num_tokens:
-            raise ValueError(
-                f"ForwardBatch {self.step_id}: sum(extend_lens)={int(self.extend_lens.sum())} != len(input_ids)={self.num_tokens}"
-            )
         if (self.extend_lens < 1).any() or (self.cached_lens < 0).any():
             raise ValueError(f"ForwardBatch {self.step_id}: extend_lens must be >= 1 and cached_lens >= 0")
+        if self.copy_of is not None:
+            self._validate_copies()
+        num_computed = int(self.extend_lens[self.is_computed].sum())
+        if num_computed != self.num_tokens:
+            raise ValueError(
+                f"ForwardBatch {self.step_id}: sum(extend_lens) of the computed requests={num_computed} != len(input_ids)={self.num_tokens}"
+            )
         need = -(-(self.cached_lens.astype(np.int64) + self.extend_lens) // page_size)
         if not np.array_equal(need, self.num_pages):
             i = int(np.nonzero(need != self.num_pages)[0][0])
@@ -135,6 +197,24 @@ class ForwardBatch:
                 f"{int(self.page_ids[j]) * page_size}..{(int(self.page_ids[j]) + 1) * page_size - 1}) is outside the KV pool "
                 f"of {num_pages_total} pages"
             )
+
+
+    def _validate_copies(self) -> None:
+        copy_of, n = self.copy_of, self.num_reqs
+        if copy_of.shape[0] != n:
+            raise ValueError(f"ForwardBatch {self.step_id}: copy_of has {copy_of.shape[0]} entries, expected {n}")
+        bad = (copy_of < 0) | (copy_of > np.arange(n))
+        if bad.any():
+            i = int(np.nonzero(bad)[0][0])
+            raise ValueError(f"ForwardBatch {self.step_id}: request {i} is a copy of {int(copy_of[i])}, not an earlier request")
+        for i in np.flatnonzero(copy_of != np.arange(n)).tolist():
+            j = int(copy_of[i])
+            if copy_of[j] != j:
+                raise ValueError(f"ForwardBatch {self.step_id}: request {i} is a copy of {j}, itself a copy")
+            if self.cached_lens[i] != self.cached_lens[j] or self.extend_lens[i] != self.extend_lens[j]:
+                raise ValueError(f"ForwardBatch {self.step_id}: request {i} is a copy of {j} with other cached_len or extend_len")
+            if not (self.is_sampled[i] and self.is_sampled[j]):
+                raise ValueError(f"ForwardBatch {self.step_id}: request {i} is a copy of {j}, but both must be sampled")
 
 
 @message(2)

@@ -52,6 +52,12 @@ class KVPool:
         """[kvh, num_slots, d] -> [kvh, num_pages, page_size, d] view."""
         return cache.view(self.num_kv_heads, self.num_pages, self.page_size, self.head_dim)
 
+    def copy_slots(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
+        """K and V of `src_slots` into `dst_slots` (int64, same length, disjoint), every layer:
+        a copy of an identical prompt takes what its source computed this step."""
+        for cache in (*self.k, *self.v):
+            cache.index_copy_(1, dst_slots, cache.index_select(1, src_slots))
+
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize

@@ -1,6 +1,7 @@
 """ModelRunner: weights + KV pool + sampler on one device; runs ForwardBatches.
 
     run(batch):  validate -> attention metadata -> forward (writes K/V of new tokens)
+                 -> copies of identical prompts: K/V slot copy from their source
                  -> logits at the last token of each sampled request -> sample -> StepResult
 
 It keeps no state about requests: which pages a request owns, and how many of its tokens are
@@ -176,8 +177,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def last_logits(self, batch: ForwardBatch) -> torch.Tensor:
-        """float32[num_reqs, vocab]: logits at every request's last token (sampled or not), for
-        parity tests. Runs a full forward, so it writes the batch's K/V like `run`."""
+        """float32[num_reqs, vocab]: logits at every request's last token (sampled or not; a
+        copy's are its source's), for parity tests. Runs a full forward, so it writes the batch's
+        K/V like `run`."""
         self._validate(batch)
         return self._forward(batch, np.ones(batch.num_reqs, bool))
 
@@ -196,11 +198,26 @@ class ModelRunner:
             raise ValueError(f"ForwardBatch {batch.step_id}: token id {int(bad)} is outside the vocabulary of {self.config.vocab_size}")
 
     def _forward(self, batch: ForwardBatch, rows: np.ndarray) -> torch.Tensor:
-        """Forward the whole batch; logits at the last token of the requests where `rows` is True."""
-        meta = AttentionMetadata.build(batch, self.kv_pool, self.dtype, use_varlen=self.use_varlen)
-        input_ids = torch.from_numpy(batch.input_ids.astype(np.int64)).to(self.device)
+        """Forward the batch's computed requests, then give each copy its source's K/V for this
+        step's positions; logits at the last token of the requests where `rows` is True (a copy's
+        row is its source's, computed once)."""
+        computed = batch.computed_part()
+        meta = AttentionMetadata.build(computed, self.kv_pool, self.dtype, use_varlen=self.use_varlen)
+        input_ids = torch.from_numpy(computed.input_ids.astype(np.int64)).to(self.device)
         hidden = self.model(input_ids, meta)  # [T, hidden]
-        last_token_idx = (np.cumsum(batch.extend_lens, dtype=np.int64) - 1)[rows]
-        if last_token_idx.size != batch.num_tokens:  # a pure decode batch needs no gather
+        last_token_idx = np.cumsum(computed.extend_lens, dtype=np.int64) - 1  # per computed request
+        expand = None
+        if computed is batch:
+            last_token_idx = last_token_idx[rows]
+        else:
+            src_slots, dst_slots = batch.copied_slots(self.page_size)
+            self.kv_pool.copy_slots(torch.from_numpy(src_slots).to(self.device), torch.from_numpy(dst_slots).to(self.device))
+            computed_idx = np.cumsum(batch.is_computed) - 1  # request of the batch -> request of `computed`
+            sources, expand = np.unique(computed_idx[batch.copy_of[rows]], return_inverse=True)
+            last_token_idx = last_token_idx[sources]
+        if last_token_idx.size != computed.num_tokens:  # a pure decode batch needs no gather
             hidden = hidden.index_select(0, torch.from_numpy(last_token_idx).to(self.device))
-        return self.model.compute_logits(hidden)
+        logits = self.model.compute_logits(hidden)
+        if expand is not None:  # one row per wanted request, a copy reading its source's
+            logits = logits.index_select(0, torch.from_numpy(expand.astype(np.int64)).to(self.device))
+        return logits

@@ -57,8 +57,9 @@ class AdmissionPolicy:
             outcome = adder.try_add(window[i])
             if outcome is AddOutcome.ADMITTED:
                 admitted.add(i)
-            elif outcome in (AddOutcome.NO_BUDGET, AddOutcome.REQUEST_CAP, AddOutcome.NO_ROW):
+            elif outcome in (AddOutcome.REQUEST_CAP, AddOutcome.NO_ROW):
                 break  # nobody else can get in this step
+            # NO_BUDGET: a copy of a prompt computed this step still can (it costs no budget)
         if admitted:
             for _ in window:
                 queue.popleft()

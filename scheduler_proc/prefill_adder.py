@@ -10,6 +10,13 @@ A request is admitted only if what the KvReservation reserves for it (its uncach
 its output: all of max_tokens under `full`, an estimate under `estimated`; in whole pages) fits
 in free + evictable KV on top of `reserved_size`, what it reserves for the requests already
 admitted. Under `full` running requests never wait for memory and are never retracted.
+
+Identical prompts in one round are computed once: a request whose whole prompt equals that of a
+request this step completes (its *source*), with the same cached prefix, is admitted as a *copy*
+(`copy_of`). It gets its own row, pages and reservation like any request, and counts towards the
+request cap, but costs no token budget: the worker copies the source's K/V of this step into its
+pages, and it samples from the source's logits. A prompt that shares only a prefix with one in
+this step waits for that page instead (WAIT_FOR_PREFIX): next step it is a cache hit.
 """
 
 from __future__ import annotations
@@ -60,6 +67,8 @@ class PrefillAdder:
         self.wait_for_shared_prefix = wait_for_shared_prefix and cache.enable_radix_cache
         self.reqs: list[Req] = []  # scheduled this step, in order
         self.extend_lens: list[int] = []
+        self.copy_of: list[int | None] = []  # per entry of `reqs`: the index of its source, for a copy
+        self._sources: dict[bytes, int] = {}  # prompt bytes -> index in `reqs` of the request completing it now
         self.admitted: list[Req] = []  # the newly admitted subset of `reqs`
         self.chunked: ChunkedReq | None = None  # the request left with prompt after this step
 
@@ -70,7 +79,8 @@ class PrefillAdder:
         self._schedule(req, min(self.token_budget, req.num_prompt_tokens - req.cached_len))
 
     def try_add(self, pending: PendingReq) -> AddOutcome:
-        if self.token_budget <= 0:
+        source_idx = self._sources.get(pending.input_ids.tobytes()) if self._sources else None
+        if self.token_budget <= 0 and source_idx is None:
             return AddOutcome.NO_BUDGET
         if self.max_new_reqs is not None and len(self.admitted) >= self.max_new_reqs:
             return AddOutcome.REQUEST_CAP
@@ -82,7 +92,11 @@ class PrefillAdder:
         if not self._fits(self._num_need_pages(pending, max_num_hit_pages)):
             return AddOutcome.NO_MEMORY  # even a full prefix hit would not fit: skip the match
         match = self.cache.match_prefix(pending.input_ids, num_prompt_tokens - 1)
-        if self._prefix_in_this_step(pending.input_ids, match.num_tokens):
+        if source_idx is not None and self.reqs[source_idx].cached_len != match.num_tokens:
+            source_idx = None  # a ChunkedReq's last chunk that started mid-page: not the same computation
+            if self.token_budget <= 0:
+                return AddOutcome.NO_BUDGET
+        if source_idx is None and self._prefix_in_this_step(pending.input_ids, match.num_tokens):
             return AddOutcome.WAIT_FOR_PREFIX
         num_need_pages = self._num_need_pages(pending, len(match.page_ids))
         if not self._fits(num_need_pages):
@@ -120,14 +134,17 @@ class PrefillAdder:
             output_ids=list(pending.output_ids),
         )
         self.reserved_size += num_need_pages * self.page_size
-        extend_len = min(self.token_budget, num_prompt_tokens - match.num_tokens)
+        if source_idx is None:
+            extend_len, how = min(self.token_budget, num_prompt_tokens - match.num_tokens), "computed"
+        else:
+            extend_len, how = self.extend_lens[source_idx], f"copied from req {self.reqs[source_idx].req_id}"
         logger.info(
-            "req %d %s: %d prompt tokens, %d cached, %d computed now, row %d",
+            "req %d %s: %d prompt tokens, %d cached, %d %s now, row %d",
             req.req_id, "re-admitted after a retraction" if is_retracted else "admitted",
-            num_prompt_tokens, match.num_tokens, extend_len, row_idx,
+            num_prompt_tokens, match.num_tokens, extend_len, how, row_idx,
         )
         self.admitted.append(req)
-        self._schedule(req, extend_len)
+        self._schedule(req, extend_len, source_idx)
         return AddOutcome.ADMITTED
 
     # -- internals ---------------------------------------------------------------------------
@@ -142,10 +159,9 @@ class PrefillAdder:
     def _fits(self, num_need_pages: int) -> bool:
         return num_need_pages * self.page_size + self.reserved_size <= self.cache.num_available_pages * self.page_size
 
-    def _schedule(self, req: Req, extend_len: int) -> None:
-        """Compute `extend_len` more prompt tokens of `req` this step; give it the pages they
-        need out of its reservation."""
-        assert 0 < extend_len <= self.token_budget, (extend_len, self.token_budget)
+    def _schedule(self, req: Req, extend_len: int, source_idx: int | None = None) -> None:
+        """Compute `extend_len` more prompt tokens of `req` this step (or, for a copy, take them
+        from `reqs[source_idx]` at no budget); give it the pages they need out of its reservation."""
         end = req.cached_len + extend_len
         num_new_pages = -(-end // self.page_size) - req.num_pages
         if num_new_pages > 0:
@@ -154,16 +170,23 @@ class PrefillAdder:
             self.reserved_size -= num_new_pages * self.page_size
         self.reqs.append(req)
         self.extend_lens.append(extend_len)
+        self.copy_of.append(source_idx)
+        if source_idx is not None:
+            assert end == req.num_prompt_tokens and req.cached_len == self.reqs[source_idx].cached_len
+            return
+        assert 0 < extend_len <= self.token_budget, (extend_len, self.token_budget)
         self.token_budget -= extend_len
         if end < req.num_prompt_tokens:
             assert self.token_budget == 0
             self.chunked = ChunkedReq(req)
             logger.info("req %d chunked: %d of %d prompt tokens after this step", req.req_id, end, req.num_prompt_tokens)
+        else:  # its prompt completes now: an identical one admitted after it is a copy
+            self._sources.setdefault(req.input_ids.tobytes(), len(self.reqs) - 1)
 
     def _prefix_in_this_step(self, input_ids: np.ndarray, num_matched_tokens: int) -> bool:
         """True if the page after the cached prefix is computed in this step by a request with
-        the same tokens up to there. Waiting one step turns it into a cache hit, so identical
-        prompts arriving together are computed once instead of once each."""
+        the same tokens up to there. Waiting one step turns it into a cache hit, so a prefix
+        shared by prompts arriving together is computed once instead of once each."""
         end = num_matched_tokens + self.page_size
         if not self.wait_for_shared_prefix or end > len(input_ids) - 1:
             return False

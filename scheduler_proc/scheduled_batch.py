@@ -14,18 +14,27 @@ from scheduler_proc.req_table import ReqTable
 @dataclass(slots=True)
 class ScheduledBatch:
     """Decode requests first (one token each, always sampled), then prefill requests (a chunk
-    each; sampled unless prompt is left after it). Pages for this step are already allocated."""
+    each; sampled unless prompt is left after it). Pages for this step are already allocated.
+    A prefill request may be a copy of an earlier one with the same prompt (`prefill_copy_of`,
+    an index into `prefill_reqs`): the worker copies that one's K/V and logits instead of
+    computing it (see ForwardBatch)."""
 
     step_id: int
     decode_reqs: list[Req]
     prefill_reqs: list[Req]
     prefill_extend_lens: list[int]
+    prefill_copy_of: list[int | None]
     prefill_is_sampled: list[bool] = field(init=False)  # False for the ChunkedReq, if any
 
     def __post_init__(self) -> None:
         self.prefill_is_sampled = [
             r.cached_len + n == r.num_prompt_tokens for r, n in zip(self.prefill_reqs, self.prefill_extend_lens, strict=True)
         ]
+
+    @property
+    def num_prefilled_tokens(self) -> int:
+        """Prompt tokens computed by this step (a copy's are not)."""
+        return sum(n for n, source in zip(self.prefill_extend_lens, self.prefill_copy_of, strict=True) if source is None)
 
     @property
     def reqs(self) -> list[Req]:
@@ -43,11 +52,19 @@ class ScheduledBatch:
         input_ids = np.fromiter((r.output_ids[-1] for r in self.decode_reqs), np.int32, num_decode)
         extend_lens = np.ones(n, np.int32)
         is_sampled = np.ones(n, np.bool_)
+        copy_of = None
         if self.prefill_reqs:
-            chunks = [r.input_ids[r.cached_len : r.cached_len + e] for r, e in zip(self.prefill_reqs, self.prefill_extend_lens, strict=True)]
+            chunks = [
+                r.input_ids[r.cached_len : r.cached_len + e]
+                for r, e, source in zip(self.prefill_reqs, self.prefill_extend_lens, self.prefill_copy_of, strict=True)
+                if source is None
+            ]
             input_ids = np.concatenate([input_ids, *chunks])
             extend_lens[num_decode:] = self.prefill_extend_lens
             is_sampled[num_decode:] = self.prefill_is_sampled
+            if any(source is not None for source in self.prefill_copy_of):
+                copy_of = np.arange(n, dtype=np.int32)
+                copy_of[num_decode:] = [num_decode + (i if source is None else source) for i, source in enumerate(self.prefill_copy_of)]
         sampling, return_logprob = req_table.sampling_columns(np.fromiter((r.row_idx for r in reqs), np.intp, n))
         return ForwardBatch(
             step_id=self.step_id,
@@ -59,4 +76,5 @@ class ScheduledBatch:
             is_sampled=is_sampled,
             return_logprob=return_logprob,
             sampling=sampling,
+            copy_of=copy_of,
         )

@@ -174,6 +174,7 @@ class Scheduler:
             decode_reqs,
             adder.reqs if adder else [],
             adder.extend_lens if adder else [],
+            adder.copy_of if adder else [],
         )
         for req in batch.reqs:
             req.in_flight = True  # an abort now only marks it: the worker is using its pages
@@ -192,7 +193,7 @@ class Scheduler:
         assert len(token_ids) == batch.num_sampled, f"step {batch.step_id}: {len(token_ids)} tokens for {batch.num_sampled} sampled requests"
         num_decode = len(batch.decode_reqs)
         self._totals.num_decoded_tokens += num_decode
-        self._totals.num_prefilled_tokens += sum(batch.prefill_extend_lens)
+        self._totals.num_prefilled_tokens += batch.num_prefilled_tokens
         updates: list[TokenOut] = []
         self._on_decoded(batch.decode_reqs, token_ids[:num_decode], logprobs[:num_decode], updates)
         self._on_prefilled(batch, token_ids[num_decode:], logprobs[num_decode:], updates)

@@ -5,6 +5,10 @@ the whole sequence it reads back through its page table, so a request whose page
 reused or mixed up gets a different token than its true sequence implies -- the test harness
 recomputes `next_token(prompt + output so far)` and compares. Freed pages can be poisoned
 (`poison`), and reading a poisoned slot fails at once.
+
+A copy of an identical prompt (`ForwardBatch.copy_of`) is not computed: its slots for this step
+get the source's, and its token is the source's sequence's -- after checking that the sequence
+read back through the copy's own pages is the source's, so a wrong page table still shows.
 """
 
 from __future__ import annotations
@@ -38,24 +42,30 @@ class FakeModel:
     def forward(self, batch: ForwardBatch) -> StepResult:
         batch.validate(self.page_size, self.num_pages)
         ps = self.page_size
+        is_computed = batch.is_computed
         page_starts = np.concatenate([[0], np.cumsum(batch.num_pages)])
-        token_starts = np.concatenate([[0], np.cumsum(batch.extend_lens)])
-        reads, writes, seqs = [], [], []
+        token_starts = np.concatenate([[0], np.cumsum(np.where(is_computed, batch.extend_lens, 0))])
+        slots, reads, writes, seqs = [], [], [], []
         for i in range(batch.num_reqs):
             cached, total = int(batch.cached_lens[i]), int(batch.cached_lens[i] + batch.extend_lens[i])
             pages = batch.page_ids[page_starts[i] : page_starts[i + 1]].astype(np.int64)
             positions = np.arange(total)
-            slots = pages[positions // ps] * ps + positions % ps
-            cached_ids = self.pool[slots[:cached]]
+            slots.append(pages[positions // ps] * ps + positions % ps)
+            cached_ids = self.pool[slots[i][:cached]]
             assert (cached_ids != POISON).all(), f"step {batch.step_id}: request {i} reads a freed or never-written slot"
-            new_ids = batch.input_ids[token_starts[i] : token_starts[i + 1]].astype(np.int64)
-            reads.append(slots[:cached])
-            writes.append(slots[cached:])
-            seqs.append(np.concatenate([cached_ids, new_ids]))
+            reads.append(slots[i][:cached])
+            writes.append(slots[i][cached:])
+            seqs.append(np.concatenate([cached_ids, batch.input_ids[token_starts[i] : token_starts[i + 1]].astype(np.int64)]))
         written = np.concatenate(writes)
         assert len(np.unique(written)) == len(written), f"step {batch.step_id}: two requests write the same slot"
         assert not np.intersect1d(written, np.concatenate(reads)).size, f"step {batch.step_id}: a slot is written while another request reads it"
-        self.pool[written] = batch.input_ids.astype(np.int64)
+        self.pool[np.concatenate([w for w, c in zip(writes, is_computed, strict=True) if c])] = batch.input_ids.astype(np.int64)
+        src_slots, copy_slots = batch.copied_slots(ps)
+        self.pool[copy_slots] = self.pool[src_slots]
+        for i in np.flatnonzero(~is_computed):
+            source = int(batch.copy_of[i])
+            seqs[i] = self.pool[slots[i]]
+            assert np.array_equal(seqs[i], seqs[source]), f"step {batch.step_id}: request {i} reads another sequence than its source {source}"
         sampled = np.flatnonzero(batch.is_sampled)
         next_ids = np.array([self.next_token(seqs[i], self.vocab_size) for i in sampled], np.int32)
         logprobs = np.where(batch.return_logprob[sampled], -0.5, np.nan).astype(np.float32)

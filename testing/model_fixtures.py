@@ -114,6 +114,7 @@ class Seq:
     prompt: list[int]
     max_new_tokens: int
     chunk_size: int | None = None  # prompt tokens per step; None = whole prompt at once
+    copy_of: Seq | None = None  # prefilled as a copy of this one (same prompt, same step; ForwardBatch.copy_of)
     tokens: list[int] = field(init=False)  # prompt + generated
     cached_len: int = 0  # tokens whose K/V are in the pool
     page_ids: list[int] = field(default_factory=list)
@@ -139,11 +140,15 @@ class GreedyDriver:
         self.next_page = 0
         self.step_id = 0
 
-    def add(self, prompt: list[int], max_new_tokens: int, chunk_size: int | None = None, prefix_of: Seq | None = None, prefix_len: int = 0) -> Seq:
+    def add(
+        self, prompt: list[int], max_new_tokens: int, chunk_size: int | None = None, prefix_of: Seq | None = None,
+        prefix_len: int = 0, copy_of: Seq | None = None,
+    ) -> Seq:
         """A new request; with `prefix_of`, the first `prefix_len` tokens (rounded down to whole
         pages, and leaving at least one token to compute) reuse that earlier request's pages, as
-        a prefix-cache hit would."""
-        seq = Seq(prompt, max_new_tokens, chunk_size)
+        a prefix-cache hit would. With `copy_of`, its prompt is not computed: it must be stepped
+        with that request, in the step that completes both prompts, and copies its K/V and logits."""
+        seq = Seq(prompt, max_new_tokens, chunk_size, copy_of)
         if prefix_of is not None:
             assert prompt[:prefix_len] == prefix_of.tokens[:prefix_len] and prefix_len <= prefix_of.cached_len
             num_shared = min(prefix_len, len(prompt) - 1) // self.page_size
@@ -159,13 +164,19 @@ class GreedyDriver:
         return ids
 
     def build_batch(self, seqs: list[Seq]) -> ForwardBatch:
-        input_ids, cached, extend, page_ids, num_pages, sampled = [], [], [], [], [], []
-        for seq in seqs:
+        input_ids, cached, extend, page_ids, num_pages, sampled, copy_of = [], [], [], [], [], [], []
+        for i, seq in enumerate(seqs):
             todo = len(seq.tokens) - seq.cached_len
             n = min(todo, seq.chunk_size) if seq.chunk_size and seq.cached_len < len(seq.prompt) else todo
             need = -(-(seq.cached_len + n) // self.page_size)
             seq.page_ids += self._new_pages(need - len(seq.page_ids))
-            input_ids += seq.tokens[seq.cached_len : seq.cached_len + n]
+            if seq.copy_of is not None and seq.cached_len < len(seq.prompt):
+                source = next(j for j, s in enumerate(seqs) if s is seq.copy_of)
+                assert (seq.cached_len, n) == (cached[source], extend[source]), "a copy has its source's cached_len and extend_len"
+                copy_of.append(source)
+            else:
+                copy_of.append(i)
+                input_ids += seq.tokens[seq.cached_len : seq.cached_len + n]
             cached.append(seq.cached_len)
             extend.append(n)
             page_ids += seq.page_ids
@@ -177,10 +188,11 @@ class GreedyDriver:
             step_id=self.step_id, input_ids=i32(input_ids), cached_lens=i32(cached), extend_lens=i32(extend),
             page_ids=i32(page_ids), num_pages=i32(num_pages), is_sampled=np.asarray(sampled, bool),
             return_logprob=np.zeros(len(seqs), bool), sampling=SamplingArrays.greedy(len(seqs)),
+            copy_of=i32(copy_of) if copy_of != list(range(len(seqs))) else None,
         )
 
-    def step(self, seqs: list[Seq]) -> None:
-        """One forward over `seqs` (each contributes its next chunk, or its last token)."""
+    def step(self, seqs: list[Seq]) -> ForwardBatch:
+        """One forward over `seqs` (each contributes its next chunk, or its last token); the batch it ran."""
         batch = self.build_batch(seqs)
         result = self.runner.run(batch)
         next_ids = iter(result.next_token_ids.tolist())
@@ -188,6 +200,7 @@ class GreedyDriver:
             seq.cached_len += int(n)
             if sampled:
                 seq.tokens.append(next(next_ids))
+        return batch
 
     def generate(self, seqs: list[Seq]) -> list[list[int]]:
         """Step all unfinished seqs together until each has its max_new_tokens."""

@@ -113,4 +113,6 @@ def test_bench_admission_reports_runs_and_compares_outputs(model_dir, tmp_path):
         assert row["errors"] == 0 and row["output_tokens"] == 4 * 4 and row["outputs_differing"] == 0
         assert row["used_pages_at_idle"] == 0 and row["reserved_pages_at_idle"] == 0
         assert row["peak_running"] <= 4 and row["prefilled_tokens"] >= 24  # 4-token runs may end between polls
-    assert rows[1]["prefilled_tokens"] == 4 * 24  # no cache: every copy computes its prompt
+    # no cache: the copies that reach one admission round together compute their prompt once, so
+    # once per round the burst reached the scheduler in (timing decides: 1 to 4)
+    assert rows[1]["prefilled_tokens"] in (24, 2 * 24, 3 * 24, 4 * 24)

@@ -109,6 +109,62 @@ def test_validate_rejects_wrong_page_count():
         batch.validate(page_size=2, num_pages_total=50)
 
 
+def _batch_with_copies() -> ForwardBatch:
+    """A decode row, then a source (cached 4, extend 6) and two copies of it; page_size 4."""
+    return ForwardBatch(
+        step_id=8,
+        input_ids=np.array([9, 1, 2, 3, 4, 5, 6], np.int32),  # the decode token, then the source's 6 only
+        cached_lens=np.array([10, 4, 4, 4], np.int32),
+        extend_lens=np.array([1, 6, 6, 6], np.int32),
+        page_ids=np.array([0, 1, 2, 3, 4, 5, 3, 6, 7, 3, 8, 9], np.int32),
+        num_pages=np.array([3, 3, 3, 3], np.int32),
+        is_sampled=np.ones(4, bool),
+        return_logprob=np.array([False, False, True, False]),
+        sampling=SamplingArrays.greedy(4),
+        copy_of=np.array([0, 1, 1, 1], np.int32),
+    )
+
+
+def test_copies_round_trip_and_no_copies_travel_as_nil():
+    codec = Codec(ForwardBatch)
+    got = codec.decode(codec.encode(_batch_with_copies()))
+    assert got.copy_of.tolist() == [0, 1, 1, 1] and got.num_tokens == 7
+    got.validate(page_size=4, num_pages_total=10)
+    plain = codec.decode(codec.encode(_batch()))
+    assert plain.copy_of is None and plain.is_computed.tolist() == [True, True] and plain.computed_part() is plain
+
+
+def test_computed_part_drops_the_copies_and_copied_slots_cover_their_positions():
+    batch = _batch_with_copies()
+    assert batch.is_computed.tolist() == [True, True, False, False]
+    part = batch.computed_part()
+    assert part.copy_of is None and part.extend_lens.tolist() == [1, 6] and part.cached_lens.tolist() == [10, 4]
+    assert part.page_ids.tolist() == [0, 1, 2, 3, 4, 5] and part.return_logprob.tolist() == [False, False]
+    part.validate(page_size=4, num_pages_total=10)
+    src, dst = batch.copied_slots(page_size=4)
+    # positions 4..9: source pages 4, 5 (slots 16..23); copy 1 pages 6, 7; copy 2 pages 8, 9
+    assert src.tolist() == [16, 17, 18, 19, 20, 21] * 2
+    assert dst.tolist() == [24, 25, 26, 27, 28, 29, 32, 33, 34, 35, 36, 37]
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda b: setattr(b, "copy_of", np.array([0, 1, 1], np.int32)), "copy_of has 3 entries, expected 4"),
+        (lambda b: setattr(b, "copy_of", np.array([0, 1, 3, 1], np.int32)), "request 2 is a copy of 3, not an earlier request"),
+        (lambda b: setattr(b, "copy_of", np.array([0, 1, 1, 2], np.int32)), "request 3 is a copy of 2, itself a copy"),
+        (lambda b: setattr(b, "copy_of", np.array([0, 0, 1, 1], np.int32)), "request 1 is a copy of 0 with other cached_len"),
+        (lambda b: b.is_sampled.__setitem__(1, False), "request 2 is a copy of 1, but both must be sampled"),
+        (lambda b: setattr(b, "input_ids", np.arange(13, dtype=np.int32)), "the computed requests=7 != len(input_ids)=13"),
+    ],
+)
+def test_validate_refuses_bad_copies(edit, message):
+    batch = _batch_with_copies()
+    edit(batch)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        batch.validate(page_size=4, num_pages_total=10)
+
+
 # ---- the @message decorator ---------------------------------------------------------------------
 
 

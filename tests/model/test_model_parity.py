@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from common.forward_batch import SamplingArrays
 from model_proc.layers import attention_metadata
 from model_proc.model_runner import ModelRunner
 from testing.model_fixtures import (
@@ -157,3 +158,66 @@ def test_unsampled_chunk_returns_no_token(checkpoints):
     result = driver.runner.run(driver.build_batch([seq]))
     assert result.next_token_ids.shape == (0,) and result.logprobs.shape == (0,)
     assert np.isfinite(result.forward_ms)
+
+
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "mistral"])
+def test_copies_of_an_identical_prompt_get_its_kv(checkpoints, name, page_size):
+    """A source and two copies after a prefix hit, in one batch with a decode and a fresh prefill:
+    the copies' slots hold exactly the source's K/V (a partial last page included), and every
+    copy decodes on to transformers' greedy tokens."""
+    model_dir, ref = checkpoints(name)
+    runner = parity_runner(model_dir, page_size)
+    driver = GreedyDriver(runner)
+    a_prompt = random_prompt(40, seed=7)
+    a = driver.add(a_prompt, NEW_TOKENS)
+    driver.step([a])
+    same = a_prompt[:20] + random_prompt(13, seed=8)
+    source = driver.add(same, NEW_TOKENS, prefix_of=a, prefix_len=20)
+    copies = [driver.add(same, NEW_TOKENS, prefix_of=a, prefix_len=20, copy_of=source) for _ in range(2)]
+    other = driver.add(random_prompt(9, seed=2), NEW_TOKENS)
+    batch = driver.step([a, source, *copies, other])
+    cached = 20 // page_size * page_size
+    assert batch.copy_of.tolist() == [0, 1, 1, 1, 4] and batch.cached_lens.tolist() == [40, cached, cached, cached, 0]
+    assert batch.num_tokens == 1 + (33 - cached) + 9
+    src_slots, dst_slots = (torch.from_numpy(s) for s in batch.copied_slots(page_size))
+    assert len(dst_slots) == 2 * (33 - cached) and not set(dst_slots.tolist()) & set(src_slots.tolist())
+    for cache in (*runner.kv_pool.k, *runner.kv_pool.v):
+        assert torch.equal(cache[:, dst_slots], cache[:, src_slots])
+    assert source.tokens[33:] == copies[0].tokens[33:] == copies[1].tokens[33:]  # the same first token
+    driver.generate([a, source, *copies, other])
+    assert a.output_ids == ref.greedy(a_prompt) and other.output_ids == ref.greedy(other.prompt)
+    for seq in (source, *copies):
+        assert seq.output_ids == ref.greedy(same)
+
+
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2"])
+def test_copies_read_the_source_logits_and_sample_with_their_own_parameters(checkpoints, name):
+    model_dir, ref = checkpoints(name)
+    runner = parity_runner(model_dir)
+    driver = GreedyDriver(runner)
+    prompt = random_prompt(23, seed=3)
+    source = driver.add(prompt, 1)
+    batch = driver.build_batch([source, *(driver.add(prompt, 1, copy_of=source) for _ in range(3))])
+    assert batch.copy_of.tolist() == [0, 0, 0, 0] and batch.num_tokens == 23
+    logits = runner.last_logits(batch)
+    assert all(torch.equal(logits[i], logits[0]) for i in (1, 2, 3))
+    torch.testing.assert_close(logits[0], ref.ref.last_logits(prompt), atol=LOGITS_ATOL, rtol=0)
+    each = driver.build_batch([driver.add(prompt, 1) for _ in range(4)])  # the same four, each computed
+    assert each.copy_of is None and each.num_tokens == 4 * 23
+    torch.testing.assert_close(runner.last_logits(each), logits, atol=LOGITS_ATOL, rtol=0)
+
+    sampling = SamplingArrays(
+        temperature=np.array([0.0, 0.8, 1.3, 0.8], np.float32), top_k=np.array([0, 0, 20, 0], np.int32),
+        top_p=np.array([1.0, 0.9, 1.0, 1.0], np.float32), min_p=np.array([0.0, 0.0, 0.0, 0.05], np.float32),
+        seed=np.array([1, 11, 12, 13], np.int64),
+    )
+    batch.sampling, batch.return_logprob = sampling, np.ones(4, bool)
+    result = runner.run(batch)
+    for i in range(4):  # each copy draws what it would draw computed alone, with its own parameters and seed
+        alone = driver.build_batch([driver.add(prompt, 1)])
+        alone.sampling, alone.return_logprob = sampling.select(np.arange(4) == i), np.ones(1, bool)
+        expected = runner.run(alone)
+        assert result.next_token_ids[i] == expected.next_token_ids[0], i
+        np.testing.assert_allclose(result.logprobs[i], expected.logprobs[0], rtol=0, atol=1e-6)
+    assert result.next_token_ids[0] == int(logits[0].argmax())

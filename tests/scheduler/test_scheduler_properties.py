@@ -99,26 +99,40 @@ def play(h: SchedulerHarness, shared: list[list[int]], script: list[tuple], repe
     assert stats.num_retracted == 0 or scheduler._reservation.mode == "estimated"
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=60, deadline=None)
 @given(
     num_copies=st.integers(2, 6),
     prompt=st.lists(tokens, min_size=1, max_size=30),
     page_size=st.sampled_from([1, 2, 4, 8]),
     budget=st.integers(1, 64),
     policy=st.sampled_from(STEP_POLICIES),
+    admission=st.sampled_from(["fifo", "pack"]),
+    enable_radix_cache=st.booleans(),
 )
-def test_identical_prompts_together_are_computed_once_and_never_wrongly(num_copies, prompt, page_size, budget, policy):
-    h = SchedulerHarness(FakeModel(128, page_size, VOCAB), context_len=64, eos_token_ids=[], max_running_requests=8,
-                         max_prefill_tokens=budget, schedule_policy=policy)
+def test_identical_prompts_together_are_computed_once_and_never_wrongly(
+    num_copies, prompt, page_size, budget, policy, admission, enable_radix_cache
+):
+    h = SchedulerHarness(FakeModel(256, page_size, VOCAB), context_len=64, eos_token_ids=[], max_running_requests=8,
+                         max_prefill_tokens=budget, schedule_policy=policy, admission_policy=admission,
+                         enable_radix_cache=enable_radix_cache)
     scheduler = h.scheduler
     for i in range(num_copies):
-        h.submit(i, prompt, SamplingParams(max_tokens=3))
+        h.submit(i, prompt, SamplingParams(max_tokens=3, temperature=0.5 * i, seed=i))
+    first_step = h.step()
     h.run()
     h.assert_drained()
     assert all(h.outputs[i] == h.outputs[0] for i in range(num_copies))
-    reusable = (len(prompt) - 1) // page_size * page_size  # what a copy can match at most
     computed = scheduler.stats().num_prefilled_tokens
-    assert computed == len(prompt) + (num_copies - 1) * (len(prompt) - reusable), computed  # once, plus the unmatchable tail
+    if len(prompt) <= budget:  # the first copy completes in the first round: the others copy it
+        assert computed == len(prompt), computed
+        assert {u.req_id for u in first_step} == set(range(num_copies))
+        return
+    # chunked: the copies wait for its pages, then compute the tail a cache hit cannot serve
+    # (everything, with the cache off)
+    reusable = (len(prompt) - 1) // page_size * page_size if enable_radix_cache else 0
+    tail = len(prompt) - reusable
+    assert computed >= len(prompt) and (computed - len(prompt)) % tail == 0, computed
+    assert computed <= len(prompt) + (num_copies - 1) * tail, computed
 
 
 # Small pools, long outputs, bursts of arrivals: the estimated reservation admits more than fits

@@ -100,18 +100,98 @@ def test_pages_a_request_gets_and_the_lru_eviction_order():
     h.assert_drained()
 
 
-def test_identical_prompts_arriving_together_are_computed_once():
-    h = make(page_size=4, max_prefill_tokens=64, **PREFILL_FIRST_FIFO)
+@pytest.mark.parametrize("enable_radix_cache", [True, False])
+@pytest.mark.parametrize("admission_policy", ["fifo", "pack"])
+@pytest.mark.parametrize("schedule_policy", ["prefill-first", "decode-first", "mixed"])
+def test_identical_prompts_arriving_together_are_computed_once(schedule_policy, admission_policy, enable_radix_cache):
+    h = make(page_size=4, max_prefill_tokens=18, schedule_policy=schedule_policy, admission_policy=admission_policy,
+             enable_radix_cache=enable_radix_cache)
     same = prompt(7, 18)
-    for i in range(3):
-        h.submit(i, same, p(max_tokens=2))
-    h.step()
-    assert shape(h.batches[0]) == ([18], [0], [True])  # the copies wait one step for the cache
-    h.step()
-    assert shape(h.batches[1]) == ([2, 2], [16, 16], [True, True])
-    assert h.batches[1].page_ids.tolist() == [0, 1, 2, 3, 5, 0, 1, 2, 3, 6]
+    for i in range(8):
+        h.submit(i, same, p(max_tokens=3, temperature=0.1 * i, seed=100 + i))
+    first = h.step()
+    b = h.batches[0]
+    assert shape(b) == ([18] * 8, [0] * 8, [True] * 8)  # 8 copies, all in the first step
+    assert b.copy_of.tolist() == [0] * 8 and b.input_ids.tolist() == same  # computed once ...
+    assert b.page_ids.tolist() == list(range(40))  # ... into 5 pages each
+    assert b.sampling.seed.tolist() == [100 + i for i in range(8)]  # each samples its own
+    assert b.sampling.temperature.tolist() == pytest.approx([0.1 * i for i in range(8)])
+    assert sorted(u.req_id for u in first) == list(range(8))  # every first token now
+    stats = h.scheduler.stats()
+    assert stats.num_prefilled_tokens == 18 and stats.num_prompt_tokens == 8 * 18 and stats.num_prefix_hit_tokens == 0
+    if enable_radix_cache:  # the copies share the source's 4 full pages, and own their partial page
+        assert (stats.num_cached_pages, stats.num_used_pages) == (4, 8)
+    else:
+        assert (stats.num_cached_pages, stats.num_used_pages) == (0, 40)
     h.run()
-    assert h.outputs[0] == h.outputs[1] == h.outputs[2] == oracle(same, 2)
+    assert all(h.outputs[i] == oracle(same, 3) for i in range(8))
+    assert h.scheduler.stats().num_prefilled_tokens == 18
+    h.assert_drained()
+
+
+def test_identical_prompts_after_a_prefix_hit_and_next_to_running_requests_in_a_mixed_step():
+    h = make(page_size=4, max_prefill_tokens=16, schedule_policy="mixed", admission_policy="fifo")
+    head = prompt(1, 8)
+    h.submit(0, head + [40, 41], p(max_tokens=6))
+    h.step()  # 0 prefills; its first 8 tokens (2 pages) go to the cache
+    same = head + [50, 51, 52]
+    for i in (1, 2, 3):
+        h.submit(i, same, p(max_tokens=2))
+    h.submit(4, head + [60], p(max_tokens=2))  # shares only the cached prefix: computed
+    h.step()
+    b = h.batches[1]
+    assert shape(b) == ([1, 3, 3, 3, 1], [10, 8, 8, 8, 8], [True] * 5)  # 0 decodes; 1, 2, 3 after the hit
+    assert b.copy_of.tolist() == [0, 1, 1, 1, 4] and b.input_ids.tolist() == [h.outputs[0][0], 50, 51, 52, 60]
+    assert b.page_ids.tolist() == [0, 1, 2] + [0, 1, 3] + [0, 1, 4] + [0, 1, 5] + [0, 1, 6]
+    assert h.scheduler.stats().num_prefilled_tokens == 10 + 3 + 1
+    h.run()
+    assert all(h.outputs[i] == oracle(same, 2) for i in (1, 2, 3)) and h.outputs[4] == oracle(head + [60], 2)
+    h.assert_drained()
+
+
+def test_a_prompt_that_shares_only_a_prefix_waits_for_the_page_computed_in_this_step():
+    h = make(page_size=4, max_prefill_tokens=64, **PREFILL_FIRST_FIFO)
+    h.submit(1, prompt(7, 18), p(max_tokens=2))
+    h.submit(2, prompt(7, 17) + [60], p(max_tokens=2))
+    h.step()
+    assert shape(h.batches[0]) == ([18], [0], [True])  # 2 waits one step for the cache ...
+    h.step()
+    assert shape(h.batches[1]) == ([2], [16], [True]) and h.batches[1].copy_of is None  # ... then hits 16
+    h.run()
+    assert h.outputs[2] == oracle(prompt(7, 17) + [60], 2)
+    h.assert_drained()
+
+
+@pytest.mark.parametrize("enable_radix_cache", [True, False])
+def test_a_copy_aborted_in_flight_is_freed_and_the_others_go_on(enable_radix_cache):
+    h = make(page_size=4, max_prefill_tokens=32, enable_radix_cache=enable_radix_cache, **PREFILL_FIRST_FIFO)
+    same = prompt(7, 10)
+    for i in range(3):
+        h.submit(i, same, p(max_tokens=4))
+    updates = h.step(abort_in_flight=[1])
+    assert h.batches[0].copy_of.tolist() == [0, 0, 0] and sorted(u.req_id for u in updates) == [0, 2]
+    assert h.final[1].finish_reason == FinishReason.ABORT and h.outputs[1] == []
+    assert h.scheduler.stats().num_used_pages == (2 if enable_radix_cache else 6)  # 1's 3 pages are free
+    h.run()
+    assert h.outputs[0] == h.outputs[2] == oracle(same, 4)
+    h.assert_drained()
+
+
+@pytest.mark.parametrize("enable_radix_cache", [True, False])
+def test_a_source_aborted_in_flight_still_gives_its_copies_their_kv_and_first_token(enable_radix_cache):
+    """The worker runs the whole batch anyway; the source's pages are freed only in on_result, after
+    the copies got theirs, and with the cache on its full pages stay in the tree for the copies."""
+    h = make(page_size=4, max_prefill_tokens=32, enable_radix_cache=enable_radix_cache, **PREFILL_FIRST_FIFO)
+    same = prompt(7, 10)
+    for i in range(3):
+        h.submit(i, same, p(max_tokens=4))
+    updates = h.step(abort_in_flight=[0])
+    assert h.batches[0].copy_of.tolist() == [0, 0, 0] and sorted(u.req_id for u in updates) == [1, 2]
+    assert h.final[0].finish_reason == FinishReason.ABORT and h.outputs[0] == []
+    stats = h.scheduler.stats()
+    assert (stats.num_cached_pages, stats.num_used_pages) == ((2, 2) if enable_radix_cache else (0, 6))
+    h.run()
+    assert h.outputs[1] == h.outputs[2] == oracle(same, 4)
     h.assert_drained()
 
 

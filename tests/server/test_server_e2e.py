@@ -5,7 +5,10 @@ The oracle is transformers on the same weights: greedy token ids must be identic
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+import time
 
 import pytest
 import zmq
@@ -67,6 +70,35 @@ def test_concurrent_clients_get_transformers_greedy_tokens(server, oracle):
     with Client(server.port) as c:
         stats = wait_idle(c)
     assert stats["num_prefix_hit_tokens"] > 0, stats  # the shared prefix was served from the cache
+
+
+def test_identical_prompts_sent_together_are_computed_once(model_dir, oracle):
+    """8 identical 200-token prompts, 4 greedy and 4 seeded-sampled, reach the scheduler together
+    (it is stopped while they are sent, so they meet in one admission round whatever the timing):
+    200 prompt tokens computed, every first token in one step, each output what it is alone."""
+    handle = start_server(model_dir, "--kv-cache-tokens", "4096", "--num-threads", "1")
+    try:
+        ids = oracle.encode(LONG_PREFIX * 4)[:200]
+        assert len(ids) == 200
+        params = [{}] * 4 + [{"temperature": 0.9, "seed": 100 + i} for i in range(4)]
+        with Client(handle.port, timeout_s=120) as c:
+            before = c.stats()
+            scheduler_pid = handle.child_pid("scheduler_proc")
+            os.kill(scheduler_pid, signal.SIGSTOP)
+            try:
+                req_ids = [c.submit(input_ids=ids, max_tokens=8, ignore_eos=True, **p) for p in params]
+                time.sleep(1.0)  # the tokenizer passes them on; they wait in the scheduler's socket
+            finally:
+                os.kill(scheduler_pid, signal.SIGCONT)
+            together = [c.result(r).output_ids for r in req_ids]
+            after = wait_idle(c)
+            alone = [c.generate(input_ids=ids, max_tokens=8, ignore_eos=True, **params[i]).output_ids for i in (0, 5)]
+    finally:
+        assert handle.stop() == 0, handle.log()
+    assert after["num_prefilled_tokens"] - before["num_prefilled_tokens"] == 200, after
+    assert after["num_steps"] - before["num_steps"] == 8  # one prefill step gave every first token, then 7 decodes
+    assert together[:4] == [oracle.greedy(ids, 8, stop_at_eos=False)] * 4 == [alone[0]] * 4
+    assert together[5] == alone[1]
 
 
 def test_chat_messages_and_input_ids_match_transformers(server, oracle):
