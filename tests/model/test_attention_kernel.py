@@ -1,5 +1,5 @@
-"""The CPU paged-attention kernel (model_proc/kernels/) against a naive reference, and its loader
-when it cannot be built.
+"""The CPU paged-attention kernel (model_proc/kernels/) against a naive reference and against the
+pure-torch path, and its fallback when it cannot be built.
 
 Tolerances: fp32 within 1e-5 (the kernel's exp is ~2 ulp, sums in another order); bf16 within
 2e-2 absolute + 2e-2 relative of an fp32 reference on the same bf16 inputs: the output is
@@ -9,13 +9,23 @@ its scores and probabilities to bf16 on the way.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
 from common.forward_batch import ForwardBatch, SamplingArrays
 from model_proc.kernels import attention_kernel
+from model_proc.kv_pool import KVPool
+from model_proc.layers.attention import attention_backend
+from model_proc.layers.attention_metadata import AttentionMetadata
 
+ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
 
 
@@ -134,7 +144,45 @@ def test_rejects_page_ids_outside_the_pool(op):
         run_kernel(op, q, k_cache, v_cache, batch, 4, 0.125)
 
 
-def test_load_logs_once_when_the_build_fails(monkeypatch, caplog):
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_layer_matches_the_torch_path(op, page_size, dtype):
+    """PagedAttention.forward on the kernel backend against the pure-torch backend (the oracle)
+    for a mixed batch: K/V writes, decode, chunks after a cached prefix, new prompts."""
+    from model_proc.layers.attention import PagedAttention
+
+    rng = np.random.default_rng(11)
+    cached, extend = [12, 0, 33, 64, 0, 150], [1, 20, 1, 9, 1, 1]
+    batch = random_batch(rng, cached, extend, page_size)
+    num_pages = int(batch.page_ids.max()) + 1
+    attn = PagedAttention(9, 3, 64, 0.125, layer_idx=0)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(batch.num_tokens, 9, 64, generator=gen).to(dtype)
+    k, v = (torch.randn(batch.num_tokens, 3, 64, generator=gen).to(dtype) for _ in range(2))
+    outs = []
+    for backend in ("cpu_kernel", "torch"):
+        pool = KVPool(1, 3, 64, page_size, num_pages, dtype, torch.device("cpu"))
+        fill = torch.Generator().manual_seed(6)
+        pool.k[0].copy_(torch.randn(pool.k[0].shape, generator=fill)), pool.v[0].copy_(torch.randn(pool.v[0].shape, generator=fill))
+        with torch.inference_mode():
+            outs.append(attn(q, k, v, AttentionMetadata.build(batch, pool, dtype, backend=backend)).float())
+    torch.testing.assert_close(outs[0], outs[1], **TOLERANCE[dtype])
+
+
+def test_backend_choice(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("ZSERVE_ATTENTION", "torch")
+    assert attention_backend(cpu, torch.float32) == "torch"
+    assert attention_backend(cpu, torch.float16, "auto") == "torch"  # the kernel runs fp32 and bf16 only
+    with pytest.raises(ValueError, match="expected auto, torch or kernel"):
+        attention_backend(cpu, torch.float32, "fast")
+    with pytest.raises(ValueError, match="float32/bfloat16"):
+        attention_backend(cpu, torch.float16, "kernel")
+
+
+def test_fallback_when_the_build_fails(monkeypatch, caplog):
+    """A failing build logs one line, and auto picks the torch path; `kernel` refuses to start."""
+
     def failing_build(verbose: bool = False):
         raise RuntimeError("Error building extension 'zserve_paged_attention'\nc++: not found")
 
@@ -142,9 +190,34 @@ def test_load_logs_once_when_the_build_fails(monkeypatch, caplog):
     attention_kernel.load_paged_attention.cache_clear()
     try:
         with caplog.at_level("WARNING"):
-            assert attention_kernel.load_paged_attention() is None
-            assert attention_kernel.load_paged_attention() is None
+            assert attention_backend(torch.device("cpu"), torch.float32, "auto") == "torch"
+            assert attention_backend(torch.device("cpu"), torch.bfloat16, "auto") == "torch"
         warnings = [r.getMessage() for r in caplog.records if "paged-attention kernel unavailable" in r.getMessage()]
         assert warnings == ["CPU paged-attention kernel unavailable (c++: not found); using the pure-torch attention path"]
+        with pytest.raises(RuntimeError, match="could not be built"):
+            attention_backend(torch.device("cpu"), torch.float32, "kernel")
     finally:
         attention_kernel.load_paged_attention.cache_clear()
+
+
+def test_fallback_without_a_compiler(tmp_path, llama_dir):
+    """A fresh process on a machine where nothing compiles (no compiler, empty build cache): the
+    runner starts on the torch path and serves a step."""
+    script = textwrap.dedent(f"""
+        import logging
+        import numpy as np
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        from testing.model_fixtures import make_runner
+        from common.forward_batch import ForwardBatch, SamplingArrays
+        runner = make_runner({str(llama_dir)!r}, device="cpu", page_size=4, kv_cache_tokens=64)
+        print("backend", runner.attention_backend)
+        batch = ForwardBatch(0, np.array([1, 2, 3], np.int32), np.zeros(1, np.int32), np.array([3], np.int32),
+                             np.array([0], np.int32), np.array([1], np.int32), np.ones(1, bool), np.zeros(1, bool),
+                             SamplingArrays.greedy(1))
+        print("tokens", runner.run(batch).next_token_ids.tolist())
+    """)
+    env = {**os.environ, "CXX": "/nonexistent/c++", "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT), "ZSERVE_ATTENTION": "auto"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "backend torch" in proc.stdout and "tokens [" in proc.stdout
+    assert proc.stderr.count("CPU paged-attention kernel unavailable") == 1, proc.stderr
