@@ -23,7 +23,7 @@ from common.model_config import ModelConfig
 from common.worker_env import default_num_threads
 from model_proc.checkpoint import Checkpoint
 from model_proc.kv_pool import KVPool
-from model_proc.layers.attention import flash_attn_available
+from model_proc.layers.attention import attention_backend
 from model_proc.layers.attention_metadata import AttentionMetadata
 from model_proc.models.registry import build_model
 from model_proc.sampler import Sampler
@@ -109,7 +109,7 @@ class ModelRunner:
                 num_pages = min_across_ranks(num_pages, self.device)
         self.kv_pool = KVPool(self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device)
         logger.info("KV pool: %d pages x %d tokens, %.2f GiB", num_pages, page_size, self.kv_pool.num_bytes / 2**30)
-        self.use_varlen = flash_attn_available(self.device, self.dtype)
+        self.attention_backend = attention_backend(self.device, self.dtype)
         self.sampler = Sampler(self.device)
 
     @staticmethod
@@ -202,7 +202,7 @@ class ModelRunner:
         step's positions; logits at the last token of the requests where `rows` is True (a copy's
         row is its source's, computed once)."""
         computed = batch.computed_part()
-        meta = AttentionMetadata.build(computed, self.kv_pool, self.dtype, use_varlen=self.use_varlen)
+        meta = AttentionMetadata.build(computed, self.kv_pool, self.dtype, backend=self.attention_backend)
         input_ids = torch.from_numpy(computed.input_ids.astype(np.int64)).to(self.device)
         hidden = self.model(input_ids, meta)  # [T, hidden]
         last_token_idx = np.cumsum(computed.extend_lens, dtype=np.int64) - 1  # per computed request

@@ -27,4 +27,10 @@ else
     "$VPY" -m pip install -q -e ".[test]"
     echo "$want" >"$stamp"
 fi
+# The CPU paged-attention kernel, compiled once here (about 30 s on 2 cores) so a server starts
+# without compiling; cached in ~/.cache/zserve/kernels by source, flags, torch version and CPU.
+# A machine where it does not build still works: attention falls back to the pure-torch path.
+if ! "$VPY" -m model_proc.kernels.attention_kernel; then
+    echo "[setup] the CPU paged-attention kernel did not build; attention will use the pure-torch path"
+fi
 echo "[setup] done: $VENV/bin/python"

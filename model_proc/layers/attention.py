@@ -1,9 +1,12 @@
 """Paged attention: write the new tokens' K/V to their slots, then attend causally over each
 request's slots. The index work is in attention_metadata.py; this is the per-layer part.
 
-Paths:
-  - torch (CPU, the test oracle, and CUDA without flash-attn): decode rows batched over a padded
-    page gather + mask, longer rows one SDPA call each.
+Paths (`attention_backend` picks one per ModelRunner):
+  - cpu_kernel (CPU, fp32/bf16, the default where model_proc/kernels/ builds): one C++ call for
+    the whole batch (decode, chunks, cached-prefix and new prompts), walking each request's
+    pages in place, OpenMP over requests x kv heads x blocks of 16 new tokens.
+  - torch (CPU fallback, the test oracle, and CUDA without flash-attn): decode rows batched over
+    a padded page gather + mask, longer rows one SDPA call each. ZSERVE_ATTENTION=torch forces it.
   - flash-attn varlen (CUDA, fp16/bf16, flash_attn importable): one call for the whole batch over
     slot-gathered K/V; its causal mask is bottom-right aligned, which is what a cached prefix needs.
 """
@@ -11,16 +14,39 @@ Paths:
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from model_proc.kernels.attention_kernel import load_paged_attention
 from model_proc.layers.attention_metadata import AttentionMetadata
+
+BACKEND_ENV = "ZSERVE_ATTENTION"  # auto (default) | torch (force the pure-torch path) | kernel (fail if it cannot load)
 
 
 def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and importlib.util.find_spec("flash_attn") is not None
+
+
+def attention_backend(device: torch.device, dtype: torch.dtype, choice: str | None = None) -> str:
+    """"flash_varlen", "cpu_kernel" or "torch", for AttentionMetadata.build. `choice` (default:
+    $ZSERVE_ATTENTION, else "auto") is "auto", "torch" or "kernel"."""
+    choice = choice or os.environ.get(BACKEND_ENV) or "auto"
+    if choice not in ("auto", "torch", "kernel"):
+        raise ValueError(f"{BACKEND_ENV}={choice!r}: expected auto, torch or kernel")
+    if flash_attn_available(device, dtype) and choice == "auto":
+        return "flash_varlen"
+    if choice == "torch" or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        if choice == "kernel":
+            raise ValueError(f"{BACKEND_ENV}=kernel: the CPU kernel runs float32/bfloat16 on CPU, not {dtype} on {device}")
+        return "torch"
+    if load_paged_attention() is not None:
+        return "cpu_kernel"
+    if choice == "kernel":
+        raise RuntimeError(f"{BACKEND_ENV}=kernel, but the CPU paged-attention kernel could not be built (see the log line above)")
+    return "torch"
 
 
 class PagedAttention(nn.Module):
@@ -37,6 +63,8 @@ class PagedAttention(nn.Module):
         v_cache.index_copy_(1, meta.out_slots, v.transpose(0, 1))
         if meta.varlen is not None:
             return self._varlen(q, k_cache, v_cache, meta)
+        if meta.kernel is not None:
+            return self._kernel(q, k_cache, v_cache, meta)
 
         T = q.shape[0]
         decode, prefills = meta.decode, meta.prefills
@@ -49,6 +77,15 @@ class PagedAttention(nn.Module):
             a, b = row.token_start, row.token_stop
             out[a:b] = self._prefill_row(q[a:b], k[a:b], v[a:b], k_cache, v_cache, row, meta)
         return out
+
+    def _kernel(self, q, k_cache, v_cache, meta) -> torch.Tensor:
+        rows, T = meta.kernel, q.shape[0]
+        out = torch.empty(q.shape, dtype=q.dtype)  # [T, h, d]
+        torch.ops.zserve.paged_attention(
+            q, k_cache, v_cache, out, rows.token_starts, rows.extend_lens, rows.cached_lens,
+            rows.page_starts, rows.page_ids, meta.kv_pool.page_size, self.scale,
+        )  # fmt: skip
+        return out.view(T, self.num_heads * self.head_dim)
 
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q [B, h, d], one token per row -> [B, h * d]"""

@@ -14,6 +14,11 @@ SmolLM2-135M this cut the attention time by a third); on CUDA, one chunk.
 Longer rows each go through SDPA, over their own new K/V when nothing is cached (no gather), else
 over the gathered pages with a bottom-right causal mask. On CUDA with flash-attn installed, every
 row goes through one varlen call over slot-gathered K/V instead.
+
+With the CPU kernel (backend "cpu_kernel", model_proc/kernels/), there is no gather and no
+per-row loop: the whole batch (decodes, chunks, cached-prefix and new prompts) is one kernel call
+over KernelRows, which walks each request's page list in place. New prompts go through it too:
+it measured faster than SDPA is_causal over their own K/V (benchmarks/bench_attention.py).
 """
 
 from __future__ import annotations
@@ -65,6 +70,19 @@ class VarlenRows:
 
 
 @dataclass(slots=True)
+class KernelRows:
+    """Every request of the batch for the CPU kernel, each int64[R]: it attends token t of request
+    r (position cached_lens[r] + t) over positions 0 .. cached_lens[r] + t, read from the pages
+    page_ids[page_starts[r]:]."""
+
+    token_starts: torch.Tensor
+    extend_lens: torch.Tensor
+    cached_lens: torch.Tensor
+    page_starts: torch.Tensor
+    page_ids: torch.Tensor  # int64: the batch's page ids, request after request
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     kv_pool: KVPool
     positions: torch.Tensor  # int64[T]
@@ -72,9 +90,11 @@ class AttentionMetadata:
     decode: DecodeRows | None
     prefills: list[PrefillRow]
     varlen: VarlenRows | None  # set only when the flash-attn path runs
+    kernel: KernelRows | None = None  # set only when the CPU kernel runs
 
     @staticmethod
-    def build(batch: ForwardBatch, kv_pool: KVPool, dtype: torch.dtype, use_varlen: bool = False) -> AttentionMetadata:
+    def build(batch: ForwardBatch, kv_pool: KVPool, dtype: torch.dtype, backend: str = "torch") -> AttentionMetadata:
+        """backend: "torch", "flash_varlen" or "cpu_kernel" (see attention.attention_backend)."""
         device, page_size = kv_pool.device, kv_pool.page_size
         cached = batch.cached_lens.astype(np.int64)
         extend = batch.extend_lens.astype(np.int64)
@@ -90,10 +110,13 @@ class AttentionMetadata:
         def to_device(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(a).to(device, non_blocking=True)
 
-        if use_varlen:
+        if backend == "flash_varlen":
             return AttentionMetadata(
                 kv_pool, to_device(positions), to_device(out_slots), None, [], _varlen(batch, seq_lens, page_starts, page_ids, page_size, to_device)
             )
+        if backend == "cpu_kernel":
+            kernel = _kernel_rows(cached, extend, token_starts, page_starts, page_ids, to_device)
+            return AttentionMetadata(kv_pool, to_device(positions), to_device(out_slots), None, [], None, kernel)
         is_decode = extend == 1
         decode = _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids, kv_pool, dtype, to_device)
         prefills = []
@@ -106,6 +129,16 @@ class AttentionMetadata:
                 mask = torch.arange(c + e, device=device)[None, :] <= torch.arange(c, c + e, device=device)[:, None]
             prefills.append(PrefillRow(start, start + e, c, row_pages, mask))
         return AttentionMetadata(kv_pool, to_device(positions), to_device(out_slots), decode, prefills, None)
+
+
+def _kernel_rows(cached, extend, token_starts, page_starts, page_ids, to_device) -> KernelRows:
+    return KernelRows(
+        token_starts=to_device(token_starts),
+        extend_lens=to_device(extend),
+        cached_lens=to_device(cached),
+        page_starts=to_device(page_starts.astype(np.int64)),
+        page_ids=to_device(page_ids),
+    )
 
 
 def _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids, kv_pool, dtype, to_device) -> DecodeRows | None:

@@ -13,6 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from model_proc.kernels.attention_kernel import load_paged_attention
 from testing.paths import REPO_ROOT
 
 REPO = REPO_ROOT
@@ -116,3 +119,16 @@ def test_bench_admission_reports_runs_and_compares_outputs(model_dir, tmp_path):
     # no cache: the copies that reach one admission round together compute their prompt once, so
     # once per round the burst reached the scheduler in (timing decides: 1 to 4)
     assert rows[1]["prefilled_tokens"] in (24, 2 * 24, 3 * 24, 4 * 24)
+
+
+def test_bench_attention_compares_both_paths(model_dir):
+    """Layer cases and whole decode steps, each with both paths' times and their ratio."""
+    if load_paged_attention() is None:
+        pytest.skip("the CPU paged-attention kernel did not build here")
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_attention.py"), "--quick", "--repeats", "1", "--dtype", "float32", "--model", str(model_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines() if line.startswith(("decode_", "step_"))}
+    assert set(rows) == {"decode_bs1_ctx256", "decode_bs64_ctx256", "decode_bs1_ctx1024", "decode_bs64_ctx1024", "step_bs1_ctx256", "step_bs8_ctx256"}
+    for kernel_ms, torch_ms, ratio in rows.values():
+        assert float(kernel_ms) > 0 and float(torch_ms) > 0 and abs(float(ratio) - float(kernel_ms) / float(torch_ms)) < 0.01

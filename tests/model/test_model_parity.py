@@ -1,6 +1,9 @@
 """Our model code vs transformers on tiny random checkpoints of every architecture, fp32 on CPU:
 greedy token ids identical, last-position logits within 1e-4, whatever way the tokens reach
-the worker (whole prompt, chunks, prefix hit, mixed batches, page sizes)."""
+the worker (whole prompt, chunks, prefix hit, mixed batches, page sizes).
+
+Runners take the default attention path (the CPU kernel where it builds); tests parametrized on
+`attention` run once on each path, so the pure-torch fallback stays tested too."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ import pytest
 import torch
 
 from common.forward_batch import SamplingArrays
+from model_proc.kernels.attention_kernel import load_paged_attention
 from model_proc.layers import attention_metadata
 from model_proc.model_runner import ModelRunner
 from testing.model_fixtures import (
@@ -55,6 +59,20 @@ class _MemoReference:
         return self.generate(tuple(prompt), n)
 
 
+@pytest.fixture(autouse=True)
+def attention_path(request, monkeypatch):
+    """Sets ZSERVE_ATTENTION for tests parametrized on `attention` ("kernel" or "torch")."""
+    callspec = getattr(request.node, "callspec", None)
+    choice = callspec.params.get("attention") if callspec else None
+    if choice == "kernel" and load_paged_attention() is None:
+        pytest.skip("the CPU paged-attention kernel did not build here")
+    if choice:
+        monkeypatch.setenv("ZSERVE_ATTENTION", choice)
+
+
+BOTH_PATHS = pytest.mark.parametrize("attention", ["kernel", "torch"])
+
+
 def parity_runner(model_dir, page_size: int = 4) -> ModelRunner:
     return make_runner(model_dir, device="cpu", page_size=page_size, kv_cache_tokens=4096)
 
@@ -63,8 +81,9 @@ def prompts(lens=PROMPT_LENS) -> list[list[int]]:
     return [random_prompt(n, seed=n) for n in lens]
 
 
+@BOTH_PATHS
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_greedy_matches_transformers_generate(checkpoints, name):
+def test_greedy_matches_transformers_generate(checkpoints, name, attention):
     model_dir, ref = checkpoints(name)
     driver = GreedyDriver(parity_runner(model_dir))
     ours = driver.generate([driver.add(p, NEW_TOKENS) for p in prompts()])
@@ -82,9 +101,10 @@ def test_chunked_prefill(checkpoints, name, chunk_size):
         assert out == ref.greedy(prompt)
 
 
+@BOTH_PATHS
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "mistral"])
-def test_prefix_hit(checkpoints, name, page_size):
+def test_prefix_hit(checkpoints, name, page_size, attention):
     """B's first half comes from the pages A wrote (whole pages only, as a radix cache shares them)."""
     model_dir, ref = checkpoints(name)
     driver = GreedyDriver(parity_runner(model_dir, page_size))
@@ -99,9 +119,10 @@ def test_prefix_hit(checkpoints, name, page_size):
     assert driver.generate([c])[0] == ref.greedy(a_prompt + a.output_ids[:5])
 
 
+@BOTH_PATHS
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "gpt2", "llama_tied"])
-def test_mixed_batches(checkpoints, name, page_size):
+def test_mixed_batches(checkpoints, name, page_size, attention):
     """8 requests of different lengths arrive over time, so every forward mixes whole prefills,
     chunks and decodes."""
     model_dir, ref = checkpoints(name)
@@ -124,7 +145,8 @@ def test_mixed_batches(checkpoints, name, page_size):
 
 @pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2"])
 def test_decode_rows_in_chunks(checkpoints, name, monkeypatch):
-    """CPU decode attends in row chunks sized by bytes; force one row per chunk."""
+    """The torch path's CPU decode attends in row chunks sized by bytes; force one row per chunk."""
+    monkeypatch.setenv("ZSERVE_ATTENTION", "torch")
     monkeypatch.setattr(attention_metadata, "DECODE_CHUNK_BYTES", 1)
     model_dir, ref = checkpoints(name)
     driver = GreedyDriver(parity_runner(model_dir))
@@ -132,8 +154,9 @@ def test_decode_rows_in_chunks(checkpoints, name, monkeypatch):
     assert outputs == [ref.greedy(p) for p in prompts()]
 
 
+@BOTH_PATHS
 @pytest.mark.parametrize("name", list(VARIANTS))
-def test_last_logits_close(checkpoints, name):
+def test_last_logits_close(checkpoints, name, attention):
     """After a prefill, a chunk, and a decode step, logits at the last position match transformers'."""
     model_dir, ref = checkpoints(name)
     runner = parity_runner(model_dir)

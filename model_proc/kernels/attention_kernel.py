@@ -1,0 +1,126 @@
+"""Builds and loads the CPU paged-attention kernel (paged_attention.cpp), once per machine.
+
+The build is cached under ~/.cache/zserve/kernels (or $XDG_CACHE_HOME/zserve/kernels), in a
+folder keyed by the source, the compile flags, torch's version and the CPU's flags, so a new
+torch or a copied home directory never loads a stale or foreign build. scripts/setup.sh builds it
+(`python -m model_proc.kernels.attention_kernel`); a worker that finds no build compiles it on
+first use (about a minute on 2 cores) and waits. When it cannot be built (no compiler, no ninja,
+an error), `load_paged_attention()` logs one line and returns None, and attention runs the
+pure-torch path.
+
+It is compiled with -march=native: the build machine is the machine that runs it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("paged_attention.cpp")
+# Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
+# adds); finite-math stays on (the kernel never makes inf or NaN, but must pass them through), and
+# no -ffast-math anywhere: linked, it would set flush-to-zero for the whole process.
+CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros")
+LDFLAGS = ("-fopenmp",)  # libgomp.so.1: the one torch already loaded answers to that name
+
+
+def cache_root() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "zserve" / "kernels"
+
+
+def build_key() -> str:
+    digest = hashlib.sha256(SOURCE.read_bytes())
+    for part in (" ".join(CFLAGS + LDFLAGS), torch.__version__, platform.machine(), _cpu_flags()):
+        digest.update(part.encode())
+    return digest.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    return ""
+
+
+@contextlib.contextmanager
+def _ninja_on_path() -> Iterator[None]:
+    """torch's build runs `ninja` from PATH; the pip package `ninja` puts one in the venv's bin,
+    which is not on PATH when the venv's python is run without activating it."""
+    if shutil.which("ninja"):
+        yield
+        return
+    candidates = [Path(sys.executable).parent]
+    with contextlib.suppress(ImportError):
+        import ninja
+
+        candidates.append(Path(ninja.BIN_DIR))
+    old = os.environ.get("PATH", "")
+    os.environ["PATH"] = os.pathsep.join([*map(str, candidates), old])
+    try:
+        yield
+    finally:
+        os.environ["PATH"] = old
+
+
+def build(verbose: bool = False) -> Path:
+    """Compile (or find the cached build of) the kernel and load it into this process; returns
+    the build folder. Raises on failure."""
+    from torch.utils import cpp_extension
+
+    build_dir = cache_root() / f"paged_attention-{build_key()}"
+    if hasattr(torch.ops.zserve, "paged_attention"):  # loaded already: torch allows one registration per process
+        return build_dir
+    build_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with _ninja_on_path():
+        cpp_extension.load(
+            name="zserve_paged_attention",
+            sources=[str(SOURCE)],
+            extra_cflags=list(CFLAGS),
+            extra_ldflags=list(LDFLAGS),
+            build_directory=str(build_dir),
+            is_python_module=False,
+            verbose=verbose,
+        )
+    logger.debug("paged-attention kernel loaded from %s in %.1fs", build_dir, time.perf_counter() - t0)
+    return build_dir
+
+
+@functools.cache
+def load_paged_attention() -> Callable | None:
+    """torch.ops.zserve.paged_attention, or None (logged once) when it cannot be built here.
+    Cached, so a failure is logged once per process."""
+    try:
+        build()
+    except Exception as exc:  # a failed build of an optional fast path must not stop the worker
+        reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        logger.warning("CPU paged-attention kernel unavailable (%s); using the pure-torch attention path", reason[:300])
+        return None
+    return torch.ops.zserve.paged_attention
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    t0 = time.perf_counter()
+    build_dir = build(verbose="-v" in sys.argv)
+    print(f"[setup] CPU paged-attention kernel ready in {build_dir} ({time.perf_counter() - t0:.1f}s)")
+
+
+if __name__ == "__main__":
+    main()

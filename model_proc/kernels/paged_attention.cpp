@@ -1,0 +1,276 @@
+// Paged attention on CPU that reads the KV pages in place.
+//
+// zserve::paged_attention(q, k_cache, v_cache, out, req_token_starts, req_extend_lens,
+//                         req_cached_lens, req_page_starts, page_ids, page_size, scale)
+//
+//   q, out      [T, h, d]        this step's queries (last dim contiguous); out written only at
+//                                the tokens of the listed requests
+//   k/v_cache   [kvh, slots, d]  contiguous; slot = page_id * page_size + offset
+//   req_*       int64[R]         per request: first token in q, new tokens, tokens already cached,
+//                                first entry in page_ids
+//   page_ids    int64[...]       every request's pages, in position order
+//
+// Token t of request r (position p = cached + t) attends to positions 0..p of that request.
+// Work items are (request, kv head, block of QUERY_BLOCK new tokens); each walks its pages in
+// tiles of KEY_TILE keys with an online softmax, fp32 throughout, and writes its output rows
+// once in q's dtype. Items are handed out through an atomic counter (largest first) inside
+// one at::parallel_for, so a long prefill row does not leave the other threads idle.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+constexpr int64_t QUERY_BLOCK = 16;
+constexpr int64_t KEY_TILE = 64;
+constexpr float NEG_BIG = -1e30f;  // "no score yet": finite, so exp(NEG_BIG - m) is 0, not NaN
+
+inline float to_float(float x) { return x; }
+inline float to_float(c10::BFloat16 x) {
+  uint32_t bits = static_cast<uint32_t>(x.x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof(f));
+  return f;
+}
+inline void store(float x, float* dst) { *dst = x; }
+inline void store(float x, c10::BFloat16* dst) { *dst = c10::BFloat16(x); }
+
+// exp for x <= 0 (scores minus their running max): Cody-Waite reduction and a degree-6
+// polynomial, written so `omp simd` vectorizes it (about 2 ulp; std::exp would stay scalar).
+// Exactly 0 below -87 (NEG_BIG - m lands there: "no score yet", masked keys).
+inline float exp_nonpos(float x) {
+  const float xc = std::max(x, -87.0f);
+  const float n = __builtin_rintf(xc * 1.44269504088896341f);
+  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return x < -87.0f ? 0.0f : p * scale;
+}
+
+struct Item {
+  int64_t req, kv_head, q_lo, q_hi, cost;
+};
+
+struct Args {
+  int64_t num_heads, num_kv_heads, head_dim, page_size;
+  int64_t q_stride_t, q_stride_h, out_stride_t, out_stride_h;
+  int64_t kv_stride_h;  // slots * d
+  float scale;
+  const int64_t *token_starts, *extend_lens, *cached_lens, *page_starts, *page_ids;
+};
+
+// D: head_dim when known at compile time (64, 128: rows stay in registers), else 0 (a.head_dim).
+template <typename T, int64_t D>
+void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T* v_cache, T* out,
+            std::vector<float>& scratch) {
+  const int64_t d = D > 0 ? D : a.head_dim, group = a.num_heads / a.num_kv_heads;
+  const int64_t num_q = it.q_hi - it.q_lo, rows = num_q * group;  // row = token * group + head in group
+  const int64_t cached = a.cached_lens[it.req], token0 = a.token_starts[it.req] + it.q_lo;
+  const int64_t first_pos = cached + it.q_lo, num_keys = cached + it.q_hi, page_size = a.page_size;
+  const int64_t* pages = a.page_ids + a.page_starts[it.req];
+
+  scratch.resize(2 * rows * d + 2 * rows + rows * KEY_TILE + 2 * KEY_TILE * d);
+  float* __restrict qf = scratch.data();       // [rows, d], pre-scaled
+  float* __restrict acc = qf + rows * d;       // [rows, d]
+  float* __restrict m = acc + rows * d;        // [rows] running max
+  float* __restrict l = m + rows;              // [rows] running sum
+  float* __restrict s = l + rows;              // [rows, KEY_TILE] scores, then probabilities
+  float* __restrict kf = s + rows * KEY_TILE;  // [KEY_TILE, d] this tile's keys in fp32
+  float* __restrict vf = kf + KEY_TILE * d;    // [KEY_TILE, d] values
+
+  for (int64_t t = 0; t < num_q; ++t) {
+    for (int64_t g = 0; g < group; ++g) {
+      const T* src = q + (token0 + t) * a.q_stride_t + (it.kv_head * group + g) * a.q_stride_h;
+      float* dst = qf + (t * group + g) * d;
+#pragma omp simd
+      for (int64_t x = 0; x < d; ++x) dst[x] = to_float(src[x]) * a.scale;
+    }
+  }
+  std::fill(acc, acc + rows * d, 0.0f);
+  std::fill(m, m + rows, NEG_BIG);
+  std::fill(l, l + rows, 0.0f);
+
+  const T* k_head = k_cache + it.kv_head * a.kv_stride_h;
+  const T* v_head = v_cache + it.kv_head * a.kv_stride_h;
+  int64_t page_idx = 0, offset = 0;  // of position k0 + j, walked without a division per key
+  for (int64_t k0 = 0; k0 < num_keys; k0 += KEY_TILE) {
+    const int64_t num_tile = std::min(KEY_TILE, num_keys - k0);
+    for (int64_t j = 0; j < num_tile; ++j) {
+      const int64_t slot = pages[page_idx] * page_size + offset;
+      if (offset == 0 && (page_idx + 1) * page_size < num_keys) {
+        // pages are scattered: the hardware prefetcher stops at each one's end, so ask for the next
+        const int64_t next = pages[page_idx + 1] * page_size * d;
+        for (int64_t b = 0; b < page_size * d * static_cast<int64_t>(sizeof(T)); b += 64) {
+          __builtin_prefetch(reinterpret_cast<const char*>(k_head + next) + b);
+          __builtin_prefetch(reinterpret_cast<const char*>(v_head + next) + b);
+        }
+      }
+      if (++offset == page_size) offset = 0, ++page_idx;
+      const T* __restrict ksrc = k_head + slot * d;
+      const T* __restrict vsrc = v_head + slot * d;
+      float* kdst = kf + j * d;
+      float* vdst = vf + j * d;
+#pragma omp simd
+      for (int64_t x = 0; x < d; ++x) {
+        kdst[x] = to_float(ksrc[x]);
+        vdst[x] = to_float(vsrc[x]);
+      }
+    }
+    for (int64_t row = 0; row < rows; ++row) {
+      // keys k0 .. pos of this row's token; none of this tile when its token comes before k0
+      const int64_t num_seen = std::min(num_tile, first_pos + row / group - k0 + 1);
+      if (num_seen <= 0) continue;
+      const float* __restrict qr = qf + row * d;
+      float* __restrict sr = s + row * KEY_TILE;
+      float tile_max = NEG_BIG;
+      for (int64_t j = 0; j < num_seen; ++j) {
+        const float* __restrict kr = kf + j * d;
+        float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+        for (int64_t x = 0; x < d; ++x) dot += qr[x] * kr[x];
+        sr[j] = dot;
+        tile_max = std::max(tile_max, dot);
+      }
+      for (int64_t j = num_seen; j < KEY_TILE; ++j) sr[j] = NEG_BIG;  // a fixed trip count vectorizes
+      const float new_max = std::max(m[row], tile_max);
+      const float alpha = exp_nonpos(m[row] - new_max);
+      float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < KEY_TILE; ++j) {
+        sr[j] = exp_nonpos(sr[j] - new_max);
+        sum += sr[j];
+      }
+      l[row] = l[row] * alpha + sum;
+      m[row] = new_max;
+      float* __restrict ar = acc + row * d;
+      if constexpr (D > 0) {  // the row's accumulator in registers across the tile
+        float local[D];
+#pragma omp simd
+        for (int64_t x = 0; x < D; ++x) local[x] = ar[x] * alpha;
+        for (int64_t j = 0; j < num_seen; ++j) {
+          const float p = sr[j];
+          const float* __restrict vr = vf + j * D;
+#pragma omp simd
+          for (int64_t x = 0; x < D; ++x) local[x] += p * vr[x];
+        }
+#pragma omp simd
+        for (int64_t x = 0; x < D; ++x) ar[x] = local[x];
+      } else {
+#pragma omp simd
+        for (int64_t x = 0; x < d; ++x) ar[x] *= alpha;
+        for (int64_t j = 0; j < num_seen; ++j) {
+          const float p = sr[j];
+          const float* __restrict vr = vf + j * d;
+#pragma omp simd
+          for (int64_t x = 0; x < d; ++x) ar[x] += p * vr[x];
+        }
+      }
+    }
+  }
+  for (int64_t row = 0; row < rows; ++row) {
+    const int64_t t = row / group, g = row % group;
+    T* dst = out + (token0 + t) * a.out_stride_t + (it.kv_head * group + g) * a.out_stride_h;
+    const float* ar = acc + row * d;
+    const float inv = 1.0f / l[row];  // l >= 1: the row's max score contributes exp(0)
+    for (int64_t x = 0; x < d; ++x) store(ar[x] * inv, dst + x);
+  }
+}
+
+template <typename T>
+void run(const Args& a, const std::vector<Item>& items, const at::Tensor& q, const at::Tensor& k_cache,
+         const at::Tensor& v_cache, at::Tensor& out) {
+  const T* qp = q.data_ptr<T>();
+  const T* kp = k_cache.data_ptr<T>();
+  const T* vp = v_cache.data_ptr<T>();
+  T* op = out.data_ptr<T>();
+  const int64_t num_items = static_cast<int64_t>(items.size());
+  std::atomic<int64_t> next{0};
+  at::parallel_for(0, std::min<int64_t>(num_items, at::get_num_threads()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scratch;
+    for (int64_t w = begin; w < end; ++w) {  // one iteration per thread; each pulls items until none are left
+      for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
+        if (a.head_dim == 64) {
+          attend<T, 64>(a, items[i], qp, kp, vp, op, scratch);
+        } else if (a.head_dim == 128) {
+          attend<T, 128>(a, items[i], qp, kp, vp, op, scratch);
+        } else {
+          attend<T, 0>(a, items[i], qp, kp, vp, op, scratch);
+        }
+      }
+    }
+  });
+}
+
+void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, at::Tensor out,
+                     const at::Tensor& token_starts, const at::Tensor& extend_lens, const at::Tensor& cached_lens,
+                     const at::Tensor& page_starts, const at::Tensor& page_ids, int64_t page_size, double scale) {
+  TORCH_CHECK(q.device().is_cpu(), "paged_attention: CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && out.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "paged_attention: q, out [T, h, d]; caches [kvh, slots, d]");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type() && q.scalar_type() == out.scalar_type(),
+              "paged_attention: q, caches and out share one dtype");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_attention: caches must be contiguous");
+  TORCH_CHECK(q.stride(2) == 1 && out.stride(2) == 1, "paged_attention: head_dim must be contiguous");
+  TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && q.size(2) == k_cache.size(2) && out.sizes() == q.sizes(), "paged_attention: shape mismatch");
+  TORCH_CHECK(q.size(1) % k_cache.size(0) == 0, "paged_attention: query heads must be a multiple of kv heads");
+  for (const at::Tensor* t : {&token_starts, &extend_lens, &cached_lens, &page_starts, &page_ids}) {
+    TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->dim() == 1, "paged_attention: index tensors are contiguous int64[n]");
+  }
+  const int64_t num_reqs = token_starts.size(0);
+  TORCH_CHECK(extend_lens.size(0) == num_reqs && cached_lens.size(0) == num_reqs && page_starts.size(0) == num_reqs, "paged_attention: per-request lengths differ");
+
+  Args a{q.size(1), k_cache.size(0), q.size(2), page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+         k_cache.stride(0), static_cast<float>(scale), token_starts.data_ptr<int64_t>(), extend_lens.data_ptr<int64_t>(),
+         cached_lens.data_ptr<int64_t>(), page_starts.data_ptr<int64_t>(), page_ids.data_ptr<int64_t>()};
+  // the slots a request reads must lie in the pool: a bad table would read outside the cache
+  const int64_t num_pool_pages = k_cache.size(1) / page_size;
+  TORCH_CHECK(page_size >= 1 && k_cache.size(1) % page_size == 0, "paged_attention: cache slots are not whole pages");
+  for (int64_t r = 0; r < num_reqs; ++r) {
+    const int64_t seq_len = a.cached_lens[r] + a.extend_lens[r], first = a.page_starts[r];
+    const int64_t last = first + (seq_len + page_size - 1) / page_size;
+    TORCH_CHECK(a.cached_lens[r] >= 0 && a.extend_lens[r] >= 0 && first >= 0 && last <= page_ids.size(0), "paged_attention: request ", r, " reads past page_ids");
+    TORCH_CHECK(a.token_starts[r] >= 0 && a.token_starts[r] + a.extend_lens[r] <= q.size(0), "paged_attention: request ", r, " reads past q");
+    for (int64_t i = first; i < last; ++i) {
+      TORCH_CHECK(a.page_ids[i] >= 0 && a.page_ids[i] < num_pool_pages, "paged_attention: page id ", a.page_ids[i], " outside the pool");
+    }
+  }
+  std::vector<Item> items;
+  for (int64_t r = 0; r < num_reqs; ++r) {
+    for (int64_t lo = 0; lo < a.extend_lens[r]; lo += QUERY_BLOCK) {
+      const int64_t hi = std::min(lo + QUERY_BLOCK, a.extend_lens[r]);
+      for (int64_t h = 0; h < a.num_kv_heads; ++h) items.push_back({r, h, lo, hi, (hi - lo) * (a.cached_lens[r] + hi)});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  if (q.scalar_type() == at::kFloat) {
+    run<float>(a, items, q, k_cache, v_cache, out);
+  } else if (q.scalar_type() == at::kBFloat16) {
+    run<c10::BFloat16>(a, items, q, k_cache, v_cache, out);
+  } else {
+    TORCH_CHECK(false, "paged_attention: float32 or bfloat16 only, got ", q.scalar_type());
+  }
+}
+
+}  // namespace
+
+TORCH_LIBRARY(zserve, m) {
+  m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor token_starts, Tensor extend_lens, "
+        "Tensor cached_lens, Tensor page_starts, Tensor page_ids, int page_size, float scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(zserve, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -1,0 +1,223 @@
+"""The CPU paged-attention kernel (model_proc/kernels/) against a naive reference and against the
+pure-torch path, and its fallback when it cannot be built.
+
+Tolerances: fp32 within 1e-5 (the kernel's exp is ~2 ulp, sums in another order); bf16 within
+2e-2 absolute + 2e-2 relative of an fp32 reference on the same bf16 inputs: the output is
+rounded to bf16 (a relative step of 2^-8) after fp32 accumulation, and the torch path also rounds
+its scores and probabilities to bf16 on the way.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from common.forward_batch import ForwardBatch, SamplingArrays
+from model_proc.kernels import attention_kernel
+from model_proc.kv_pool import KVPool
+from model_proc.layers.attention import attention_backend
+from model_proc.layers.attention_metadata import AttentionMetadata
+
+ROOT = Path(__file__).resolve().parents[2]
+TOLERANCE = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
+
+
+@pytest.fixture(scope="module")
+def op():
+    loaded = attention_kernel.load_paged_attention()
+    if loaded is None:
+        pytest.skip("the CPU paged-attention kernel did not build on this machine (the fallback tests below still run)")
+    return loaded
+
+
+def random_batch(rng, cached_lens, extend_lens, page_size, num_pages_spare=7) -> ForwardBatch:
+    """Requests owning pages of a pool, handed out in a random order."""
+    num_pages = np.array([-(-(c + e) // page_size) for c, e in zip(cached_lens, extend_lens, strict=True)], np.int32)
+    page_ids = rng.permutation(int(num_pages.sum()) + num_pages_spare).astype(np.int32)[: int(num_pages.sum())]
+    n = len(cached_lens)
+    return ForwardBatch(
+        step_id=0,
+        input_ids=np.zeros(sum(extend_lens), np.int32),
+        cached_lens=np.array(cached_lens, np.int32),
+        extend_lens=np.array(extend_lens, np.int32),
+        page_ids=page_ids,
+        num_pages=num_pages,
+        is_sampled=np.ones(n, bool),
+        return_logprob=np.zeros(n, bool),
+        sampling=SamplingArrays.greedy(n),
+    )
+
+
+def naive_attention(q, k_cache, v_cache, batch: ForwardBatch, page_size: int, scale: float) -> torch.Tensor:
+    """fp32, one request at a time, slot by slot: softmax(q k^T * scale + causal mask) v."""
+    T, h, d = q.shape
+    group = h // k_cache.shape[0]
+    out = torch.zeros(T, h, d)
+    token_start = page_start = 0
+    for c, e, n in zip(batch.cached_lens.tolist(), batch.extend_lens.tolist(), batch.num_pages.tolist(), strict=True):
+        pos = torch.arange(c + e)
+        pages = torch.from_numpy(batch.page_ids[page_start : page_start + n].astype(np.int64))
+        slots = pages[pos // page_size] * page_size + pos % page_size
+        keys = k_cache[:, slots].float().repeat_interleave(group, 0)  # [h, L, d]
+        values = v_cache[:, slots].float().repeat_interleave(group, 0)
+        queries = q[token_start : token_start + e].float().transpose(0, 1)  # [h, E, d]
+        scores = queries @ keys.transpose(1, 2) * scale
+        scores.masked_fill_(pos[None, :] > torch.arange(c, c + e)[:, None], float("-inf"))
+        out[token_start : token_start + e] = (scores.softmax(-1) @ values).transpose(0, 1)
+        token_start, page_start = token_start + e, page_start + n
+    return out
+
+
+def run_kernel(op, q, k_cache, v_cache, batch: ForwardBatch, page_size: int, scale: float) -> torch.Tensor:
+    extend = batch.extend_lens.astype(np.int64)
+    index = [torch.from_numpy(a.astype(np.int64)) for a in (np.cumsum(extend) - extend, extend, batch.cached_lens)]
+    page_starts = torch.from_numpy((np.cumsum(batch.num_pages) - batch.num_pages).astype(np.int64))
+    out = torch.full_like(q, float("nan"))
+    op(q, k_cache, v_cache, out, *index, page_starts, torch.from_numpy(batch.page_ids.astype(np.int64)), page_size, scale)
+    return out
+
+
+def random_inputs(batch: ForwardBatch, num_heads, num_kv_heads, head_dim, page_size, dtype, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    num_slots = (int(batch.page_ids.max()) + 1) * page_size
+    k_cache, v_cache = (torch.randn(num_kv_heads, num_slots, head_dim, generator=gen).to(dtype) for _ in range(2))
+    q = (torch.randn(batch.num_tokens, num_heads, head_dim, generator=gen) * 2).to(dtype)  # * 2: peakier softmax
+    return q, k_cache, v_cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("group", [1, 3, 4])
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_decode_against_naive(op, page_size, group, head_dim, dtype):
+    """Decode rows at lengths 1..300, page boundaries included (cached = k * page_size - 1, k *
+    page_size, k * page_size + 1), in one call."""
+    rng = np.random.default_rng(page_size * 100 + group * 10 + head_dim)
+    lens = sorted({0, 1, 2, 15, 16, 17, 63, 64, 65, 299, *rng.integers(0, 300, 6).tolist()})
+    batch = random_batch(rng, lens, [1] * len(lens), page_size)
+    q, k_cache, v_cache = random_inputs(batch, 2 * group, 2, head_dim, page_size, dtype)
+    scale = head_dim**-0.5
+    got = run_kernel(op, q, k_cache, v_cache, batch, page_size, scale)
+    assert got.dtype == dtype
+    torch.testing.assert_close(got.float(), naive_attention(q, k_cache, v_cache, batch, page_size, scale), **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_extend_with_cached_prefix_against_naive(op, page_size, dtype):
+    """Rows of several new tokens after a cached prefix (row i sees positions <= cached + i), new
+    prompts, 1-token prompts and decodes, mixed in one call; extends longer than a query block (16)
+    and than a key tile (64)."""
+    rng = np.random.default_rng(page_size)
+    cached = [0, 0, 5, 16, 31, 100, 0, 200, 7]
+    extend = [1, 40, 3, 17, 33, 1, 130, 70, 1]
+    batch = random_batch(rng, cached, extend, page_size)
+    q, k_cache, v_cache = random_inputs(batch, 9, 3, 64, page_size, dtype, seed=page_size)
+    got = run_kernel(op, q, k_cache, v_cache, batch, page_size, 0.125)
+    torch.testing.assert_close(got.float(), naive_attention(q, k_cache, v_cache, batch, page_size, 0.125), **TOLERANCE[dtype])
+
+
+def test_non_contiguous_queries(op):
+    """q as the model hands it over: a view into a wider projection output (head_dim contiguous)."""
+    rng = np.random.default_rng(3)
+    batch = random_batch(rng, [0, 9, 40], [5, 1, 2], 4)
+    qkv = torch.randn(batch.num_tokens, 9 + 2 * 3, 64)
+    q, k_cache, v_cache = qkv[:, :9], torch.randn(3, 64 * 4, 64), torch.randn(3, 64 * 4, 64)
+    assert not q.is_contiguous()
+    got = run_kernel(op, q, k_cache, v_cache, batch, 4, 0.125)
+    torch.testing.assert_close(got, naive_attention(q, k_cache, v_cache, batch, 4, 0.125), **TOLERANCE[torch.float32])
+
+
+def test_rejects_page_ids_outside_the_pool(op):
+    batch = random_batch(np.random.default_rng(0), [10], [1], 4)
+    q, k_cache, v_cache = random_inputs(batch, 3, 1, 64, 4, torch.float32)
+    batch.page_ids = batch.page_ids.copy()
+    batch.page_ids[1] = 10_000
+    with pytest.raises(RuntimeError, match="outside the pool"):
+        run_kernel(op, q, k_cache, v_cache, batch, 4, 0.125)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_layer_matches_the_torch_path(op, page_size, dtype):
+    """PagedAttention.forward on the kernel backend against the pure-torch backend (the oracle)
+    for a mixed batch: K/V writes, decode, chunks after a cached prefix, new prompts."""
+    from model_proc.layers.attention import PagedAttention
+
+    rng = np.random.default_rng(11)
+    cached, extend = [12, 0, 33, 64, 0, 150], [1, 20, 1, 9, 1, 1]
+    batch = random_batch(rng, cached, extend, page_size)
+    num_pages = int(batch.page_ids.max()) + 1
+    attn = PagedAttention(9, 3, 64, 0.125, layer_idx=0)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(batch.num_tokens, 9, 64, generator=gen).to(dtype)
+    k, v = (torch.randn(batch.num_tokens, 3, 64, generator=gen).to(dtype) for _ in range(2))
+    outs = []
+    for backend in ("cpu_kernel", "torch"):
+        pool = KVPool(1, 3, 64, page_size, num_pages, dtype, torch.device("cpu"))
+        fill = torch.Generator().manual_seed(6)
+        pool.k[0].copy_(torch.randn(pool.k[0].shape, generator=fill)), pool.v[0].copy_(torch.randn(pool.v[0].shape, generator=fill))
+        with torch.inference_mode():
+            outs.append(attn(q, k, v, AttentionMetadata.build(batch, pool, dtype, backend=backend)).float())
+    torch.testing.assert_close(outs[0], outs[1], **TOLERANCE[dtype])
+
+
+def test_backend_choice(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setenv("ZSERVE_ATTENTION", "torch")
+    assert attention_backend(cpu, torch.float32) == "torch"
+    assert attention_backend(cpu, torch.float16, "auto") == "torch"  # the kernel runs fp32 and bf16 only
+    with pytest.raises(ValueError, match="expected auto, torch or kernel"):
+        attention_backend(cpu, torch.float32, "fast")
+    with pytest.raises(ValueError, match="float32/bfloat16"):
+        attention_backend(cpu, torch.float16, "kernel")
+
+
+def test_fallback_when_the_build_fails(monkeypatch, caplog):
+    """A failing build logs one line, and auto picks the torch path; `kernel` refuses to start."""
+
+    def failing_build(verbose: bool = False):
+        raise RuntimeError("Error building extension 'zserve_paged_attention'\nc++: not found")
+
+    monkeypatch.setattr(attention_kernel, "build", failing_build)
+    attention_kernel.load_paged_attention.cache_clear()
+    try:
+        with caplog.at_level("WARNING"):
+            assert attention_backend(torch.device("cpu"), torch.float32, "auto") == "torch"
+            assert attention_backend(torch.device("cpu"), torch.bfloat16, "auto") == "torch"
+        warnings = [r.getMessage() for r in caplog.records if "paged-attention kernel unavailable" in r.getMessage()]
+        assert warnings == ["CPU paged-attention kernel unavailable (c++: not found); using the pure-torch attention path"]
+        with pytest.raises(RuntimeError, match="could not be built"):
+            attention_backend(torch.device("cpu"), torch.float32, "kernel")
+    finally:
+        attention_kernel.load_paged_attention.cache_clear()
+
+
+def test_fallback_without_a_compiler(tmp_path, llama_dir):
+    """A fresh process on a machine where nothing compiles (no compiler, empty build cache): the
+    runner starts on the torch path and serves a step."""
+    script = textwrap.dedent(f"""
+        import logging
+        import numpy as np
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        from testing.model_fixtures import make_runner
+        from common.forward_batch import ForwardBatch, SamplingArrays
+        runner = make_runner({str(llama_dir)!r}, device="cpu", page_size=4, kv_cache_tokens=64)
+        print("backend", runner.attention_backend)
+        batch = ForwardBatch(0, np.array([1, 2, 3], np.int32), np.zeros(1, np.int32), np.array([3], np.int32),
+                             np.array([0], np.int32), np.array([1], np.int32), np.ones(1, bool), np.zeros(1, bool),
+                             SamplingArrays.greedy(1))
+        print("tokens", runner.run(batch).next_token_ids.tolist())
+    """)
+    env = {**os.environ, "CXX": "/nonexistent/c++", "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT), "ZSERVE_ATTENTION": "auto"}
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    assert "backend torch" in proc.stdout and "tokens [" in proc.stdout
+    assert proc.stderr.count("CPU paged-attention kernel unavailable") == 1, proc.stderr
