@@ -56,8 +56,7 @@ def chat_prompts(tokenizer) -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def runner():
-
-    return make_runner(demo_model_dir(), device="cpu", page_size=16, kv_cache_tokens=2048)
+    return make_runner(demo_model_dir(), device="cpu", dtype="float32", page_size=16, kv_cache_tokens=2048)
 
 
 @pytest.fixture(scope="module")
