@@ -1,17 +1,28 @@
 """Our forward vs transformers' forward on the same weights, same machine, same run.
 
-    .venv/bin/python benchmarks/bench_model.py [--model DIR] [--threads N] [--repeats R]
+    .venv/bin/python benchmarks/bench_model.py [--model DIR] [--threads N] [--repeats R] [--dtype float32,bfloat16]
 
 Cases: one decode step at batch 1, 8, 32 and 64 with 256 tokens of context per request, and a
-512-token prefill. Each line prints both times and ours/transformers (< 1 is faster). The last
-line compares batch-1 decode with the memory bound: weight bytes / bandwidth, the bandwidth
-measured by a 1 GiB tensor copy timed alternately with the batch-1 decode steps (other
-processes' memory traffic then slows both alike). K/V contents do not change the cost of a step, so both
-sides get 256 tokens of random context instead of a real prefill (which would take minutes).
+512-token prefill. Each line prints both times and ours/transformers (< 1 is faster), and the
+bound measured in the same run, timed alternately with our step (other processes' load then
+slows both alike):
 
-Both sides run fp32 in one process started with the model worker's environment
+  * batch-1 decode: the memory bound, weight bytes / bandwidth, the bandwidth measured by a
+    1 GiB tensor copy;
+  * other cases: the GEMM bound, the time of matmuls in the compute dtype with the step's linear
+    FLOPs and weight bytes: [tokens, hidden] @ [hidden, N], N = (weights of every layer's linear
+    layers) / hidden, plus [sampled rows, hidden] @ the LM head. Attention's FLOPs (~6% of a
+    batch-64 decode step at 256 tokens of context, ~8% of a 512-token prefill for SmolLM2) are
+    left out, so the bound is a little optimistic.
+
+K/V contents do not change the cost of a step, so both sides get 256 tokens of random context
+instead of a real prefill (which would take minutes). `--dtype` takes one dtype or several
+(comma-separated): each runs ours and transformers in that dtype, in turn, in the same process;
+with two, a last table gives our bfloat16 / float32 time per case.
+
+Everything runs in one process started with the model worker's environment
 (common/worker_env.py: thread count, OpenMP wait policy, malloc thresholds; the script
-re-executes itself with it), so they share threads, allocator and machine state.
+re-executes itself with it), so both sides share threads, allocator and machine state.
 """
 
 from __future__ import annotations
@@ -28,8 +39,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.machine_info import load_average  # noqa: E402
 from common.forward_batch import ForwardBatch, SamplingArrays  # noqa: E402
 from common.worker_env import worker_env  # noqa: E402
+from model_proc.compute_dtype import DTYPES  # noqa: E402
 from testing.model_fixtures import make_runner  # noqa: E402
 
 DECODE_BATCH_SIZES = (1, 8, 32, 64)
@@ -42,18 +55,19 @@ def log(msg: str) -> None:
     print(f"[bench_model] {msg}", file=sys.stderr, flush=True)
 
 
-def timed_pair(ours, theirs, repeats: int, warmup: int = 2) -> tuple[float, float]:
-    """Median wall times (ms) of ours() and theirs(), run alternately so that load from other
-    processes on the machine falls on both alike."""
+def timed_alternately(fns, repeats: int, warmup: int = 2) -> list[float]:
+    """Median wall times (ms) of each of fns(), run in turn so that load from other processes on
+    the machine falls on all alike."""
     for _ in range(warmup):
-        ours(), theirs()
-    times: tuple[list[float], list[float]] = ([], [])
+        for fn in fns:
+            fn()
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        for fn, out in ((ours, times[0]), (theirs, times[1])):
+        for fn, out in zip(fns, times, strict=True):
             t0 = time.perf_counter()
             fn()
             out.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times[0]), statistics.median(times[1])
+    return [statistics.median(t) for t in times]
 
 
 def timed(fn, repeats: int) -> float:
@@ -79,6 +93,31 @@ class CopyBandwidth:
 
     def gbs(self, copy_ms: float) -> float:
         return 2 * self.num_bytes / (copy_ms / 1e3) / 1e9
+
+
+class GemmBound:
+    """Matmuls with a step's linear FLOPs and weight bytes, in the compute dtype (see the top)."""
+
+    def __init__(self, runner, dtype: torch.dtype):
+        from model_proc.layers.linear import ColumnParallelLinear, RowParallelLinear
+
+        cfg = runner.config
+        layer_weights = sum(m.weight.numel() for m in runner.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear)))
+        self.hidden, self.vocab, self.dtype = cfg.hidden_size, cfg.vocab_size, dtype
+        self.layers_w = torch.randn(self.hidden, layer_weights // self.hidden).to(dtype)  # [hidden, N]
+        self.head_w = torch.randn(self.hidden, self.vocab).to(dtype)
+
+    def flops(self, num_tokens: int, num_sampled: int) -> float:
+        return 2.0 * self.hidden * (num_tokens * self.layers_w.shape[1] + num_sampled * self.vocab)
+
+    def fn(self, num_tokens: int, num_sampled: int):
+        x = torch.randn(num_tokens, self.hidden).to(self.dtype)
+
+        def step():
+            torch.mm(x, self.layers_w)
+            return torch.mm(x[:num_sampled], self.head_w)
+
+        return step
 
 
 def decode_batch(batch_size: int, context_len: int, step_id: int) -> ForwardBatch:
@@ -114,11 +153,11 @@ def prefill_batch(prompt_len: int, step_id: int) -> ForwardBatch:
 
 
 class HfSide:
-    def __init__(self, model_dir: str):
+    def __init__(self, model_dir: str, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        self.config = self.model.config
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        self.config, self.dtype = self.model.config, dtype
 
     @torch.inference_mode()
     def decode_fn(self, batch_size: int, context_len: int):
@@ -129,7 +168,7 @@ class HfSide:
         shape = (batch_size, cfg.num_key_value_heads, context_len, head_dim)
         cache = DynamicCache(config=cfg)
         for layer_idx in range(cfg.num_hidden_layers):  # the context, as transformers' cache holds it
-            cache.update(torch.randn(shape), torch.randn(shape), layer_idx)
+            cache.update(torch.randn(shape).to(self.dtype), torch.randn(shape).to(self.dtype), layer_idx)
         ids = torch.full((batch_size, 1), 42, dtype=torch.long)
         positions = torch.full((batch_size, 1), context_len, dtype=torch.long)
 
@@ -158,7 +197,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--batch-sizes", default=",".join(map(str, DECODE_BATCH_SIZES)), help="decode cases, comma-separated")
     parser.add_argument("--no-prefill", action="store_true", help="skip the prefill case")
+    parser.add_argument("--dtype", default="float32", help="float32, bfloat16, or both comma-separated (each in turn, same process)")
     args = parser.parse_args()
+    dtypes = [d for d in args.dtype.split(",") if d]
+    if not dtypes or set(dtypes) - set(DTYPES):
+        parser.error(f"--dtype: one or more of {', '.join(DTYPES)}, comma-separated")
     if "ZSERVE_NUM_THREADS" not in os.environ:  # run under the worker's environment (read at process start)
         env = {**os.environ, **worker_env(args.threads, "cpu")}
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
@@ -171,44 +214,62 @@ def main() -> None:
             sys.exit(f"demo model not found at {model_dir}: run .venv/bin/zserve-fetch-demo, or pass --model DIR")
     num_threads = int(os.environ["ZSERVE_NUM_THREADS"])
     torch.set_num_threads(num_threads)
-
     batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x]
+    print(f"model {model_dir}, torch {torch.__version__}, {num_threads} thread(s), load average {load_average()}")
+    ours_ms = {dtype: bench_dtype(model_dir, DTYPES[dtype], batch_sizes, args, num_threads) for dtype in dtypes}
+    if len(dtypes) > 1:
+        base, other = dtypes[0], dtypes[1]
+        print(f"\nours, {other} / {base}")
+        for case, ms in ours_ms[base].items():
+            print(f"{case:<22}{ours_ms[other][case] / ms:>8.2f}")
+    print(f"load average at the end {load_average()}")
+
+
+def bench_dtype(model_dir: str, dtype: torch.dtype, batch_sizes: list[int], args, num_threads: int) -> dict[str, float]:
+    """Every case in `dtype`; prints its table, returns our ms per case."""
     pages_per_req = -(-(CONTEXT_LEN + 1) // PAGE_SIZE)
     max_tokens = max(max([1, *batch_sizes]) * pages_per_req * PAGE_SIZE, PREFILL_LEN)
-    log(f"loading {model_dir} (ours, then transformers), {num_threads} thread(s)")
-    ours = make_runner(model_dir, device="cpu", dtype="float32", page_size=PAGE_SIZE, kv_cache_tokens=max_tokens, num_threads=num_threads)
-    hf = HfSide(model_dir)
+    log(f"{dtype}: loading {model_dir} (ours, then transformers), {num_threads} thread(s)")
+    ours = make_runner(model_dir, device="cpu", dtype=dtype, page_size=PAGE_SIZE, kv_cache_tokens=max_tokens, num_threads=num_threads)
+    hf = HfSide(model_dir, dtype)
+    gemm = GemmBound(ours, dtype)
+    copier = CopyBandwidth()
     weight_bytes = sum(p.numel() * p.element_size() for p in ours.model.parameters())
     for k in ours.kv_pool.k + ours.kv_pool.v:  # random context, as on the transformers side
         k.normal_()
 
-    print(f"model {model_dir}: {weight_bytes / 1e6:.0f} MB of fp32 weights, torch {torch.__version__}, {num_threads} thread(s)")
-    print(f"{'case':<22}{'ours_ms':>10}{'hf_ms':>10}{'ratio':>8}")
-    num_cases = len(batch_sizes) + (not args.no_prefill) + 1
+    print(f"\n{dtype}: {weight_bytes / 1e6:.0f} MB of weights; load average {load_average()}")
+    print(f"{'case':<22}{'ours_ms':>10}{'hf_ms':>10}{'ratio':>8}{'bound_ms':>10}{'ours/bound':>11}  bound")
+    results: dict[str, float] = {}
+    num_cases = len(batch_sizes) + (not args.no_prefill)
     for i, batch_size in enumerate(batch_sizes):
-        log(f"decode batch {batch_size} ({i + 1}/{num_cases})")
+        log(f"{dtype}: decode batch {batch_size} ({i + 1}/{num_cases})")
         batch = decode_batch(batch_size, CONTEXT_LEN, step_id=i)
-        ours_ms, hf_ms = timed_pair(lambda b=batch: ours.run(b), hf.decode_fn(batch_size, CONTEXT_LEN), args.repeats)
-        print(f"{f'decode_bs{batch_size}_ctx{CONTEXT_LEN}':<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}", flush=True)
+        bound_fn = copier.copy if batch_size == 1 else gemm.fn(batch_size, batch_size)
+        ours_ms, hf_ms, bound_fn_ms = timed_alternately([lambda b=batch: ours.run(b), hf.decode_fn(batch_size, CONTEXT_LEN), bound_fn], args.repeats)
+        if batch_size == 1:
+            bandwidth = copier.gbs(bound_fn_ms)
+            bound_ms, what = weight_bytes / (bandwidth * 1e9) * 1e3, f"weights / copy bandwidth {bandwidth:.1f} GB/s"
+        else:
+            bound_ms, what = bound_fn_ms, f"GEMM at {gemm.flops(batch_size, batch_size) / bound_fn_ms / 1e6:.0f} GFLOP/s"
+        case = f"decode_bs{batch_size}_ctx{CONTEXT_LEN}"
+        print(f"{case:<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}{bound_ms:>10.2f}{ours_ms / bound_ms:>11.2f}  {what}", flush=True)
+        results[case] = ours_ms
 
     if not args.no_prefill:
-        log(f"prefill {PREFILL_LEN} tokens ({len(batch_sizes) + 1}/{num_cases})")
+        log(f"{dtype}: prefill {PREFILL_LEN} tokens ({num_cases}/{num_cases})")
         batch = prefill_batch(PREFILL_LEN, step_id=100)
         repeats = max(3, args.repeats // 2)
-        ours_ms, hf_ms = timed_pair(lambda: ours.run(batch), hf.prefill_fn(PREFILL_LEN), repeats, warmup=1)
+        ours_ms, hf_ms, bound_ms = timed_alternately([lambda: ours.run(batch), hf.prefill_fn(PREFILL_LEN), gemm.fn(PREFILL_LEN, 1)], repeats, warmup=1)
+        case = f"prefill_{PREFILL_LEN}"
         print(
-            f"{f'prefill_{PREFILL_LEN}':<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}"
-            f"   ({PREFILL_LEN / ours_ms * 1e3:.0f} vs {PREFILL_LEN / hf_ms * 1e3:.0f} tokens/s)",
+            f"{case:<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}{bound_ms:>10.2f}{ours_ms / bound_ms:>11.2f}"
+            f"  GEMM at {gemm.flops(PREFILL_LEN, 1) / bound_ms / 1e6:.0f} GFLOP/s"
+            f" ({PREFILL_LEN / ours_ms * 1e3:.0f} vs {PREFILL_LEN / hf_ms * 1e3:.0f} tokens/s)",
             flush=True,
         )
-
-    log(f"memory bound: batch-1 decode vs a 1 GiB tensor copy, alternately ({num_cases}/{num_cases})")
-    copier = CopyBandwidth()
-    decode_ms, copy_ms = timed_pair(lambda b=decode_batch(1, CONTEXT_LEN, 200): ours.run(b), copier.copy, args.repeats)
-    bandwidth = copier.gbs(copy_ms)
-    bound_ms = weight_bytes / (bandwidth * 1e9) * 1e3
-    print(f"copy bandwidth {bandwidth:.1f} GB/s (read + write), bound = {weight_bytes / 1e6:.0f} MB / bandwidth")
-    print(f"decode_bs1_ms {decode_ms:.2f} {bound_ms:.2f}   (ours / bound = {decode_ms / bound_ms:.2f})")
+        results[case] = ours_ms
+    return results
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ class ServerConfig:
     port: int = field(default=0, metadata={"help": "client port (0 = pick a free one and print it)"})
     http_port: int = field(default=0, metadata={"help": "port of the OpenAI-compatible HTTP server on --host (0 = no HTTP server)"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
-    dtype: str = field(default="auto", metadata={"help": "auto (fp32 on CPU, bf16 on CUDA), float32, bfloat16, float16"})
+    dtype: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA and on CPUs with avx512_bf16 or amx_bf16, else fp32; the log says which and why), float32, bfloat16, float16"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks: model worker processes holding one shard each, joined by torch.distributed (NCCL on CUDA, gloo on CPU); on CUDA local rank i uses cuda:i"})
     nnodes: int = field(default=1, metadata={"help": "machines the --tp-size ranks are spread over, tp_size / nnodes each; node 0 runs the whole server"})
     node_rank: int = field(default=0, metadata={"help": "this machine's index, 0..nnodes-1; a node other than 0 runs only its model worker ranks and joins node 0"})

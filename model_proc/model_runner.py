@@ -22,6 +22,7 @@ from common.forward_batch import ForwardBatch, StepResult
 from common.model_config import ModelConfig
 from common.worker_env import default_num_threads
 from model_proc.checkpoint import Checkpoint
+from model_proc.compute_dtype import resolve_dtype
 from model_proc.kv_pool import KVPool
 from model_proc.layers.attention import attention_backend
 from model_proc.layers.attention_metadata import AttentionMetadata
@@ -34,11 +35,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-DTYPES = {
-    "float32": torch.float32, "fp32": torch.float32,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-    "float16": torch.float16, "fp16": torch.float16,
-}
 PROGRESS_MIN_PARAMS = 50_000_000  # show a loading bar for models at least this big
 
 
@@ -49,18 +45,6 @@ def resolve_device(device: str | torch.device) -> torch.device:
     if resolved.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {str(device)!r} asked for, but CUDA is not available")
     return resolved
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """"auto": bf16 on CUDA; fp32 on CPU (matmuls in fp32 are the exact reference, and a CPU
-    without native bf16 matmul runs bf16 slower than fp32)."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
-    return DTYPES[dtype]
 
 
 class ModelRunner:
@@ -85,7 +69,7 @@ class ModelRunner:
         `default_num_threads()` on CPU."""
         self.config = ModelConfig.from_model_dir(model_dir)
         self.device = resolve_device(device)
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.dtype, dtype_reason = resolve_dtype(dtype, self.device)
         self.page_size, self.tp_rank, self.tp_size = page_size, tp_rank, tp_size
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")
@@ -97,7 +81,9 @@ class ModelRunner:
 
         t0 = time.perf_counter()
         self.model = self._load_model(show_progress)
-        logger.info("loaded %s (%s) on %s in %.1fs", self.config.architecture, self.dtype, self.device, time.perf_counter() - t0)
+        logger.info(
+            "loaded %s (%s, %s) on %s in %.1fs", self.config.architecture, self.dtype, dtype_reason, self.device, time.perf_counter() - t0
+        )
 
         kvh = self.config.num_kv_heads // tp_size
         if kv_cache_tokens > 0:

@@ -106,6 +106,7 @@ def serve_follower(addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoin
 
 
 def serve(cfg: ServerConfig, addrs: Addresses, rank: int) -> None:
+    from model_proc.compute_dtype import resolve_dtype
     from model_proc.tp_group import check_same_on_all_ranks, rank_device, settings_fingerprint, tp_group
 
     layout = RankLayout.from_config(cfg)
@@ -116,8 +117,9 @@ def serve(cfg: ServerConfig, addrs: Addresses, rank: int) -> None:
         launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)
         with tp_group(addrs.dist_init, rank, cfg.tp_size, device, cfg.startup_timeout_s):
             if cfg.tp_size > 1:
+                # the resolved dtype: `auto` may differ between nodes whose CPUs differ
                 fingerprint = settings_fingerprint(
-                    cfg.model, dtype=cfg.dtype, page_size=cfg.page_size, kv_cache_tokens=cfg.kv_cache_tokens,
+                    cfg.model, dtype=str(resolve_dtype(cfg.dtype, device)[0]), page_size=cfg.page_size, kv_cache_tokens=cfg.kv_cache_tokens,
                     kv_memory_fraction=cfg.kv_memory_fraction, seed=cfg.seed, tp_size=cfg.tp_size, nnodes=cfg.nnodes,
                 )
                 check_same_on_all_ranks(fingerprint, device, "models or --dtype/--page-size/--kv-cache-tokens/--kv-memory-fraction/--seed")

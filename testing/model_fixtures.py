@@ -17,6 +17,7 @@ tensor shows.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -210,26 +211,55 @@ class GreedyDriver:
 
 
 class HfReference:
-    """transformers on the same directory, fp32: the oracle for parity tests."""
+    """transformers on the same directory, in `dtype` (fp32 unless told): the oracle for parity tests."""
 
-    def __init__(self, model_dir: str | Path):
+    def __init__(self, model_dir: str | Path, dtype: torch.dtype = torch.float32):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         # generate() merges the model's generation_config into ours: drop its EOS ids there too
         self.model.generation_config.eos_token_id = None
 
-    @torch.no_grad()
     def generate(self, prompt: list[int], max_new_tokens: int) -> list[int]:
         """Greedy `generate` (KV cache on), EOS ignored so every run has max_new_tokens."""
+        return self.generate_with_logits(prompt, max_new_tokens)[0]
+
+    @torch.no_grad()
+    def generate_with_logits(self, prompt: list[int], max_new_tokens: int) -> tuple[list[int], torch.Tensor]:
+        """`generate`, plus the logits each token was chosen from: float32[max_new_tokens, vocab]."""
         from transformers import GenerationConfig
 
-        config = GenerationConfig(do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=0)
+        config = GenerationConfig(
+            do_sample=False, max_new_tokens=max_new_tokens, min_new_tokens=0, eos_token_id=None, pad_token_id=0,
+            output_logits=True, return_dict_in_generate=True,
+        )
         out = self.model.generate(torch.tensor([prompt]), generation_config=config, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-        generated = out[0, len(prompt) :].tolist()
+        generated = out.sequences[0, len(prompt) :].tolist()
         assert len(generated) == max_new_tokens, "transformers stopped early"
-        return generated
+        return generated, torch.stack(out.logits)[:, 0].float()
 
     @torch.no_grad()
     def last_logits(self, ids: list[int]) -> torch.Tensor:
         return self.model(torch.tensor([ids])).logits[0, -1].float()
+
+
+def bf16_ulp(x: float) -> float:
+    """The spacing of bf16 numbers (8 significant bits) around x."""
+    return 2.0 ** (math.floor(math.log2(abs(x))) - 7) if x else 2.0**-133
+
+
+def first_divergence(ours: list[int], theirs: list[int], their_logits: torch.Tensor, near_tie_ulps: float) -> int | None:
+    """Where our greedy tokens first leave transformers' (None: nowhere), allowed only at a
+    near-tie of transformers' own logits there: our token's logit less than `near_tie_ulps` bf16
+    ulps (of the top logit) below the top one, so the top two are at least that close. Past that
+    token the two runs continue different texts, so the rest is not compared. Raises
+    AssertionError at any other difference."""
+    assert len(ours) == len(theirs) == their_logits.shape[0], (len(ours), len(theirs), their_logits.shape)
+    i = next((i for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) if a != b), None)
+    if i is not None:
+        top = float(their_logits[i].max())
+        gap_ulps = (top - float(their_logits[i, ours[i]])) / bf16_ulp(top)
+        assert gap_ulps < near_tie_ulps, (
+            f"token {i}: ours {ours[i]}, transformers' {theirs[i]}, {gap_ulps:g} bf16 ulps apart in its logits (near-tie: below {near_tie_ulps})"
+        )
+    return i

@@ -42,7 +42,9 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions int64[T] -> (cos, sin), each [T, 1, head_dim] in `dtype`; `sin` has its first
-        half negated so that rotate_half(x) * sin == swap_halves(x) * sin_signed (see apply_rotary)."""
+        half negated so that rotate_half(x) * sin == swap_halves(x) * sin_signed (see apply_rotary).
+        Computed in fp32 and cast to `dtype` last, as transformers does: in bf16 the angle
+        pos * inv_freq would be off by up to pos / 512 radians."""
         freqs = positions[:, None].float() * self.inv_freq[None, :]  # [T, head_dim / 2]
         cos, sin = freqs.cos(), freqs.sin()
         cos = torch.cat((cos, cos), dim=-1)
@@ -52,7 +54,9 @@ class RotaryEmbedding(nn.Module):
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin_signed: torch.Tensor) -> torch.Tensor:
     """x [T, heads, head_dim] -> same shape. Equals x * cos + rotate_half(x) * sin with
-    rotate_half(x) = cat(-x2, x1), written as three ops (cat, mul, addcmul) and no negation."""
+    rotate_half(x) = cat(-x2, x1), written without a negation. Both products are rounded to x's
+    dtype before the sum, as in transformers (an addcmul would round once, and in bf16 differ
+    from transformers by an ulp in ~1/4 of the elements)."""
     half = x.shape[-1] // 2
     swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
-    return torch.addcmul(x * cos, swapped, sin_signed)
+    return x * cos + swapped * sin_signed

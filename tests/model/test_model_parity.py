@@ -74,7 +74,7 @@ BOTH_PATHS = pytest.mark.parametrize("attention", ["kernel", "torch"])
 
 
 def parity_runner(model_dir, page_size: int = 4) -> ModelRunner:
-    return make_runner(model_dir, device="cpu", page_size=page_size, kv_cache_tokens=4096)
+    return make_runner(model_dir, device="cpu", dtype="float32", page_size=page_size, kv_cache_tokens=4096)
 
 
 def prompts(lens=PROMPT_LENS) -> list[list[int]]:

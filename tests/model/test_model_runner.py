@@ -2,24 +2,30 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import pytest
 import torch
 
 from common.forward_batch import SamplingArrays
 from common.worker_env import default_num_threads, worker_env
+from model_proc.compute_dtype import resolve_dtype
 from model_proc.kv_pool import KVPool, free_memory_bytes
 from testing.model_fixtures import GreedyDriver, HfReference, make_runner, random_prompt
 
 
-def test_info_for_the_scheduler(llama_dir):
-    runner = make_runner(llama_dir, device="cpu", page_size=8, kv_cache_tokens=100)
+def test_info_for_the_scheduler(llama_dir, caplog):
+    with caplog.at_level(logging.INFO, logger="model_proc.model_runner"):
+        runner = make_runner(llama_dir, device="cpu", page_size=8, kv_cache_tokens=100)
     assert runner.info() == {"num_pages": 13, "page_size": 8, "context_len": 256, "eos_token_ids": [2, 0], "vocab_size": 600}
-    assert runner.dtype == torch.float32 and runner.device.type == "cpu"
+    dtype, reason = resolve_dtype("auto", torch.device("cpu"))  # the default, with the reason logged at startup
+    assert runner.dtype == dtype and runner.device.type == "cpu"
+    assert f"({dtype}, {reason})" in caplog.text
 
 
 def test_logprobs_and_sampling_through_run(llama_dir):
-    runner = make_runner(llama_dir, device="cpu", page_size=4, kv_cache_tokens=256)
+    runner = make_runner(llama_dir, device="cpu", dtype="float32", page_size=4, kv_cache_tokens=256)
     driver = GreedyDriver(runner)
     prompt = random_prompt(12, seed=5)
     seqs = [driver.add(prompt, 1), driver.add(prompt, 1), driver.add(random_prompt(4, seed=6), 1)]
@@ -39,7 +45,7 @@ def test_logprobs_and_sampling_through_run(llama_dir):
 
 
 def test_kv_pool_sized_from_memory(llama_dir):
-    runner = make_runner(llama_dir, device="cpu", page_size=16, kv_cache_tokens=0, kv_memory_fraction=0.001)
+    runner = make_runner(llama_dir, device="cpu", dtype="float32", page_size=16, kv_cache_tokens=0, kv_memory_fraction=0.001)
     per_token = KVPool.bytes_per_token(2, 2, 16, torch.float32)
     expected = free_memory_bytes(torch.device("cpu")) * 0.001 / (per_token * 16)
     assert 0.5 * expected < runner.num_pages_total < 2 * expected

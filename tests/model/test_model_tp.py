@@ -41,7 +41,7 @@ def rank_main(rank: int, model_dirs: dict[str, str], port: int, out_path: str) -
     try:
         records = {}
         for kind, model_dir in model_dirs.items():
-            runner = make_runner(model_dir, device="cpu", page_size=4, kv_cache_tokens=512, num_threads=1, tp_rank=rank, tp_size=TP_SIZE)
+            runner = make_runner(model_dir, device="cpu", dtype="float32", page_size=4, kv_cache_tokens=512, num_threads=1, tp_rank=rank, tp_size=TP_SIZE)
             head = runner.model.lm_head
             records[kind] = {**run_and_record(runner), "shard_rows": (head.tied_to or head).weight.shape[1]}  # [dim, vocab / tp]
         if rank == 0:
@@ -58,7 +58,7 @@ def test_two_ranks_match_one(tmp_path):
     mp.start_processes(rank_main, args=(model_dirs, free_port(), str(out_path)), nprocs=TP_SIZE, start_method="spawn")
     sharded = json.loads(out_path.read_text())
     for kind, overrides in KINDS.items():
-        single = run_and_record(make_runner(model_dirs[kind], device="cpu", page_size=4, kv_cache_tokens=512))
+        single = run_and_record(make_runner(model_dirs[kind], device="cpu", dtype="float32", page_size=4, kv_cache_tokens=512))
         vocab = overrides.get("vocab_size", 600)
         assert sharded[kind]["shard_rows"] == -(-vocab // TP_SIZE), kind  # each rank holds half the vocab
         assert sharded[kind]["outputs"] == single["outputs"], kind

@@ -1,6 +1,8 @@
 """End-to-end: real processes (launch_server) on a tiny random Llama with a real BPE tokenizer.
 
-The oracle is transformers on the same weights: greedy token ids must be identical.
+The oracle is transformers on the same weights: greedy token ids must be identical. Both run in
+fp32 (`--dtype float32`): these tests are about serving, and fp32 keeps them token-exact;
+bf16 numerics are tested against transformers in bf16 in tests/model/test_model_parity_bf16.py.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def oracle(model_dir):
 @pytest.fixture(scope="module")
 def server(model_dir):
     handle = start_server(
-        model_dir, "--max-prefill-tokens", str(BUDGET), "--page-size", "4", "--kv-cache-tokens", "4096",
+        model_dir, "--dtype", "float32", "--max-prefill-tokens", str(BUDGET), "--page-size", "4", "--kv-cache-tokens", "4096",
         "--max-running-requests", "16", "--client-timeout-s", "2", "--num-threads", "1",
     )
     yield handle

@@ -60,7 +60,7 @@ def rank_main(rank: int, model_dirs: dict[str, str], store: str, out_path: str) 
     record: dict = {}
     with tp_group(f"file://{store}", rank, 2, torch.device("cpu"), timeout_s=120):
         for kind, model_dir in model_dirs.items():
-            runner = make_runner(model_dir, device="cpu", page_size=4, kv_memory_fraction=0.001, num_threads=1, tp_rank=rank, tp_size=2)
+            runner = make_runner(model_dir, device="cpu", dtype="float32", page_size=4, kv_memory_fraction=0.001, num_threads=1, tp_rank=rank, tp_size=2)
             record[kind] = {"num_pages": runner.num_pages_total, "logits": last_logits(runner)}
         try:
             check_same_on_all_ranks(1000 + rank, torch.device("cpu"), "settings")  # rank 1 differs
@@ -77,7 +77,7 @@ def test_joined_ranks_agree_on_the_pool_and_match_one_rank(tmp_path):
     ranks = [json.loads((tmp_path / f"rank.json.{r}").read_text()) for r in (0, 1)]
     for kind in KINDS:
         assert ranks[0][kind]["num_pages"] == ranks[1][kind]["num_pages"], kind  # min over the ranks' free memory
-        single = make_runner(model_dirs[kind], device="cpu", page_size=4, kv_cache_tokens=512, num_threads=1)
+        single = make_runner(model_dirs[kind], device="cpu", dtype="float32", page_size=4, kv_cache_tokens=512, num_threads=1)
         expected = np.array(last_logits(single))
         for rank in ranks:
             np.testing.assert_allclose(np.array(rank[kind]["logits"]), expected, atol=1e-4, rtol=0, err_msg=kind)

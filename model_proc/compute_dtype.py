@@ -1,0 +1,44 @@
+"""The compute dtype: what `--dtype auto` means on this machine, and why.
+
+    CUDA                                         -> bfloat16
+    CPU with native bf16 (avx512_bf16, amx_bf16) -> bfloat16   oneDNN runs bf16 GEMMs on it, ~5x fp32's rate
+    other CPUs                                   -> float32    bf16 there is emulated: slower than fp32
+
+In bf16 the weights, activations and KV cache are bf16; what needs more precision is computed in
+fp32 and cast back, as transformers does: norm statistics (norm.py), rotary cos/sin (rotary.py),
+the softmax inside attention (SDPA's CPU kernels accumulate reduced types in fp32), and the
+logits, which leave the LM head as fp32 for sampling (embedding.py).
+"""
+
+from __future__ import annotations
+
+import torch
+
+DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float16": torch.float16, "fp16": torch.float16,
+}
+NATIVE_BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16")  # x86 instruction sets with bf16 dot products
+
+
+def native_bf16_feature() -> str | None:
+    """The first of NATIVE_BF16_CPU_FEATURES this CPU has (torch's cpuinfo query), or None."""
+    capabilities = torch.cpu.get_capabilities()
+    return next((name for name in NATIVE_BF16_CPU_FEATURES if capabilities.get(name) is True), None)
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> tuple[torch.dtype, str]:
+    """(compute dtype, why it was chosen, for the startup log)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype, "asked for"
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16, "auto: CUDA"
+        feature = native_bf16_feature()
+        if feature is not None:
+            return torch.bfloat16, f"auto: this CPU has {feature}"
+        return torch.float32, f"auto: this CPU has none of {', '.join(NATIVE_BF16_CPU_FEATURES)}, so bf16 would be emulated"
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype], f"--dtype {dtype}"
