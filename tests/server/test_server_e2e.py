@@ -78,7 +78,7 @@ def test_identical_prompts_sent_together_are_computed_once(model_dir, oracle):
     """8 identical 200-token prompts, 4 greedy and 4 seeded-sampled, reach the scheduler together
     (it is stopped while they are sent, so they meet in one admission round whatever the timing):
     200 prompt tokens computed, every first token in one step, each output what it is alone."""
-    handle = start_server(model_dir, "--kv-cache-tokens", "4096", "--num-threads", "1")
+    handle = start_server(model_dir, "--dtype", "float32", "--kv-cache-tokens", "4096", "--num-threads", "1")
     try:
         ids = oracle.encode(LONG_PREFIX * 4)[:200]
         assert len(ids) == 200
@@ -249,7 +249,7 @@ def test_a_small_pool_retracts_and_every_output_is_still_the_greedy_one(model_di
     hold their pages at once, so some are retracted and resumed; every output is still exactly
     transformers' greedy output, /metrics-visible stats count the retractions, nothing leaks."""
     handle = start_server(
-        model_dir, "--page-size", "4", "--kv-cache-tokens", "256", "--context-length", "128", "--num-threads", "1",
+        model_dir, "--dtype", "float32", "--page-size", "4", "--kv-cache-tokens", "256", "--context-length", "128", "--num-threads", "1",
         "--max-prefill-tokens", "64",
     )
     try:
