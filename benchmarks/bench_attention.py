@@ -31,33 +31,20 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.forward_batch import ForwardBatch, SamplingArrays  # noqa: E402
+from common.forward_batch import ForwardBatch  # noqa: E402
 from common.worker_env import worker_env  # noqa: E402
 from model_proc.kernels.attention_kernel import load_paged_attention  # noqa: E402
 from model_proc.kv_pool import KVPool  # noqa: E402
 from model_proc.layers.attention import PagedAttention  # noqa: E402
 from model_proc.layers.attention_metadata import AttentionMetadata  # noqa: E402
+from testing.paged_batches import shuffled_page_batch  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 9, 3, 64, 16
 
 
 def make_batch(cached_lens: list[int], extend_lens: list[int], num_pages_total: int, seed: int = 0) -> ForwardBatch:
     """A batch whose requests own shuffled pages of a pool of `num_pages_total` pages."""
-    rng = np.random.default_rng(seed)
-    num_pages = np.array([-(-(c + e) // PAGE_SIZE) for c, e in zip(cached_lens, extend_lens, strict=True)], np.int32)
-    page_ids = rng.permutation(num_pages_total)[: int(num_pages.sum())].astype(np.int32)
-    n = len(cached_lens)
-    return ForwardBatch(
-        step_id=0,
-        input_ids=np.zeros(sum(extend_lens), np.int32),
-        cached_lens=np.array(cached_lens, np.int32),
-        extend_lens=np.array(extend_lens, np.int32),
-        page_ids=page_ids,
-        num_pages=num_pages,
-        is_sampled=np.ones(n, bool),
-        return_logprob=np.zeros(n, bool),
-        sampling=SamplingArrays.greedy(n),
-    )
+    return shuffled_page_batch(np.random.default_rng(seed), cached_lens, extend_lens, PAGE_SIZE, num_pages_total)
 
 
 def timed_pair(a, b, repeats: int) -> tuple[float, float]:

@@ -19,11 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.forward_batch import ForwardBatch, SamplingArrays
+from common.forward_batch import ForwardBatch
 from model_proc.kernels import attention_kernel
 from model_proc.kv_pool import KVPool
 from model_proc.layers.attention import attention_backend
 from model_proc.layers.attention_metadata import AttentionMetadata
+from testing.paged_batches import shuffled_page_batch
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
@@ -39,20 +40,8 @@ def op():
 
 def random_batch(rng, cached_lens, extend_lens, page_size, num_pages_spare=7) -> ForwardBatch:
     """Requests owning pages of a pool, handed out in a random order."""
-    num_pages = np.array([-(-(c + e) // page_size) for c, e in zip(cached_lens, extend_lens, strict=True)], np.int32)
-    page_ids = rng.permutation(int(num_pages.sum()) + num_pages_spare).astype(np.int32)[: int(num_pages.sum())]
-    n = len(cached_lens)
-    return ForwardBatch(
-        step_id=0,
-        input_ids=np.zeros(sum(extend_lens), np.int32),
-        cached_lens=np.array(cached_lens, np.int32),
-        extend_lens=np.array(extend_lens, np.int32),
-        page_ids=page_ids,
-        num_pages=num_pages,
-        is_sampled=np.ones(n, bool),
-        return_logprob=np.zeros(n, bool),
-        sampling=SamplingArrays.greedy(n),
-    )
+    num_needed = sum(-(-(c + e) // page_size) for c, e in zip(cached_lens, extend_lens, strict=True))
+    return shuffled_page_batch(rng, cached_lens, extend_lens, page_size, num_needed + num_pages_spare)
 
 
 def naive_attention(q, k_cache, v_cache, batch: ForwardBatch, page_size: int, scale: float) -> torch.Tensor:
