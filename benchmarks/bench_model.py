@@ -43,6 +43,7 @@ from benchmarks.machine_info import load_average  # noqa: E402
 from common.forward_batch import ForwardBatch, SamplingArrays  # noqa: E402
 from common.worker_env import worker_env  # noqa: E402
 from model_proc.compute_dtype import DTYPES  # noqa: E402
+from model_proc.layers.gemm import GemmWeight, gemm_weight_bytes, packing_available  # noqa: E402
 from testing.model_fixtures import make_runner  # noqa: E402
 
 DECODE_BATCH_SIZES = (1, 8, 32, 64)
@@ -96,26 +97,37 @@ class CopyBandwidth:
 
 
 class GemmBound:
-    """Matmuls with a step's linear FLOPs and weight bytes, in the compute dtype (see the top)."""
+    """Matmuls with a step's linear FLOPs and weight bytes, in the compute dtype and through the
+    same GEMM as the model's layers (oneDNN-packed where the runner packs; see the top)."""
 
     def __init__(self, runner, dtype: torch.dtype):
         from model_proc.layers.linear import ColumnParallelLinear, RowParallelLinear
 
         cfg = runner.config
-        layer_weights = sum(m.weight.numel() for m in runner.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear)))
+        layers = [m for m in runner.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
+        layer_weights = sum(m.weight_shape[0] * m.weight_shape[1] for m in layers)
         self.hidden, self.vocab, self.dtype = cfg.hidden_size, cfg.vocab_size, dtype
-        self.layers_w = torch.randn(self.hidden, layer_weights // self.hidden).to(dtype)  # [hidden, N]
-        self.head_w = torch.randn(self.hidden, self.vocab).to(dtype)
+        pack = packing_available(runner.device, dtype)
+        self.layers_w = self._weight(self.hidden, layer_weights // self.hidden, pack)  # [hidden, N]
+        self.head_w = self._weight(self.hidden, self.vocab, pack)
+
+    def _weight(self, rows: int, cols: int, pack: bool) -> GemmWeight:
+        weight = GemmWeight()
+        weight.init_weight(rows, cols)
+        weight.weight.data = torch.randn(rows, cols).to(self.dtype)
+        if pack:
+            weight.pack()
+        return weight
 
     def flops(self, num_tokens: int, num_sampled: int) -> float:
-        return 2.0 * self.hidden * (num_tokens * self.layers_w.shape[1] + num_sampled * self.vocab)
+        return 2.0 * self.hidden * (num_tokens * self.layers_w.weight_shape[1] + num_sampled * self.vocab)
 
     def fn(self, num_tokens: int, num_sampled: int):
         x = torch.randn(num_tokens, self.hidden).to(self.dtype)
 
         def step():
-            torch.mm(x, self.layers_w)
-            return torch.mm(x[:num_sampled], self.head_w)
+            self.layers_w.matmul(x, None)
+            return self.head_w.matmul(x[:num_sampled], None)
 
         return step
 
@@ -234,7 +246,7 @@ def bench_dtype(model_dir: str, dtype: torch.dtype, batch_sizes: list[int], args
     hf = HfSide(model_dir, dtype)
     gemm = GemmBound(ours, dtype)
     copier = CopyBandwidth()
-    weight_bytes = sum(p.numel() * p.element_size() for p in ours.model.parameters())
+    weight_bytes = gemm_weight_bytes(ours.model, dtype)  # read once per decode step (norms and the few embedding rows left out)
     for k in ours.kv_pool.k + ours.kv_pool.v:  # random context, as on the transformers side
         k.normal_()
 

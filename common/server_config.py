@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
+from common.worker_env import OMP_SPIN_COUNT
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -39,6 +41,7 @@ class ServerConfig:
     disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off"})
     max_queued_requests: int = field(default=1024, metadata={"help": "waiting requests beyond which new ones are refused with 'server busy'"})
     num_threads: int = field(default=0, metadata={"help": "torch threads in the model worker (0 = every core this process may use, shared among a node's ranks)"})
+    omp_spin_count: int = field(default=OMP_SPIN_COUNT, metadata={"help": "GOMP_SPINCOUNT of the model worker: iterations an idle OpenMP thread spins before it sleeps (0 = sleep at once)"})
     seed: int = field(default=0, metadata={"help": "seed for per-request seeds drawn when a request gives none"})
     client_timeout_s: float = field(default=10.0, metadata={"help": "abort a client's requests when it sends no heartbeat for this long"})
     startup_timeout_s: float = field(default=600.0, metadata={"help": "how long to wait for every process to be ready"})

@@ -11,11 +11,14 @@ How many threads, and why OpenMP waits passively:
     2 cores gave 1.3x the output throughput of 1 on a quiet machine (no loss on a loaded one)
     and are what make zserve faster than transformers offline. So the default is every core the
     process may use (`default_num_threads`); `--num-threads` overrides it.
-  - OMP_WAIT_POLICY=PASSIVE: between regions, idle OpenMP threads sleep instead of spinning.
-    Spinning (ACTIVE) saves a few microseconds per region only when every thread has a core of
-    its own; on a shared machine a spinning thread takes CPU from exactly the processes the
-    worker waits for. With one thread the policy changes nothing in the worker itself but
-    keeps torch's pool quiet in the processes that import torch without computing.
+  - OpenMP threads spin a short while after each parallel region, then sleep
+    (GOMP_SPINCOUNT=`omp_spin_count`, default OMP_SPIN_COUNT iterations, ~0.1-0.2 ms here).
+    A decode step is hundreds of regions microseconds apart: threads that sleep at once
+    (OMP_WAIT_POLICY=PASSIVE, spin count 0, the earlier default) pay a futex wake-up in each,
+    which made a bf16 SmolLM2-135M decode step 1.4-1.6x slower at batch 1, 8 and 64 than with
+    a spin count of 10,000-100,000 (BENCHMARKS.md section 11). Spinning forever (ACTIVE) would
+    take CPU between steps from exactly the processes the worker waits for (scheduler,
+    tokenizer, detokenizer); a bounded spin ends well inside the gap between steps.
   - glibc malloc serves blocks over 128 KiB-32 MiB with mmap and gives them back on free, so
     every step's activations and K/V gathers (MBs each) come back as fresh pages that the
     kernel faults in and zeroes: at batch 64 that tripled a CPU decode step. Raising the mmap
@@ -35,6 +38,7 @@ from __future__ import annotations
 
 import os
 
+OMP_SPIN_COUNT = 10_000  # GOMP_SPINCOUNT: iterations an idle OpenMP thread spins before it sleeps
 MALLOC_MMAP_THRESHOLD_BYTES = 1 << 32  # blocks below 4 GiB come from the heap, not fresh mmaps
 MALLOC_TRIM_THRESHOLD_BYTES = 1 << 34  # and freed heap memory is kept for reuse
 
@@ -51,23 +55,24 @@ def default_num_threads(num_cores: int | None = None) -> int:
     return max(1, num_cores or available_cores())
 
 
-def worker_env(num_threads: int = 0, device: str = "auto", wait_policy: str = "PASSIVE") -> dict[str, str]:
+def worker_env(num_threads: int = 0, device: str = "auto", omp_spin_count: int = OMP_SPIN_COUNT) -> dict[str, str]:
     """Environment variables the model worker process must be started with.
 
     `num_threads` 0 picks `default_num_threads()`. On CUDA the CPU only launches kernels, so
-    a couple of threads are enough whatever the core count.
+    a couple of threads are enough whatever the core count. `omp_spin_count`: GOMP_SPINCOUNT
+    (0 = idle threads sleep at once, as OMP_WAIT_POLICY=PASSIVE).
     """
     if num_threads < 0:
         raise ValueError(f"num_threads must be >= 0 (0 = automatic), got {num_threads}")
-    if wait_policy not in ("PASSIVE", "ACTIVE"):
-        raise ValueError(f"wait_policy must be PASSIVE or ACTIVE, got {wait_policy!r}")
+    if omp_spin_count < 0:
+        raise ValueError(f"omp_spin_count must be >= 0, got {omp_spin_count}")
     if num_threads == 0:
         num_threads = min(2, default_num_threads()) if device.startswith("cuda") else default_num_threads()
     threads = str(num_threads)
     return {
         "OMP_NUM_THREADS": threads,
         "MKL_NUM_THREADS": threads,
-        "OMP_WAIT_POLICY": wait_policy,
+        "GOMP_SPINCOUNT": str(omp_spin_count),
         "MALLOC_MMAP_THRESHOLD_": str(MALLOC_MMAP_THRESHOLD_BYTES),
         "MALLOC_TRIM_THRESHOLD_": str(MALLOC_TRIM_THRESHOLD_BYTES),
         "THP_MEM_ALLOC_ENABLE": "1",

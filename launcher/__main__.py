@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     from common.worker_env import worker_env
 
-    launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device), layout)
+    launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device, cfg.omp_spin_count), layout)
     signal.signal(signal.SIGTERM, lambda *_: launcher.request_stop())
     signal.signal(signal.SIGINT, lambda *_: launcher.request_stop())
     code = 1

@@ -26,6 +26,7 @@ from model_proc.compute_dtype import resolve_dtype
 from model_proc.kv_pool import KVPool
 from model_proc.layers.attention import attention_backend
 from model_proc.layers.attention_metadata import AttentionMetadata
+from model_proc.layers.gemm import packing_available, prepack_weights
 from model_proc.models.registry import build_model
 from model_proc.sampler import Sampler
 from model_proc.tp_group import min_across_ranks
@@ -129,6 +130,10 @@ class ModelRunner:
             model.load(ckpt)
             missing = ckpt.missing_params(model)
         assert not missing, f"parameters not filled from the checkpoint: {missing}"
+        if packing_available(self.device, self.dtype):
+            t0 = time.perf_counter()
+            count = prepack_weights(model)
+            logger.info("packed %d weight matrices for oneDNN in %.1fs", count, time.perf_counter() - t0)
         return model.eval()
 
     @property

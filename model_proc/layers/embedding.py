@@ -1,9 +1,10 @@
 """Vocab-parallel token embedding and LM head: rank r holds vocab entries [r * s, (r + 1) * s),
 s = ceil(vocab / tp), the last rank's tail zero-padded.
 
-The LM head is stored [dim, vocab] and applied as h @ W (the fast GEMV layout, see linear.py);
-it is the largest matrix of a small model. A tied embedding shares that tensor, so its lookup
-gathers columns instead of rows: T columns per step, cheap next to the LM head's full pass.
+The LM head loads [dim, vocab] and applies as h @ W (gemm.py: packed for oneDNN on CPU); it is
+the largest matrix of a small model. A tied embedding shares that tensor, so its lookup gathers
+columns instead of rows: T columns per step, cheap next to the LM head's full pass. Packing gives
+a tied head its own copy; the embedding keeps the plain tensor.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model_proc.checkpoint import Checkpoint
+from model_proc.layers.gemm import GemmWeight
 from model_proc.layers.parallel import all_gather_last_dim, all_reduce, padded_shard_range
 
 
@@ -45,7 +47,7 @@ class VocabParallelEmbedding(nn.Module):
         ckpt.copy_into(self.weight, rows, name, transposed=self.transposed)
 
 
-class ParallelLMHead(nn.Module):
+class ParallelLMHead(GemmWeight):
     """logits = h @ W over the full vocab; `tied_to` shares a transposed embedding's weight."""
 
     def __init__(self, vocab_size: int, dim: int, tp_rank: int = 0, tp_size: int = 1, tied_to: VocabParallelEmbedding | None = None):
@@ -53,12 +55,19 @@ class ParallelLMHead(nn.Module):
         assert tied_to is None or tied_to.transposed, "a tied embedding must be stored [dim, vocab]"
         self.vocab_size, self.dim, self.tp_size = vocab_size, dim, tp_size
         self.vocab_start, self.vocab_stop, shard_size = padded_shard_range(vocab_size, tp_rank, tp_size)
-        self.tied_to = tied_to
-        self.weight = None if tied_to is not None else nn.Parameter(torch.empty(dim, shard_size), requires_grad=False)
+        self.tied_to, self.shard_size = tied_to, shard_size
+        self.init_weight(dim, shard_size)
+        if tied_to is not None:
+            self.weight = None
+
+    def plain_weight(self) -> torch.Tensor:
+        return self.tied_to.weight if self.tied_to is not None else super().plain_weight()
+
+    def pack(self, free_plain: bool = True) -> None:
+        super().pack(free_plain=self.tied_to is None)  # a tied embedding still looks tokens up in its tensor
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        weight = self.tied_to.weight if self.tied_to is not None else self.weight
-        logits = torch.mm(h, weight)  # [n, dim] @ [dim, vocab / tp]
+        logits = self.matmul(h, None)  # [n, dim] @ [dim, vocab / tp]
         if self.tp_size > 1:
             logits = all_gather_last_dim(logits, self.tp_size)[:, : self.vocab_size]
         return logits.float()  # [n, vocab]

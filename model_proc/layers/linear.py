@@ -6,10 +6,11 @@
 A column-parallel layer may fuse several logical outputs into one matmul (q, k, v or gate, up);
 each output is split across ranks separately, so rank r's outputs are [q_r | k_r | v_r].
 
-Weights are stored transposed, [in, out] (GPT-2's Conv1D layout), and applied as x @ W: on
-CPU, MKL streams a weight ~1.3-1.8x faster through a batch-1 GEMV in this layout than through
-F.linear's [out, in] one (measured: SmolLM2-135M's matrices, one thread), and no slower at
-batch 8-512. Decode is bound by reading the weights, so this is the main cost of a step.
+Weights load transposed, [in, out] (GPT-2's Conv1D layout), and apply as x @ W (gemm.py): on
+CPU, MKL streams a weight ~1.3-1.8x faster through a batch-1 fp32 GEMV in this layout than
+through F.linear's [out, in] one. On CPU the runner then packs them for oneDNN (gemm.py), which
+is faster again in fp32 and bf16. Decode is bound by reading the weights, so this is the main
+cost of a step.
 """
 
 from __future__ import annotations
@@ -20,26 +21,22 @@ import torch
 from torch import nn
 
 from model_proc.checkpoint import Checkpoint
+from model_proc.layers.gemm import GemmWeight
 from model_proc.layers.parallel import all_reduce, shard_range
 
 
-def matmul_bias(x: torch.Tensor, weight_t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [T, in] @ weight_t [in, out] (+ bias [out])"""
-    return torch.addmm(bias, x, weight_t) if bias is not None else torch.mm(x, weight_t)
-
-
-class ColumnParallelLinear(nn.Module):
+class ColumnParallelLinear(GemmWeight):
     def __init__(self, in_features: int, out_sizes: Sequence[int], bias: bool, tp_rank: int = 0, tp_size: int = 1):
         super().__init__()
         self.in_features = in_features
         self.out_sizes = list(out_sizes)  # full (all ranks) size of each fused output
         self.tp_rank, self.tp_size = tp_rank, tp_size
         self.local_sizes = [size // tp_size for size in self.out_sizes]
-        self.weight = nn.Parameter(torch.empty(in_features, sum(self.local_sizes)), requires_grad=False)  # [in, out]
+        self.init_weight(in_features, sum(self.local_sizes))
         self.bias = nn.Parameter(torch.empty(sum(self.local_sizes)), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return matmul_bias(x, self.weight, self.bias)  # [T, in] -> [T, sum(local_sizes)]
+        return self.matmul(x, self.bias)  # [T, in] -> [T, sum(local_sizes)]
 
     def load(self, ckpt: Checkpoint, prefixes: Sequence[str], transpose: bool = False) -> None:
         """One checkpoint tensor per fused output (`q_proj`, `k_proj`, `v_proj`), or a single
@@ -61,17 +58,17 @@ class ColumnParallelLinear(nn.Module):
             local_offset += r1 - r0
 
 
-class RowParallelLinear(nn.Module):
+class RowParallelLinear(GemmWeight):
     def __init__(self, in_features: int, out_features: int, bias: bool, tp_rank: int = 0, tp_size: int = 1):
         super().__init__()
         self.in_features, self.out_features = in_features, out_features
         self.tp_rank, self.tp_size = tp_rank, tp_size
-        self.weight = nn.Parameter(torch.empty(in_features // tp_size, out_features), requires_grad=False)  # [in, out]
+        self.init_weight(in_features // tp_size, out_features)
         self.bias = nn.Parameter(torch.empty(out_features), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # [T, in / tp] -> [T, out]; the bias is added once, by rank 0, before the sum over ranks
-        y = matmul_bias(x, self.weight, self.bias if self.tp_rank == 0 else None)
+        y = self.matmul(x, self.bias if self.tp_rank == 0 else None)
         return all_reduce(y, self.tp_size)
 
     def load(self, ckpt: Checkpoint, prefix: str, transpose: bool = False) -> None:

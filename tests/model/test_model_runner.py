@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from common.forward_batch import SamplingArrays
-from common.worker_env import default_num_threads, worker_env
+from common.worker_env import OMP_SPIN_COUNT, default_num_threads, worker_env
 from model_proc.compute_dtype import resolve_dtype
 from model_proc.kv_pool import KVPool, free_memory_bytes
 from testing.model_fixtures import GreedyDriver, HfReference, make_runner, random_prompt
@@ -65,7 +65,11 @@ def test_kv_pool_layout():
 def test_worker_env():
     assert default_num_threads(2) == 2 and default_num_threads(1) == 1 and default_num_threads(16) == 16
     env = worker_env(3)
-    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "3" and env["GOMP_SPINCOUNT"] == str(OMP_SPIN_COUNT)
+    assert "OMP_WAIT_POLICY" not in env  # PASSIVE would force a spin count of 0
+    assert worker_env(1, "cpu", 0)["GOMP_SPINCOUNT"] == "0"
     assert int(worker_env(0, "cuda")["OMP_NUM_THREADS"]) <= 2
     with pytest.raises(ValueError, match="num_threads"):
         worker_env(-1)
+    with pytest.raises(ValueError, match="omp_spin_count"):
+        worker_env(1, "cpu", -1)

@@ -43,7 +43,7 @@ def rank_main(rank: int, model_dirs: dict[str, str], port: int, out_path: str) -
         for kind, model_dir in model_dirs.items():
             runner = make_runner(model_dir, device="cpu", dtype="float32", page_size=4, kv_cache_tokens=512, num_threads=1, tp_rank=rank, tp_size=TP_SIZE)
             head = runner.model.lm_head
-            records[kind] = {**run_and_record(runner), "shard_rows": (head.tied_to or head).weight.shape[1]}  # [dim, vocab / tp]
+            records[kind] = {**run_and_record(runner), "shard_rows": head.shard_size}  # vocab / tp
         if rank == 0:
             with open(out_path, "w") as f:
                 json.dump(records, f)
