@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from common.forward_batch import ForwardBatch  # noqa: E402
 from common.worker_env import worker_env  # noqa: E402
-from model_proc.kernels.attention_kernel import load_paged_attention  # noqa: E402
+from model_proc.kernels.cpu_kernels import load_paged_attention  # noqa: E402
 from model_proc.kv_pool import KVPool  # noqa: E402
 from model_proc.layers.attention import PagedAttention  # noqa: E402
 from model_proc.layers.attention_metadata import AttentionMetadata  # noqa: E402

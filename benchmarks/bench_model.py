@@ -43,7 +43,7 @@ from benchmarks.machine_info import load_average  # noqa: E402
 from common.forward_batch import ForwardBatch, SamplingArrays  # noqa: E402
 from common.worker_env import worker_env  # noqa: E402
 from model_proc.compute_dtype import DTYPES  # noqa: E402
-from model_proc.layers.gemm import GemmWeight, gemm_weight_bytes, packing_available  # noqa: E402
+from model_proc.layers.gemm import GemmWeight, gemm_weight_bytes  # noqa: E402
 from testing.model_fixtures import make_runner  # noqa: E402
 
 DECODE_BATCH_SIZES = (1, 8, 32, 64)
@@ -98,7 +98,7 @@ class CopyBandwidth:
 
 class GemmBound:
     """Matmuls with a step's linear FLOPs and weight bytes, in the compute dtype and through the
-    same GEMM as the model's layers (oneDNN-packed where the runner packs; see the top)."""
+    same GEMM as the model's layers (the runner's gemm_backend, model_proc/layers/gemm.py)."""
 
     def __init__(self, runner, dtype: torch.dtype):
         from model_proc.layers.linear import ColumnParallelLinear, RowParallelLinear
@@ -107,16 +107,15 @@ class GemmBound:
         layers = [m for m in runner.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
         layer_weights = sum(m.weight_shape[0] * m.weight_shape[1] for m in layers)
         self.hidden, self.vocab, self.dtype = cfg.hidden_size, cfg.vocab_size, dtype
-        pack = packing_available(runner.device, dtype)
-        self.layers_w = self._weight(self.hidden, layer_weights // self.hidden, pack)  # [hidden, N]
-        self.head_w = self._weight(self.hidden, self.vocab, pack)
+        backend = runner.gemm_backend
+        self.layers_w = self._weight(self.hidden, layer_weights // self.hidden, backend)  # [hidden, N]
+        self.head_w = self._weight(self.hidden, self.vocab, backend)
 
-    def _weight(self, rows: int, cols: int, pack: bool) -> GemmWeight:
+    def _weight(self, rows: int, cols: int, backend: str) -> GemmWeight:
         weight = GemmWeight()
         weight.init_weight(rows, cols)
         weight.weight.data = torch.randn(rows, cols).to(self.dtype)
-        if pack:
-            weight.pack()
+        weight.pack(backend)
         return weight
 
     def flops(self, num_tokens: int, num_sampled: int) -> float:

@@ -26,7 +26,7 @@ from model_proc.compute_dtype import resolve_dtype
 from model_proc.kv_pool import KVPool
 from model_proc.layers.attention import attention_backend
 from model_proc.layers.attention_metadata import AttentionMetadata
-from model_proc.layers.gemm import packing_available, prepack_weights
+from model_proc.layers.gemm import gemm_backend, prepack_weights
 from model_proc.models.registry import build_model
 from model_proc.sampler import Sampler
 from model_proc.tp_group import min_across_ranks
@@ -130,10 +130,11 @@ class ModelRunner:
             model.load(ckpt)
             missing = ckpt.missing_params(model)
         assert not missing, f"parameters not filled from the checkpoint: {missing}"
-        if packing_available(self.device, self.dtype):
+        self.gemm_backend = gemm_backend(self.device, self.dtype)
+        if self.gemm_backend != "torch":
             t0 = time.perf_counter()
-            count = prepack_weights(model)
-            logger.info("packed %d weight matrices for oneDNN in %.1fs", count, time.perf_counter() - t0)
+            count = prepack_weights(model, self.gemm_backend)
+            logger.info("packed %d weight matrices for the %s GEMM in %.1fs", count, self.gemm_backend, time.perf_counter() - t0)
         return model.eval()
 
     @property

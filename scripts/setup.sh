@@ -27,10 +27,11 @@ else
     "$VPY" -m pip install -q -e ".[test]"
     echo "$want" >"$stamp"
 fi
-# The CPU paged-attention kernel, compiled once here (about 30 s on 2 cores) so a server starts
-# without compiling; cached in ~/.cache/zserve/kernels by source, flags, torch version and CPU.
-# A machine where it does not build still works: attention falls back to the pure-torch path.
-if ! "$VPY" -m model_proc.kernels.attention_kernel; then
-    echo "[setup] the CPU paged-attention kernel did not build; attention will use the pure-torch path"
+# The CPU kernels (paged attention; the bf16 GEMM where the CPU has AVX512-BF16), compiled once
+# here (about a minute on 2 cores) so a server starts without compiling; cached in
+# ~/.cache/zserve/kernels by source, flags, torch version and CPU. A machine where they do not
+# build still works: attention falls back to the pure-torch path, linear layers to oneDNN.
+if ! "$VPY" -m model_proc.kernels.cpu_kernels; then
+    echo "[setup] the CPU kernels did not build; attention will use the pure-torch path, linear layers oneDNN"
 fi
 echo "[setup] done: $VENV/bin/python"

@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_proc.kernels.attention_kernel import load_paged_attention
+from model_proc.kernels.cpu_kernels import load_paged_attention
 from model_proc.layers.attention_metadata import AttentionMetadata
 
 BACKEND_ENV = "ZSERVE_ATTENTION"  # auto (default) | torch (force the pure-torch path) | kernel (fail if it cannot load)

@@ -63,8 +63,8 @@ class ParallelLMHead(GemmWeight):
     def plain_weight(self) -> torch.Tensor:
         return self.tied_to.weight if self.tied_to is not None else super().plain_weight()
 
-    def pack(self, free_plain: bool = True) -> None:
-        super().pack(free_plain=self.tied_to is None)  # a tied embedding still looks tokens up in its tensor
+    def pack(self, backend: str, free_plain: bool = True) -> None:
+        super().pack(backend, free_plain=free_plain and self.tied_to is None)  # a tied embedding still looks tokens up in its tensor
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         logits = self.matmul(h, None)  # [n, dim] @ [dim, vocab / tp]

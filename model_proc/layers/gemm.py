@@ -1,25 +1,34 @@
 """The matrix product under every linear layer and the LM head: y = x @ W (+ bias).
 
-Weights load as plain [in, out] tensors. On CPU, `prepack_weights(model)` then hands each one to
-oneDNN in the blocked layout its kernels read best (torch.ops.mkldnn._reorder_linear_weight), the
-plain tensor is freed, and `GemmWeight.matmul` calls oneDNN's linear on the packed copy.
+Weights load as plain [in, out] tensors. After loading, `prepack_weights(model, backend)` hands
+each one to the GEMM that runs it, in the layout that GEMM reads best, and frees the plain one:
 
-Why (SmolLM2-135M's 30 layers of linear weights, 212 MB in bf16, streamed from memory as in a
-decode step, 2 threads, this machine; benchmarks/bench_model.py shows the effect on whole steps):
+  - "zserve_bf16" (CPU, bf16, where model_proc/kernels/ built with AVX512-BF16: the default
+    here): our kernel (kernels/gemm_bf16.cpp) on blocks of 16 columns x pairs of k, so a decode
+    step streams each weight once, in order, at the machine's read bandwidth;
+  - "onednn" (CPU, fp32 or bf16): oneDNN's linear on a weight reordered into its blocked layout
+    (torch.ops.mkldnn._reorder_linear_weight);
+  - "torch" (CUDA, other dtypes, ZSERVE_GEMM=torch): torch.mm on the plain tensor.
 
-    batch rows                      1        8       64
-    bf16  torch.mm on [in, out]   20.6 ms  26.1 ms  57.0 ms
-    bf16  oneDNN, packed          14.8 ms  14.5 ms  40.4 ms
-    fp32  torch.mm on [in, out]   31.1 ms  66.0 ms   163 ms
-    fp32  oneDNN, packed          26.5 ms  28.7 ms  91.9 ms
+Measured (SmolLM2-135M's 30 layers of linear weights plus its LM head, 269 MB in bf16, streamed
+from memory as in a decode step, 2 threads, this machine, one process, interleaved):
 
-In bf16 the packed product is bit-identical to torch.mm on the plain weight (torch sends bf16
-matmuls to the same oneDNN kernels; checked at 1 to 300 rows), so bf16 outputs do not move. In
-fp32, torch.mm goes to MKL's sgemm and oneDNN sums in another order: outputs differ in the last
-bits (the fp32 parity tests against transformers stay token-exact).
+    rows of x                   1        8        64      512
+    bf16  torch.mm [in, out]   20.6 ms  26.1 ms  57.0 ms        (layers only)
+    bf16  oneDNN, packed       13.7 ms  14.4 ms  50.0 ms  341 ms
+    bf16  zserve_bf16           8.9 ms   9.6 ms  47.0 ms  333 ms  (8.9 ms = 30 GB/s)
+    fp32  torch.mm [in, out]   31.1 ms  66.0 ms   163 ms        (layers only)
+    fp32  oneDNN, packed       26.5 ms  28.7 ms  91.9 ms
 
-A tied LM head packs its own copy of the embedding (the lookup keeps the plain one): SmolLM2's
-adds 57 MB in bf16. `ZSERVE_GEMM=torch` keeps the plain tensors and torch.mm (the reference path).
+Numerics: all three sum in fp32 and round to the output dtype once. In bf16, oneDNN-packed
+results are bit-identical to torch.mm (torch sends bf16 matmuls to oneDNN); zserve_bf16's differ
+from torch.mm in 0 to 3e-4 of the outputs, by one ulp (another summation order). In fp32, oneDNN
+sums in another order than MKL's sgemm: outputs differ in the last bits. tests/model/test_gemm.py
+checks every backend against the exact product; the parity tests against transformers hold on
+each.
+
+A tied LM head packs its own copy of the embedding (the lookup keeps the plain tensor): SmolLM2's
+adds 57 MB in bf16.
 """
 
 from __future__ import annotations
@@ -29,60 +38,92 @@ import os
 import torch
 from torch import nn
 
-GEMM_ENV = "ZSERVE_GEMM"  # auto (default: packed where oneDNN can) | torch (plain torch.mm)
+from model_proc.kernels.cpu_kernels import load_gemm_bf16
+
+GEMM_ENV = "ZSERVE_GEMM"  # auto (default) | onednn | torch
+BLOCK_COLS = 16  # zserve_bf16: output columns per packed block
 
 
-def packing_available(device: torch.device, dtype: torch.dtype, choice: str | None = None) -> bool:
-    """Whether `prepack_weights` packs for oneDNN here; `choice` defaults to $ZSERVE_GEMM."""
+def gemm_backend(device: torch.device, dtype: torch.dtype, choice: str | None = None) -> str:
+    """"zserve_bf16", "onednn" or "torch" (see the top); `choice` defaults to $ZSERVE_GEMM."""
     choice = choice or os.environ.get(GEMM_ENV) or "auto"
-    if choice not in ("auto", "torch"):
-        raise ValueError(f"{GEMM_ENV}={choice!r}: expected auto or torch")
-    return (
-        choice == "auto"
-        and device.type == "cpu"
-        and dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available()
-        and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-    )
+    if choice not in ("auto", "onednn", "torch"):
+        raise ValueError(f"{GEMM_ENV}={choice!r}: expected auto, onednn or torch")
+    if choice == "torch" or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+        return "torch"
+    if choice == "auto" and dtype == torch.bfloat16 and load_gemm_bf16() is not None:
+        return "zserve_bf16"
+    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
+        return "onednn"
+    return "torch"
+
+
+def pack_bf16_blocks(weight_in_out: torch.Tensor) -> torch.Tensor:
+    """bf16 [K, N] (K even) -> int32 [ceil(N / 16), K / 2, 16]: block b, pair p, column j holds
+    (W[2p, 16b + j], W[2p + 1, 16b + j]), the layout of kernels/gemm_bf16.cpp."""
+    k, n = weight_in_out.shape
+    padded_n = -(-n // BLOCK_COLS) * BLOCK_COLS
+    padded = torch.zeros(k, padded_n, dtype=torch.bfloat16, device=weight_in_out.device)
+    padded[:, :n] = weight_in_out
+    blocks = padded.view(k // 2, 2, padded_n // BLOCK_COLS, BLOCK_COLS).permute(2, 0, 3, 1).contiguous()  # [NB, K/2, 16, 2]
+    return blocks.view(torch.int32).view(padded_n // BLOCK_COLS, k // 2, BLOCK_COLS)
 
 
 class GemmWeight(nn.Module):
-    """Holds a [in, out] weight (`weight`, a Parameter the checkpoint fills) until `pack()`,
-    then the packed copy (`packed`) instead."""
+    """Holds a [in, out] weight (`weight`, a Parameter the checkpoint fills) until `pack()`, then
+    the packed copy (`packed`) instead. A subclass with a `bias` Parameter gets it packed too."""
 
     weight: nn.Parameter | None
     packed: torch.Tensor | None
+    backend: str = "torch"
 
     def init_weight(self, in_features: int, out_features: int) -> None:
         self.weight_shape = (in_features, out_features)
         self.weight = nn.Parameter(torch.empty(in_features, out_features), requires_grad=False)  # [in, out]
         self.register_buffer("packed", None, persistent=False)
+        self.register_buffer("packed_bias", None, persistent=False)  # zserve_bf16: float32, padded to the blocks
 
     def plain_weight(self) -> torch.Tensor:
         """The [in, out] tensor to pack (a tied LM head returns its embedding's)."""
         assert self.weight is not None, "packed already"
         return self.weight
 
-    def pack(self, free_plain: bool = True) -> None:
-        weight_out_in = self.plain_weight().t().contiguous()  # oneDNN's linear takes [out, in]
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight_out_in, None)  # no batch-size hint: one layout for all
+    def pack(self, backend: str, free_plain: bool = True) -> None:
+        in_features, out_features = self.weight_shape
+        if backend == "zserve_bf16" and in_features % 2:
+            backend = "onednn"  # the kernel reads k in pairs
+        if backend == "torch":
+            return
+        weight = self.plain_weight()
+        if backend == "zserve_bf16":
+            self.packed = pack_bf16_blocks(weight.detach())
+            bias = getattr(self, "bias", None)
+            if bias is not None:
+                padded = torch.zeros(self.packed.shape[0] * BLOCK_COLS, dtype=torch.float32)
+                padded[:out_features] = bias.detach().float()
+                self.packed_bias = padded
+        else:  # oneDNN's linear takes [out, in]; no batch-size hint: one layout for every batch
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().t().contiguous(), None)
+        self.backend = backend
         if free_plain:
             self.weight = None
 
     def matmul(self, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """x [T, in] -> [T, out]"""
-        if self.packed is not None:
+        """x [T, in] -> [T, out]; `bias` is the layer's bias Parameter or None."""
+        if self.backend == "zserve_bf16":
+            return torch.ops.zserve.gemm_bf16(x.contiguous(), self.packed, self.weight_shape[1], self.packed_bias if bias is not None else None)
+        if self.backend == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, bias, "none", [], "")
         weight = self.plain_weight()
         return torch.addmm(bias, x, weight) if bias is not None else torch.mm(x, weight)
 
 
-def prepack_weights(model: nn.Module) -> int:
-    """Pack every GemmWeight of `model` (after loading); returns how many were packed."""
+def prepack_weights(model: nn.Module, backend: str) -> int:
+    """Pack every GemmWeight of `model` (after loading) for `backend`; returns how many."""
     modules = [m for m in model.modules() if isinstance(m, GemmWeight)]
     for module in modules:
-        module.pack()
-    return len(modules)
+        module.pack(backend)
+    return len(modules) if backend != "torch" else 0
 
 
 def gemm_weight_bytes(model: nn.Module, dtype: torch.dtype) -> int:

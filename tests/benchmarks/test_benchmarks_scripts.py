@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from model_proc.kernels.attention_kernel import load_paged_attention
+from model_proc.kernels.cpu_kernels import load_paged_attention
 from testing.paths import REPO_ROOT
 
 REPO = REPO_ROOT

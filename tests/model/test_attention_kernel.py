@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from common.forward_batch import ForwardBatch
-from model_proc.kernels import attention_kernel
+from model_proc.kernels import cpu_kernels
 from model_proc.kv_pool import KVPool
 from model_proc.layers.attention import attention_backend
 from model_proc.layers.attention_metadata import AttentionMetadata
@@ -32,7 +32,7 @@ TOLERANCE = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol
 
 @pytest.fixture(scope="module")
 def op():
-    loaded = attention_kernel.load_paged_attention()
+    loaded = cpu_kernels.load_paged_attention()
     if loaded is None:
         pytest.skip("the CPU paged-attention kernel did not build on this machine (the fallback tests below still run)")
     return loaded
@@ -173,20 +173,20 @@ def test_fallback_when_the_build_fails(monkeypatch, caplog):
     """A failing build logs one line, and auto picks the torch path; `kernel` refuses to start."""
 
     def failing_build(verbose: bool = False):
-        raise RuntimeError("Error building extension 'zserve_paged_attention'\nc++: not found")
+        raise RuntimeError("Error building extension 'zserve_cpu_kernels'\nc++: not found")
 
-    monkeypatch.setattr(attention_kernel, "build", failing_build)
-    attention_kernel.load_paged_attention.cache_clear()
+    monkeypatch.setattr(cpu_kernels, "build", failing_build)
+    cpu_kernels.load_cpu_kernels.cache_clear()
     try:
         with caplog.at_level("WARNING"):
             assert attention_backend(torch.device("cpu"), torch.float32, "auto") == "torch"
             assert attention_backend(torch.device("cpu"), torch.bfloat16, "auto") == "torch"
-        warnings = [r.getMessage() for r in caplog.records if "paged-attention kernel unavailable" in r.getMessage()]
-        assert warnings == ["CPU paged-attention kernel unavailable (c++: not found); using the pure-torch attention path"]
+        warnings = [r.getMessage() for r in caplog.records if "CPU kernels unavailable" in r.getMessage()]
+        assert warnings == ["CPU kernels unavailable (c++: not found); using the pure-torch attention path and oneDNN linear layers"]
         with pytest.raises(RuntimeError, match="could not be built"):
             attention_backend(torch.device("cpu"), torch.float32, "kernel")
     finally:
-        attention_kernel.load_paged_attention.cache_clear()
+        cpu_kernels.load_cpu_kernels.cache_clear()
 
 
 def test_fallback_without_a_compiler(tmp_path, llama_dir):
@@ -209,4 +209,4 @@ def test_fallback_without_a_compiler(tmp_path, llama_dir):
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "backend torch" in proc.stdout and "tokens [" in proc.stdout
-    assert proc.stderr.count("CPU paged-attention kernel unavailable") == 1, proc.stderr
+    assert proc.stderr.count("CPU kernels unavailable") == 1, proc.stderr

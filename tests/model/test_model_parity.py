@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from common.forward_batch import SamplingArrays
-from model_proc.kernels.attention_kernel import load_paged_attention
+from model_proc.kernels.cpu_kernels import load_paged_attention
 from model_proc.layers import attention_metadata
 from model_proc.model_runner import ModelRunner
 from testing.model_fixtures import (

@@ -146,3 +146,18 @@ def test_last_logits_close_bf16(checkpoints, kind):
         torch.testing.assert_close(ours, theirs, atol=LOGITS_ATOL, rtol=0)
         if seq.cached_len == len(seq.tokens):
             seq.tokens.append(int(ours.argmax()))
+
+
+@pytest.mark.parametrize("gemm", ["auto", "onednn", "torch"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
+def test_every_gemm_backend_bf16(checkpoints, kind, gemm, monkeypatch):
+    """The linear layers' GEMM (model_proc/layers/gemm.py: our bf16 kernel by default where it
+    builds, oneDNN-packed, plain torch.mm) keeps greedy parity; qwen2 and gpt2 bring biases."""
+    monkeypatch.setenv("ZSERVE_GEMM", gemm)
+    model_dir, ref = checkpoints(kind)
+    runner = bf16_runner(model_dir)
+    assert (runner.gemm_backend == "torch") == (gemm == "torch")
+    driver = GreedyDriver(runner)
+    outputs = driver.generate([driver.add(p, NEW_TOKENS) for p in prompts()])
+    divergences = [ref.check(prompt, out) for prompt, out in zip(prompts(), outputs, strict=True)]
+    assert divergences.count(None) >= len(divergences) // 2, divergences

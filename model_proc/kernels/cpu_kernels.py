@@ -1,12 +1,14 @@
-"""Builds and loads the CPU paged-attention kernel (paged_attention.cpp), once per machine.
+"""Builds and loads the CPU kernels, once per machine: one torch extension from
+paged_attention.cpp (zserve::paged_attention) and gemm_bf16.cpp (zserve::gemm_bf16, on CPUs
+with AVX512-BF16).
 
 The build is cached under ~/.cache/zserve/kernels (or $XDG_CACHE_HOME/zserve/kernels), in a
 folder keyed by the source, the compile flags, torch's version and the CPU's flags, so a new
 torch or a copied home directory never loads a stale or foreign build. scripts/setup.sh builds it
-(`python -m model_proc.kernels.attention_kernel`); a worker that finds no build compiles it on
+(`python -m model_proc.kernels.cpu_kernels`); a worker that finds no build compiles it on
 first use (about a minute on 2 cores) and waits. When it cannot be built (no compiler, no ninja,
-an error), `load_paged_attention()` logs one line and returns None, and attention runs the
-pure-torch path.
+an error), `load_cpu_kernels()` logs one line and returns False: attention runs the pure-torch
+path and the linear layers oneDNN.
 
 It is compiled with -march=native: the build machine is the machine that runs it.
 """
@@ -29,7 +31,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_attention.cpp")
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cpp", "gemm_bf16.cpp"))
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
 # adds); finite-math stays on (the kernel never makes inf or NaN, but must pass them through), and
 # no -ffast-math anywhere: linked, it would set flush-to-zero for the whole process.
@@ -43,7 +45,9 @@ def cache_root() -> Path:
 
 
 def build_key() -> str:
-    digest = hashlib.sha256(SOURCE.read_bytes())
+    digest = hashlib.sha256()
+    for source in SOURCES:
+        digest.update(source.read_bytes())
     for part in (" ".join(CFLAGS + LDFLAGS), torch.__version__, platform.machine(), _cpu_flags()):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
@@ -83,43 +87,57 @@ def build(verbose: bool = False) -> Path:
     the build folder. Raises on failure."""
     from torch.utils import cpp_extension
 
-    build_dir = cache_root() / f"paged_attention-{build_key()}"
+    build_dir = cache_root() / f"cpu_kernels-{build_key()}"
     if hasattr(torch.ops.zserve, "paged_attention"):  # loaded already: torch allows one registration per process
         return build_dir
     build_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with _ninja_on_path():
         cpp_extension.load(
-            name="zserve_paged_attention",
-            sources=[str(SOURCE)],
+            name="zserve_cpu_kernels",
+            sources=[str(source) for source in SOURCES],
             extra_cflags=list(CFLAGS),
             extra_ldflags=list(LDFLAGS),
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=verbose,
         )
-    logger.debug("paged-attention kernel loaded from %s in %.1fs", build_dir, time.perf_counter() - t0)
+    logger.debug("CPU kernels loaded from %s in %.1fs", build_dir, time.perf_counter() - t0)
     return build_dir
 
 
 @functools.cache
-def load_paged_attention() -> Callable | None:
-    """torch.ops.zserve.paged_attention, or None (logged once) when it cannot be built here.
-    Cached, so a failure is logged once per process."""
+def load_cpu_kernels() -> bool:
+    """Whether the extension is loaded (building it if needed); a failure is logged once per
+    process (cached)."""
     try:
         build()
     except Exception as exc:  # a failed build of an optional fast path must not stop the worker
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        logger.warning("CPU paged-attention kernel unavailable (%s); using the pure-torch attention path", reason[:300])
+        logger.warning("CPU kernels unavailable (%s); using the pure-torch attention path and oneDNN linear layers", reason[:300])
+        return False
+    return True
+
+
+def load_paged_attention() -> Callable | None:
+    """torch.ops.zserve.paged_attention, or None when the kernels cannot be built here."""
+    return torch.ops.zserve.paged_attention if load_cpu_kernels() else None
+
+
+def load_gemm_bf16() -> Callable | None:
+    """torch.ops.zserve.gemm_bf16, or None when the kernels cannot be built here or were built
+    without AVX512-BF16."""
+    if not load_cpu_kernels() or not torch.ops.zserve.gemm_bf16_supported():
         return None
-    return torch.ops.zserve.paged_attention
+    return torch.ops.zserve.gemm_bf16
 
 
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     t0 = time.perf_counter()
     build_dir = build(verbose="-v" in sys.argv)
-    print(f"[setup] CPU paged-attention kernel ready in {build_dir} ({time.perf_counter() - t0:.1f}s)")
+    gemm = "with" if torch.ops.zserve.gemm_bf16_supported() else "without (no AVX512-BF16 here)"
+    print(f"[setup] CPU kernels ready in {build_dir}, {gemm} the bf16 GEMM ({time.perf_counter() - t0:.1f}s)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,114 @@
+// bf16 matrix product for the linear layers on CPUs with AVX512-BF16:
+//
+//   zserve::gemm_bf16(x, w_packed, out_features, bias_f32) -> y
+//
+//   x         bf16 [M, K]            contiguous, K even
+//   w_packed  int32 [NB, K / 2, 16]  the weight [K, N] in blocks of 16 output columns
+//                                    (NB = ceil(N / 16), zero-padded): element (b, p, j) holds
+//                                    the bf16 pair (W[2p, 16b + j], W[2p + 1, 16b + j])
+//   bias_f32  float32 [NB * 16] or None
+//   y         bf16 [M, out_features]
+//
+// For each block of 16 columns, rows of x go through in groups of up to 8: per pair of k, one
+// 64-byte load of the weight block feeds one VDPBF16PS per row (16 columns x 2 products,
+// accumulated in fp32), so a decode step streams each weight exactly once, in order, and a
+// block (K x 32 bytes) stays in L1 while larger batches reuse it. Threads split the column
+// blocks. Sums are fp32 in k order and rounded to bf16 once (with the bias added in fp32),
+// which is what oneDNN does for torch.mm in bf16 at these sizes.
+//
+// `gemm_bf16_supported()` says whether this build has the kernel: it needs AVX512-BF16 at
+// compile time (-march=native on a CPU that has it); elsewhere the op refuses and Python
+// keeps oneDNN.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#include <immintrin.h>
+#define ZSERVE_HAS_GEMM_BF16 1
+#else
+#define ZSERVE_HAS_GEMM_BF16 0
+#endif
+
+namespace {
+
+constexpr int64_t COLS = 16;      // output columns per block: one zmm of fp32 sums
+constexpr int64_t MAX_ROWS = 8;   // rows of x per pass over a block
+
+#if ZSERVE_HAS_GEMM_BF16
+template <int ROWS>
+inline void block_rows(const uint16_t* x, int64_t K, const int32_t* w_block, int64_t num_pairs, uint16_t* out,
+                       int64_t out_stride, const float* bias, int64_t num_cols) {
+  __m512 acc[ROWS];
+  const int32_t* x_pairs[ROWS];
+  for (int i = 0; i < ROWS; ++i) {
+    acc[i] = _mm512_setzero_ps();
+    x_pairs[i] = reinterpret_cast<const int32_t*>(x + i * K);
+  }
+  for (int64_t p = 0; p < num_pairs; ++p) {
+    const __m512i w = _mm512_loadu_si512(w_block + p * COLS);
+    for (int i = 0; i < ROWS; ++i) {
+      const __m512i xx = _mm512_set1_epi32(x_pairs[i][p]);
+      acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)xx, (__m512bh)w);
+    }
+  }
+  const __mmask16 mask = num_cols >= COLS ? 0xFFFF : static_cast<__mmask16>((1u << num_cols) - 1);
+  const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias) : _mm512_setzero_ps();
+  for (int i = 0; i < ROWS; ++i) {
+    const __m256bh y = _mm512_cvtneps_pbh(_mm512_add_ps(acc[i], b));
+    _mm256_mask_storeu_epi16(out + i * out_stride, mask, (__m256i)y);
+  }
+}
+
+using BlockFn = void (*)(const uint16_t*, int64_t, const int32_t*, int64_t, uint16_t*, int64_t, const float*, int64_t);
+constexpr BlockFn BLOCK_FNS[MAX_ROWS + 1] = {nullptr,          block_rows<1>, block_rows<2>, block_rows<3>, block_rows<4>,
+                                             block_rows<5>, block_rows<6>, block_rows<7>, block_rows<8>};
+#endif
+
+bool gemm_bf16_supported() { return ZSERVE_HAS_GEMM_BF16 != 0; }
+
+at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& w_packed, int64_t out_features,
+                     const c10::optional<at::Tensor>& bias_f32) {
+  TORCH_CHECK(gemm_bf16_supported(), "gemm_bf16: this build has no AVX512-BF16 kernel");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(), "gemm_bf16: x must be contiguous bf16 [M, K]");
+  TORCH_CHECK(w_packed.dim() == 3 && w_packed.scalar_type() == at::kInt && w_packed.is_contiguous() && w_packed.size(2) == COLS,
+              "gemm_bf16: w_packed must be contiguous int32 [NB, K / 2, 16]");
+  const int64_t M = x.size(0), K = x.size(1), num_blocks = w_packed.size(0), num_pairs = w_packed.size(1);
+  TORCH_CHECK(K == 2 * num_pairs, "gemm_bf16: x has ", K, " columns, the weight ", 2 * num_pairs, " rows");
+  TORCH_CHECK(out_features > (num_blocks - 1) * COLS && out_features <= num_blocks * COLS, "gemm_bf16: out_features does not match the blocks");
+  const float* bias = nullptr;
+  if (bias_f32.has_value()) {
+    TORCH_CHECK(bias_f32->scalar_type() == at::kFloat && bias_f32->is_contiguous() && bias_f32->numel() == num_blocks * COLS,
+                "gemm_bf16: bias must be contiguous float32 [NB * 16]");
+    bias = bias_f32->data_ptr<float>();
+  }
+  at::Tensor out = at::empty({M, out_features}, x.options());
+#if ZSERVE_HAS_GEMM_BF16
+  const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
+  const int32_t* wp = w_packed.data_ptr<int32_t>();
+  auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
+  at::parallel_for(0, num_blocks, 1, [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int32_t* w_block = wp + b * num_pairs * COLS;
+      const int64_t num_cols = std::min(COLS, out_features - b * COLS);
+      const float* block_bias = bias != nullptr ? bias + b * COLS : nullptr;
+      for (int64_t m = 0; m < M; m += MAX_ROWS) {
+        const int64_t rows = std::min(MAX_ROWS, M - m);
+        BLOCK_FNS[rows](xp + m * K, K, w_block, num_pairs, op + m * out_features + b * COLS, out_features, block_bias, num_cols);
+      }
+    }
+  });
+#endif
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(zserve, m) {
+  m.def("gemm_bf16_supported() -> bool", &gemm_bf16_supported);
+  m.def("gemm_bf16(Tensor x, Tensor w_packed, int out_features, Tensor? bias_f32) -> Tensor", &gemm_bf16);
+}

@@ -1,0 +1,123 @@
+"""The linear-layer GEMM backends (model_proc/layers/gemm.py) against an fp32 reference.
+
+Every backend sums in fp32 and rounds once, so each output must equal the fp32 product of the
+same bf16/fp32 inputs rounded to the output dtype, up to one ulp (summation order); in bf16 the
+zserve kernel must also stay within one ulp of torch.mm, and differ from it only rarely.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model_proc.kernels.cpu_kernels import load_gemm_bf16
+from model_proc.layers.gemm import GemmWeight, gemm_backend, pack_bf16_blocks
+
+CPU = torch.device("cpu")
+SHAPES = [(64, 96), (576, 960), (34, 7), (96, 600), (1536, 576), (2, 16), (40, 33)]  # (in, out): odd and tiny outs too
+ROWS = [1, 3, 8, 9, 17, 64, 130]
+
+
+def backends(dtype: torch.dtype) -> list[str]:
+    found = ["torch"]
+    if gemm_backend(CPU, dtype, "onednn") == "onednn":
+        found.append("onednn")
+    if dtype == torch.bfloat16 and load_gemm_bf16() is not None:
+        found.append("zserve_bf16")
+    return found
+
+
+def make_weight(in_features: int, out_features: int, dtype: torch.dtype, backend: str, bias: bool, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+
+    class Layer(GemmWeight):
+        pass
+
+    layer = Layer()
+    layer.init_weight(in_features, out_features)
+    layer.weight.data = torch.randn(in_features, out_features, generator=g).to(dtype)
+    layer.bias = torch.nn.Parameter(torch.randn(out_features, generator=g).to(dtype), requires_grad=False) if bias else None
+    plain, plain_bias = layer.weight.detach().clone(), layer.bias
+    layer.pack(backend)
+    return layer, plain, plain_bias
+
+
+def ulp(x: torch.Tensor) -> torch.Tensor:
+    """Spacing of the output dtype at each value (one ulp), as float32."""
+    bits = {torch.bfloat16: 7, torch.float32: 23}[x.dtype]
+    mag = x.float().abs().clamp_min(torch.finfo(x.dtype).tiny)
+    return torch.exp2(torch.floor(torch.log2(mag)) - bits)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("bias", [False, True])
+def test_every_backend_matches_the_fp32_product(dtype, bias):
+    for backend in backends(dtype):
+        for in_features, out_features in SHAPES:
+            layer, plain, plain_bias = make_weight(in_features, out_features, dtype, backend, bias)
+            assert layer.backend == backend and (layer.weight is None) == (backend != "torch")
+            for rows in ROWS:
+                x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
+                y = layer.matmul(x, plain_bias)
+                exact = x.double() @ plain.double() + (plain_bias.double() if bias else 0)
+                assert y.shape == (rows, out_features) and y.dtype == dtype, (backend, y.shape)
+                err = (y.double() - exact).abs()
+                # rounding once to the dtype is half an ulp; different fp32 summation orders add a little
+                limit = ulp(exact.to(dtype)).double() + 1e-5 * exact.abs().max()
+                assert (err <= limit).all(), (backend, in_features, out_features, rows, float(err.max()))
+
+
+@pytest.mark.skipif(load_gemm_bf16() is None, reason="the bf16 GEMM kernel needs AVX512-BF16 and a built extension")
+def test_zserve_bf16_next_to_torch_mm():
+    """Measured: 0 to 3e-4 of the outputs differ from torch.mm's, by one ulp."""
+    for in_features, out_features in [(576, 960), (1536, 576), (576, 4096)]:
+        layer, plain, _ = make_weight(in_features, out_features, torch.bfloat16, "zserve_bf16", bias=False)
+        for rows in (1, 2, 8, 64, 200):
+            x = torch.randn(rows, in_features).to(torch.bfloat16)
+            ours, theirs = layer.matmul(x, None), torch.mm(x, plain)
+            differ = ours != theirs
+            assert differ.float().mean() < 1e-3, (in_features, out_features, rows, float(differ.float().mean()))
+            # one ulp of the larger of the two, plus fp32 summation error where terms cancel
+            larger = torch.maximum(ours.float().abs(), theirs.float().abs()).to(torch.bfloat16)
+            limit = ulp(larger) * 1.01 + 1e-5 * (x.float().abs() @ plain.float().abs())
+            assert ((ours.float() - theirs.float()).abs() <= limit).all()
+
+
+@pytest.mark.skipif(load_gemm_bf16() is None, reason="the bf16 GEMM kernel needs AVX512-BF16 and a built extension")
+def test_zserve_bf16_rejects_bad_inputs():
+    layer, _, _ = make_weight(64, 96, torch.bfloat16, "zserve_bf16", bias=False)
+    with pytest.raises(RuntimeError, match="columns"):
+        torch.ops.zserve.gemm_bf16(torch.zeros(2, 62, dtype=torch.bfloat16), layer.packed, 96, None)
+    with pytest.raises(RuntimeError, match="bf16"):
+        torch.ops.zserve.gemm_bf16(torch.zeros(2, 64), layer.packed, 96, None)
+    with pytest.raises(RuntimeError, match="out_features"):
+        torch.ops.zserve.gemm_bf16(torch.zeros(2, 64, dtype=torch.bfloat16), layer.packed, 200, None)
+
+
+def test_pack_layout():
+    """Block b, pair p, column j holds (W[2p, 16b + j], W[2p + 1, 16b + j]); padding is zero."""
+    w = torch.arange(6 * 20, dtype=torch.float32).view(6, 20).to(torch.bfloat16)
+    packed = pack_bf16_blocks(w)
+    assert packed.shape == (2, 3, 16) and packed.dtype == torch.int32
+    pairs = packed.view(torch.bfloat16).view(2, 3, 16, 2)
+    assert pairs[1, 2, 3, 0] == w[4, 19] and pairs[1, 2, 3, 1] == w[5, 19]
+    assert pairs[0, 0, 0, 1] == w[1, 0] and (pairs[1, :, 4:] == 0).all()
+
+
+def test_odd_in_features_fall_back_to_onednn():
+    if gemm_backend(CPU, torch.bfloat16) != "zserve_bf16":
+        pytest.skip("the bf16 GEMM kernel is not the default here")
+    layer, plain, _ = make_weight(33, 40, torch.bfloat16, "zserve_bf16", bias=False)
+    assert layer.backend == "onednn"
+    x = torch.randn(3, 33).to(torch.bfloat16)
+    assert torch.equal(layer.matmul(x, None), torch.mm(x, plain))
+
+
+def test_backend_choice(monkeypatch):
+    assert gemm_backend(CPU, torch.float16) == "torch"
+    assert gemm_backend(torch.device("cuda"), torch.bfloat16) == "torch"
+    assert gemm_backend(CPU, torch.float32, "torch") == "torch"
+    assert gemm_backend(CPU, torch.bfloat16, "onednn") in ("onednn", "torch")
+    monkeypatch.setenv("ZSERVE_GEMM", "bogus")
+    with pytest.raises(ValueError, match="ZSERVE_GEMM"):
+        gemm_backend(CPU, torch.float32)
