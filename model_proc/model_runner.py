@@ -23,6 +23,7 @@ from common.model_config import ModelConfig
 from common.worker_env import default_num_threads
 from model_proc.checkpoint import Checkpoint
 from model_proc.compute_dtype import resolve_dtype
+from model_proc.kernels.cpu_kernels import fused_ops_available
 from model_proc.kv_pool import KVPool
 from model_proc.layers.attention import attention_backend
 from model_proc.layers.attention_metadata import AttentionMetadata
@@ -130,6 +131,10 @@ class ModelRunner:
             model.load(ckpt)
             missing = ckpt.missing_params(model)
         assert not missing, f"parameters not filled from the checkpoint: {missing}"
+        if fused_ops_available(self.device, self.dtype):  # norms, gated activation, rotary + K/V write: one call each
+            for module in model.modules():
+                if hasattr(module, "use_cpu_kernels"):
+                    module.use_cpu_kernels()
         self.gemm_backend = gemm_backend(self.device, self.dtype)
         if self.gemm_backend != "torch":
             t0 = time.perf_counter()

@@ -1,6 +1,6 @@
 """Builds and loads the CPU kernels, once per machine: one torch extension from
-paged_attention.cpp (zserve::paged_attention) and gemm_bf16.cpp (zserve::gemm_bf16, on CPUs
-with AVX512-BF16).
+paged_attention.cpp (zserve::paged_attention), gemm_bf16.cpp (zserve::gemm_bf16, on CPUs with
+AVX512-BF16) and fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store).
 
 The build is cached under ~/.cache/zserve/kernels (or $XDG_CACHE_HOME/zserve/kernels), in a
 folder keyed by the source, the compile flags, torch's version and the CPU's flags, so a new
@@ -31,7 +31,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cpp", "gemm_bf16.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cpp", "gemm_bf16.cpp", "fused_ops.cpp"))
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
 # adds); finite-math stays on (the kernel never makes inf or NaN, but must pass them through), and
 # no -ffast-math anywhere: linked, it would set flush-to-zero for the whole process.
@@ -122,6 +122,11 @@ def load_cpu_kernels() -> bool:
 def load_paged_attention() -> Callable | None:
     """torch.ops.zserve.paged_attention, or None when the kernels cannot be built here."""
     return torch.ops.zserve.paged_attention if load_cpu_kernels() else None
+
+
+def fused_ops_available(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the fused elementwise ops (fused_ops.cpp) run here: CPU, float32 or bfloat16, built."""
+    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and load_cpu_kernels()
 
 
 def load_gemm_bf16() -> Callable | None:

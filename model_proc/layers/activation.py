@@ -13,6 +13,11 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def fused_silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu_and_mul in one call (kernels/fused_ops.cpp), rounding where it does."""
+    return torch.ops.zserve.silu_mul(x)
+
+
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return F.gelu(x, approximate="tanh")
 
@@ -24,6 +29,9 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "gelu": F.gelu,
     "relu": F.relu,
 }
+
+
+FUSED_GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": fused_silu_and_mul, "swish": fused_silu_and_mul}
 
 
 def get_activation(name: str, gated: bool) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -22,6 +22,7 @@ from torch import nn
 
 from model_proc.kernels.cpu_kernels import load_paged_attention
 from model_proc.layers.attention_metadata import AttentionMetadata
+from model_proc.layers.rotary import apply_rotary
 
 BACKEND_ENV = "ZSERVE_ATTENTION"  # auto (default) | torch (force the pure-torch path) | kernel (fail if it cannot load)
 
@@ -55,6 +56,21 @@ class PagedAttention(nn.Module):
         assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.layer_idx = scale, layer_idx
+        self.fused_rope = False  # use_cpu_kernels(): rotary + K/V write in one call with the kernel backend
+
+    def use_cpu_kernels(self) -> None:
+        self.fused_rope = True
+
+    def forward_rotary(self, qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """qk [T, h + kvh, d] (q heads then k heads, before rotary), v [T, kvh, d], cos and
+        sin_signed [T, 1, d] (rotary.py) -> [T, h * d]: rotates q and k, writes K/V, attends."""
+        h = self.num_heads
+        if self.fused_rope and meta.kernel is not None:
+            k_cache, v_cache = meta.kv_pool.k[self.layer_idx], meta.kv_pool.v[self.layer_idx]
+            q = torch.ops.zserve.rope_store(qk, v, cos, sin, k_cache, v_cache, meta.out_slots, h)  # K/V written
+            return self._kernel(q, k_cache, v_cache, meta)
+        qk = apply_rotary(qk, cos, sin)  # q and k rotated together
+        return self(qk[:, :h], qk[:, h:], v, meta)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q [T, h, d], k and v [T, kvh, d] (this step's tokens) -> [T, h * d]"""

@@ -14,13 +14,26 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.dim, self.eps = dim, eps
         self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+        self.fused = False  # use_cpu_kernels(): one zserve:: call (kernels/fused_ops.cpp) instead of torch's ops
+
+    def use_cpu_kernels(self) -> None:
+        self.fused = True
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # transformers' order: x / rms(x) in fp32 (F.rms_norm upcasts bf16/fp16), rounded to x's
         # dtype, then times the weight in that dtype. Fusing the weight into F.rms_norm rounds
-        # once instead, which moves ~1/4 of bf16 outputs by one ulp: prefill logits then stop
-        # matching transformers' bf16 ones bit for bit.
+        # once instead, which moves ~1/4 of bf16 outputs by one ulp. The fused op keeps the order.
+        if self.fused and x.dim() == 2:
+            return torch.ops.zserve.rms_norm(x, self.weight, self.eps)
         return F.rms_norm(x, (self.dim,), None, self.eps) * self.weight
+
+    def add_norm(self, delta: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+        """x += delta (in place, rounded to x's dtype), then the norm of x; `delta` None: the norm."""
+        if delta is None:
+            return self(x)
+        if self.fused:
+            return torch.ops.zserve.add_rms_norm_(delta, x, self.weight, self.eps)
+        return self(x.add_(delta))
 
     def load(self, ckpt: Checkpoint, name: str) -> None:
         ckpt.copy_into(self.weight, ckpt.read(name, (self.dim,)), name)

@@ -2,6 +2,7 @@
 
     x = embed(ids)
     for each layer:  x = x + attn(rms_norm(x));  x = x + mlp(rms_norm(x))
+                     (each add done by the norm after it: RMSNorm.add_norm)
     logits = lm_head(rms_norm(x))          (only at the rows the runner asks for)
 """
 
@@ -12,13 +13,13 @@ from torch import nn
 
 from common.model_config import ModelConfig
 from model_proc.checkpoint import Checkpoint
-from model_proc.layers.activation import get_activation
+from model_proc.layers.activation import FUSED_GATED_ACTIVATIONS, get_activation
 from model_proc.layers.attention import PagedAttention
 from model_proc.layers.attention_metadata import AttentionMetadata
 from model_proc.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from model_proc.layers.linear import ColumnParallelLinear, RowParallelLinear
 from model_proc.layers.norm import RMSNorm
-from model_proc.layers.rotary import RotaryEmbedding, apply_rotary
+from model_proc.layers.rotary import RotaryEmbedding
 
 
 def heads_per_rank(cfg: ModelConfig, tp_size: int) -> tuple[int, int]:
@@ -44,8 +45,7 @@ class LlamaAttention(nn.Module):
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         T, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
         qkv = self.qkv_proj(x).view(T, h + 2 * kvh, self.head_dim)  # heads: [q x h | k x kvh | v x kvh]
-        qk = apply_rotary(self.norm_qk(qkv[:, : h + kvh]), cos, sin)  # q and k rotated together
-        out = self.attn(qk[:, :h], qk[:, h:], qkv[:, h + kvh :], meta)  # [T, h * d]
+        out = self.attn.forward_rotary(self.norm_qk(qkv[:, : h + kvh]), qkv[:, h + kvh :], cos, sin, meta)  # [T, h * d]
         return self.o_proj(out)
 
     def load(self, ckpt: Checkpoint, prefix: str) -> None:
@@ -59,7 +59,11 @@ class LlamaMLP(nn.Module):
         size = cfg.intermediate_size
         self.gate_up_proj = ColumnParallelLinear(cfg.hidden_size, [size, size], cfg.mlp_bias, tp_rank, tp_size)
         self.down_proj = RowParallelLinear(size, cfg.hidden_size, cfg.mlp_bias, tp_rank, tp_size)
+        self.hidden_act = cfg.hidden_act
         self.act = get_activation(cfg.hidden_act, gated=True)
+
+    def use_cpu_kernels(self) -> None:
+        self.act = FUSED_GATED_ACTIVATIONS.get(self.hidden_act, self.act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))  # [T, hidden] -> [T, 2I / tp] -> [T, hidden]
@@ -77,9 +81,14 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.mlp = LlamaMLP(cfg, tp_rank, tp_size)
 
-    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(
+        self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
+        """x: the residual stream, updated in place; delta: the previous layer's MLP output, not
+        yet added (None at the first layer), so each add fuses into the norm after it.
+        Returns this layer's MLP output (the next delta)."""
+        attn_out = self.self_attn(self.input_layernorm.add_norm(delta, x), cos, sin, meta)
+        return self.mlp(self.post_attention_layernorm.add_norm(attn_out, x))
 
     def load(self, ckpt: Checkpoint, prefix: str) -> None:
         self.input_layernorm.load(ckpt, f"{prefix}.input_layernorm.weight")
@@ -105,11 +114,12 @@ class LlamaForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids int64[T] -> hidden states [T, hidden] (before the final norm)"""
-        x = self.embed_tokens(input_ids)
+        x = self.embed_tokens(input_ids)  # a fresh tensor: the layers add to it in place
         cos, sin = self.rotary(meta.positions, x.dtype)
+        delta = None
         for layer in self.layers:
-            x = layer(x, cos, sin, meta)
-        return x
+            delta = layer(x, delta, cos, sin, meta)
+        return x.add_(delta)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head(self.norm(hidden))  # [n, hidden] -> float32[n, vocab]

@@ -1,0 +1,293 @@
+// The elementwise steps of a Llama-family layer, one call each instead of 4-8 torch ops, for
+// CPU tensors in float32 or bfloat16. Each rounds where the torch ops it replaces round (and so
+// where transformers does), so outputs match them up to the last bit of fp32 intermediates:
+//
+//   zserve::rms_norm(x, weight, eps) -> y
+//       y = dtype(dtype(x * rsqrt(mean(x^2) + eps)) * weight), statistics in fp32
+//   zserve::add_rms_norm_(x, residual, weight, eps) -> y
+//       residual <- dtype(residual + x) (in place), then y = rms_norm(residual)
+//   zserve::silu_mul(gate_up) -> y
+//       gate_up [T, 2I] = [gate | up]: y = dtype(dtype(silu(gate)) * up)
+//   zserve::rope_store(qk, v, cos, sin_signed, k_cache, v_cache, out_slots, num_q_heads) -> q
+//       qk [T, h + kvh, d] (q heads, then k heads), v [T, kvh, d], cos/sin_signed [T, d] in
+//       the dtype: rotated = dtype(dtype(x * cos) + dtype(swap_halves(x) * sin_signed)) (NeoX
+//       layout, as model_proc/layers/rotary.py); returns rotated q [T, h, d] and writes rotated
+//       k and v at out_slots of k_cache/v_cache [kvh, slots, d]
+//
+// In bf16 every product is rounded to the dtype before the sum, as in the torch ops; in fp32 the
+// compiler may fuse a product and a sum into one FMA (one rounding instead of two: an ulp).
+// Rows (tokens) are split over threads only when there are enough of them to pay for it.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+
+namespace {
+
+constexpr int64_t GRAIN_ELEMENTS = 1 << 15;  // elements per thread below which a call stays on one thread
+
+// Rows go through fp32 buffers: widen (16 at a time), compute in plain float loops that
+// vectorize, narrow back with round-to-nearest-even. c10::BFloat16's own conversions would keep
+// every loop scalar (10x slower than the torch ops here).
+inline void widen(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void widen(const c10::BFloat16* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
+}
+inline void narrow(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
+inline void narrow(const float* src, c10::BFloat16* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__)
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = c10::BFloat16(src[i]);
+}
+
+// x rounded to T's precision and back (round to nearest even), in integer ops that vectorize;
+// inputs are finite here.
+template <typename T>
+inline float round_to(float x) {
+  if constexpr (std::is_same_v<T, float>) {
+    return x;
+  } else {
+    uint32_t bits;
+    std::memcpy(&bits, &x, sizeof(bits));
+    bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+    float y;
+    std::memcpy(&y, &bits, sizeof(y));
+    return y;
+  }
+}
+
+// exp for the sigmoid: Cody-Waite reduction and a degree-6 polynomial (about 2 ulp), clamped so
+// that it neither overflows nor underflows to a denormal; vectorizes under `omp simd`.
+inline float exp_clamped(float x) {
+  const float xc = std::min(std::max(x, -87.0f), 88.0f);
+  const float n = __builtin_rintf(xc * 1.44269504088896341f);
+  const float r = __builtin_assoc_barrier(xc - n * 0.693359375f) + n * 2.12194440e-4f;  // kept in this order under -fassociative-math
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &e, sizeof(scale));
+  return p * scale;
+}
+
+// f(float{}) or f(c10::BFloat16{}): the callers' dtypes (checked before)
+template <typename F>
+void dispatch(at::ScalarType dtype, const F& f) {
+  if (dtype == at::kFloat) {
+    f(float{});
+  } else {
+    f(c10::BFloat16{});
+  }
+}
+
+template <typename F>
+void for_rows(int64_t num_rows, int64_t row_elements, const F& body) {
+  const int64_t grain = std::max<int64_t>(1, GRAIN_ELEMENTS / std::max<int64_t>(1, row_elements));
+  if (num_rows <= grain) {
+    body(0, num_rows);
+  } else {
+    at::parallel_for(0, num_rows, grain, body);
+  }
+}
+
+// y = dtype(dtype(x * rsqrt(mean(x^2) + eps)) * w) for one row; buf holds 2n floats, w_f the weight in fp32
+template <typename T>
+void rms_norm_row(const T* x, const float* __restrict w_f, T* y, int64_t n, float eps, float* __restrict buf) {
+  float* __restrict xf = buf;
+  float* __restrict yf = buf + n;
+  widen(x, xf, n);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t i = 0; i < n; ++i) sum += xf[i] * xf[i];
+  const float r = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) yf[i] = round_to<T>(xf[i] * r) * w_f[i];
+  narrow(yf, y, n);
+}
+
+// gate <- dtype(silu(gate)) * up, in place
+template <typename T>
+void silu_mul_row(float* __restrict gate, const float* __restrict up, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = gate[i];
+    gate[i] = round_to<T>(v / (1.0f + exp_clamped(-v))) * up[i];
+  }
+}
+
+void check_rows(const at::Tensor& x, const char* name) {
+  TORCH_CHECK(x.device().is_cpu() && (x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16), name,
+              ": float32 or bfloat16 CPU tensors only");
+  TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, name, ": [T, n] with contiguous rows");
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  check_rows(x, "rms_norm");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(), "rms_norm: weight [n] in x's dtype");
+  const int64_t T = x.size(0), n = x.size(1);
+  at::Tensor y = at::empty({T, n}, x.options());
+  dispatch(x.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    const scalar_t* wp = weight.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    const int64_t ldx = x.stride(0);
+    std::vector<float> w_f(n);
+    widen(wp, w_f.data(), n);
+    for_rows(T, n, [&](int64_t t0, int64_t t1) {
+      std::vector<float> buf(2 * n);
+      for (int64_t t = t0; t < t1; ++t) rms_norm_row(xp + t * ldx, w_f.data(), yp + t * n, n, static_cast<float>(eps), buf.data());
+    });
+  });
+  return y;
+}
+
+at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor residual, const at::Tensor& weight, double eps) {
+  check_rows(x, "add_rms_norm_");
+  TORCH_CHECK(residual.is_contiguous() && residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
+              "add_rms_norm_: residual is contiguous, shaped and typed like x");
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(), "add_rms_norm_: weight [n] in x's dtype");
+  const int64_t T = x.size(0), n = x.size(1);
+  at::Tensor y = at::empty({T, n}, x.options());
+  dispatch(x.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    const scalar_t* xp = x.data_ptr<scalar_t>();
+    scalar_t* rp = residual.data_ptr<scalar_t>();
+    const scalar_t* wp = weight.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    const int64_t ldx = x.stride(0);
+    std::vector<float> w_f(n);
+    widen(wp, w_f.data(), n);
+    for_rows(T, n, [&](int64_t t0, int64_t t1) {
+      std::vector<float> buf(4 * n);
+      float* rf = buf.data() + 2 * n;
+      float* xf = buf.data() + 3 * n;
+      for (int64_t t = t0; t < t1; ++t) {
+        scalar_t* r = rp + t * n;
+        widen(r, rf, n);
+        widen(xp + t * ldx, xf, n);
+        _Pragma("omp simd") for (int64_t i = 0; i < n; ++i) rf[i] += xf[i];
+        narrow(rf, r, n);  // the sum rounded to the dtype, then normalised from there
+        rms_norm_row(r, w_f.data(), yp + t * n, n, static_cast<float>(eps), buf.data());
+      }
+    });
+  });
+  return y;
+}
+
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_rows(gate_up, "silu_mul");
+  TORCH_CHECK(gate_up.size(1) % 2 == 0, "silu_mul: [T, 2I]");
+  const int64_t T = gate_up.size(0), I = gate_up.size(1) / 2;
+  at::Tensor y = at::empty({T, I}, gate_up.options());
+  dispatch(gate_up.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    const scalar_t* gp = gate_up.data_ptr<scalar_t>();
+    scalar_t* yp = y.data_ptr<scalar_t>();
+    const int64_t ld = gate_up.stride(0);
+    for_rows(T, 2 * I, [&](int64_t t0, int64_t t1) {
+      std::vector<float> buf(2 * I);
+      float* __restrict gf = buf.data();
+      float* __restrict uf = gf + I;
+      for (int64_t t = t0; t < t1; ++t) {
+        widen(gp + t * ld, gf, 2 * I);
+        silu_mul_row<scalar_t>(gf, uf, I);
+        narrow(gf, yp + t * I, I);
+      }
+    });
+  });
+  return y;
+}
+
+at::Tensor rope_store(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin_signed,
+                      at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& out_slots, int64_t num_q_heads) {
+  TORCH_CHECK(qk.dim() == 3 && v.dim() == 3 && qk.stride(2) == 1 && v.stride(2) == 1, "rope_store: qk, v [T, heads, d], d contiguous");
+  TORCH_CHECK(qk.scalar_type() == v.scalar_type() && qk.scalar_type() == cos.scalar_type() && qk.scalar_type() == sin_signed.scalar_type() &&
+                  qk.scalar_type() == k_cache.scalar_type() && qk.scalar_type() == v_cache.scalar_type(),
+              "rope_store: one dtype for qk, v, cos, sin and the caches");
+  TORCH_CHECK(qk.scalar_type() == at::kFloat || qk.scalar_type() == at::kBFloat16, "rope_store: float32 or bfloat16");
+  const int64_t T = qk.size(0), d = qk.size(2), h = num_q_heads, kvh = qk.size(1) - num_q_heads;
+  TORCH_CHECK(kvh >= 1 && v.size(0) == T && v.size(1) == kvh && v.size(2) == d && d % 2 == 0, "rope_store: qk holds h + kvh heads, v kvh");
+  TORCH_CHECK(cos.is_contiguous() && sin_signed.is_contiguous() && cos.numel() == T * d && sin_signed.numel() == T * d, "rope_store: cos, sin [T, d]");
+  TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
+                  k_cache.size(0) == kvh && k_cache.size(2) == d,
+              "rope_store: caches [kvh, slots, d], contiguous");
+  TORCH_CHECK(out_slots.scalar_type() == at::kLong && out_slots.is_contiguous() && out_slots.numel() == T, "rope_store: out_slots int64[T]");
+  const int64_t num_slots = k_cache.size(1);
+  const int64_t* slots = out_slots.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "rope_store: slot ", slots[t], " outside the cache");
+  at::Tensor q = at::empty({T, h, d}, qk.options());
+  dispatch(qk.scalar_type(), [&](auto tag) {
+    using scalar_t = decltype(tag);
+    using T_ = scalar_t;
+    const T_* qkp = qk.data_ptr<T_>();
+    const T_* vp = v.data_ptr<T_>();
+    const T_* cp = cos.data_ptr<T_>();
+    const T_* sp = sin_signed.data_ptr<T_>();
+    T_* qp = q.data_ptr<T_>();
+    T_* kc = k_cache.data_ptr<T_>();
+    T_* vc = v_cache.data_ptr<T_>();
+    const int64_t half = d / 2, qk_t = qk.stride(0), qk_h = qk.stride(1), v_t = v.stride(0), v_h = v.stride(1);
+    for_rows(T, (h + 2 * kvh) * d, [&](int64_t t0, int64_t t1) {
+      std::vector<float> buf(4 * d);
+      float* __restrict cf = buf.data();
+      float* __restrict sf = cf + d;
+      float* __restrict xf = sf + d;
+      float* __restrict of = xf + d;
+      for (int64_t t = t0; t < t1; ++t) {
+        widen(cp + t * d, cf, d);
+        widen(sp + t * d, sf, d);
+        for (int64_t head = 0; head < h + kvh; ++head) {
+          widen(qkp + t * qk_t + head * qk_h, xf, d);
+          _Pragma("omp simd") for (int64_t i = 0; i < half; ++i) {
+            of[i] = round_to<T_>(xf[i] * cf[i]) + round_to<T_>(xf[i + half] * sf[i]);
+            of[i + half] = round_to<T_>(xf[i + half] * cf[i + half]) + round_to<T_>(xf[i] * sf[i + half]);
+          }
+          narrow(of, head < h ? qp + (t * h + head) * d : kc + ((head - h) * num_slots + slots[t]) * d, d);
+        }
+        for (int64_t head = 0; head < kvh; ++head) {
+          std::memcpy(vc + (head * num_slots + slots[t]) * d, vp + t * v_t + head * v_h, d * sizeof(T_));
+        }
+      }
+    });
+  });
+  return q;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(zserve, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
+  m.def("add_rms_norm_(Tensor x, Tensor(a!) residual, Tensor weight, float eps) -> Tensor", &add_rms_norm_);
+  m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
+  m.def("rope_store(Tensor qk, Tensor v, Tensor cos, Tensor sin_signed, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor out_slots, int num_q_heads) -> Tensor",
+        &rope_store);
+}
