@@ -148,11 +148,12 @@ def decode_batch(batch_size: int, context_len: int, step_id: int) -> ForwardBatc
     )
 
 
-def prefill_batch(prompt_len: int, step_id: int) -> ForwardBatch:
+def prefill_batch(prompt_len: int, step_id: int, vocab_size: int = 1000) -> ForwardBatch:
+    """One new prompt of random token ids in [3, min(vocab_size, 1000))."""
     num_pages = -(-prompt_len // PAGE_SIZE)
     return ForwardBatch(
         step_id=step_id,
-        input_ids=np.random.default_rng(0).integers(3, 1000, prompt_len).astype(np.int32),
+        input_ids=np.random.default_rng(0).integers(3, min(vocab_size, 1000), prompt_len).astype(np.int32),
         cached_lens=np.zeros(1, np.int32),
         extend_lens=np.array([prompt_len], np.int32),
         page_ids=np.arange(num_pages, dtype=np.int32),

@@ -8,7 +8,9 @@ Both servers are driven over their OpenAI `/v1/completions` by this project's lo
 token-id prompts (`--input-len` in, `--output-len` out). Scenarios, each run for both servers in
 turn, repeats interleaved (zserve, vLLM, zserve, vLLM, ...):
 - burst: `--num-requests` sent at once (throughput, TTFT and TPOT under load);
-- single: `--num-single` requests one at a time (TPOT of one stream).
+- single: `--num-single` requests one at a time (TPOT of one stream);
+- mixed: `--num-requests` sent at once with prompts of 32-512 and outputs of 32-256 tokens (the
+  issue's "offline" workload, served: everything queued at once, output throughput is the figure).
 Before measuring, both answer the demo question through /v1/chat/completions (greedy), and the
 answers are printed: a fast wrong answer is not a win.
 
@@ -117,7 +119,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--repeats", type=int, default=1)
-    p.add_argument("--scenarios", default="burst,single")
+    p.add_argument("--scenarios", default="burst,single,mixed", help="comma-separated: burst, single, mixed")
     p.add_argument("--vllm-start-timeout-s", type=float, default=600.0)
     p.add_argument("--log-dir", type=Path, default=Path("bench_vs_vllm_logs"))
     p.add_argument("--output-json", type=Path, default=Path("bench_vs_vllm.json"))
@@ -126,12 +128,15 @@ def parse_args() -> argparse.Namespace:
 
 def run_scenario(peer: Peer, model: str, scenario: str, args: argparse.Namespace, repeat: int) -> dict:
     token_ids = sampleable_token_ids(model)
-    num = args.num_requests if scenario == "burst" else args.num_single
-    lengths_in, lengths_out = LengthRange(args.input_len, args.input_len), LengthRange(args.output_len, args.output_len)
+    num = args.num_single if scenario == "single" else args.num_requests
+    if scenario == "mixed":
+        lengths_in, lengths_out = LengthRange(32, 512), LengthRange(32, 256)
+    else:
+        lengths_in, lengths_out = LengthRange(args.input_len, args.input_len), LengthRange(args.output_len, args.output_len)
     requests = random_workload(token_ids, num, lengths_in, lengths_out, seed=repeat, salt=repeat)
     options = LoadOptions(progress_desc=f"{peer.name} {scenario}", model=model, num_warmup_requests=1)
     load = load_average()[0]
-    if scenario == "burst":
+    if scenario in ("burst", "mixed"):
         run = drive(peer.base_url, requests, [0.0] * num, options)
         metrics = RunMetrics.of_records(run.records, run.start_s)
     else:  # one at a time: each request its own run, the records pooled

@@ -124,9 +124,16 @@ def load_paged_attention() -> Callable | None:
     return torch.ops.zserve.paged_attention if load_cpu_kernels() else None
 
 
+FUSED_OPS_ENV = "ZSERVE_FUSED_OPS"  # auto (default: where they build) | off (torch's ops, the reference path)
+
+
 def fused_ops_available(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether the fused elementwise ops (fused_ops.cpp) run here: CPU, float32 or bfloat16, built."""
-    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and load_cpu_kernels()
+    """Whether the fused elementwise ops (fused_ops.cpp) run here: CPU, float32 or bfloat16,
+    built, and not turned off by $ZSERVE_FUSED_OPS."""
+    choice = os.environ.get(FUSED_OPS_ENV) or "auto"
+    if choice not in ("auto", "off"):
+        raise ValueError(f"{FUSED_OPS_ENV}={choice!r}: expected auto or off")
+    return choice == "auto" and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and load_cpu_kernels()
 
 
 def load_gemm_bf16() -> Callable | None:

@@ -38,6 +38,9 @@ namespace {
 
 constexpr int64_t COLS = 16;      // output columns per block: one zmm of fp32 sums
 constexpr int64_t MAX_ROWS = 8;   // rows of x per pass over a block
+constexpr int TILE_BLOCKS = 4;    // larger batches: column blocks per tile
+constexpr int TILE_ROWS = 6;      // and rows per tile
+constexpr int64_t TILE_MIN_ROWS = 16;  // batches from this many rows use tiles
 
 #if ZSERVE_HAS_GEMM_BF16
 template <int ROWS>
@@ -61,6 +64,36 @@ inline void block_rows(const uint16_t* x, int64_t K, const int32_t* w_block, int
   for (int i = 0; i < ROWS; ++i) {
     const __m256bh y = _mm512_cvtneps_pbh(_mm512_add_ps(acc[i], b));
     _mm256_mask_storeu_epi16(out + i * out_stride, mask, (__m256i)y);
+  }
+}
+
+// Larger batches: 4 column blocks x TILE_ROWS rows at a time (24 accumulators), so each pair of
+// k loads 4 weight vectors and TILE_ROWS broadcasts for 4 x TILE_ROWS VDPBF16PS: 10 loads per
+// 24 products instead of 9 per 8. Measured on SmolLM2-135M's layer shapes (same process,
+// alternating): 0.81-0.93x the time of the one-block loop at 16 to 2048 rows.
+template <int ROWS>
+inline void tile_rows(const uint16_t* x, int64_t K, const int32_t* w_blocks, int64_t block_stride, int64_t num_pairs,
+                      uint16_t* out, int64_t out_stride, const float* bias) {
+  __m512 acc[ROWS][TILE_BLOCKS];
+  const int32_t* x_pairs[ROWS];
+  for (int r = 0; r < ROWS; ++r) {
+    x_pairs[r] = reinterpret_cast<const int32_t*>(x + r * K);
+    for (int c = 0; c < TILE_BLOCKS; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < num_pairs; ++p) {
+    __m512i w[TILE_BLOCKS];
+    for (int c = 0; c < TILE_BLOCKS; ++c) w[c] = _mm512_loadu_si512(w_blocks + c * block_stride + p * COLS);
+    for (int r = 0; r < ROWS; ++r) {
+      const __m512i xx = _mm512_set1_epi32(x_pairs[r][p]);
+      for (int c = 0; c < TILE_BLOCKS; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], (__m512bh)xx, (__m512bh)w[c]);
+    }
+  }
+  for (int c = 0; c < TILE_BLOCKS; ++c) {
+    const __m512 b = bias != nullptr ? _mm512_loadu_ps(bias + c * COLS) : _mm512_setzero_ps();
+    for (int r = 0; r < ROWS; ++r) {
+      const __m256bh y = _mm512_cvtneps_pbh(_mm512_add_ps(acc[r][c], b));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + r * out_stride + c * COLS), (__m256i)y);
+    }
   }
 }
 
@@ -91,17 +124,39 @@ at::Tensor gemm_bf16(const at::Tensor& x, const at::Tensor& w_packed, int64_t ou
   const auto* xp = reinterpret_cast<const uint16_t*>(x.data_ptr<at::BFloat16>());
   const int32_t* wp = w_packed.data_ptr<int32_t>();
   auto* op = reinterpret_cast<uint16_t*>(out.data_ptr<at::BFloat16>());
-  at::parallel_for(0, num_blocks, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const int32_t* w_block = wp + b * num_pairs * COLS;
-      const int64_t num_cols = std::min(COLS, out_features - b * COLS);
-      const float* block_bias = bias != nullptr ? bias + b * COLS : nullptr;
-      for (int64_t m = 0; m < M; m += MAX_ROWS) {
-        const int64_t rows = std::min(MAX_ROWS, M - m);
-        BLOCK_FNS[rows](xp + m * K, K, w_block, num_pairs, op + m * out_features + b * COLS, out_features, block_bias, num_cols);
-      }
+  const auto one_block = [&](int64_t b, int64_t m0) {  // rows m0.. of column block b, up to 8 at a time
+    const int32_t* w_block = wp + b * num_pairs * COLS;
+    const int64_t num_cols = std::min(COLS, out_features - b * COLS);
+    const float* block_bias = bias != nullptr ? bias + b * COLS : nullptr;
+    for (int64_t m = m0; m < M; m += MAX_ROWS) {
+      const int64_t rows = std::min(MAX_ROWS, M - m);
+      BLOCK_FNS[rows](xp + m * K, K, w_block, num_pairs, op + m * out_features + b * COLS, out_features, block_bias, num_cols);
     }
-  });
+  };
+  if (M < TILE_MIN_ROWS) {  // decode: stream each block once
+    at::parallel_for(0, num_blocks, 1, [&](int64_t b0, int64_t b1) {
+      for (int64_t b = b0; b < b1; ++b) one_block(b, 0);
+    });
+  } else {  // tiles of 4 full blocks x 6 rows; partial blocks and leftover rows go one block at a time
+    const int64_t num_groups = (num_blocks + TILE_BLOCKS - 1) / TILE_BLOCKS;
+    at::parallel_for(0, num_groups, 1, [&](int64_t g0, int64_t g1) {
+      for (int64_t g = g0; g < g1; ++g) {
+        const int64_t b0 = g * TILE_BLOCKS, b1 = std::min(num_blocks, b0 + TILE_BLOCKS);
+        if (b1 - b0 < TILE_BLOCKS || b1 * COLS > out_features) {
+          for (int64_t b = b0; b < b1; ++b) one_block(b, 0);
+          continue;
+        }
+        const int64_t tiled = M - M % TILE_ROWS;
+        for (int64_t m = 0; m < tiled; m += TILE_ROWS) {
+          tile_rows<TILE_ROWS>(xp + m * K, K, wp + b0 * num_pairs * COLS, num_pairs * COLS, num_pairs, op + m * out_features + b0 * COLS,
+                               out_features, bias != nullptr ? bias + b0 * COLS : nullptr);
+        }
+        if (tiled < M) {
+          for (int64_t b = b0; b < b1; ++b) one_block(b, tiled);
+        }
+      }
+    });
+  }
 #endif
   return out;
 }

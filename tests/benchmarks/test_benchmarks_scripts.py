@@ -132,3 +132,18 @@ def test_bench_attention_compares_both_paths(model_dir):
     assert set(rows) == {"decode_bs1_ctx256", "decode_bs64_ctx256", "decode_bs1_ctx1024", "decode_bs64_ctx1024", "step_bs1_ctx256", "step_bs8_ctx256"}
     for kernel_ms, torch_ms, ratio in rows.values():
         assert float(kernel_ms) > 0 and float(torch_ms) > 0 and abs(float(ratio) - float(kernel_ms) / float(torch_ms)) < 0.01
+
+
+def test_bench_cpu_paths_times_every_variant(model_dir):
+    """Every distinct variant on every case, with its ratio to the first (torch)."""
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_cpu_paths.py"), "--repeats", "1", "--batch-sizes", "1,2", "--model", str(model_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    header = next(line for line in proc.stdout.splitlines() if line.startswith("case"))
+    assert "torch (torch)" in header and "default" in header
+    rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("decode_", "prefill_"))]
+    assert [r[0] for r in rows] == ["decode_bs1", "decode_bs2", "prefill_512"]
+    for row in rows:
+        times = [float(x) for x, unit in zip(row[1::2], row[2::2]) if unit == "ms"]
+        ratios = [float(x) for x in row[1 + 2 * len(times):]]
+        assert len(times) == len(ratios) >= 2 and ratios[0] == 1.0 and all(t > 0 for t in times)
