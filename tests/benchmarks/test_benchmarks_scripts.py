@@ -144,6 +144,6 @@ def test_bench_cpu_paths_times_every_variant(model_dir):
     rows = [line.split() for line in proc.stdout.splitlines() if line.startswith(("decode_", "prefill_"))]
     assert [r[0] for r in rows] == ["decode_bs1", "decode_bs2", "prefill_512"]
     for row in rows:
-        times = [float(x) for x, unit in zip(row[1::2], row[2::2]) if unit == "ms"]
+        times = [float(x) for x, unit in zip(row[1::2], row[2::2], strict=False) if unit == "ms"]
         ratios = [float(x) for x in row[1 + 2 * len(times):]]
         assert len(times) == len(ratios) >= 2 and ratios[0] == 1.0 and all(t > 0 for t in times)
