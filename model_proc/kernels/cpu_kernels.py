@@ -31,6 +31,7 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+HEADERS = (Path(__file__).with_name("cpu_math.h"),)  # included by the sources; part of the build key
 SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cpp", "gemm_bf16.cpp", "fused_ops.cpp"))
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
 # adds); finite-math stays on (the kernel never makes inf or NaN, but must pass them through), and
@@ -46,7 +47,7 @@ def cache_root() -> Path:
 
 def build_key() -> str:
     digest = hashlib.sha256()
-    for source in SOURCES:
+    for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     for part in (" ".join(CFLAGS + LDFLAGS), torch.__version__, platform.machine(), _cpu_flags()):
         digest.update(part.encode())

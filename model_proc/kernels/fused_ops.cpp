@@ -23,6 +23,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "cpu_math.h"
+
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -41,17 +43,8 @@ constexpr int64_t GRAIN_ELEMENTS = 1 << 15;  // elements per thread below which 
 // Rows go through fp32 buffers: widen (16 at a time), compute in plain float loops that
 // vectorize, narrow back with round-to-nearest-even. c10::BFloat16's own conversions would keep
 // every loop scalar (10x slower than the torch ops here).
-inline void widen(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-inline void widen(const c10::BFloat16* src, float* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512F__)
-  for (; i + 16 <= n; i += 16) {
-    const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
-}
+template <typename T>
+inline void widen(const T* src, float* dst, int64_t n) { zserve_cpu::widen_row(src, dst, n); }
 inline void narrow(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
 inline void narrow(const float* src, c10::BFloat16* dst, int64_t n) {
   int64_t i = 0;
@@ -79,24 +72,7 @@ inline float round_to(float x) {
   }
 }
 
-// exp for the sigmoid: Cody-Waite reduction and a degree-6 polynomial (about 2 ulp), clamped so
-// that it neither overflows nor underflows to a denormal; vectorizes under `omp simd`.
-inline float exp_clamped(float x) {
-  const float xc = std::min(std::max(x, -87.0f), 88.0f);
-  const float n = __builtin_rintf(xc * 1.44269504088896341f);
-  const float r = __builtin_assoc_barrier(xc - n * 0.693359375f) + n * 2.12194440e-4f;  // kept in this order under -fassociative-math
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &e, sizeof(scale));
-  return p * scale;
-}
+
 
 // f(float{}) or f(c10::BFloat16{}): the callers' dtypes (checked before)
 template <typename F>
@@ -139,7 +115,7 @@ void silu_mul_row(float* __restrict gate, const float* __restrict up, int64_t n)
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) {
     const float v = gate[i];
-    gate[i] = round_to<T>(v / (1.0f + exp_clamped(-v))) * up[i];
+    gate[i] = round_to<T>(v / (1.0f + zserve_cpu::exp_poly(-v))) * up[i];
   }
 }
 
@@ -149,48 +125,33 @@ void check_rows(const at::Tensor& x, const char* name) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, name, ": [T, n] with contiguous rows");
 }
 
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  check_rows(x, "rms_norm");
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(), "rms_norm: weight [n] in x's dtype");
+// y = rms_norm(residual + x) with residual updated in place, or rms_norm(x) when residual is null
+at::Tensor norm_rows(const at::Tensor& x, at::Tensor* residual, const at::Tensor& weight, double eps, const char* name) {
+  check_rows(x, name);
+  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(), name, ": weight [n] in x's dtype");
+  if (residual != nullptr) {
+    TORCH_CHECK(residual->is_contiguous() && residual->sizes() == x.sizes() && residual->scalar_type() == x.scalar_type(), name,
+                ": residual is contiguous, shaped and typed like x");
+  }
   const int64_t T = x.size(0), n = x.size(1);
   at::Tensor y = at::empty({T, n}, x.options());
   dispatch(x.scalar_type(), [&](auto tag) {
     using scalar_t = decltype(tag);
     const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* wp = weight.data_ptr<scalar_t>();
+    scalar_t* rp = residual != nullptr ? residual->data_ptr<scalar_t>() : nullptr;
     scalar_t* yp = y.data_ptr<scalar_t>();
     const int64_t ldx = x.stride(0);
     std::vector<float> w_f(n);
-    widen(wp, w_f.data(), n);
-    for_rows(T, n, [&](int64_t t0, int64_t t1) {
-      std::vector<float> buf(2 * n);
-      for (int64_t t = t0; t < t1; ++t) rms_norm_row(xp + t * ldx, w_f.data(), yp + t * n, n, static_cast<float>(eps), buf.data());
-    });
-  });
-  return y;
-}
-
-at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor residual, const at::Tensor& weight, double eps) {
-  check_rows(x, "add_rms_norm_");
-  TORCH_CHECK(residual.is_contiguous() && residual.sizes() == x.sizes() && residual.scalar_type() == x.scalar_type(),
-              "add_rms_norm_: residual is contiguous, shaped and typed like x");
-  TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1) && weight.scalar_type() == x.scalar_type(), "add_rms_norm_: weight [n] in x's dtype");
-  const int64_t T = x.size(0), n = x.size(1);
-  at::Tensor y = at::empty({T, n}, x.options());
-  dispatch(x.scalar_type(), [&](auto tag) {
-    using scalar_t = decltype(tag);
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    scalar_t* rp = residual.data_ptr<scalar_t>();
-    const scalar_t* wp = weight.data_ptr<scalar_t>();
-    scalar_t* yp = y.data_ptr<scalar_t>();
-    const int64_t ldx = x.stride(0);
-    std::vector<float> w_f(n);
-    widen(wp, w_f.data(), n);
+    widen(weight.data_ptr<scalar_t>(), w_f.data(), n);
     for_rows(T, n, [&](int64_t t0, int64_t t1) {
       std::vector<float> buf(4 * n);
       float* rf = buf.data() + 2 * n;
       float* xf = buf.data() + 3 * n;
       for (int64_t t = t0; t < t1; ++t) {
+        if (rp == nullptr) {
+          rms_norm_row(xp + t * ldx, w_f.data(), yp + t * n, n, static_cast<float>(eps), buf.data());
+          continue;
+        }
         scalar_t* r = rp + t * n;
         widen(r, rf, n);
         widen(xp + t * ldx, xf, n);
@@ -201,6 +162,12 @@ at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor residual, const at::Ten
     });
   });
   return y;
+}
+
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) { return norm_rows(x, nullptr, weight, eps, "rms_norm"); }
+
+at::Tensor add_rms_norm_(const at::Tensor& x, at::Tensor residual, const at::Tensor& weight, double eps) {
+  return norm_rows(x, &residual, weight, eps, "add_rms_norm_");
 }
 
 at::Tensor silu_mul(const at::Tensor& gate_up) {

@@ -21,6 +21,8 @@
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
+#include "cpu_math.h"
+
 #if defined(__AVX512F__)
 #include <immintrin.h>
 #endif
@@ -49,42 +51,9 @@ inline float to_float(c10::BFloat16 x) {
 inline void store(float x, float* dst) { *dst = x; }
 inline void store(float x, c10::BFloat16* dst) { *dst = c10::BFloat16(x); }
 
-// exp for x <= 0 (scores minus their running max): Cody-Waite reduction and a degree-6
-// polynomial, written so `omp simd` vectorizes it (about 2 ulp; std::exp would stay scalar).
-// Exactly 0 below -87 (NEG_BIG - m lands there: "no score yet", masked keys).
-inline float exp_nonpos(float x) {
-  const float xc = std::max(x, -87.0f);
-  const float n = __builtin_rintf(xc * 1.44269504088896341f);
-  const float r = (xc - n * 0.693359375f) + n * 2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const int32_t e = (static_cast<int32_t>(n) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &e, sizeof(scale));
-  return x < -87.0f ? 0.0f : p * scale;
-}
-
-// One key's row (d values) into fp32: a copy for fp32, a widening for bf16 (16 at a time with
-// AVX-512: the scalar loop does not vectorize through c10::BFloat16).
-template <typename T>
-inline void row_to_float(const T* __restrict src, float* __restrict dst, int64_t d) {
-  int64_t x = 0;
-#if defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    for (; x + 16 <= d; x += 16) {
-      const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + x));
-      _mm512_storeu_ps(dst + x, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
-    }
-  }
-#endif
-#pragma omp simd
-  for (int64_t i = x; i < d; ++i) dst[i] = to_float(src[i]);
-}
+// exp for x <= 0 (scores minus their running max); exactly 0 below -87 (NEG_BIG - m lands
+// there: "no score yet", masked keys).
+inline float exp_nonpos(float x) { return x < -87.0f ? 0.0f : zserve_cpu::exp_poly(x); }
 
 #if defined(__AVX512F__)
 // Lane i of the result = the sum of v[i]'s 16 lanes: a transpose-and-add tree (45 shuffles and
@@ -104,13 +73,15 @@ inline __m512 sum_each_of_16(const __m512* v) {
 }
 #endif
 
-// scores[j] = q . keys[j] for j < n; keys fp32 [n, D]. Returns the largest score (NEG_BIG if n is 0).
+// scores[j] = q . keys[j] for j < n; keys fp32 [n, d] (d = D when D > 0). Returns the largest
+// score (NEG_BIG if n is 0).
 template <int64_t D>
-inline float dot_keys(const float* __restrict q, const float* __restrict keys, int64_t n, float* __restrict scores) {
+inline float dot_keys(const float* __restrict q, const float* __restrict keys, int64_t n, int64_t d, float* __restrict scores) {
+  const int64_t dd = D > 0 ? D : d;
   int64_t j = 0;
   float best = NEG_BIG;
 #if defined(__AVX512F__)
-  if constexpr (D % 16 == 0) {
+  if constexpr (D > 0 && D % 16 == 0) {
     constexpr int64_t C = D / 16;
     __m512 qv[C];
     for (int64_t c = 0; c < C; ++c) qv[c] = _mm512_loadu_ps(q + 16 * c);
@@ -131,10 +102,10 @@ inline float dot_keys(const float* __restrict q, const float* __restrict keys, i
   }
 #endif
   for (; j < n; ++j) {
-    const float* __restrict kr = keys + j * D;
+    const float* __restrict kr = keys + j * dd;
     float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-    for (int64_t x = 0; x < D; ++x) dot += q[x] * kr[x];
+    for (int64_t x = 0; x < dd; ++x) dot += q[x] * kr[x];
     scores[j] = dot;
     best = std::max(best, dot);
   }
@@ -211,8 +182,8 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
       if (++offset == page_size) offset = 0, ++page_idx;
       const T* __restrict ksrc = k_head + slot * d;
       const T* __restrict vsrc = v_head + slot * d;
-      row_to_float(ksrc, kf + j * d, d);
-      row_to_float(vsrc, vf + j * d, d);
+      zserve_cpu::widen_row(ksrc, kf + j * d, d);
+      zserve_cpu::widen_row(vsrc, vf + j * d, d);
     }
     for (int64_t row = 0; row < rows; ++row) {
       // keys k0 .. pos of this row's token; none of this tile when its token comes before k0
@@ -220,19 +191,7 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
       if (num_seen <= 0) continue;
       const float* __restrict qr = qf + row * d;
       float* __restrict sr = s + row * KEY_TILE;
-      float tile_max = NEG_BIG;
-      if constexpr (D > 0) {
-        tile_max = dot_keys<D>(qr, kf, num_seen, sr);
-      } else {
-        for (int64_t j = 0; j < num_seen; ++j) {
-          const float* __restrict kr = kf + j * d;
-          float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-          for (int64_t x = 0; x < d; ++x) dot += qr[x] * kr[x];
-          sr[j] = dot;
-          tile_max = std::max(tile_max, dot);
-        }
-      }
+      const float tile_max = dot_keys<D>(qr, kf, num_seen, d, sr);
       for (int64_t j = num_seen; j < KEY_TILE; ++j) sr[j] = NEG_BIG;  // a fixed trip count vectorizes
       const float new_max = std::max(m[row], tile_max);
       const float alpha = exp_nonpos(m[row] - new_max);

@@ -16,7 +16,8 @@ from memory as in a decode step, 2 threads, this machine, one process, interleav
     rows of x                   1        8        64      512
     bf16  torch.mm [in, out]   20.6 ms  26.1 ms  57.0 ms        (layers only)
     bf16  oneDNN, packed       13.7 ms  14.4 ms  50.0 ms  341 ms
-    bf16  zserve_bf16           8.9 ms   9.6 ms  47.0 ms  333 ms  (8.9 ms = 30 GB/s)
+    bf16  zserve_bf16           8.9 ms   9.6 ms  47.0 ms  333 ms  (8.9 ms = 30 GB/s; 64 and 512 rows
+                                                                  before the 4x6 tiles: 0.88-0.89x since)
     fp32  torch.mm [in, out]   31.1 ms  66.0 ms   163 ms        (layers only)
     fp32  oneDNN, packed       26.5 ms  28.7 ms  91.9 ms
 
