@@ -12,6 +12,8 @@ from dataclasses import asdict, dataclass, field, fields
 
 from common.worker_env import OMP_SPIN_COUNT
 
+API_KEY_ENV = "ZSERVE_API_KEY"  # the HTTP API key: read when --api-key is empty; how the launcher hands it to the HTTP process
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -19,6 +21,10 @@ class ServerConfig:
     host: str = field(default="127.0.0.1", metadata={"help": "interface clients connect on; loopback unless set"})
     port: int = field(default=0, metadata={"help": "client port (0 = pick a free one and print it)"})
     http_port: int = field(default=0, metadata={"help": "port of the OpenAI-compatible HTTP server on --host (0 = no HTTP server)"})
+    allowed_hosts: str = field(default="", metadata={"help": "HTTP: Host names answered besides loopback names and --host, comma-separated (* = any); others get 403"})
+    allowed_origins: str = field(default="", metadata={"help": "HTTP: origins allowed cross-origin requests (CORS), comma-separated (* = any; empty = none: requests with another Origin get 403)"})
+    api_key: str = field(default="", metadata={"help": "HTTP: when set, every route but /health needs 'Authorization: Bearer KEY' (401 otherwise); read from $ZSERVE_API_KEY when empty"})
+    max_request_bytes: int = field(default=8 << 20, metadata={"help": "HTTP: largest request body accepted (413 above)"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA and on CPUs with avx512_bf16 or amx_bf16, else fp32; the log says which and why), float32, bfloat16, float16"})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks: model worker processes holding one shard each, joined by torch.distributed (NCCL on CUDA, gloo on CPU); on CUDA local rank i uses cuda:i"})

@@ -17,7 +17,11 @@ from common.error_code import ErrorCode
 
 ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
     404: "not_found_error",
+    413: "invalid_request_error",
+    415: "invalid_request_error",
     500: "internal_server_error",
     503: "service_unavailable_error",
 }

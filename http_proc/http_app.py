@@ -7,7 +7,8 @@
     POST /v1/chat/completions  openai_routes.py
     POST /generate             generate_route.py
 
-Plain Starlette rather than FastAPI: request bodies are validated by our own pydantic models
+Every request first passes the RequestGate (request_gate.py: Host, Origin/CORS, API key, JSON
+body and its size). Plain Starlette rather than FastAPI: request bodies are validated by our own pydantic models
 anyway, and FastAPI's extra middleware and routing layers cost CPU on every request and every
 streamed chunk, which is latency on a busy machine.
 """
@@ -27,10 +28,11 @@ from http_proc.api_error import ApiError
 from http_proc.generate_route import generate_routes
 from http_proc.http_state import STATS_TIMEOUT_S, HttpState
 from http_proc.openai_routes import openai_routes
+from http_proc.request_gate import RequestGate
 from http_proc.response_guard import error_response
 
 
-def build_app(state: HttpState) -> Starlette:
+def build_app(state: HttpState) -> RequestGate:
     async def health(request: Request) -> Response:
         healthy, detail = await state.health.check()
         return JSONResponse({"status": state.health.state, "detail": detail}, status_code=200 if healthy else 503)
@@ -56,4 +58,5 @@ def build_app(state: HttpState) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={HTTPException: on_http_error})
+    app = Starlette(routes=routes, exception_handlers={HTTPException: on_http_error})
+    return RequestGate(app, state.gate, state.metrics)

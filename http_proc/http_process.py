@@ -24,16 +24,16 @@ from common.context_limit import served_context_len
 from common.messages import LAUNCHER_INBOX, ProcReady
 from common.model_config import ModelConfig
 from common.proc_runtime import child_setup
-from common.server_config import ServerConfig
+from common.server_config import API_KEY_ENV, ServerConfig
 from common.transport import Addresses, push
 from http_proc.health_monitor import HealthMonitor
 from http_proc.http_app import build_app
 from http_proc.http_state import HttpState
+from http_proc.request_gate import WILDCARD_HOSTS, GatePolicy
 from http_proc.server_metrics import ServerMetrics
 
 logger = logging.getLogger("http_proc")
 GRACEFUL_SHUTDOWN_S = 3
-WILDCARD_HOSTS = ("", "0.0.0.0", "::", "*")
 
 
 class HttpServer(uvicorn.Server):
@@ -66,7 +66,9 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
         async with AsyncClient(client_port, host=client_host) as client:
             health = HealthMonitor(client)
             model_path = str(Path(cfg.model).resolve())
-            state = HttpState(client, Path(model_path).name, model_path, context_len, ServerMetrics(), health)
+            api_key = cfg.api_key or os.environ.get(API_KEY_ENV, "")
+            gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes)
+            state = HttpState(client, Path(model_path).name, model_path, context_len, ServerMetrics(), health, gate)
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from client.async_client import AsyncClient
 from http_proc.api_error import ApiError
 from http_proc.health_monitor import HealthMonitor
+from http_proc.request_gate import GatePolicy
 from http_proc.server_metrics import ServerMetrics
 
 STATS_TIMEOUT_S = 2.0  # /metrics renders without the scheduler's numbers past this
@@ -21,6 +22,7 @@ class HttpState:
     context_len: int
     metrics: ServerMetrics
     health: HealthMonitor
+    gate: GatePolicy
     created_s: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, requested: str | None) -> None:

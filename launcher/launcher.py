@@ -19,6 +19,7 @@ import logging
 import shutil
 import tempfile
 import time
+from dataclasses import replace
 
 import zmq
 
@@ -26,7 +27,7 @@ from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
 from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, FailAll, ProcReady
 from common.rank_layout import RankLayout
-from common.server_config import ServerConfig
+from common.server_config import API_KEY_ENV, ServerConfig
 from common.transport import Addresses, pull, push
 from launcher.child_process import ChildProcess
 
@@ -64,7 +65,8 @@ class Launcher:
     def start(self) -> int | None:
         """Start every child of this node and wait until all are ready; returns the client port
         (None on a node other than 0)."""
-        args = ["--config", self.cfg.to_json(), "--addresses", self.addrs.to_json()]
+        # the API key goes to the HTTP process in its environment, never on a command line (ps shows those)
+        args = ["--config", replace(self.cfg, api_key="").to_json(), "--addresses", self.addrs.to_json()]
         for rank in self.layout.local_ranks:
             name = self.layout.child_name(rank)
             self.children.append(ChildProcess.start(name, "model_proc", [*args, "--rank", str(rank)], self.worker_env))
@@ -88,7 +90,8 @@ class Launcher:
                 logger.info("%s ready (pid %d)", msg.name, msg.pid)
                 if msg.name == "tokenizer" and self.cfg.http_port:  # the HTTP process needs the client port
                     http_args = [*args, "--client-port", str(msg.info["port"])]
-                    self.children.append(ChildProcess.start("http", "http_proc", http_args))
+                    key_env = {API_KEY_ENV: self.cfg.api_key} if self.cfg.api_key else None
+                    self.children.append(ChildProcess.start("http", "http_proc", http_args, key_env))
         return int(self.ready["tokenizer"].info["port"]) if self.layout.is_head_node else None
 
     def supervise(self) -> int:

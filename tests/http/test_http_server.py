@@ -241,7 +241,7 @@ def test_generate_returns_token_ids_like_the_python_client(server):
     assert r["usage"]["completion_tokens"] == 10 and len(r["logprobs"]) == 10
 
     conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
-    conn.request("POST", "/generate", body=json.dumps({"input_ids": expected.output_ids[:3], "max_tokens": 5, "stream": True}))
+    conn.request("POST", "/generate", body=json.dumps({"input_ids": expected.output_ids[:3], "max_tokens": 5, "stream": True}), headers={"Content-Type": "application/json"})
     lines = [line for line in conn.getresponse().read().decode().split("\n\n") if line]
     conn.close()
     assert lines[-1] == "data: [DONE]"
