@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import tempfile
 import time
 from dataclasses import replace
 
@@ -30,6 +29,7 @@ from common.rank_layout import RankLayout
 from common.server_config import API_KEY_ENV, ServerConfig
 from common.transport import Addresses, pull, push
 from launcher.child_process import ChildProcess
+from launcher.runtime_dir import create_runtime_dir
 
 logger = logging.getLogger("launcher")
 SERVER_CHILDREN = (  # (name, module) started on node 0 after the model worker ranks (they load longest)
@@ -48,7 +48,7 @@ class Launcher:
         self.cfg = cfg
         self.layout = layout or RankLayout.from_config(cfg)
         self.worker_env = {**worker_env, **self.layout.rank_env()}
-        self.runtime_dir = tempfile.mkdtemp(prefix="zserve-")
+        self.runtime_dir = create_runtime_dir()  # removes the directories of launchers that died
         self.addrs = Addresses.in_dir(
             self.runtime_dir,
             f"tcp://{cfg.host}:{cfg.port}",

@@ -6,11 +6,14 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import pytest
 
 from client import Client, ServerError
+from launcher.runtime_dir import OWNER_FILE, PREFIX, sweep_orphans
 from testing.processes import wait_dead
 from testing.server_process import start_server
 
@@ -54,12 +57,18 @@ def test_sigterm_of_launcher_aborts_in_flight_and_ends_all(model_dir):
 
 
 def test_sigkill_of_launcher_leaves_no_process_behind(model_dir):
+    """... and the runtime directory it leaves is removed by the next launcher's sweep."""
     handle = start_server(model_dir, *FLAGS)
     children = handle.child_pids()
     assert len(children) == 4
+    owned = [d for d in Path(tempfile.gettempdir()).glob(f"{PREFIX}*") if (d / OWNER_FILE).is_file() and (d / OWNER_FILE).read_text().split()[0] == str(handle.proc.pid)]
+    assert len(owned) == 1
     handle.proc.send_signal(signal.SIGKILL)
     handle.proc.wait(timeout=5)
     assert wait_dead(children, 5) == [], "children outlived a SIGKILLed launcher"
+    assert owned[0].exists()  # nobody cleaned up: the launcher was killed
+    assert owned[0] in sweep_orphans()  # what a new launcher does first
+    assert not owned[0].exists()
 
 
 @pytest.mark.parametrize(
