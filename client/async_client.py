@@ -21,6 +21,7 @@ import zmq
 import zmq.asyncio
 
 from client.client import client_address
+from client.connection_watch import ConnectionWatch, lost_message
 from client.request_body import build_body, new_req_id
 from client.result_builder import ResultBuilder
 from client.types import GenerateResult, RequestTimeoutError, ServerGoneError
@@ -36,6 +37,8 @@ from common.messages import (
     StatsReq,
 )
 
+LOST_GRACE_S = 0.2  # after the connection closes, outputs already received are filed before requests fail
+
 
 class AsyncClient:
     def __init__(
@@ -50,6 +53,7 @@ class AsyncClient:
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._watch = ConnectionWatch(self._sock)  # before connect, so the first CONNECTED event is seen
         self._sock.connect(self.address)
         self._queues: dict[int, asyncio.Queue[ReqOutput | BaseException]] = {}
         self._stats: dict[int, asyncio.Future[dict]] = {}
@@ -59,13 +63,16 @@ class AsyncClient:
     def _ensure_started(self) -> None:
         if not self._tasks:
             self._last_ack_s = time.monotonic()
-            self._tasks = [asyncio.create_task(self._read_loop()), asyncio.create_task(self._heartbeat_loop())]
+            self._tasks = [asyncio.create_task(self._read_loop()), asyncio.create_task(self._heartbeat_loop()),
+                           asyncio.create_task(self._watch_loop())]
 
     async def submit(
         self, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
         req_id: int | None = None, **sampling,
     ) -> int:
         self._ensure_started()
+        if self._watch.lost:
+            raise ServerGoneError(lost_message(self.address))
         req_id = new_req_id() if req_id is None else req_id
         body = build_body(prompt, input_ids, messages, sampling)
         self._queues[req_id] = asyncio.Queue()
@@ -121,6 +128,7 @@ class AsyncClient:
         for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        self._watch.close()
         self._sock.close(linger=100)
         self._ctx.term()
 
@@ -167,12 +175,24 @@ class AsyncClient:
             elif isinstance(msg, HeartbeatAck):
                 self._last_ack_s = time.monotonic()
 
+    async def _watch_loop(self) -> None:
+        """Fail every waiting request once the server's end of the connection closes."""
+        while not self._watch.lost:
+            self._watch.on_event(await self._watch.monitor.recv_multipart())
+        await asyncio.sleep(LOST_GRACE_S)  # let the read loop file what arrived before the close
+        self._fail_all(ServerGoneError(lost_message(self.address)))
+
+    def _fail_all(self, error: BaseException) -> None:
+        for queue in self._queues.values():
+            queue.put_nowait(error)
+        for fut in self._stats.values():
+            if not fut.done():
+                fut.set_exception(error)
+
     async def _heartbeat_loop(self) -> None:
         while True:
             await self._send(Heartbeat(self.client_id))
             await asyncio.sleep(self.heartbeat_interval_s)
             silent_s = time.monotonic() - self._last_ack_s
             if silent_s > self.server_timeout_s:
-                gone = ServerGoneError(f"server at {self.address} has not answered for {silent_s:.0f}s")
-                for queue in self._queues.values():
-                    queue.put_nowait(gone)
+                self._fail_all(ServerGoneError(f"server at {self.address} has not answered for {silent_s:.0f}s"))

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 
 import zmq
 
+from client.connection_watch import ConnectionWatch, lost_message
 from client.heartbeat import HeartbeatThread
 from client.request_body import build_body, new_req_id
 from client.result_builder import ResultBuilder
@@ -56,6 +57,7 @@ class Client:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._watch = ConnectionWatch(self._sock)  # before connect, so the first CONNECTED event is seen
         self._sock.connect(self.address)
         self._outputs: dict[int, deque[tuple[float, ReqOutput]]] = {}  # (arrival perf_counter, output)
         self._sent_s: dict[int, float] = {}
@@ -115,6 +117,7 @@ class Client:
         self._outputs.clear()
         self._sent_s.clear()
         self._heartbeat.stop()
+        self._watch.close()
         self._sock.close(linger=100)
         self._ctx.term()
 
@@ -154,14 +157,16 @@ class Client:
             raise RequestTimeoutError(f"no result within {self.timeout_s}s")
         if self._heartbeat.silent_for_s() > self.server_timeout_s:
             raise ServerGoneError(f"server at {self.address} has not answered for {self._heartbeat.silent_for_s():.0f}s")
-        if not self._sock.poll(POLL_MS):
-            return
-        while self._sock.poll(0):
-            msg = FRONTEND_TO_CLIENT.decode(self._sock.recv())
-            if isinstance(msg, ReqOutput) and msg.req_id in self._outputs:
-                self._outputs[msg.req_id].append((time.perf_counter(), msg))
-            elif isinstance(msg, StatsOut):
-                self._stats[msg.req_id] = msg.stats
+        if self._watch.lost and not self._sock.poll(0):  # seen on an earlier pump, and everything sent before it read
+            raise ServerGoneError(lost_message(self.address))
+        if self._sock.poll(POLL_MS):
+            while self._sock.poll(0):
+                msg = FRONTEND_TO_CLIENT.decode(self._sock.recv())
+                if isinstance(msg, ReqOutput) and msg.req_id in self._outputs:
+                    self._outputs[msg.req_id].append((time.perf_counter(), msg))
+                elif isinstance(msg, StatsOut):
+                    self._stats[msg.req_id] = msg.stats
+        self._watch.poll()
 
 
 class TextStream:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from client import Client, ServerError
+from client import AsyncClient, Client, ServerError, ServerGoneError
 from launcher.runtime_dir import OWNER_FILE, PREFIX, sweep_orphans
 from testing.processes import wait_dead
 from testing.server_process import start_server
@@ -90,3 +92,38 @@ def test_bad_scheduling_flags_are_refused_before_anything_starts(model_dir, flag
     if "invalid choice" not in needle:  # ours, not argparse's usage text
         assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "ready" not in proc.stdout
+
+
+@pytest.mark.parametrize("victim", ["tokenizer_proc", "launcher"])
+def test_sigkill_of_frontend_or_launcher_fails_both_clients_within_5s(model_dir, victim):
+    """The sync and the async client each learn within 5 s, from their socket's monitor, not the
+    15 s heartbeat, and the error names the cause."""
+    handle = start_server(model_dir, *FLAGS)
+    children = handle.child_pids()
+    streaming, seen = threading.Event(), {}
+
+    async def async_side() -> None:
+        async with AsyncClient(handle.port, timeout_s=60) as ac:
+            try:
+                async for _ in ac.stream("Once upon a time", max_tokens=400, ignore_eos=True):
+                    streaming.set()
+            except ServerGoneError as exc:
+                seen["async"] = (time.monotonic(), str(exc))
+
+    thread = threading.Thread(target=lambda: asyncio.run(async_side()))
+    thread.start()
+    with Client(handle.port, timeout_s=60) as c:
+        stream = c.stream("Once upon a time", max_tokens=400, ignore_eos=True)
+        next(iter(stream))
+        assert streaming.wait(30)
+        os.kill(handle.proc.pid if victim == "launcher" else handle.child_pid(victim), signal.SIGKILL)
+        killed_s = time.monotonic()
+        with pytest.raises(ServerGoneError, match="closed the connection: its frontend process exited"):
+            for _ in stream:
+                pass
+        sync_s = time.monotonic()
+    thread.join(30)
+    assert "closed the connection" in seen["async"][1]
+    assert sync_s - killed_s < 5 and seen["async"][0] - killed_s < 5, (sync_s - killed_s, seen["async"][0] - killed_s)
+    handle.proc.wait(timeout=15)
+    assert wait_dead(children, 10) == [], handle.log()
