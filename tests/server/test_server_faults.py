@@ -127,3 +127,20 @@ def test_sigkill_of_frontend_or_launcher_fails_both_clients_within_5s(model_dir,
     assert sync_s - killed_s < 5 and seen["async"][0] - killed_s < 5, (sync_s - killed_s, seen["async"][0] - killed_s)
     handle.proc.wait(timeout=15)
     assert wait_dead(children, 10) == [], handle.log()
+
+
+@pytest.mark.parametrize(("victim", "name"), [("scheduler_proc", "scheduler"), ("detokenizer_proc", "detokenizer"), ("model_proc", "model")])
+def test_sigkill_of_a_back_process_fails_streams_within_5s_naming_it(model_dir, victim, name):
+    handle = start_server(model_dir, *FLAGS)
+    children = handle.child_pids()
+    with Client(handle.port, timeout_s=60) as c:
+        stream = c.stream("Once upon a time", max_tokens=400, ignore_eos=True)
+        next(iter(stream))
+        os.kill(handle.child_pid(victim), signal.SIGKILL)
+        killed_s = time.monotonic()
+        with pytest.raises(ServerError, match=f"the {name} process killed by SIGKILL"):
+            for _ in stream:
+                pass
+        assert time.monotonic() - killed_s < 5
+    assert handle.proc.wait(timeout=15) != 0
+    assert wait_dead(children, 10) == [], handle.log()
