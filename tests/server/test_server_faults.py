@@ -17,7 +17,7 @@ import pytest
 from client import AsyncClient, Client, ServerError, ServerGoneError
 from launcher.runtime_dir import OWNER_FILE, PREFIX, sweep_orphans
 from testing.processes import wait_dead
-from testing.server_process import start_server
+from testing.server_process import free_port, start_server
 
 FLAGS = ("--kv-cache-tokens", "2048", "--num-threads", "1")
 
@@ -129,9 +129,11 @@ def test_sigkill_of_frontend_or_launcher_fails_both_clients_within_5s(model_dir,
     assert wait_dead(children, 10) == [], handle.log()
 
 
-@pytest.mark.parametrize(("victim", "name"), [("scheduler_proc", "scheduler"), ("detokenizer_proc", "detokenizer"), ("model_proc", "model")])
+@pytest.mark.parametrize(
+    ("victim", "name"), [("scheduler_proc", "scheduler"), ("detokenizer_proc", "detokenizer"), ("model_proc", "model"), ("http_proc", "http")]
+)
 def test_sigkill_of_a_back_process_fails_streams_within_5s_naming_it(model_dir, victim, name):
-    handle = start_server(model_dir, *FLAGS)
+    handle = start_server(model_dir, *FLAGS, *(("--http-port", str(free_port())) if victim == "http_proc" else ()))
     children = handle.child_pids()
     with Client(handle.port, timeout_s=60) as c:
         stream = c.stream("Once upon a time", max_tokens=400, ignore_eos=True)
