@@ -22,7 +22,7 @@ import zmq.asyncio
 
 from client.client import client_address
 from client.connection_watch import ConnectionWatch, lost_message
-from client.request_body import build_body, new_req_id
+from client.request_body import build_body, encode_request, new_req_id
 from client.result_builder import ResultBuilder
 from client.types import GenerateResult, RequestTimeoutError, ServerGoneError
 from common.messages import (
@@ -67,7 +67,7 @@ class AsyncClient:
                            asyncio.create_task(self._watch_loop())]
 
     async def submit(
-        self, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
+        self, /, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
         req_id: int | None = None, **sampling,
     ) -> int:
         self._ensure_started()
@@ -75,21 +75,22 @@ class AsyncClient:
             raise ServerGoneError(lost_message(self.address))
         req_id = new_req_id() if req_id is None else req_id
         body = build_body(prompt, input_ids, messages, sampling)
+        frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body))
         self._queues[req_id] = asyncio.Queue()
-        await self._send(GenerateReq(req_id=req_id, client_id=self.client_id, body=body))
+        await self._sock.send(frame)
         return req_id
 
-    async def generate(self, prompt: str | None = None, **kwargs) -> GenerateResult:
+    async def generate(self, /, prompt: str | None = None, **kwargs) -> GenerateResult:
         req_id = await self.submit(prompt, **kwargs)
         builder = ResultBuilder(req_id)
         async for _ in self._outputs(req_id, builder):
             pass
         return builder.result
 
-    async def generate_batch(self, prompts: list[str], **sampling) -> list[GenerateResult]:
+    async def generate_batch(self, /, prompts: list[str], **sampling) -> list[GenerateResult]:
         return list(await asyncio.gather(*(self.generate(p, **sampling) for p in prompts)))
 
-    async def stream(self, prompt: str | None = None, **kwargs) -> AsyncIterator[str]:
+    async def stream(self, /, prompt: str | None = None, **kwargs) -> AsyncIterator[str]:
         """Text deltas as they come. Leaving the loop early aborts the request once the generator
         is closed: `async with contextlib.aclosing(client.stream(...)) as s:` closes it at once."""
         req_id = await self.submit(prompt, **kwargs)
@@ -98,7 +99,7 @@ class AsyncClient:
                 if delta:
                     yield delta
 
-    async def stream_outputs(self, prompt: str | None = None, **kwargs) -> AsyncIterator[tuple[str, GenerateResult]]:
+    async def stream_outputs(self, /, prompt: str | None = None, **kwargs) -> AsyncIterator[tuple[str, GenerateResult]]:
         """(delta, result so far) pairs, for callers that want ids, usage and timings as they grow."""
         req_id = await self.submit(prompt, **kwargs)
         builder = ResultBuilder(req_id)

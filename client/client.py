@@ -23,7 +23,7 @@ import zmq
 
 from client.connection_watch import ConnectionWatch, lost_message
 from client.heartbeat import HeartbeatThread
-from client.request_body import build_body, new_req_id
+from client.request_body import build_body, encode_request, new_req_id
 from client.result_builder import ResultBuilder
 from client.types import GenerateResult, RequestTimeoutError, ServerGoneError
 from common.messages import (
@@ -67,25 +67,26 @@ class Client:
     # ---- requests ----------------------------------------------------------------------------
 
     def submit(
-        self, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
+        self, /, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
         req_id: int | None = None, **sampling,
     ) -> int:
         """Send a request without waiting; returns its req_id (see `result` and `stream_of`)."""
         req_id = new_req_id() if req_id is None else req_id
         body = build_body(prompt, input_ids, messages, sampling)
+        frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body))
         self._outputs[req_id] = deque()
         self._sent_s[req_id] = time.perf_counter()
-        self._send(GenerateReq(req_id=req_id, client_id=self.client_id, body=body))
+        self._sock.send(frame)
         return req_id
 
-    def generate(self, prompt: str | None = None, **kwargs) -> GenerateResult:
+    def generate(self, /, prompt: str | None = None, **kwargs) -> GenerateResult:
         return self.result(self.submit(prompt, **kwargs))
 
-    def generate_batch(self, prompts: list[str], **sampling) -> list[GenerateResult]:
+    def generate_batch(self, /, prompts: list[str], **sampling) -> list[GenerateResult]:
         req_ids = [self.submit(p, **sampling) for p in prompts]
         return [self.result(r) for r in req_ids]
 
-    def stream(self, prompt: str | None = None, **kwargs) -> TextStream:
+    def stream(self, /, prompt: str | None = None, **kwargs) -> TextStream:
         """Text deltas as they come; `.result` holds the whole result once the stream ends."""
         return TextStream(self, self.submit(prompt, **kwargs))
 

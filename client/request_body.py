@@ -1,9 +1,21 @@
-"""The request body both clients send (validated by the server, not here)."""
+"""The request body both clients send: validated by the server, not here.
+
+The client sends what it is given, unchanged (token ids that are not ints stay what they are,
+and the server refuses them); only a value the wire cannot carry at all (an int beyond 64 bits,
+a string that is not valid Unicode, an object msgpack does not know) is refused here, naming
+where it is, with the InvalidRequestError the server would have raised.
+"""
 
 from __future__ import annotations
 
+import operator
 import secrets
 from typing import Any
+
+from client.types import InvalidRequestError
+from common.messages import CLIENT_TO_FRONTEND, GenerateReq
+
+MAX_DEPTH = 32  # deeper nesting than any valid body has: the wire refuses it
 
 
 def new_req_id() -> int:
@@ -18,7 +30,58 @@ def build_body(prompt: str | None, input_ids: list[int] | None, messages: list[d
     if prompt is not None:
         body["prompt"] = prompt
     elif input_ids is not None:
-        body["input_ids"] = [int(t) if not isinstance(t, int) else t for t in input_ids]
+        body["input_ids"] = [_as_int(t) for t in input_ids]
     else:
         body["messages"] = messages
     return body
+
+
+def encode_request(msg: GenerateReq) -> bytes:
+    """The frame for `msg`, or InvalidRequestError naming the first value the wire cannot carry."""
+    problem = _unsendable(msg.body, "request", 0)
+    if problem is None:
+        try:
+            return CLIENT_TO_FRONTEND.encode(msg)
+        except (TypeError, ValueError, OverflowError) as exc:
+            problem = f"the request cannot be encoded: {exc}"
+    raise InvalidRequestError(problem, req_id=msg.req_id)
+
+
+def _as_int(t: Any) -> Any:
+    """numpy and other integer types become int (lossless); anything else is sent as it is."""
+    if isinstance(t, int) or isinstance(t, (float, str, bytes)):
+        return t
+    try:
+        return operator.index(t)
+    except TypeError:
+        return t
+
+
+def _unsendable(value: Any, path: str, depth: int) -> str | None:
+    if depth > MAX_DEPTH:
+        return f"{path} is nested more than {MAX_DEPTH} levels deep"
+    if isinstance(value, bool) or value is None or isinstance(value, (float, bytes)):
+        return None
+    if isinstance(value, int):
+        return None if -(2**63) <= value < 2**64 else f"{path} = {value} does not fit in 64 bits"
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            return f"{path} is not valid Unicode ({exc.reason} at character {exc.start})"
+        return None
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            problem = _unsendable(item, f"{path}[{i}]", depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                return f"{path} has a key that is not a string: {key!r:.64}"
+            problem = _unsendable(key, f"{path} key", depth + 1) or _unsendable(item, f"{path}.{key[:64]}", depth + 1)
+            if problem is not None:
+                return problem
+        return None
+    return f"{path} is a {type(value).__name__}, which a request cannot carry (use str, int, float, bool, list, dict)"

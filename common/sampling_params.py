@@ -9,6 +9,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from common.request_limits import INT32_MAX, LIMITS
 from common.wire import message
 
 
@@ -27,23 +28,37 @@ class SamplingParams:
     return_logprob: bool = False
 
     def validate(self) -> None:
-        """Raise ValueError with a message fit for the client."""
-        if self.max_tokens is not None and (not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1):
-            raise ValueError(f"max_tokens must be an integer >= 1 (or none: up to the context), got {self.max_tokens!r}")
+        """Raise ValueError with a message fit for the client. Every number has a range and every
+        list a cap (common/request_limits.py); the vocabulary and context bounds come on top, in
+        the frontend's RequestValidator."""
+        if self.max_tokens is not None and not _is_int_in(self.max_tokens, 1, LIMITS.max_max_tokens):
+            raise ValueError(
+                f"max_tokens must be an integer in [1, {LIMITS.max_max_tokens}] (or none: up to the context), got {self.max_tokens!r}"
+            )
         if not _is_number(self.temperature) or self.temperature < 0:
-            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
-            raise ValueError(f"top_k must be an integer >= 0 (0 = off), got {self.top_k!r}")
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not _is_int_in(self.top_k, 0, LIMITS.max_top_k):
+            raise ValueError(f"top_k must be an integer in [0, {LIMITS.max_top_k}] (0 = off), got {self.top_k!r}")
         if not _is_number(self.top_p) or not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if not _is_number(self.min_p) or not 0 <= self.min_p < 1:
             raise ValueError(f"min_p must be in [0, 1), got {self.min_p!r}")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool) or not 0 <= self.seed < 2**63):
+        if self.seed is not None and not _is_int_in(self.seed, 0, 2**63 - 1):
             raise ValueError(f"seed must be an integer in [0, 2**63), got {self.seed!r}")
-        if not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError("stop must be a list of non-empty strings")
-        if not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
-            raise ValueError("stop_token_ids must be a list of non-negative integers")
+        if len(self.stop) > LIMITS.max_stop_strings:
+            raise ValueError(f"stop has {len(self.stop)} strings; at most {LIMITS.max_stop_strings} are allowed")
+        for i, s in enumerate(self.stop):
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"stop[{i}] must be a non-empty string, got {_short(s)}")
+            if len(s) > LIMITS.max_stop_string_chars:
+                raise ValueError(f"stop[{i}] is {len(s)} characters; at most {LIMITS.max_stop_string_chars} are allowed")
+        if len(self.stop_token_ids) > LIMITS.max_stop_token_ids:
+            raise ValueError(
+                f"stop_token_ids has {len(self.stop_token_ids)} ids; at most {LIMITS.max_stop_token_ids} are allowed"
+            )
+        for i, t in enumerate(self.stop_token_ids):
+            if not _is_int_in(t, 0, INT32_MAX):
+                raise ValueError(f"stop_token_ids[{i}] must be a token id (an integer >= 0), got {_short(t)}")
         if not isinstance(self.ignore_eos, bool) or not isinstance(self.return_logprob, bool):
             raise ValueError("ignore_eos and return_logprob must be booleans")
 
@@ -60,7 +75,7 @@ class SamplingParams:
             raise ValueError(f"sampling params must be a mapping, got {type(d).__name__}")
         unknown = set(d) - set(SamplingParams.__dataclass_fields__)
         if unknown:
-            raise ValueError(f"unknown sampling field(s): {', '.join(sorted(map(str, unknown)))}")
+            raise ValueError(f"unknown sampling field(s): {_names(unknown)}")
         kw = dict(d)
         for key in ("stop", "stop_token_ids"):
             if key in kw:
@@ -70,7 +85,7 @@ class SamplingParams:
                 if not isinstance(v, (list, tuple)):
                     raise ValueError(f"{key} must be a list, got {type(v).__name__}")
                 kw[key] = tuple(v)
-        if isinstance(kw.get("temperature"), int) and not isinstance(kw.get("temperature"), bool):
+        if _is_number(kw.get("temperature")):
             kw["temperature"] = float(kw["temperature"])
         params = SamplingParams(**kw)
         params.validate()
@@ -78,6 +93,25 @@ class SamplingParams:
 
 
 def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+    """A finite float, or an int a float can hold (a huge int would overflow float())."""
+    if isinstance(x, float):
+        return math.isfinite(x)
+    return isinstance(x, int) and not isinstance(x, bool) and abs(x) <= 2**53
+
+
+def _is_int_in(x: Any, low: int, high: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and low <= x <= high
+
+
+def _names(keys: set) -> str:
+    """Up to 5 of a client's unknown field names, for an error message."""
+    names = sorted(repr(k) if not isinstance(k, str) else k[:64] for k in list(keys)[:100])
+    return ", ".join(names[:5]) + (f" and {len(keys) - 5} more" if len(keys) > 5 else "")
+
+
+def _short(x: Any) -> str:
+    """A value for an error message, cut short (a client's value may be huge)."""
+    text = repr(x)
+    return text if len(text) <= 64 else text[:60] + "...'"
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import zmq
 
+from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
 from common.messages import (
     DETOK_INBOX,
@@ -60,15 +61,32 @@ class DetokenizerLoop:
         while True:
             msg = self.inbox.recv()
             if isinstance(msg, DetokRegister):
-                self.states[msg.req_id] = DetokState(IncrementalDetokenizer(self.tokenizer, stop=msg.stop), msg.num_prompt_tokens)
+                self.contained(msg.req_id, self.register, msg)
             elif isinstance(msg, TokenOutBatch):
                 for out in msg.outs:
-                    self.on_tokens(out)
+                    self.contained(out.req_id, self.on_tokens, out)
             elif isinstance(msg, ReqOutput):
                 self.to_frontend.send(msg)
             elif isinstance(msg, StatsOut):
                 msg.stats["detokenizer_states"] = len(self.states)
                 self.to_frontend.send(msg)
+
+    def contained(self, req_id: int, handle, msg) -> None:
+        """Run `handle(msg)`; if it raises, only request `req_id` fails (an error to its client, an
+        abort to the scheduler) and this process serves on."""
+        try:
+            handle(msg)
+        except Exception as exc:
+            logger.exception("req %d: detokenizing failed", req_id)
+            state = self.states.pop(req_id, None)
+            self.to_scheduler.send(AbortReq(req_id=req_id, finish_reason=FinishReason.ERROR))
+            self.to_frontend.send(ReqOutput.final(
+                req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL, error=f"detokenizing failed: {type(exc).__name__}: {exc}",
+                prompt_tokens=0 if state is None else state.num_prompt_tokens,
+            ))
+
+    def register(self, msg: DetokRegister) -> None:
+        self.states[msg.req_id] = DetokState(IncrementalDetokenizer(self.tokenizer, stop=msg.stop), msg.num_prompt_tokens)
 
     def on_tokens(self, out: TokenOut) -> None:
         state = self.states.get(out.req_id)

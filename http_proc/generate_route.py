@@ -44,6 +44,8 @@ async def parse_body(request: Request) -> tuple[SubRequest, bool]:
         body = json.loads(await request.body())
     except ValueError as exc:
         raise ApiError(400, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(400, "the request body is JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     stream = body.pop("stream", False)

@@ -25,7 +25,9 @@ def parse_body(model: type[RequestT], raw: bytes) -> RequestT:
         return model.model_validate_json(raw)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        parts = [f"{'.'.join(str(x) for x in e['loc']) or 'body'}: {e['msg']}" for e in errors]
+        parts = [f"{'.'.join(str(x)[:64] for x in e['loc']) or 'body'}: {e['msg']}" for e in errors[:5]]
+        if len(errors) > 5:
+            parts.append(f"and {len(errors) - 5} more")
         param = next((str(e["loc"][0]) for e in errors if e["loc"]), None)
         raise ApiError(400, "invalid request: " + "; ".join(parts), param=param) from None
 

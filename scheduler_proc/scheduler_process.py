@@ -20,6 +20,7 @@ from dataclasses import asdict
 import zmq
 
 from common.context_limit import served_context_len
+from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
 from common.forward_batch import StepResult
 from common.messages import (
@@ -89,7 +90,15 @@ class SchedulerLoop:
         so its one output (with its prompt count, which DetokRegister would have carried) goes
         through the detokenizer whole."""
         num_prompt_tokens = len(msg.input_ids)
-        refusal = self.scheduler.submit(msg.req_id, msg.input_ids, msg.params)
+        try:
+            refusal = self.scheduler.submit(msg.req_id, msg.input_ids, msg.params)
+        except Exception as exc:  # raised before it is queued: this request alone fails, the scheduler serves on
+            logger.exception("req %d: submit failed", msg.req_id)
+            self.to_detok.send(ReqOutput.final(
+                msg.req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL, prompt_tokens=num_prompt_tokens,
+                error=f"the scheduler failed to take this request: {type(exc).__name__}: {exc}",
+            ))
+            return
         if not refusal:
             self.to_detok.send(DetokRegister(req_id=msg.req_id, stop=list(msg.params.stop), num_prompt_tokens=num_prompt_tokens))
             return

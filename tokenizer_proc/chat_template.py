@@ -7,11 +7,20 @@ with the globals and filters transformers gives them: `raise_exception`, `strfti
 `trim_blocks` and `lstrip_blocks` are on, and loop controls (`{% break %}`) and the
 `{% generation %}` tag (assistant-mask templates) parse. Rendering must give the same string as
 transformers' `apply_chat_template(..., tokenize=False)`: the parity tests hold us to it.
+
+A render is also bounded: it stops once its output passes `max_chars` (the prompt could not fit
+the context anyway) or after `timeout_s` (a SIGALRM timer, in the main thread: a loop that
+prints nothing cannot run on), and whatever the template raises becomes a ChatTemplateError
+for that request; the sandbox's own range limit bounds each `range()`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import signal
+import threading
+from collections.abc import Iterator
 from datetime import datetime
 from typing import Any
 
@@ -48,25 +57,64 @@ class ChatTemplate:
             raise ValueError(f"{origin}: chat template does not compile (line {exc.lineno}): {exc.message}") from exc
 
     def render(
-        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, special_tokens: dict[str, str]
+        self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, special_tokens: dict[str, str],
+        max_chars: int | None = None, timeout_s: float | None = None,
     ) -> str:
         """Render a conversation. `special_tokens` are the template variables transformers passes
         from the tokenizer's special tokens map (`bos_token`, `eos_token`, ...).
-        Raises ChatTemplateError when the template rejects the conversation."""
+        Raises ChatTemplateError when the template rejects the conversation, fails on it, or
+        passes `max_chars` or `timeout_s`."""
         # transformers drops None-valued keys from each message before rendering.
         chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        variables = dict(
+            messages=chat, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **special_tokens
+        )
+        parts: list[str] = []
+        num_chars = 0
         try:
-            return self._template.render(
-                messages=chat,
-                tools=None,
-                documents=None,
-                add_generation_prompt=add_generation_prompt,
-                **special_tokens,
-            )
+            with _deadline(timeout_s):
+                for part in self._template.generate(**variables):
+                    parts.append(part)
+                    num_chars += len(part)
+                    if max_chars is not None and num_chars > max_chars:
+                        raise ChatTemplateError(
+                            f"the rendered chat prompt passed {max_chars} characters, more than the context can hold"
+                        )
+        except ChatTemplateError:
+            raise
         except jinja2.TemplateError as exc:  # raise_exception, undefined values, sandbox refusals
             raise ChatTemplateError(f"chat template rejected the messages: {exc}") from exc
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-            raise ChatTemplateError(f"chat template failed on the messages: {type(exc).__name__}: {exc}") from exc
+        except _RenderTimeout:
+            raise ChatTemplateError(f"the chat template took over {timeout_s:g}s to render these messages") from None
+        except (RecursionError, MemoryError) as exc:
+            raise ChatTemplateError(f"the chat template failed on the messages: {type(exc).__name__}") from None
+        except Exception as exc:  # the template is untrusted code: whatever it raises ends this request only
+            raise ChatTemplateError(f"the chat template failed on the messages: {type(exc).__name__}: {exc}") from exc
+        return "".join(parts)
+
+
+class _RenderTimeout(BaseException):
+    """Raised by the render timer (a BaseException, so the template's code cannot catch it)."""
+
+
+@contextlib.contextmanager
+def _deadline(timeout_s: float | None) -> Iterator[None]:
+    """Raise _RenderTimeout in this thread after `timeout_s`; only in the main thread, where
+    Python delivers signals (elsewhere, as in tests calling from a worker thread, no timer)."""
+    if not timeout_s or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise _RenderTimeout()
+
+    previous = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
 
 
 class _GenerationTag(jinja2.ext.Extension):

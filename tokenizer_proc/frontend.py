@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import time
 
+import msgpack
 import numpy as np
 import zmq
 
@@ -44,6 +45,7 @@ from tokenizer_proc.request_validator import RequestValidator
 
 logger = logging.getLogger("tokenizer_proc")
 TICK_MS = 250
+MAX_REQ_ID = 2**63 - 1  # req_ids travel as int64 (the scheduler's tables, numpy arrays)
 
 
 class Frontend:
@@ -81,9 +83,26 @@ class Frontend:
             try:
                 msg = CLIENT_TO_FRONTEND.decode(frame)
             except WireError as exc:
-                logger.warning("dropped a malformed client frame (%d bytes): %s", len(frame), exc)
+                self.refuse_malformed(identity, frame, exc)
                 continue
-            self.on_client_message(identity, msg)
+            try:
+                self.on_client_message(identity, msg)
+            except Exception:  # one client's message must never take the front door down
+                logger.exception("handling a %s from a client failed; the message is dropped", type(msg).__name__)
+
+    def refuse_malformed(self, identity: bytes, frame: bytes, exc: WireError) -> None:
+        """A frame that is not a valid message is dropped; when it still reads as a GenerateReq's
+        tag and req_id, its sender gets the reason as that request's error instead of silence."""
+        logger.warning("dropped a malformed client frame (%d bytes): %s", len(frame), exc)
+        try:
+            fields = msgpack.unpackb(frame, raw=False, strict_map_key=False)
+        except (ValueError, TypeError, msgpack.ExtraData, RecursionError):
+            return
+        if isinstance(fields, list) and len(fields) >= 2 and fields[0] == GenerateReq.TAG and isinstance(fields[1], int):
+            req_id = fields[1]
+            if -(2**63) <= req_id < 2**64 and self.registry.identity_of(req_id) is None:
+                error = f"malformed request: {exc}"
+                self.send_to(identity, ReqOutput.final(req_id, FinishReason.ERROR, code=ErrorCode.INVALID, error=error))
 
     def on_client_message(self, identity: bytes, msg) -> None:
         now_s = time.monotonic()
@@ -100,6 +119,10 @@ class Frontend:
             self.to_scheduler.send(msg)
 
     def on_generate(self, identity: bytes, msg: GenerateReq, now_s: float) -> None:
+        if not 0 <= msg.req_id <= MAX_REQ_ID:
+            error = f"req_id must be in [0, 2**63), got {msg.req_id}"
+            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INVALID, error=error))
+            return
         if self.registry.identity_of(msg.req_id) is not None:
             error = f"req_id {msg.req_id} is already in flight"
             self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL, error=error))
@@ -109,6 +132,11 @@ class Frontend:
         except ValueError as exc:
             logger.info("req %d refused: %s", msg.req_id, exc)
             self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INVALID, error=str(exc)))
+            return
+        except Exception as exc:  # a bug or a tokenizer failure on this request: it fails, the frontend serves on
+            logger.exception("req %d: validating and tokenizing failed", msg.req_id)
+            error = f"the server failed to validate or tokenize this request: {type(exc).__name__}: {exc}"
+            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL, error=error))
             return
         self.registry.add_request(msg.client_id, identity, msg.req_id, now_s)
         self.to_scheduler.send(TokenizedReq(req_id=msg.req_id, input_ids=np.asarray(input_ids, np.int32), params=params))

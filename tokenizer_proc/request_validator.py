@@ -9,6 +9,10 @@ prompt + max_tokens must fit the context (the model's, or less with --context-le
 that asks for more is refused at once, naming both numbers, as vLLM does. Without max_tokens it
 may generate up to the context (the scheduler reads None so). A prompt must leave room for at
 least one output token.
+
+Every bound (common/request_limits.py) is checked before the expensive step it protects: text
+length before encoding, the message count before rendering, the rendered size and time while
+rendering (ChatTemplate), top_k and stop ids against the vocabulary.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from common.context_limit import over_context_error
+from common.request_limits import LIMITS
 from common.sampling_params import SamplingParams
 from tokenizer_proc.text_tokenizer import TextTokenizer
 
@@ -41,10 +46,11 @@ class RequestValidator:
     def validate(self, body: Any) -> tuple[list[int], SamplingParams]:
         if not isinstance(body, dict):
             raise ValueError(f"request must be a mapping, got {type(body).__name__}")
-        unknown = sorted(map(str, set(body) - BODY_KEYS))
+        unknown = [k for k in body if k not in BODY_KEYS]
         if unknown:
+            names = ", ".join(_name(k) for k in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
             raise ValueError(
-                f"unknown request field(s): {', '.join(unknown)}; a request has one of "
+                f"unknown request field(s): {names}; a request has one of "
                 "prompt, input_ids, messages, and optionally sampling"
             )
         given = [k for k in PROMPT_KEYS if body.get(k) is not None]
@@ -56,7 +62,9 @@ class RequestValidator:
         params = SamplingParams.from_dict({} if sampling is None else sampling)
         bad_stop_ids = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad_stop_ids:
-            raise ValueError(f"stop_token_ids {bad_stop_ids} are not in the vocabulary (size {self.vocab_size})")
+            raise ValueError(f"stop_token_ids {bad_stop_ids[:5]} are not in the vocabulary (size {self.vocab_size})")
+        if params.top_k > self.vocab_size:
+            raise ValueError(f"top_k must be at most the vocabulary size ({self.vocab_size}), got {params.top_k}")
 
         kind = given[0]
         if kind == "prompt":
@@ -91,6 +99,11 @@ class RequestValidator:
             raise ValueError(f"input_ids must be a list of integers, got {type(ids).__name__}")
         if not ids:
             raise ValueError("input_ids is empty")
+        if len(ids) >= self.context_len:
+            raise ValueError(
+                f"the prompt is {len(ids)} tokens, but the model's context is {self.context_len} tokens; "
+                f"a prompt may have at most {self.context_len - 1} to leave room for output"
+            )
         for i, t in enumerate(ids):
             if not isinstance(t, int) or isinstance(t, bool):
                 raise ValueError(f"input_ids[{i}] must be an integer, got {type(t).__name__}")
@@ -101,23 +114,31 @@ class RequestValidator:
     def _encode_messages(self, messages: Any) -> list[int]:
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError("messages must be a non-empty list of {role, content} objects")
+        max_messages = min(LIMITS.max_messages, self.context_len - 1)
+        if len(messages) > max_messages:
+            raise ValueError(
+                f"messages has {len(messages)} entries; at most {max_messages} fit this server "
+                f"(each costs the chat template at least one of the context's {self.context_len} tokens)"
+            )
         num_chars = 0
         for i, m in enumerate(messages):
             if not isinstance(m, dict):
                 raise ValueError(f"messages[{i}] must be an object with role and content, got {type(m).__name__}")
-            extra = sorted(map(str, set(m) - MESSAGE_KEYS))
+            extra = [k for k in m if k not in MESSAGE_KEYS]
             if extra:
-                raise ValueError(f"messages[{i}] has unknown field(s): {', '.join(extra)}")
+                raise ValueError(f"messages[{i}] has unknown field(s): {', '.join(_name(k) for k in extra[:5])}")
             role, content = m.get("role"), m.get("content")
-            if role not in ROLES:
-                raise ValueError(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {role!r}")
+            if not isinstance(role, str) or role not in ROLES:
+                raise ValueError(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {_name(role)}")
             if not isinstance(content, str):
                 raise ValueError(f"messages[{i}].content must be a string, got {type(content).__name__}")
-            if "name" in m and not isinstance(m["name"], str):
-                raise ValueError(f"messages[{i}].name must be a string")
+            if "name" in m and (not isinstance(m["name"], str) or len(m["name"]) > LIMITS.max_message_name_chars):
+                raise ValueError(f"messages[{i}].name must be a string of at most {LIMITS.max_message_name_chars} characters")
             num_chars += len(content)
         self._check_text_len(num_chars)
-        return self.tokenizer.encode_chat(list(messages), add_generation_prompt=True)
+        return self.tokenizer.encode_chat(
+            list(messages), add_generation_prompt=True, max_chars=self.max_prompt_chars, timeout_s=LIMITS.render_timeout_s
+        )
 
     def _check_text_len(self, num_chars: int) -> None:
         if num_chars > self.max_prompt_chars:
@@ -125,3 +146,9 @@ class RequestValidator:
                 f"the prompt is {num_chars} characters, too long to fit the model's context of "
                 f"{self.context_len} tokens"
             )
+
+
+def _name(value: Any) -> str:
+    """A client's key or value in an error message, cut short."""
+    text = value if isinstance(value, str) else repr(value)
+    return repr(text[:64] + "...") if len(text) > 64 else repr(text) if isinstance(value, str) else text

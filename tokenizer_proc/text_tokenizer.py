@@ -99,17 +99,26 @@ class TextTokenizer:
     def has_chat_template(self) -> bool:
         return bool(self.chat_templates)
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
+        max_chars: int | None = None, timeout_s: float | None = None,
+    ) -> str:
         """Render `messages` with the model's default chat template. Raises ValueError (fit for
-        the client) when the model has none or the template rejects the conversation."""
+        the client) when the model has none or the template rejects the conversation, fails on
+        it, or passes `max_chars` or `timeout_s` (see ChatTemplate.render)."""
         return self._chat_template().render(
-            messages, add_generation_prompt=add_generation_prompt, special_tokens=self.special_tokens
+            messages, add_generation_prompt=add_generation_prompt, special_tokens=self.special_tokens,
+            max_chars=max_chars, timeout_s=timeout_s,
         )
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
+        max_chars: int | None = None, timeout_s: float | None = None,
+    ) -> list[int]:
         """Same ids as transformers' `apply_chat_template(messages, tokenize=True)`: the rendered
         text encoded without adding special tokens, since the template writes its own BOS."""
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        text = self.apply_chat_template(messages, add_generation_prompt, max_chars=max_chars, timeout_s=timeout_s)
+        return self.encode(text, add_special_tokens=False)
 
     def _chat_template(self) -> ChatTemplate:
         if not self.chat_templates:

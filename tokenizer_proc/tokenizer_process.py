@@ -21,9 +21,13 @@ from tokenizer_proc.text_tokenizer import TextTokenizer
 logger = logging.getLogger("tokenizer_proc")
 
 
-def bind_client_port(ctx: zmq.Context, host: str, port: int) -> tuple[zmq.Socket, int]:
+MIN_CLIENT_FRAME_BYTES = 64 << 20  # a client frame above max(this, 2 x --max-request-bytes) drops its connection
+
+
+def bind_client_port(ctx: zmq.Context, host: str, port: int, max_frame_bytes: int = MIN_CLIENT_FRAME_BYTES) -> tuple[zmq.Socket, int]:
     router = ctx.socket(zmq.ROUTER)
     router.setsockopt(zmq.LINGER, 0)
+    router.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)  # ZMQ drops a peer that sends more, before it is buffered
     if port == 0:
         port = router.bind_to_random_port(f"tcp://{host}")
     else:
@@ -37,7 +41,8 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
     validator = RequestValidator(TextTokenizer.from_model_dir(cfg.model), context_len, model_config.vocab_size)
     ctx = zmq.Context()
     try:
-        router, port = bind_client_port(ctx, cfg.host, cfg.port)
+        max_frame_bytes = max(MIN_CLIENT_FRAME_BYTES, 2 * cfg.max_request_bytes)
+        router, port = bind_client_port(ctx, cfg.host, cfg.port, max_frame_bytes)
         inbox = pull(ctx, addrs.frontend_inbox, FRONTEND_INBOX)
         to_scheduler = push(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
         launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open: a closed LINGER=0 socket drops its queue

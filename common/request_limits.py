@@ -1,0 +1,33 @@
+"""RequestLimits: the bounds every request is held to, checked before any expensive work.
+
+One frozen table, read by SamplingParams (numbers and lists) and the frontend's RequestValidator
+(prompt, messages, the chat template's render). Each bound is what keeps one request from
+costing every other client: a count or size cap on every list and string, and a range on every
+number, so that stop matching, rendering and tokenizing stay cheap whatever a client sends.
+
+The numbers are generous next to what real clients send (OpenAI's API takes at most 4 stop
+strings; vLLM's bench client sends none) and small next to what would stall a process.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+INT32_MAX = 2**31 - 1
+UINT64_LIMIT = 2**64  # seeds are taken modulo nothing: they must be below this
+
+
+@dataclass(frozen=True, slots=True)
+class RequestLimits:
+    max_stop_strings: int = 32  # the detokenizer scans each per output token: the count bounds its cost
+    max_stop_string_chars: int = 256  # held-back text is at most this long
+    max_stop_token_ids: int = 256
+    max_messages: int = 4096  # and fewer than the context's tokens: every template spends a token per message
+    max_message_name_chars: int = 256
+    max_top_k: int = INT32_MAX  # the vocabulary bounds it first (RequestValidator); this bounds it for any model
+    max_max_tokens: int = INT32_MAX  # the context bounds it first (RequestValidator)
+    max_rendered_chars_per_token: int = 64  # a rendered chat prompt longer than context x this is refused while rendering
+    render_timeout_s: float = 2.0  # a chat template rendering longer than this is stopped and the request refused
+
+
+LIMITS = RequestLimits()
