@@ -177,10 +177,13 @@ def run_all(args: argparse.Namespace) -> dict:
             for i, (config, address) in enumerate(zip(configs, addresses, strict=True)):
                 desc = f"[{i}] {config.name} (repeat {repeat + 1}/{args.repeats})"
                 options = LoadOptions(args.ignore_eos, args.request_timeout_s, args.warmup_requests, desc, not args.no_progress)
+                num_errors_before = len(config.errors)
                 row = config.add(drive(address, requests, offsets_s, options))
                 log(f"{desc}: {row['num_completed']:.0f} ok, {row['num_failed']:.0f} failed, {row['duration_s']:.1f}s, "
                     f"out {row['output_throughput']:.1f} tok/s, TTFT p99 {row['ttft.p99_ms']:.0f} ms, "
                     f"ITL p99 {row['itl.p99_ms']:.0f} ms; load average {load_average()}")
+                if len(config.errors) > num_errors_before:
+                    log(f"{desc}: first failure: {config.errors[num_errors_before]}")
     finally:
         for server in servers:
             server.request_stop()

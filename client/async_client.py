@@ -70,6 +70,8 @@ class AsyncClient:
         self, /, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
         req_id: int | None = None, **sampling,
     ) -> int:
+        """Send a request without waiting; returns its req_id, to read back with `result(req_id)`
+        or `stream_of(req_id)` (once: a request's outputs are read by one of them)."""
         self._ensure_started()
         if self._watch.lost:
             raise ServerGoneError(lost_message(self.address))
@@ -81,7 +83,11 @@ class AsyncClient:
         return req_id
 
     async def generate(self, /, prompt: str | None = None, **kwargs) -> GenerateResult:
-        req_id = await self.submit(prompt, **kwargs)
+        return await self.result(await self.submit(prompt, **kwargs))
+
+    async def result(self, req_id: int) -> GenerateResult:
+        """The whole result of a request `submit`ted earlier, once it ends."""
+        self._check_in_flight(req_id)
         builder = ResultBuilder(req_id)
         async for _ in self._outputs(req_id, builder):
             pass
@@ -93,7 +99,13 @@ class AsyncClient:
     async def stream(self, /, prompt: str | None = None, **kwargs) -> AsyncIterator[str]:
         """Text deltas as they come. Leaving the loop early aborts the request once the generator
         is closed: `async with contextlib.aclosing(client.stream(...)) as s:` closes it at once."""
-        req_id = await self.submit(prompt, **kwargs)
+        async with contextlib.aclosing(self.stream_of(await self.submit(prompt, **kwargs))) as deltas:
+            async for delta in deltas:
+                yield delta
+
+    async def stream_of(self, req_id: int) -> AsyncIterator[str]:
+        """The text deltas of a request `submit`ted earlier (outputs that came already first)."""
+        self._check_in_flight(req_id)
         async with contextlib.aclosing(self._outputs(req_id, ResultBuilder(req_id))) as outputs:
             async for delta in outputs:
                 if delta:
@@ -140,6 +152,10 @@ class AsyncClient:
         await self.close()
 
     # ---- plumbing ----------------------------------------------------------------------------
+
+    def _check_in_flight(self, req_id: int) -> None:
+        if req_id not in self._queues:
+            raise ValueError(f"req_id {req_id} is not in flight on this client: never submitted here, or already read to its end")
 
     async def _outputs(self, req_id: int, builder: ResultBuilder) -> AsyncIterator[str]:
         queue = self._queues[req_id]

@@ -1,6 +1,8 @@
 """A terminal chat against a running server: streams answers, keeps the conversation.
 
-Commands: /reset clears the conversation, /quit (or Ctrl-D) leaves.
+Commands: /reset clears the conversation, /quit (or Ctrl-D) leaves. Ctrl-C while an answer
+streams stops it (the request is aborted on the server) and keeps what came so far as the
+assistant's turn; Ctrl-C at the prompt clears the line, as in Python's own shell.
 """
 
 from __future__ import annotations
@@ -14,14 +16,17 @@ from client.types import ServerError
 
 def run_shell(address: str, *, max_tokens: int = 512, temperature: float = 0.0, stop_when: Callable[[], object] | None = None) -> None:
     messages: list[dict] = []
-    print("zserve chat: /reset clears the conversation, /quit leaves", flush=True)
+    print("zserve chat: /reset clears the conversation, Ctrl-C stops an answer, /quit or Ctrl-D leaves", flush=True)
     with Client(address) as client:
         while not (stop_when and stop_when()):
             try:
                 line = input("> ").strip()
-            except (EOFError, KeyboardInterrupt):
+            except EOFError:
                 print()
                 return
+            except KeyboardInterrupt:
+                print()
+                continue
             if line in ("/quit", "/exit"):
                 return
             if line == "/reset":
@@ -31,18 +36,32 @@ def run_shell(address: str, *, max_tokens: int = 512, temperature: float = 0.0, 
             if not line:
                 continue
             messages.append({"role": "user", "content": line})
-            stream = client.stream(messages=messages, max_tokens=max_tokens, temperature=temperature)
-            try:
-                for delta in stream:
-                    sys.stdout.write(delta)
-                    sys.stdout.flush()
-            except ServerError as exc:
-                print(f"\n[error] {exc}")
-                messages.pop()
-                continue
-            print()
-            assert stream.result is not None
-            messages.append({"role": "assistant", "content": stream.result.text})
+            answer = stream_answer(client, messages, max_tokens=max_tokens, temperature=temperature)
+            if answer is None:
+                messages.pop()  # the server refused the turn: the conversation stays as it was
+            else:
+                messages.append({"role": "assistant", "content": answer})
+
+
+def stream_answer(client: Client, messages: list[dict], *, max_tokens: int, temperature: float) -> str | None:
+    """Print the answer as it streams and return its text; on Ctrl-C, abort the request and
+    return the text so far. None when the server refused the request (the error is printed)."""
+    parts: list[str] = []
+    stream = client.stream(messages=messages, max_tokens=max_tokens, temperature=temperature)
+    try:
+        for delta in stream:
+            parts.append(delta)
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    except KeyboardInterrupt:
+        stream.close()  # aborts the request on the server
+        print(" [stopped]", flush=True)
+        return "".join(parts)
+    except ServerError as exc:
+        print(f"\n[error] {exc}", flush=True)
+        return None
+    print(flush=True)
+    return "".join(parts)
 
 
 def main(argv: list[str] | None = None) -> None:

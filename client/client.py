@@ -70,7 +70,8 @@ class Client:
         self, /, prompt: str | None = None, *, input_ids: list[int] | None = None, messages: list[dict] | None = None,
         req_id: int | None = None, **sampling,
     ) -> int:
-        """Send a request without waiting; returns its req_id (see `result` and `stream_of`)."""
+        """Send a request without waiting; returns its req_id, to read back with `result(req_id)`
+        or `stream_of(req_id)` (once: a request's outputs are read by one of them)."""
         req_id = new_req_id() if req_id is None else req_id
         body = build_body(prompt, input_ids, messages, sampling)
         frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body))
@@ -90,7 +91,14 @@ class Client:
         """Text deltas as they come; `.result` holds the whole result once the stream ends."""
         return TextStream(self, self.submit(prompt, **kwargs))
 
+    def stream_of(self, req_id: int) -> TextStream:
+        """The text deltas of a request `submit`ted earlier (outputs that came already first)."""
+        self._check_in_flight(req_id)
+        return TextStream(self, req_id)
+
     def result(self, req_id: int) -> GenerateResult:
+        """The whole result of a request `submit`ted earlier, once it ends."""
+        self._check_in_flight(req_id)
         builder = ResultBuilder(req_id, self._sent_s.get(req_id))
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while not builder.done:
@@ -132,6 +140,10 @@ class Client:
 
     def _send(self, msg) -> None:
         self._sock.send(CLIENT_TO_FRONTEND.encode(msg))
+
+    def _check_in_flight(self, req_id: int) -> None:
+        if req_id not in self._outputs:
+            raise ValueError(f"req_id {req_id} is not in flight on this client: never submitted here, or already read to its end")
 
     def _next_output(self, req_id: int, deadline: float | None) -> tuple[float, ReqOutput]:
         queue = self._outputs[req_id]

@@ -62,6 +62,17 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]  # union of config.json and generation_config.json
     bos_token_id: int | None
     stored_dtype: str | None  # "bfloat16", "float32"... as config.json says; weights are cast at load
+    window_capped_from: int = 0  # config.json's maximum positions, when a sliding window capped context_len below it (else 0)
+
+    @property
+    def context_note(self) -> str:
+        """Why context_len is what it is, when it is not config.json's maximum (for the startup log)."""
+        if self.window_capped_from > self.context_len:
+            return (
+                f"context capped at the sliding window of {self.context_len} tokens (config.json allows "
+                f"{self.window_capped_from}; zserve has no sliding-window attention, and within the window it is exact)"
+            )
+        return ""
 
     @property
     def q_size(self) -> int:
@@ -114,6 +125,7 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
     if arch not in ARCH_FAMILIES:
         raise ValueError(f"{path}: architecture {arch!r} is not supported; supported: {', '.join(ARCH_FAMILIES)}")
     family = ARCH_FAMILIES[arch]
+    window_capped_from = 0  # the maximum a sliding window capped the context from
 
     def get(*keys: str, default: Any = ..., kind: type = int) -> Any:
         return _field(raw, path, keys, default, kind)
@@ -155,7 +167,7 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         window = raw.get("sliding_window")
         uses_window = raw.get("use_sliding_window", arch == "MistralForCausalLM")
         if uses_window and isinstance(window, int) and 0 < window < context_len:
-            context_len = window
+            window_capped_from, context_len = context_len, window
     if num_heads % num_kv_heads:
         raise ValueError(f"{path}: num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}")
     vocab_size = get("vocab_size")
@@ -185,6 +197,7 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         eos_token_ids=_eos_ids(raw, gen, path),
         bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
         stored_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+        window_capped_from=window_capped_from,
     )
 
 

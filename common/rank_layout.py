@@ -115,7 +115,8 @@ class RankLayout:
                 raise ValueError(
                     f"--tp-size {self.tp_size}: the model's {size} {what} do not split evenly across {self.tp_size} ranks "
                     f"(it has {num_heads} attention heads, {num_kv_heads} KV heads, MLP width {intermediate_size}); "
-                    "choose a tp size that divides all three"
+                    "choose a tp size that divides all three, or a model that splits (Qwen/Qwen3-0.6B and "
+                    "meta-llama/Llama-3.2-1B-Instruct split over 2, 4 and 8 ranks)"
                 )
 
 

@@ -51,6 +51,7 @@ class ServerConfig:
     seed: int = field(default=0, metadata={"help": "seed for per-request seeds drawn when a request gives none"})
     client_timeout_s: float = field(default=10.0, metadata={"help": "abort a client's requests when it sends no heartbeat for this long"})
     startup_timeout_s: float = field(default=600.0, metadata={"help": "how long to wait for every process to be ready"})
+    log_stats_interval_s: float = field(default=10.0, metadata={"help": "seconds between the scheduler's stats lines while busy (throughput, running/waiting/retracted, KV usage, prefix-cache hits; silent when idle; 0 = off)"})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning, error", "choices": ["debug", "info", "warning", "error"]})
     shell: bool = field(default=False, metadata={"help": "after start, open a terminal chat against the server"})
 

@@ -5,6 +5,7 @@
         batch = scheduler.next_batch()
         if batch: send it, wait for its result, publish the TokenOuts
         else if idle: check integrity
+        every --log-stats-interval-s while busy: one stats line
 
 Only one batch is in flight (no overlap scheduling yet), so the scheduler's state is never
 touched while the worker is writing to pages it might free.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import time
 from dataclasses import asdict
 
 import zmq
@@ -46,13 +48,18 @@ from common.server_config import ServerConfig
 from common.transport import Addresses, Endpoint, pull, push
 from scheduler_proc.scheduler import Scheduler
 from scheduler_proc.scheduler_knobs import scheduler_knobs
+from scheduler_proc.stats_logger import StatsLogger
 
 logger = logging.getLogger("scheduler_proc")
 
 
 class SchedulerLoop:
-    def __init__(self, scheduler: Scheduler, inbox: Endpoint, to_worker: Endpoint, from_worker: Endpoint, to_detok: Endpoint):
+    def __init__(
+        self, scheduler: Scheduler, inbox: Endpoint, to_worker: Endpoint, from_worker: Endpoint, to_detok: Endpoint,
+        stats_logger: StatsLogger,
+    ):
         self.scheduler = scheduler
+        self.stats_logger = stats_logger
         self.inbox = inbox
         self.to_worker = to_worker
         self.from_worker = from_worker
@@ -70,12 +77,29 @@ class SchedulerLoop:
             elif not self.scheduler.has_work and not self.checked_idle:
                 self.scheduler.check_integrity()
                 self.checked_idle = True
+            self.log_stats()
 
     def drain_inbox(self, block: bool) -> None:
-        msg = self.inbox.recv(timeout_ms=None if block else 0)
+        """Handle what is waiting; when `block`, wait for a message first (or until a stats line
+        is due, when one is still owed for the last busy interval)."""
+        timeout_ms = self.idle_wait_ms() if block else 0
+        msg = self.inbox.recv(timeout_ms=timeout_ms)
+        if timeout_ms is None:  # woke from idle: the next stats interval starts now
+            self.stats_logger.restart(time.monotonic(), self.scheduler.stats())
         while msg is not None:
             self.handle(msg)
             msg = self.inbox.recv_nowait()
+
+    def idle_wait_ms(self) -> int | None:
+        due_s = self.stats_logger.due_in_s(time.monotonic())
+        if due_s is None or not self.stats_logger.pending(self.scheduler.stats()):
+            return None
+        return int(due_s * 1000) + 1
+
+    def log_stats(self) -> None:
+        now_s = time.monotonic()
+        if self.stats_logger.due_in_s(now_s) == 0.0:
+            self.stats_logger.maybe_log(now_s, self.scheduler.stats())
 
     def handle(self, msg) -> None:
         if isinstance(msg, TokenizedReq):
@@ -145,7 +169,8 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         )
         gc.collect()
         gc.freeze()  # startup objects never need scanning again: shorter collector pauses in the loop
-        SchedulerLoop(scheduler, inbox, to_worker, from_worker, to_detok).run_forever()
+        stats_logger = StatsLogger(interval_s=cfg.log_stats_interval_s, num_pages=ready.num_pages)
+        SchedulerLoop(scheduler, inbox, to_worker, from_worker, to_detok, stats_logger).run_forever()
     finally:
         ctx.destroy(linger=0)
 

@@ -3,7 +3,9 @@
 #
 #   MODEL=/path/to/hf-model-dir TP=4 bash scripts/launch_one_node.sh [more launch_server flags]
 #
-#   MODEL  Hugging Face model directory (config.json + safetensors + tokenizer); unset = the demo model
+#   MODEL  Hugging Face model directory (config.json + safetensors + tokenizer); unset = the demo model,
+#          whose 9 attention heads and 3 KV heads split over 1 or 3 ranks only: for 2, 4 or 8 GPUs name a
+#          model that splits (e.g. Qwen3-0.6B, Llama-3.2-1B); otherwise the launcher refuses in one line, exit 2
 #   TP     ranks = GPUs used (default: the GPUs in CUDA_VISIBLE_DEVICES, else all nvidia-smi lists, else 1);
 #          local rank i runs on cuda:i, so CUDA_VISIBLE_DEVICES picks which GPUs
 #   PORT   client port (default 30000), on loopback unless you pass --host

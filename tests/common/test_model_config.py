@@ -65,6 +65,9 @@ def test_eos_ids_union_of_lists(tmp_path):
 def test_mistral_sliding_window_caps_context(tmp_path):
     cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "architectures": ["MistralForCausalLM"], "max_position_embeddings": 32768, "sliding_window": 4096}))
     assert cfg.context_len == 4096
+    assert "capped at the sliding window of 4096 tokens (config.json allows 32768" in cfg.context_note
+    plain = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "max_position_embeddings": 32768, "sliding_window": 4096}))
+    assert plain.context_len == 32768 and plain.context_note == ""  # a Llama config's window is not used
 
 
 def test_unsupported_architecture_names_the_supported_ones(tmp_path):
