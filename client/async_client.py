@@ -24,7 +24,14 @@ from client.client import client_address
 from client.connection_watch import ConnectionWatch, lost_message
 from client.request_body import build_body, new_req_id
 from client.result_builder import ResultBuilder
-from client.types import GenerateResult, RequestTimeoutError, ServerGoneError
+from client.types import (
+    GenerateResult,
+    RequestTimeoutError,
+    ServerError,
+    ServerGoneError,
+    resolve_api_key,
+    stats_or_raise,
+)
 from common.messages import (
     CLIENT_TO_FRONTEND,
     FRONTEND_TO_CLIENT,
@@ -43,9 +50,11 @@ LOST_GRACE_S = 0.2  # after the connection closes, outputs already received are 
 class AsyncClient:
     def __init__(
         self, port_or_address: int | str, *, host: str = "127.0.0.1", timeout_s: float | None = None,
-        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0,
+        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0, api_key: str | None = None,
     ):
+        """`api_key` as for Client: None = $ZSERVE_API_KEY, "" = none."""
         self.address = client_address(port_or_address, host)
+        self.api_key = resolve_api_key(api_key)
         self.timeout_s = timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.server_timeout_s = server_timeout_s
@@ -76,7 +85,7 @@ class AsyncClient:
         req_id = new_req_id() if req_id is None else req_id
         body = build_body(prompt, input_ids, messages, sampling)
         self._queues[req_id] = asyncio.Queue()
-        await self._send(GenerateReq(req_id=req_id, client_id=self.client_id, body=body))
+        await self._send(GenerateReq(req_id=req_id, client_id=self.client_id, body=body, api_key=self.api_key))
         return req_id
 
     async def generate(self, prompt: str | None = None, **kwargs) -> GenerateResult:
@@ -113,7 +122,7 @@ class AsyncClient:
         self._ensure_started()
         req_id = new_req_id()
         fut = self._stats[req_id] = asyncio.get_running_loop().create_future()
-        await self._send(StatsReq(req_id))
+        await self._send(StatsReq(req_id, api_key=self.api_key))
         try:
             return await asyncio.wait_for(fut, self.timeout_s or 10.0)
         finally:
@@ -171,7 +180,10 @@ class AsyncClient:
             elif isinstance(msg, StatsOut):
                 fut = self._stats.get(msg.req_id)
                 if fut is not None and not fut.done():
-                    fut.set_result(msg.stats)
+                    try:
+                        fut.set_result(stats_or_raise(msg))
+                    except ServerError as exc:
+                        fut.set_exception(exc)
             elif isinstance(msg, HeartbeatAck):
                 self._last_ack_s = time.monotonic()
 
@@ -191,7 +203,7 @@ class AsyncClient:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await self._send(Heartbeat(self.client_id))
+            await self._send(Heartbeat(self.client_id, self.api_key))
             await asyncio.sleep(self.heartbeat_interval_s)
             silent_s = time.monotonic() - self._last_ack_s
             if silent_s > self.server_timeout_s:

@@ -56,7 +56,10 @@ def main(argv: list[str] | None = None) -> None:
         if cfg.shell and layout.is_head_node:
             from client.chat_shell import run_shell
 
-            run_shell(f"tcp://{cfg.host}:{port}", stop_when=lambda: launcher.stop_requested or launcher.first_dead_child())
+            run_shell(
+                f"tcp://{cfg.host}:{port}", stop_when=lambda: launcher.stop_requested or launcher.first_dead_child(),
+                api_key=cfg.api_key or None,  # None: $ZSERVE_API_KEY, as the launcher reads it
+            )
             code = 0
         else:
             code = launcher.supervise()
