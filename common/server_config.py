@@ -24,7 +24,7 @@ class ServerConfig:
     http_port: int = field(default=0, metadata={"help": "port of the OpenAI-compatible HTTP server on --host (0 = no HTTP server)", "min": 0, "max": 65535})
     allowed_hosts: str = field(default="", metadata={"help": "HTTP: Host names answered besides loopback names and --host, comma-separated (* = any); others get 403"})
     allowed_origins: str = field(default="", metadata={"help": "HTTP: origins allowed cross-origin requests (CORS), comma-separated (* = any; empty = none: requests with another Origin get 403)"})
-    api_key: str = field(default="", metadata={"help": "HTTP: when set, every route but /health needs 'Authorization: Bearer KEY' (401 otherwise); read from $ZSERVE_API_KEY when empty"})
+    api_key: str = field(default="", metadata={"help": "when set, every HTTP route but /health needs 'Authorization: Bearer KEY' (401 otherwise) and ZMQ clients must present it (api_key=, or $ZSERVE_API_KEY); read from $ZSERVE_API_KEY when empty"})
     max_request_bytes: int = field(default=8 << 20, metadata={"help": "HTTP: largest request body accepted (413 above)", "min": 1})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA and on CPUs with avx512_bf16 or amx_bf16, else fp32; the log says which and why), float32, bfloat16, float16", "choices": ["auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"]})
