@@ -16,6 +16,7 @@ taken before the child binds it; the child's own error covers that race.
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import struct
@@ -74,7 +75,11 @@ def check_port_free(flag: str, host: str, port: int) -> None:
             pass
     except OSError as exc:
         what = f"{flag} {port}: cannot listen on {host}:{port}" if port else f"--host {host}: cannot listen there"
-        raise ValueError(f"{what}: {exc.strerror or exc}") from None
+        if isinstance(exc, socket.gaierror) or not exc.errno:
+            reason = exc.strerror or str(exc)
+        else:
+            reason = os.strerror(exc.errno)  # create_server's own text repeats the address
+        raise ValueError(f"{what}: {reason}") from None
 
 
 def check_weights(model_dir: Path) -> None:

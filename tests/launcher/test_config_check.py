@@ -92,7 +92,7 @@ def assert_refused(proc: subprocess.CompletedProcess, elapsed_s: float, tmp_path
         (["--port", "70000"], "--port: must be in 0..65535, got 70000"),
         (["--http-port", "-1"], "--http-port: must be in 0..65535"),
         (["--client-timeout-s", "0"], "--client-timeout-s: must be > 0.0"),
-        (["--host", "192.0.2.1"], "--host 192.0.2.1: cannot listen there"),
+        (["--host", "192.0.2.1"], "--host 192.0.2.1: cannot listen there: Cannot assign requested address"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     ],
 )
