@@ -7,6 +7,7 @@ usage text: launcher/config_check.py refuses what needs more than one flag the s
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from collections.abc import Callable
 from dataclasses import MISSING, fields
@@ -37,7 +38,7 @@ def ranged(kind: type, metadata: dict) -> Callable[[str], int | float]:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
-        if value != value or value in (float("inf"), float("-inf")):
+        if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
         if low is not None and high is not None and not low <= value <= high:
             raise argparse.ArgumentTypeError(f"must be in {low}..{high}, got {text}")
@@ -49,7 +50,6 @@ def ranged(kind: type, metadata: dict) -> Callable[[str], int | float]:
             raise argparse.ArgumentTypeError(f"must be > {above}, got {text}")
         return value
 
-    parse.__name__ = kind.__name__  # argparse names the type in its messages
     return parse
 
 
