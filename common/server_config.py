@@ -1,7 +1,7 @@
 """The one frozen server configuration, built once by the launcher from the CLI.
 
 argparse defaults, choices and ranges are read from the dataclass fields' metadata ("choices",
-"min" / "max" inclusive, "above" exclusive; launcher/cli.py), and every child process
+"min" / "max" inclusive, "above" / "below" exclusive; launcher/cli.py), and every child process
 receives the same config as JSON on its command line. Components never take this object: the
 process entry points unpack it into plain values.
 """
@@ -38,7 +38,7 @@ class ServerConfig:
     prefill_max_requests: int = field(default=0, metadata={"help": "requests newly admitted per prefill step at most, next to the token budget (0 = no cap)", "min": 0})
     context_length: int = field(default=0, metadata={"help": "tokens of prompt + output a request may use at most (0 = the model's maximum; above it is refused)", "min": 0})
     kv_cache_tokens: int = field(default=0, metadata={"help": "KV pool size in tokens (0 = size from free memory)", "min": 0})
-    kv_memory_fraction: float = field(default=0.3, metadata={"help": "fraction of free memory for the KV pool when --kv-cache-tokens is 0", "above": 0.0, "max": 1.0})
+    kv_memory_fraction: float = field(default=0.3, metadata={"help": "fraction of free memory for the KV pool when --kv-cache-tokens is 0", "above": 0.0, "below": 1.0})
     schedule_policy: str = field(default="mixed", metadata={"help": "prefill-first, decode-first or mixed", "choices": ["prefill-first", "decode-first", "mixed"]})
     admission_policy: str = field(default="pack", metadata={"help": "fifo or pack", "choices": ["fifo", "pack"]})
     admission_lookahead: int = field(default=64, metadata={"help": "pending requests the pack policy looks at", "min": 1})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import operator
 import sys
 from collections.abc import Callable
 from dataclasses import MISSING, fields
@@ -29,9 +30,13 @@ def refuse(message: str) -> NoReturn:
     sys.exit(2)
 
 
+BOUNDS = (("min", ">=", operator.ge), ("max", "<=", operator.le), ("above", ">", operator.gt), ("below", "<", operator.lt))
+
+
 def ranged(kind: type, metadata: dict) -> Callable[[str], int | float]:
-    """argparse type: `kind`, within the field's "min" / "max" (inclusive) and "above" (exclusive)."""
-    low, high, above = metadata.get("min"), metadata.get("max"), metadata.get("above")
+    """argparse type: `kind`, within the field's "min" / "max" (inclusive) and "above" / "below" (exclusive)."""
+    checks = [(word, metadata[key], holds) for key, word, holds in BOUNDS if key in metadata]
+    wanted = " and ".join(f"{word} {bound}" for word, bound, _ in checks)
 
     def parse(text: str) -> int | float:
         try:
@@ -40,14 +45,8 @@ def ranged(kind: type, metadata: dict) -> Callable[[str], int | float]:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-        if low is not None and high is not None and not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"must be in {low}..{high}, got {text}")
-        if low is not None and value < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low}, got {text}")
-        if high is not None and value > high:
-            raise argparse.ArgumentTypeError(f"must be <= {high}, got {text}")
-        if above is not None and not value > above:
-            raise argparse.ArgumentTypeError(f"must be > {above}, got {text}")
+        if not all(holds(value, bound) for _, bound, holds in checks):
+            raise argparse.ArgumentTypeError(f"must be {wanted}, got {text}")
         return value
 
     return parse
