@@ -9,6 +9,7 @@ from client.types import (
     ServerBusyError,
     ServerError,
     ServerGoneError,
+    UnauthorizedError,
     Usage,
 )
 
@@ -22,5 +23,6 @@ __all__ = [
     "ServerError",
     "ServerGoneError",
     "TextStream",
+    "UnauthorizedError",
     "Usage",
 ]

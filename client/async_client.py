@@ -24,7 +24,14 @@ from client.client import client_address
 from client.connection_watch import ConnectionWatch, lost_message
 from client.request_body import build_body, encode_request, new_req_id
 from client.result_builder import ResultBuilder
-from client.types import GenerateResult, RequestTimeoutError, ServerGoneError
+from client.types import (
+    GenerateResult,
+    RequestTimeoutError,
+    ServerError,
+    ServerGoneError,
+    resolve_api_key,
+    stats_or_raise,
+)
 from common.messages import (
     CLIENT_TO_FRONTEND,
     FRONTEND_TO_CLIENT,
@@ -43,9 +50,11 @@ LOST_GRACE_S = 0.2  # after the connection closes, outputs already received are 
 class AsyncClient:
     def __init__(
         self, port_or_address: int | str, *, host: str = "127.0.0.1", timeout_s: float | None = None,
-        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0,
+        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0, api_key: str | None = None,
     ):
+        """`api_key` as for Client: None = $ZSERVE_API_KEY, "" = none."""
         self.address = client_address(port_or_address, host)
+        self.api_key = resolve_api_key(api_key)
         self.timeout_s = timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.server_timeout_s = server_timeout_s
@@ -77,7 +86,7 @@ class AsyncClient:
             raise ServerGoneError(lost_message(self.address))
         req_id = new_req_id() if req_id is None else req_id
         body = build_body(prompt, input_ids, messages, sampling)
-        frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body))
+        frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body, api_key=self.api_key))
         self._queues[req_id] = asyncio.Queue()
         await self._sock.send(frame)
         return req_id
@@ -126,7 +135,7 @@ class AsyncClient:
         self._ensure_started()
         req_id = new_req_id()
         fut = self._stats[req_id] = asyncio.get_running_loop().create_future()
-        await self._send(StatsReq(req_id))
+        await self._send(StatsReq(req_id, api_key=self.api_key))
         try:
             return await asyncio.wait_for(fut, self.timeout_s or 10.0)
         finally:
@@ -188,7 +197,10 @@ class AsyncClient:
             elif isinstance(msg, StatsOut):
                 fut = self._stats.get(msg.req_id)
                 if fut is not None and not fut.done():
-                    fut.set_result(msg.stats)
+                    try:
+                        fut.set_result(stats_or_raise(msg))
+                    except ServerError as exc:
+                        fut.set_exception(exc)
             elif isinstance(msg, HeartbeatAck):
                 self._last_ack_s = time.monotonic()
 
@@ -208,7 +220,7 @@ class AsyncClient:
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await self._send(Heartbeat(self.client_id))
+            await self._send(Heartbeat(self.client_id, self.api_key))
             await asyncio.sleep(self.heartbeat_interval_s)
             silent_s = time.monotonic() - self._last_ack_s
             if silent_s > self.server_timeout_s:

@@ -14,10 +14,13 @@ from client.client import Client
 from client.types import ServerError
 
 
-def run_shell(address: str, *, max_tokens: int = 512, temperature: float = 0.0, stop_when: Callable[[], object] | None = None) -> None:
+def run_shell(
+    address: str, *, max_tokens: int = 512, temperature: float = 0.0, stop_when: Callable[[], object] | None = None,
+    api_key: str | None = None,
+) -> None:
     messages: list[dict] = []
     print("zserve chat: /reset clears the conversation, Ctrl-C stops an answer, /quit or Ctrl-D leaves", flush=True)
-    with Client(address) as client:
+    with Client(address, api_key=api_key) as client:
         while not (stop_when and stop_when()):
             try:
                 line = input("> ").strip()

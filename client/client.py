@@ -25,7 +25,7 @@ from client.connection_watch import ConnectionWatch, lost_message
 from client.heartbeat import HeartbeatThread
 from client.request_body import build_body, encode_request, new_req_id
 from client.result_builder import ResultBuilder
-from client.types import GenerateResult, RequestTimeoutError, ServerGoneError
+from client.types import GenerateResult, RequestTimeoutError, ServerGoneError, resolve_api_key, stats_or_raise
 from common.messages import (
     CLIENT_TO_FRONTEND,
     FRONTEND_TO_CLIENT,
@@ -48,9 +48,12 @@ def client_address(port_or_address: int | str, host: str = "127.0.0.1") -> str:
 class Client:
     def __init__(
         self, port_or_address: int | str, *, host: str = "127.0.0.1", timeout_s: float | None = None,
-        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0,
+        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0, api_key: str | None = None,
     ):
+        """`api_key`: the server's --api-key, sent with every request (None = $ZSERVE_API_KEY, "" = none);
+        a server with a key refuses a request without it with UnauthorizedError."""
         self.address = client_address(port_or_address, host)
+        self.api_key = resolve_api_key(api_key)
         self.timeout_s = timeout_s
         self.server_timeout_s = server_timeout_s
         self.client_id = uuid.uuid4().hex
@@ -61,8 +64,8 @@ class Client:
         self._sock.connect(self.address)
         self._outputs: dict[int, deque[tuple[float, ReqOutput]]] = {}  # (arrival perf_counter, output)
         self._sent_s: dict[int, float] = {}
-        self._stats: dict[int, dict] = {}
-        self._heartbeat = HeartbeatThread(self._ctx, self.address, self.client_id, heartbeat_interval_s)
+        self._stats: dict[int, StatsOut] = {}
+        self._heartbeat = HeartbeatThread(self._ctx, self.address, self.client_id, heartbeat_interval_s, self.api_key)
 
     # ---- requests ----------------------------------------------------------------------------
 
@@ -74,7 +77,7 @@ class Client:
         or `stream_of(req_id)` (once: a request's outputs are read by one of them)."""
         req_id = new_req_id() if req_id is None else req_id
         body = build_body(prompt, input_ids, messages, sampling)
-        frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body))
+        frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body, api_key=self.api_key))
         self._outputs[req_id] = deque()
         self._sent_s[req_id] = time.perf_counter()
         self._sock.send(frame)
@@ -113,11 +116,11 @@ class Client:
     def stats(self) -> dict:
         """Server state: waiting, running, KV pages free/cached/used, prefix hit tokens, ..."""
         req_id = new_req_id()
-        self._send(StatsReq(req_id))
+        self._send(StatsReq(req_id, api_key=self.api_key))
         deadline = time.monotonic() + (self.timeout_s or 10.0)
         while req_id not in self._stats:
             self._pump(deadline)
-        return self._stats.pop(req_id)
+        return stats_or_raise(self._stats.pop(req_id))
 
     def close(self) -> None:
         """Abort what is still in flight, stop the heartbeat, close the socket."""
@@ -178,7 +181,7 @@ class Client:
                 if isinstance(msg, ReqOutput) and msg.req_id in self._outputs:
                     self._outputs[msg.req_id].append((time.perf_counter(), msg))
                 elif isinstance(msg, StatsOut):
-                    self._stats[msg.req_id] = msg.stats
+                    self._stats[msg.req_id] = msg
         self._watch.poll()
 
 

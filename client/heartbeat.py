@@ -12,9 +12,10 @@ from common.messages import CLIENT_TO_FRONTEND, FRONTEND_TO_CLIENT, Heartbeat, H
 
 
 class HeartbeatThread:
-    def __init__(self, ctx: zmq.Context, address: str, client_id: str, interval_s: float):
+    def __init__(self, ctx: zmq.Context, address: str, client_id: str, interval_s: float, api_key: str = ""):
         self.address = address
         self.client_id = client_id
+        self.api_key = api_key
         self.interval_s = interval_s
         self.last_ack_s = time.monotonic()
         self._ctx = ctx
@@ -28,7 +29,7 @@ class HeartbeatThread:
         sock.connect(self.address)
         try:
             while not self._stop.is_set():
-                sock.send(CLIENT_TO_FRONTEND.encode(Heartbeat(self.client_id)))
+                sock.send(CLIENT_TO_FRONTEND.encode(Heartbeat(self.client_id, self.api_key)))
                 deadline = time.monotonic() + self.interval_s
                 while (left_ms := int((deadline - time.monotonic()) * 1000)) > 0 and not self._stop.is_set():
                     if sock.poll(min(left_ms, 100)):

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
+from common.server_config import API_KEY_ENV
 
 if TYPE_CHECKING:
-    from common.messages import ReqOutput
+    from common.messages import ReqOutput, StatsOut
 
 
 class ServerError(RuntimeError):
@@ -35,6 +37,12 @@ class InvalidRequestError(ServerError):
     """The server can never serve this request as given (bad parameters, a prompt too long)."""
 
     default_code = ErrorCode.INVALID
+
+
+class UnauthorizedError(ServerError):
+    """The server has an API key and this client presented another, or none (`api_key=`, or $ZSERVE_API_KEY)."""
+
+    default_code = ErrorCode.UNAUTHORIZED
 
 
 class ServerGoneError(ServerError):
@@ -73,6 +81,7 @@ def server_error(message: str, code: ErrorCode, req_id: int | None = None) -> Se
         ErrorCode.INVALID: InvalidRequestError,
         ErrorCode.GONE: ServerGoneError,
         ErrorCode.UNAVAILABLE: ServerGoneError,
+        ErrorCode.UNAUTHORIZED: UnauthorizedError,
     }.get(code, ServerError)
     return kind(message, code, req_id)
 
@@ -80,3 +89,14 @@ def server_error(message: str, code: ErrorCode, req_id: int | None = None) -> Se
 def raise_for_error(out: ReqOutput) -> None:
     if out.finish_reason is FinishReason.ERROR:
         raise server_error(out.error or "unknown server error", out.code or ErrorCode.INTERNAL, out.req_id)
+
+
+def stats_or_raise(out: StatsOut) -> dict:
+    if out.code is not None:
+        raise server_error(out.error or "stats refused", out.code)
+    return out.stats
+
+
+def resolve_api_key(api_key: str | None) -> str:
+    """The key a client presents: `api_key`, or $ZSERVE_API_KEY when it is None ("" = none)."""
+    return os.environ.get(API_KEY_ENV, "") if api_key is None else api_key

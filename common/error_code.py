@@ -12,6 +12,7 @@ class ErrorCode(IntEnum):
     INTERNAL = 3  # the server's fault: a bug, a req_id clash
     GONE = 4  # a server process died; the server is stopping (the launcher's FailAll)
     UNAVAILABLE = 5  # the server stopped answering: a client's own verdict, never sent by the server
+    UNAUTHORIZED = 6  # the server has an API key and the client presented another, or none
 
     @property
     def text(self) -> str:

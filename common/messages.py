@@ -9,6 +9,8 @@ of this file).
 Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the client port):
 
     client  <-> frontend     ROUTER (tcp, --host/--port)  GenerateReq AbortReq Heartbeat StatsReq | ReqOutput StatsOut HeartbeatAck
+                             (GenerateReq, Heartbeat and StatsReq carry the --api-key; an AbortReq
+                             only stops a request its own connection sent)
     frontend -> scheduler    inbox                        TokenizedReq AbortReq StatsReq
     detok   -> scheduler     inbox                        AbortReq (a stop string matched)
     scheduler -> detok                                    DetokRegister TokenOutBatch ReqOutput (a refusal) StatsOut
@@ -49,6 +51,7 @@ class GenerateReq:
     req_id: int
     client_id: str
     body: dict[str, Any]
+    api_key: str = ""  # checked by the frontend when the server has an API key (ErrorCode.UNAUTHORIZED)
 
 
 @message(11)
@@ -62,7 +65,10 @@ class AbortReq:
 
 @message(12)
 class Heartbeat:
+    """Keeps the client's requests alive; with a wrong API key it is acknowledged but keeps nothing alive."""
+
     client_id: str
+    api_key: str = ""
 
 
 @message(13)
@@ -73,12 +79,15 @@ class HeartbeatAck:
 @message(14)
 class StatsReq:
     req_id: int
+    api_key: str = ""  # the frontend checks it and does not forward it
 
 
 @message(15)
 class StatsOut:
     req_id: int
     stats: dict[str, int | float]  # SchedulerStats fields (new_token_ratio is a float), plus what the detokenizer and frontend add
+    code: ErrorCode | None = None  # set (with `error`, and no stats) when the frontend refused the StatsReq
+    error: str | None = None
 
 
 @message(16)

@@ -31,6 +31,7 @@ STATUS_OF_CODE: dict[ErrorCode, tuple[int, str | None]] = {  # ErrorCode -> (HTT
     ErrorCode.INTERNAL: (500, "internal_error"),
     ErrorCode.GONE: (500, "server_failure"),
     ErrorCode.UNAVAILABLE: (503, "server_unavailable"),
+    ErrorCode.UNAUTHORIZED: (500, "frontend_unauthorized"),  # the HTTP process's key is not the frontend's: a server fault
 }
 
 

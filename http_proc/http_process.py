@@ -63,10 +63,10 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
     client_host = "127.0.0.1" if cfg.host in WILDCARD_HOSTS else cfg.host
     ctx = zmq.Context()
     try:
-        async with AsyncClient(client_port, host=client_host) as client:
+        api_key = cfg.api_key or os.environ.get(API_KEY_ENV, "")  # the launcher passes it in the environment
+        async with AsyncClient(client_port, host=client_host, api_key=api_key) as client:  # the frontend checks it too
             health = HealthMonitor(client)
             model_path = str(Path(cfg.model).resolve())
-            api_key = cfg.api_key or os.environ.get(API_KEY_ENV, "")
             gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes)
             state = HttpState(client, Path(model_path).name, model_path, context_len, ServerMetrics(), health, gate)
             config = uvicorn.Config(

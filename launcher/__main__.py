@@ -7,24 +7,13 @@ import signal
 import sys
 from dataclasses import replace
 
-from common.context_limit import context_length_error
 from common.proc_runtime import setup_logging
-from common.rank_layout import RankLayout
 from common.server_config import ServerConfig
-from launcher.cli import parse_config
+from launcher.cli import parse_config, refuse
+from launcher.config_check import check_flags, check_model
 from launcher.launcher import Launcher, StartupError
 
 logger = logging.getLogger("launcher")
-
-
-def check_flags(cfg: ServerConfig) -> None:
-    """Refuse values no model could make right, before the model is even fetched."""
-    if cfg.prefill_max_requests < 0:
-        raise ValueError(f"--prefill-max-requests must be >= 0 (0 = no cap), got {cfg.prefill_max_requests}")
-    if not cfg.schedule_conservativeness > 0:
-        raise ValueError(f"--schedule-conservativeness must be > 0, got {cfg.schedule_conservativeness}")
-    if cfg.context_length < 0:
-        raise ValueError(f"--context-length must be >= 0 (0 = the model's maximum), got {cfg.context_length}")
 
 
 def resolve_model(cfg: ServerConfig) -> ServerConfig:
@@ -33,21 +22,6 @@ def resolve_model(cfg: ServerConfig) -> ServerConfig:
     from launcher.demo_model import ensure_demo_model
 
     return replace(cfg, model=str(ensure_demo_model(progress=True)))
-
-
-def resolve_ranks(cfg: ServerConfig) -> tuple[ServerConfig, RankLayout]:
-    """Check the rank flags against each other and the model, and --context-length against the
-    model (before any process starts); fix the threads of each rank: --num-threads 0 shares this
-    node's among its ranks."""
-    from common.model_config import ModelConfig
-
-    layout = RankLayout.from_config(cfg)
-    hf = ModelConfig.from_model_dir(cfg.model)
-    layout.check_model(hf.num_heads, hf.num_kv_heads, hf.intermediate_size)
-    error = context_length_error(cfg.context_length, hf.context_len)
-    if error is not None:
-        raise ValueError(error)
-    return replace(cfg, num_threads=layout.threads_per_rank(cfg.num_threads)), layout
 
 
 def ready_line(cfg: ServerConfig, launcher: Launcher, port: int | None) -> str:
@@ -62,19 +36,13 @@ def ready_line(cfg: ServerConfig, launcher: Launcher, port: int | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg = parse_config(argv)
+    cfg = parse_config(argv)  # refuses a bad flag alone (exit code 2)
     setup_logging("launcher", cfg.log_level)
     try:
-        check_flags(cfg)
+        layout = check_flags(cfg)
+        cfg = check_model(resolve_model(cfg), layout)
     except ValueError as exc:
-        logger.error("%s", exc)
-        sys.exit(2)
-    cfg = resolve_model(cfg)
-    try:
-        cfg, layout = resolve_ranks(cfg)
-    except (ValueError, FileNotFoundError) as exc:
-        logger.error("%s", exc)
-        sys.exit(2)
+        refuse(str(exc))
     from common.worker_env import worker_env
 
     launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device, cfg.omp_spin_count), layout)
@@ -88,7 +56,10 @@ def main(argv: list[str] | None = None) -> None:
         if cfg.shell and layout.is_head_node:
             from client.chat_shell import run_shell
 
-            run_shell(f"tcp://{cfg.host}:{port}", stop_when=lambda: launcher.stop_requested or launcher.first_dead_child())
+            run_shell(
+                f"tcp://{cfg.host}:{port}", stop_when=lambda: launcher.stop_requested or launcher.first_dead_child(),
+                api_key=cfg.api_key or None,  # None: $ZSERVE_API_KEY, as the launcher reads it
+            )
             code = 0
         else:
             code = launcher.supervise()

@@ -16,6 +16,7 @@ went silent. Children also die on their own if the launcher is SIGKILLed (common
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from dataclasses import replace
@@ -65,14 +66,17 @@ class Launcher:
     def start(self) -> int | None:
         """Start every child of this node and wait until all are ready; returns the client port
         (None on a node other than 0)."""
-        # the API key goes to the HTTP process in its environment, never on a command line (ps shows those)
+        # the API key goes to the frontend (tokenizer) and the HTTP process (a client of the frontend) in
+        # their environment, never on a command line (ps shows those)
         args = ["--config", replace(self.cfg, api_key="").to_json(), "--addresses", self.addrs.to_json()]
+        api_key = self.cfg.api_key or os.environ.get(API_KEY_ENV, "")
+        key_env = {API_KEY_ENV: api_key} if api_key else None
         for rank in self.layout.local_ranks:
             name = self.layout.child_name(rank)
             self.children.append(ChildProcess.start(name, "model_proc", [*args, "--rank", str(rank)], self.worker_env))
         if self.layout.is_head_node:
             for name, module in SERVER_CHILDREN:
-                self.children.append(ChildProcess.start(name, module, args))
+                self.children.append(ChildProcess.start(name, module, args, key_env if module == "tokenizer_proc" else None))
         expected = {c.name for c in self.children} | ({"http"} if self.layout.is_head_node and self.cfg.http_port else set())
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while len(self.ready) < len(expected):
@@ -90,7 +94,6 @@ class Launcher:
                 logger.info("%s ready (pid %d)", msg.name, msg.pid)
                 if msg.name == "tokenizer" and self.cfg.http_port:  # the HTTP process needs the client port
                     http_args = [*args, "--client-port", str(msg.info["port"])]
-                    key_env = {API_KEY_ENV: self.cfg.api_key} if self.cfg.api_key else None
                     self.children.append(ChildProcess.start("http", "http_proc", http_args, key_env))
         return int(self.ready["tokenizer"].info["port"]) if self.layout.is_head_node else None
 

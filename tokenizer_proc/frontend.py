@@ -6,9 +6,15 @@ asked. Because every result passes through here, this process can also end every
 request at once (launcher's FailAll on shutdown or on a dead child) and abort the requests of
 a client that went silent.
 
+With an API key (--api-key), a GenerateReq, Heartbeat or StatsReq that does not carry it is
+refused (ErrorCode.UNAUTHORIZED to that request) before anything reads it; a Heartbeat without it
+is acknowledged (liveness is no secret: HTTP /health is open too) but keeps nothing alive. An
+AbortReq needs no key: it stops only requests its own connection sent, which had the key.
+
     loop:
         wait for a client frame or an inbox message (or the heartbeat tick)
-        client: GenerateReq -> validate, encode, forward | error to that client
+        client: wrong API key -> UNAUTHORIZED to that request
+                GenerateReq -> validate, encode, forward | error to that client
                 AbortReq -> forward if the client owns it;  Heartbeat -> ack;  StatsReq -> forward
         inbox:  ReqOutput -> route to its client;  FailAll -> end everything in flight
         tick:   abort the requests of silent clients
@@ -16,6 +22,7 @@ a client that went silent.
 
 from __future__ import annotations
 
+import hmac
 import logging
 import time
 
@@ -50,8 +57,10 @@ MAX_REQ_ID = 2**63 - 1  # req_ids travel as int64 (the scheduler's tables, numpy
 
 class Frontend:
     def __init__(
-        self, validator: RequestValidator, router: zmq.Socket, inbox: Endpoint, to_scheduler: Endpoint, registry: ClientRegistry
+        self, validator: RequestValidator, router: zmq.Socket, inbox: Endpoint, to_scheduler: Endpoint, registry: ClientRegistry,
+        api_key: str = "",
     ):
+        self.api_key = api_key.encode()  # b"" = no key: every client is served
         self.validator = validator
         self.router = router
         self.inbox = inbox
@@ -106,7 +115,9 @@ class Frontend:
 
     def on_client_message(self, identity: bytes, msg) -> None:
         now_s = time.monotonic()
-        if isinstance(msg, GenerateReq):
+        if not isinstance(msg, AbortReq) and not self.key_matches(msg.api_key):
+            self.refuse_unauthorized(identity, msg)
+        elif isinstance(msg, GenerateReq):
             self.on_generate(identity, msg, now_s)
         elif isinstance(msg, AbortReq):
             if self.registry.identity_of(msg.req_id) == identity:
@@ -116,7 +127,20 @@ class Frontend:
             self.send_to(identity, HeartbeatAck(client_id=msg.client_id))
         elif isinstance(msg, StatsReq):
             self.stats_waiters[msg.req_id] = identity
-            self.to_scheduler.send(msg)
+            self.to_scheduler.send(StatsReq(req_id=msg.req_id))  # the key stays here
+
+    def key_matches(self, presented: str) -> bool:
+        return not self.api_key or hmac.compare_digest(presented.encode(), self.api_key)
+
+    def refuse_unauthorized(self, identity: bytes, msg: GenerateReq | Heartbeat | StatsReq) -> None:
+        error = "missing or wrong API key: this server needs the key it was started with (Client(api_key=...) or $ZSERVE_API_KEY)"
+        if isinstance(msg, GenerateReq):
+            logger.info("req %d refused: missing or wrong API key", msg.req_id)
+            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.UNAUTHORIZED, error=error))
+        elif isinstance(msg, StatsReq):
+            self.send_to(identity, StatsOut(req_id=msg.req_id, stats={}, code=ErrorCode.UNAUTHORIZED, error=error))
+        else:  # a Heartbeat: answered, so the client's liveness check holds, but not counted
+            self.send_to(identity, HeartbeatAck(client_id=msg.client_id))
 
     def on_generate(self, identity: bytes, msg: GenerateReq, now_s: float) -> None:
         if not 0 <= msg.req_id <= MAX_REQ_ID:

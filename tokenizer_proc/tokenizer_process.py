@@ -11,7 +11,7 @@ from common.context_limit import served_context_len
 from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, SCHEDULER_INBOX, ProcReady
 from common.model_config import ModelConfig
 from common.proc_runtime import child_args, child_setup
-from common.server_config import ServerConfig
+from common.server_config import API_KEY_ENV, ServerConfig
 from common.transport import Addresses, pull, push
 from tokenizer_proc.client_registry import ClientRegistry
 from tokenizer_proc.frontend import Frontend
@@ -48,7 +48,8 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open: a closed LINGER=0 socket drops its queue
         launcher.send(ProcReady(name="tokenizer", pid=os.getpid(), info={"port": port}))
         logger.info("frontend listening on tcp://%s:%d", cfg.host, port)
-        Frontend(validator, router, inbox, to_scheduler, ClientRegistry(cfg.client_timeout_s)).run_forever()
+        api_key = cfg.api_key or os.environ.get(API_KEY_ENV, "")  # the launcher passes it in the environment
+        Frontend(validator, router, inbox, to_scheduler, ClientRegistry(cfg.client_timeout_s), api_key).run_forever()
     finally:
         ctx.destroy(linger=0)
 

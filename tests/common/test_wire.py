@@ -13,6 +13,7 @@ from client.types import (
     ServerBusyError,
     ServerError,
     ServerGoneError,
+    UnauthorizedError,
     raise_for_error,
 )
 from common.error_code import ErrorCode
@@ -351,6 +352,7 @@ CODE_MAPPING = [
     (ErrorCode.INTERNAL, ServerError, 500, "internal_error"),
     (ErrorCode.GONE, ServerGoneError, 500, "server_failure"),
     (ErrorCode.UNAVAILABLE, ServerGoneError, 503, "server_unavailable"),
+    (ErrorCode.UNAUTHORIZED, UnauthorizedError, 500, "frontend_unauthorized"),  # HTTP's own key check answers 401 first
 ]
 
 

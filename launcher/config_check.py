@@ -1,0 +1,117 @@
+"""What the launcher checks before it starts any process, so a bad configuration is refused in
+one line (exit code 2) in well under a second, not by a child's traceback seconds later.
+
+    argparse (launcher/cli.py)   each flag alone: types, choices, ranges from ServerConfig's metadata
+    check_flags                  flags together, --device, and that --port / --http-port are free
+    (resolve_model)              the demo model is fetched when --model is empty
+    check_model                  the model directory: config.json and a supported architecture,
+                                 safetensors weights, tokenizer files; the rank layout and
+                                 --context-length against the model
+
+Nothing here imports torch or transformers (startup cost): the model directory is read as JSON
+and safetensors headers. Every error names the flag it is about. A port found free can still be
+taken before the child binds it; the child's own error covers that race.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import struct
+from dataclasses import replace
+from pathlib import Path
+
+from common.context_limit import context_length_error
+from common.model_config import ModelConfig
+from common.rank_layout import RankLayout
+from common.server_config import ServerConfig
+from tokenizer_proc.tokenizer_files import TokenizerFiles
+
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"  # as model_proc/checkpoint.py reads them (it imports torch)
+WEIGHTS_FILE = "model.safetensors"
+
+
+def check_flags(cfg: ServerConfig) -> RankLayout:
+    """Rules between flags and what this machine must offer; cheap, so it runs before the model is fetched."""
+    if not DEVICE_PATTERN.fullmatch(cfg.device):
+        raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    layout = RankLayout.from_config(cfg)
+    if not layout.is_head_node:
+        return layout  # such a node runs model worker ranks only: nothing listens on --port or --http-port
+    if cfg.http_port and cfg.http_port == cfg.port:
+        raise ValueError(f"--http-port {cfg.http_port} is also the client port (--port): choose another")
+    check_port_free("--port", cfg.host, cfg.port)  # port 0 still checks that --host is an address of this machine
+    if cfg.http_port:
+        check_port_free("--http-port", cfg.host, cfg.http_port)
+    return layout
+
+
+def check_model(cfg: ServerConfig, layout: RankLayout) -> ServerConfig:
+    """The model directory, and the flags that depend on the model; returns the config with
+    --num-threads 0 resolved to this node's threads per rank."""
+    try:
+        hf = ModelConfig.from_model_dir(cfg.model)  # config.json parses; the architecture is one we implement
+        check_weights(Path(cfg.model))
+        TokenizerFiles.read(cfg.model)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"--model {cfg.model}: {exc}") from None
+    layout.check_model(hf.num_heads, hf.num_kv_heads, hf.intermediate_size)
+    error = context_length_error(cfg.context_length, hf.context_len)
+    if error is not None:
+        raise ValueError(error)
+    return replace(cfg, num_threads=layout.threads_per_rank(cfg.num_threads))
+
+
+def check_port_free(flag: str, host: str, port: int) -> None:
+    """Bind host:port for a moment (with SO_REUSEADDR, as ZMQ and uvicorn bind)."""
+    bind_host = "" if host == "*" else host
+    try:
+        infos = socket.getaddrinfo(bind_host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family = infos[0][0]
+        with socket.create_server((bind_host, port), family=family):
+            pass
+    except OSError as exc:
+        what = f"{flag} {port}: cannot listen on {host}:{port}" if port else f"--host {host}: cannot listen there"
+        if isinstance(exc, socket.gaierror) or not exc.errno:
+            reason = exc.strerror or str(exc)
+        else:
+            reason = os.strerror(exc.errno)  # create_server's own text repeats the address
+        raise ValueError(f"{what}: {reason}") from None
+
+
+def check_weights(model_dir: Path) -> None:
+    """model.safetensors, or every file model.safetensors.index.json lists, present with a readable header."""
+    index_path = model_dir / WEIGHTS_INDEX_FILE
+    if index_path.is_file():
+        try:
+            weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted(set(weight_map.values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"{index_path} is malformed ({exc!r}); expected {{'weight_map': {{name: file}}}}") from None
+    elif (model_dir / WEIGHTS_FILE).is_file():
+        files = [WEIGHTS_FILE]
+    else:
+        raise FileNotFoundError(f"no weights in {model_dir}: expected {WEIGHTS_FILE} or {WEIGHTS_INDEX_FILE}")
+    for name in files:
+        check_safetensors_header(model_dir / name)
+
+
+def check_safetensors_header(path: Path) -> None:
+    """A safetensors file starts with a little-endian u64 header length, then that much JSON."""
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found (the weights index lists it)")
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        header_len = struct.unpack("<Q", head)[0] if len(head) == 8 else -1
+        if not 0 < header_len <= size - 8:
+            raise ValueError(f"{path} is not a safetensors file (truncated, or another format)")
+        try:
+            header = json.loads(f.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            header = None
+    if not isinstance(header, dict):
+        raise ValueError(f"{path} is not a safetensors file: its header is not a JSON object")

@@ -1,0 +1,175 @@
+"""A bad configuration is refused before any process starts: one line on stderr naming the flag,
+exit code 2, in under a second (issue 14 item 5)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from common.server_config import ServerConfig
+from launcher.cli import parse_config
+from launcher.config_check import check_flags, check_model, check_port_free, check_weights
+from launcher.demo_model import demo_model_dir, missing_files
+from launcher.runtime_dir import PREFIX
+from testing.paths import REPO_ROOT
+
+REFUSE_WITHIN_S = 1.0  # the whole `python -m launcher` run, interpreter start included
+
+
+@pytest.fixture
+def listening_port():
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        yield sock.getsockname()[1]
+
+
+def broken_model(model_dir: Path, target: Path, how: str) -> Path:
+    shutil.copytree(model_dir, target)
+    if how == "no tokenizer":
+        (target / "tokenizer.json").unlink()
+    elif how == "no weights":
+        (target / "model.safetensors").unlink()
+    elif how == "truncated weights":
+        (target / "model.safetensors").write_bytes(b"\x10\x00")
+    elif how == "no config":
+        (target / "config.json").unlink()
+    elif how == "bad config json":
+        (target / "config.json").write_text("{not json")
+    elif how == "unsupported architecture":
+        config = json.loads((target / "config.json").read_text())
+        config["architectures"] = ["BertForMaskedLM"]
+        (target / "config.json").write_text(json.dumps(config))
+    return target
+
+
+def run_launcher(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedProcess, float]:
+    runtime_root = tmp_path / "runtime"
+    runtime_root.mkdir(exist_ok=True)
+    env = dict(os.environ, TMPDIR=str(runtime_root), PYTHONPATH=str(REPO_ROOT))
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, env=env, timeout=30)
+    return proc, time.perf_counter() - t0
+
+
+def assert_refused(proc: subprocess.CompletedProcess, elapsed_s: float, tmp_path: Path, needle: str) -> None:
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("launch_server: error: "), proc.stderr
+    assert needle in lines[0], lines[0]
+    assert "Traceback" not in proc.stderr and proc.stdout == ""
+    assert elapsed_s < REFUSE_WITHIN_S, f"refused after {elapsed_s:.2f}s"
+    # the launcher makes its runtime directory before it starts the first child: none, no child
+    assert list((tmp_path / "runtime").glob(f"{PREFIX}*")) == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--page-size", "0"], "--page-size: must be >= 1, got 0"),
+        (["--page-size", "four"], "--page-size: expected an integer"),
+        (["--dtype", "foo"], "--dtype: invalid choice: 'foo'"),
+        (["--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
+        (["--schedule-policy", "random"], "--schedule-policy: invalid choice"),
+        (["--kv-memory-fraction", "1"], "--kv-memory-fraction: must be > 0.0 and < 1.0, got 1"),
+        (["--kv-memory-fraction", "0"], "--kv-memory-fraction: must be > 0.0 and < 1.0, got 0"),
+        (["--schedule-conservativeness", "nan"], "--schedule-conservativeness: expected a finite number"),
+        (["--max-running-requests", "0"], "--max-running-requests: must be >= 1"),
+        (["--max-prefill-tokens", "-5"], "--max-prefill-tokens: must be >= 1"),
+        (["--prefill-max-requests", "-2"], "--prefill-max-requests: must be >= 0, got -2"),
+        (["--context-length", "-1"], "--context-length: must be >= 0, got -1"),
+        (["--context-length", "513"], "--context-length 513 is above the model's maximum context length of 512 tokens"),
+        (["--tp-size", "0"], "--tp-size: must be >= 1"),
+        (["--tp-size", "3"], "--tp-size 3: the model's 4 attention heads do not split evenly"),
+        (["--nnodes", "2", "--tp-size", "2"], "--nnodes > 1 needs --dist-init-addr"),
+        (["--port", "70000"], "--port: must be >= 0 and <= 65535, got 70000"),
+        (["--http-port", "-1"], "--http-port: must be >= 0 and <= 65535, got -1"),
+        (["--client-timeout-s", "0"], "--client-timeout-s: must be > 0.0"),
+        (["--host", "192.0.2.1"], "--host 192.0.2.1: cannot listen there: Cannot assign requested address"),
+        (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    ],
+)
+def test_bad_flag_is_refused_in_one_line_before_anything_starts(model_dir, tmp_path, flags, needle):
+    proc, elapsed_s = run_launcher(["--model", str(model_dir), *flags], tmp_path)
+    assert_refused(proc, elapsed_s, tmp_path, needle)
+
+
+@pytest.mark.parametrize(
+    ("how", "needle"),
+    [
+        ("no tokenizer", "tokenizer.json not found"),
+        ("no weights", "no weights in"),
+        ("truncated weights", "model.safetensors is not a safetensors file"),
+        ("no config", "config.json not found"),
+        ("bad config json", "config.json is not valid JSON"),
+        ("unsupported architecture", "architecture 'BertForMaskedLM' is not supported"),
+    ],
+)
+def test_bad_model_directory_is_refused(model_dir, tmp_path, how, needle):
+    bad = broken_model(model_dir, tmp_path / "model", how)
+    proc, elapsed_s = run_launcher(["--model", str(bad)], tmp_path)
+    assert_refused(proc, elapsed_s, tmp_path, f"--model {bad}: ")
+    assert needle in proc.stderr
+
+
+def test_missing_model_directory_is_refused(tmp_path):
+    proc, elapsed_s = run_launcher(["--model", str(tmp_path / "nowhere")], tmp_path)
+    assert_refused(proc, elapsed_s, tmp_path, "does not exist")
+
+
+@pytest.mark.parametrize("flag", ["--port", "--http-port"])
+def test_port_in_use_is_refused(model_dir, tmp_path, listening_port, flag):
+    proc, elapsed_s = run_launcher(["--model", str(model_dir), flag, str(listening_port)], tmp_path)
+    assert_refused(proc, elapsed_s, tmp_path, f"{flag} {listening_port}: cannot listen on 127.0.0.1:{listening_port}")
+
+
+def test_http_port_equal_to_client_port_is_refused(model_dir, tmp_path):
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        port = sock.getsockname()[1]
+    proc, elapsed_s = run_launcher(["--model", str(model_dir), "--port", str(port), "--http-port", str(port)], tmp_path)
+    assert_refused(proc, elapsed_s, tmp_path, f"--http-port {port} is also the client port")
+
+
+# ---- in process ------------------------------------------------------------------------------
+
+
+def test_a_good_configuration_passes_and_resolves_threads(model_dir):
+    cfg = parse_config(["--model", str(model_dir), "--tp-size", "2", "--context-length", "100"])
+    layout = check_flags(cfg)
+    checked = check_model(cfg, layout)
+    assert checked.num_threads >= 1 and replace(checked, num_threads=0) == cfg
+
+
+def test_a_node_other_than_0_does_not_check_the_client_ports(listening_port):
+    cfg = ServerConfig(port=listening_port, tp_size=2, nnodes=2, node_rank=1, dist_init_addr="127.0.0.1:29500")
+    assert not check_flags(cfg).is_head_node
+
+
+def test_port_check_names_the_flag(listening_port):
+    check_port_free("--port", "127.0.0.1", 0)
+    with pytest.raises(ValueError, match=f"--http-port {listening_port}: cannot listen"):
+        check_port_free("--http-port", "127.0.0.1", listening_port)
+
+
+def test_sharded_weights_need_every_listed_file(model_dir, tmp_path):
+    target = shutil.copytree(model_dir, tmp_path / "m")
+    (target / "model.safetensors").rename(target / "model-00001-of-00002.safetensors")
+    index = {"weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
+    (target / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(FileNotFoundError, match="model-00002-of-00002.safetensors not found"):
+        check_weights(target)
+    shutil.copy(target / "model-00001-of-00002.safetensors", target / "model-00002-of-00002.safetensors")
+    check_weights(target)
+
+
+@pytest.mark.skipif(bool(missing_files(demo_model_dir())), reason="the demo model is not fetched here")
+def test_the_demo_model_passes():
+    cfg = ServerConfig(model=str(demo_model_dir()))
+    check_model(cfg, check_flags(cfg))
