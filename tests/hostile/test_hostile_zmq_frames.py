@@ -25,24 +25,29 @@ def frame(*fields) -> bytes:
     return msgpack.packb(list(fields))
 
 
+def gen(body, req_id: int = REQ_ID) -> bytes:
+    """A GenerateReq frame: tag, req_id, client id, body, API key (none)."""
+    return frame(TAG, req_id, "c", body, "")
+
+
 ANSWERED = [
-    ("body key not a string", frame(TAG, REQ_ID, "c", {1: "x"}), "malformed request.*map keys must be strings"),
-    ("sampling key not a string", frame(TAG, REQ_ID, "c", {"prompt": "x", "sampling": {1: 2}}), "unknown sampling field.*1"),
-    ("client_id not a string", frame(TAG, REQ_ID, 12345, {"prompt": "x"}), "malformed request"),
+    ("body key not a string", gen({1: "x"}), "malformed request.*map keys must be strings"),
+    ("sampling key not a string", gen({"prompt": "x", "sampling": {1: 2}}), "unknown sampling field.*1"),
+    ("client_id not a string", frame(TAG, REQ_ID, 12345, {"prompt": "x"}, ""), "malformed request"),
     ("fields missing", frame(TAG, REQ_ID), "malformed request"),
-    ("fields extra", frame(TAG, REQ_ID, "c", {"prompt": "x"}, 1, 2, 3), "malformed request"),
-    ("body a list", frame(TAG, REQ_ID, "c", [1, 2, 3]), "malformed request.*expected a map, got list"),
-    ("body a string", frame(TAG, REQ_ID, "c", "prompt"), "malformed request.*expected a map, got str"),
-    ("top_k = 2**64 - 1", frame(TAG, REQ_ID, "c", {"prompt": "x", "sampling": {"top_k": 2**64 - 1}}), "top_k must be an integer in"),
-    ("max_tokens = -2**63", frame(TAG, REQ_ID, "c", {"prompt": "x", "sampling": {"max_tokens": -(2**63)}}), "max_tokens must be"),
-    ("input_ids a string", frame(TAG, REQ_ID, "c", {"input_ids": "abc"}), "input_ids must be a list of integers"),
-    ("input_ids of floats", frame(TAG, REQ_ID, "c", {"input_ids": [0.5] * 100}), r"input_ids\[0\] must be an integer"),
-    ("input_ids of bytes", frame(TAG, REQ_ID, "c", {"input_ids": [b"\x00"]}), r"input_ids\[0\] must be an integer"),
-    ("prompt as bytes", frame(TAG, REQ_ID, "c", {"prompt": b"\xff\xfe"}), "prompt must be a string, got bytes"),
-    ("sampling a list", frame(TAG, REQ_ID, "c", {"prompt": "x", "sampling": [1]}), "sampling params must be a mapping"),
-    ("stop a map", frame(TAG, REQ_ID, "c", {"prompt": "x", "sampling": {"stop": {"a": 1}}}), "stop must be a list"),
-    ("messages a map", frame(TAG, REQ_ID, "c", {"messages": {"role": "user"}}), "messages must be a non-empty list"),
-    ("message a list", frame(TAG, REQ_ID, "c", {"messages": [["user", "hi"]]}), r"messages\[0\] must be an object"),
+    ("fields extra", frame(TAG, REQ_ID, "c", {"prompt": "x"}, "", 1, 2, 3), "malformed request"),
+    ("body a list", gen([1, 2, 3]), "malformed request.*expected a map, got list"),
+    ("body a string", gen("prompt"), "malformed request.*expected a map, got str"),
+    ("top_k = 2**64 - 1", gen({"prompt": "x", "sampling": {"top_k": 2**64 - 1}}), "top_k must be an integer in"),
+    ("max_tokens = -2**63", gen({"prompt": "x", "sampling": {"max_tokens": -(2**63)}}), "max_tokens must be"),
+    ("input_ids a string", gen({"input_ids": "abc"}), "input_ids must be a list of integers"),
+    ("input_ids of floats", gen({"input_ids": [0.5] * 100}), r"input_ids\[0\] must be an integer"),
+    ("input_ids of bytes", gen({"input_ids": [b"\x00"]}), r"input_ids\[0\] must be an integer"),
+    ("prompt as bytes", gen({"prompt": b"\xff\xfe"}), "prompt must be a string, got bytes"),
+    ("sampling a list", gen({"prompt": "x", "sampling": [1]}), "sampling params must be a mapping"),
+    ("stop a map", gen({"prompt": "x", "sampling": {"stop": {"a": 1}}}), "stop must be a list"),
+    ("messages a map", gen({"messages": {"role": "user"}}), "messages must be a non-empty list"),
+    ("message a list", gen({"messages": [["user", "hi"]]}), r"messages\[0\] must be an object"),
 ]
 REQ_ID_OUT_OF_RANGE = [
     ("req_id = 2**64 - 1", 2**64 - 1),
@@ -51,7 +56,7 @@ REQ_ID_OUT_OF_RANGE = [
 DROPPED = [
     ("random bytes", os.urandom(256)),
     ("empty frame", b""),
-    ("truncated msgpack", frame(TAG, REQ_ID, "c", {"prompt": "x" * 100})[:50]),
+    ("truncated msgpack", gen({"prompt": "x" * 100})[:50]),
     ("unknown tag", frame(9999, REQ_ID, "c", {})),
     ("array claiming 4 billion entries", b"\xdd\xff\xff\xff\xff"),
     ("100,000 nested arrays", b"\x91" * 100_000 + b"\x01"),
@@ -91,7 +96,7 @@ def test_malformed_request_frame_gets_its_error(hostile_server, expected, raw_so
 @pytest.mark.parametrize(("name", "req_id"), REQ_ID_OUT_OF_RANGE, ids=[c[0] for c in REQ_ID_OUT_OF_RANGE])
 def test_req_id_out_of_range_is_refused(hostile_server, expected, raw_socket, name, req_id):
     neighbour = Neighbour.start(hostile_server.port, expected)
-    raw_socket.send(frame(TAG, req_id, "c", {"prompt": "hello"}))
+    raw_socket.send(gen({"prompt": "hello"}, req_id))
     out = reply(raw_socket)
     assert out is not None and out.req_id == req_id and out.code is ErrorCode.INVALID
     assert "req_id must be in [0, 2**63)" in out.error
