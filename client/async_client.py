@@ -43,13 +43,15 @@ LOST_GRACE_S = 0.2  # after the connection closes, outputs already received are 
 class AsyncClient:
     def __init__(
         self, port_or_address: int | str, *, host: str = "127.0.0.1", timeout_s: float | None = None,
-        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0,
+        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0, client_id: str | None = None,
     ):
+        """`client_id` names this client to the server (default: a random one); one starting with
+        common.messages.PROBE_CLIENT_PREFIX marks health probes, which the server counts nowhere."""
         self.address = client_address(port_or_address, host)
         self.timeout_s = timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.server_timeout_s = server_timeout_s
-        self.client_id = uuid.uuid4().hex
+        self.client_id = client_id or uuid.uuid4().hex
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -188,7 +190,7 @@ class AsyncClient:
             elif isinstance(msg, StatsOut):
                 fut = self._stats.get(msg.req_id)
                 if fut is not None and not fut.done():
-                    fut.set_result(msg.stats)
+                    fut.set_result(msg.as_dict())
             elif isinstance(msg, HeartbeatAck):
                 self._last_ack_s = time.monotonic()
 

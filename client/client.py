@@ -178,7 +178,7 @@ class Client:
                 if isinstance(msg, ReqOutput) and msg.req_id in self._outputs:
                     self._outputs[msg.req_id].append((time.perf_counter(), msg))
                 elif isinstance(msg, StatsOut):
-                    self._stats[msg.req_id] = msg.stats
+                    self._stats[msg.req_id] = msg.as_dict()
         self._watch.poll()
 
 
