@@ -51,14 +51,17 @@ class AsyncClient:
     def __init__(
         self, port_or_address: int | str, *, host: str = "127.0.0.1", timeout_s: float | None = None,
         heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0, api_key: str | None = None,
+        client_id: str | None = None,
     ):
-        """`api_key` as for Client: None = $ZSERVE_API_KEY, "" = none."""
+        """`api_key` as for Client: None = $ZSERVE_API_KEY, "" = none. `client_id` names this client
+        to the server (default: a random one); one starting with common.messages.PROBE_CLIENT_PREFIX
+        marks health probes, which the server counts nowhere."""
         self.address = client_address(port_or_address, host)
         self.api_key = resolve_api_key(api_key)
         self.timeout_s = timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.server_timeout_s = server_timeout_s
-        self.client_id = uuid.uuid4().hex
+        self.client_id = client_id or uuid.uuid4().hex
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)

@@ -94,7 +94,7 @@ def raise_for_error(out: ReqOutput) -> None:
 def stats_or_raise(out: StatsOut) -> dict:
     if out.code is not None:
         raise server_error(out.error or "stats refused", out.code)
-    return out.stats
+    return out.as_dict()
 
 
 def resolve_api_key(api_key: str | None) -> str:

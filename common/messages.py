@@ -24,6 +24,7 @@ Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the cl
 
 from __future__ import annotations
 
+from dataclasses import field
 from typing import Any
 
 import numpy as np
@@ -32,10 +33,12 @@ from common.array_codec import unpack_array
 from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
 from common.forward_batch import ForwardBatch, StepResult
+from common.histogram import Histogram
 from common.sampling_params import SamplingParams
 from common.wire import Codec, Int32Array, message
 
 NO_TOKEN_IDS = unpack_array(b"", np.dtype(np.int32))  # read-only, so one shared empty array is safe
+PROBE_CLIENT_PREFIX = "zserve-probe-"  # a client id so named sends health probes: not user traffic (metrics, INFO logs)
 
 
 # ---- client <-> frontend -------------------------------------------------------------------
@@ -88,6 +91,11 @@ class StatsOut:
     stats: dict[str, int | float]  # SchedulerStats fields (new_token_ratio is a float), plus what the detokenizer and frontend add
     code: ErrorCode | None = None  # set (with `error`, and no stats) when the frontend refused the StatsReq
     error: str | None = None
+    histograms: dict[str, Histogram] = field(default_factory=dict)  # the scheduler's queue time, the frontend's latencies
+
+    def as_dict(self) -> dict[str, Any]:
+        """What `stats()` returns: the counters and gauges, and `histograms` as plain dicts."""
+        return {**self.stats, "histograms": {name: h.to_dict() for name, h in self.histograms.items()}}
 
 
 @message(16)

@@ -1,76 +1,107 @@
-"""Whether the server can serve requests now, for GET /health.
+"""Whether the server can serve requests now: GET /health answers from this state at once.
 
-    starting --probe ok--> ready <--probe ok / probe fails--> broken
+    starting --stats answered--> ready <--> stalled   (work waiting and no step for stall_s)
+        ready / stalled --no stats answer within answer_timeout_s--> broken --answered--> ready
         any state --shutdown seen--> draining (final)
 
-A probe passes when the scheduler answers a stats request (so the frontend, scheduler and
-detokenizer are alive) and a model step has completed since the last probe: either the
-scheduler's step count moved (a loaded server proves it by working), or a trivial request
-(one prompt token, one output token) finishes now. Concurrent checks share one probe.
+A background task (`run`) asks the server for its stats every poll_interval_s: an answer means
+the frontend, scheduler and detokenizer are alive (a scheduler stuck in a model step does not
+answer); the step count tells a stalled scheduler from an idle one. No request is run for
+/health, so it costs the server nothing and shows in no log or metric.
+
+GET /health_generate (`probe_generate`) runs one real token, as SGLang's route of that name, as a
+health probe: its client id marks it (PROBE_CLIENT_PREFIX), so the frontend counts it nowhere.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 
 from client.async_client import AsyncClient
 
 logger = logging.getLogger("http_proc")
-PROBE_TIMEOUT_S = 5.0
+POLL_INTERVAL_S = 1.0
+ANSWER_TIMEOUT_S = 5.0
+STALL_S = 30.0
+PROBE_TIMEOUT_S = 30.0
 
 
 class HealthMonitor:
-    def __init__(self, client: AsyncClient, probe_timeout_s: float = PROBE_TIMEOUT_S):
+    def __init__(
+        self, client: AsyncClient, probe_client: AsyncClient | None = None, *, poll_interval_s: float = POLL_INTERVAL_S,
+        answer_timeout_s: float = ANSWER_TIMEOUT_S, stall_s: float = STALL_S,
+    ):
         self.client = client
-        self.probe_timeout_s = probe_timeout_s
+        self.probe_client = probe_client or client
+        self.poll_interval_s = poll_interval_s
+        self.answer_timeout_s = answer_timeout_s
+        self.stall_s = stall_s
         self.state = "starting"
-        self.reason = "no health probe has passed yet"
+        self.reason = "the server has not answered yet"
         self._last_num_steps: int | None = None
-        self._probe: asyncio.Task[None] | None = None
+        self._last_step_s = 0.0  # when the step count last moved (or work last was absent)
 
     @property
     def is_draining(self) -> bool:
         return self.state == "draining"
+
+    def check(self) -> tuple[bool, str]:
+        """(healthy, state and reason), from the last poll: never waits."""
+        return self.state == "ready", f"{self.state}: {self.reason}"
 
     def mark_draining(self, reason: str) -> None:
         if self.state != "draining":
             logger.info("draining: %s", reason)
             self.state, self.reason = "draining", reason
 
-    async def check(self) -> tuple[bool, str]:
-        """(healthy, state and reason). Runs a probe unless draining."""
-        if self.state != "draining":
-            if self._probe is None or self._probe.done():
-                self._probe = asyncio.create_task(self._run_probe())
-            await asyncio.shield(self._probe)
-        return self.state == "ready", f"{self.state}: {self.reason}"
+    async def run(self) -> None:
+        """Poll until cancelled."""
+        while True:
+            await self.poll_once()
+            await asyncio.sleep(self.poll_interval_s)
 
-    async def _run_probe(self) -> None:
+    async def poll_once(self) -> None:
         try:
-            await asyncio.wait_for(self._probe_once(), self.probe_timeout_s)
+            stats = await asyncio.wait_for(self.client.stats(), self.answer_timeout_s)
         except asyncio.TimeoutError:
-            self._set_failed(f"no answer within {self.probe_timeout_s:.0f}s")
-        except Exception as exc:  # any failure of the probe is the answer, not a crash
-            self._set_failed(f"{type(exc).__name__}: {exc}")
+            self._set_state("broken" if self.state != "starting" else "starting",
+                            f"the server did not answer a stats request within {self.answer_timeout_s:g}s")
+        except Exception as exc:  # any failure to get the stats is the answer, not a crash
+            self._set_state("broken" if self.state != "starting" else "starting", f"stats request failed: {type(exc).__name__}: {exc}")
         else:
-            if self.state != "draining":
-                self.state, self.reason = "ready", "every process answered and a model step completed"
+            self.on_stats(stats, time.monotonic())
 
-    async def _probe_once(self) -> None:
-        num_steps = (await self.client.stats())["num_steps"]
-        if self._last_num_steps is not None and num_steps > self._last_num_steps:
-            self._last_num_steps = num_steps
-            return
-        result = await self.client.generate(input_ids=[0], max_tokens=1, ignore_eos=True, temperature=0.0)
+    def on_stats(self, stats: dict, now_s: float) -> None:
+        num_steps = stats.get("num_steps", 0)
+        has_work = any(stats.get(k, 0) for k in ("num_waiting", "num_running", "num_prefilling"))
+        if not has_work or num_steps != self._last_num_steps:
+            self._last_step_s = now_s
+        self._last_num_steps = num_steps
+        if now_s - self._last_step_s > self.stall_s:
+            self._set_state("stalled", f"requests are waiting or running but no step ran for {now_s - self._last_step_s:.0f}s")
+        else:
+            self._set_state("ready", "every process answered; steps run when there is work")
+
+    async def probe_generate(self) -> tuple[bool, str]:
+        """One real request of one token (GET /health_generate)."""
+        try:
+            result = await asyncio.wait_for(
+                self.probe_client.generate(input_ids=[0], max_tokens=1, ignore_eos=True, temperature=0.0), PROBE_TIMEOUT_S
+            )
+        except asyncio.TimeoutError:
+            return False, f"no token within {PROBE_TIMEOUT_S:g}s"
+        except Exception as exc:  # the probe's failure is the answer
+            return False, f"{type(exc).__name__}: {exc}"
         if result.finish_reason not in ("stop", "length"):
-            raise RuntimeError(f"the trivial request ended with finish reason {result.finish_reason!r}")
-        self._last_num_steps = (await self.client.stats())["num_steps"]
+            return False, f"the probe request ended with finish reason {result.finish_reason!r}"
+        return True, "generated one token"
 
-    def _set_failed(self, reason: str) -> None:
-        if self.state == "draining":
+    def _set_state(self, state: str, reason: str) -> None:
+        if self.state == "draining" or (state, reason) == (self.state, self.reason):
             return
-        if self.state != "starting":
-            self.state = "broken"
-        self.reason = f"health probe failed: {reason}"
-        logger.warning("health: %s (%s)", self.state, self.reason)
+        if state != self.state:
+            log = logger.info if state == "ready" else logger.warning
+            log("health: %s (%s)", state, reason)
+        self.state, self.reason = state, reason

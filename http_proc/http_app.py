@@ -1,6 +1,7 @@
 """The ASGI application (Starlette): routes, and errors in the OpenAI shape for every failure mode.
 
-    GET  /health               200 ready | 503 starting, draining or broken (health_monitor.py)
+    GET  /health               200 ready | 503 starting, stalled, broken or draining, from state (health_monitor.py)
+    GET  /health_generate      200 when one real token was generated now (a probe: not counted as traffic)
     GET  /metrics              Prometheus text (server_metrics.py)
     GET  /v1/models            the one model served (openai_routes.py)
     POST /v1/completions       openai_routes.py
@@ -34,8 +35,14 @@ from http_proc.response_guard import error_response
 
 def build_app(state: HttpState) -> RequestGate:
     async def health(request: Request) -> Response:
-        healthy, detail = await state.health.check()
+        healthy, detail = state.health.check()
         return JSONResponse({"status": state.health.state, "detail": detail}, status_code=200 if healthy else 503)
+
+    async def health_generate(request: Request) -> Response:
+        if state.health.is_draining:
+            return JSONResponse({"status": "draining", "detail": state.health.reason}, status_code=503)
+        ok, detail = await state.health.probe_generate()
+        return JSONResponse({"status": "ok" if ok else "failed", "detail": detail}, status_code=200 if ok else 503)
 
     async def metrics(request: Request) -> Response:
         try:
@@ -56,6 +63,7 @@ def build_app(state: HttpState) -> RequestGate:
         *openai_routes(state),
         *generate_routes(state),
         Route("/health", health, methods=["GET"]),
+        Route("/health_generate", health_generate, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
     app = Starlette(routes=routes, exception_handlers={HTTPException: on_http_error})

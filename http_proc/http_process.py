@@ -9,10 +9,12 @@ closes, and in-flight responses get a few seconds to finish.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import signal
 import socket
+import uuid
 from pathlib import Path
 
 import uvicorn
@@ -21,7 +23,7 @@ import zmq
 
 from client.async_client import AsyncClient
 from common.context_limit import served_context_len
-from common.messages import LAUNCHER_INBOX, ProcReady
+from common.messages import LAUNCHER_INBOX, PROBE_CLIENT_PREFIX, ProcReady
 from common.model_config import ModelConfig
 from common.proc_runtime import child_setup
 from common.server_config import API_KEY_ENV, ServerConfig
@@ -64,11 +66,15 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
     ctx = zmq.Context()
     try:
         api_key = cfg.api_key or os.environ.get(API_KEY_ENV, "")  # the launcher passes it in the environment
-        async with AsyncClient(client_port, host=client_host, api_key=api_key) as client:  # the frontend checks it too
-            health = HealthMonitor(client)
+        probe_id = PROBE_CLIENT_PREFIX + uuid.uuid4().hex
+        async with AsyncClient(client_port, host=client_host, api_key=api_key) as client, \
+                AsyncClient(client_port, host=client_host, api_key=api_key, client_id=probe_id) as probe_client:
+            health = HealthMonitor(client, probe_client)
+            health_task = asyncio.create_task(health.run())
             model_path = str(Path(cfg.model).resolve())
             gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes)
-            state = HttpState(client, Path(model_path).name, model_path, context_len, ServerMetrics(), health, gate)
+            model_name = Path(model_path).name
+            state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate)
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
@@ -78,7 +84,10 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
             url = f"http://{cfg.host}:{cfg.http_port}"
             launcher.send(ProcReady(name="http", pid=os.getpid(), info={"port": cfg.http_port, "url": url}))
             logger.info("HTTP listening on %s (model %s, client port %d)", url, state.model_name, client_port)
-            await server.serve(sockets=[sock])
+            try:
+                await server.serve(sockets=[sock])
+            finally:
+                health_task.cancel()
     finally:
         ctx.destroy(linger=0)
 

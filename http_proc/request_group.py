@@ -1,7 +1,8 @@
 """The choices of one HTTP request in flight, as one merged stream of events.
 
 Each SubRequest is one request to the server through the async client. `events()` yields a
-ChoiceEvent per output of any choice, in arrival order, and records each choice's latencies.
+ChoiceEvent per output of any choice, in arrival order. (Latencies are measured by the frontend,
+for every door: tokenizer_proc/request_metrics.py.)
 Leaving `events()` early (the HTTP client went away, or an error) aborts every choice still
 running: the client's stream aborts its request when closed or cancelled.
 
@@ -13,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -35,10 +35,8 @@ class ChoiceEvent:
 
 
 @dataclass(slots=True)
-class ChoiceTiming:
-    arrival_s: float
-    last_output_s: float | None = None
-    num_ids: int = 0
+class ChoiceProgress:
+    num_ids: int = 0  # output ids already handed out as events
 
 
 class RequestGroup:
@@ -47,8 +45,7 @@ class RequestGroup:
         self.subs = subs
         self.metrics = metrics
         self.health = health
-        self.arrival_s = time.perf_counter()
-        self.timings = [ChoiceTiming(self.arrival_s) for _ in subs]
+        self.progress = [ChoiceProgress() for _ in subs]
         self.results: list[GenerateResult | None] = [None] * len(subs)
 
     async def events(self) -> AsyncIterator[ChoiceEvent]:
@@ -69,15 +66,14 @@ class RequestGroup:
         return [r for r in self.results if r is not None]
 
     async def _choice_events(self, sub: SubRequest) -> AsyncIterator[ChoiceEvent]:
-        timing = self.timings[sub.choice_idx]
+        progress = self.progress[sub.choice_idx]
         req_id = new_req_id()
         finished = False
         try:
             async for delta, result in self.client.stream_outputs(req_id=req_id, **sub.prompt, **sub.sampling):
-                new_ids = result.output_ids[timing.num_ids :]
-                timing.num_ids = len(result.output_ids)
+                new_ids = result.output_ids[progress.num_ids :]
+                progress.num_ids = len(result.output_ids)
                 finished = result.finish_reason is not None
-                self._observe(timing, delta, result)
                 if result.finish_reason == "abort":
                     self.health.mark_draining("the server ended a request with finish reason abort (shutting down)")
                     self.metrics.count_aborted("server")
@@ -118,14 +114,3 @@ class RequestGroup:
         finally:
             for task in tasks:
                 task.cancel()  # each cancelled stream aborts its request
-
-    def _observe(self, timing: ChoiceTiming, delta: str, result: GenerateResult) -> None:
-        now_s = time.perf_counter()
-        if delta or result.finish_reason is not None:
-            if timing.last_output_s is None:
-                self.metrics.ttft_s.observe(now_s - timing.arrival_s)
-            else:
-                self.metrics.inter_token_s.observe(now_s - timing.last_output_s)
-            timing.last_output_s = now_s
-        if result.finish_reason is not None:
-            self.metrics.e2e_s.observe(now_s - timing.arrival_s)

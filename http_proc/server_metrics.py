@@ -1,24 +1,26 @@
-"""Prometheus metrics of the HTTP process, in its own registry (no global state).
+"""Prometheus metrics of the server, rendered by the HTTP process in its own registry.
 
-Two sources:
-- the scheduler's stats (`AsyncClient.stats()`, fetched at each scrape): gauges of requests and
-  KV pages, token totals and request outcome totals for the whole server, ZMQ clients included;
-- this process's own requests: latency histograms (TTFT, inter-token, end to end), and counts
-  of HTTP responses by route and status, aborted requests by cause, and failed requests by status.
+Two sources, both labelled `model_name` (the served name, as vLLM's and SGLang's dashboards expect):
+- the server's stats (`AsyncClient.stats()`, fetched at each scrape), which count every request
+  whatever its door (ZMQ clients included): the scheduler's gauges of requests and KV pages, its
+  token, outcome and retraction totals and its queue-time histogram; the frontend's latency and
+  length histograms (TTFT, inter-token, end to end, prompt and output tokens) and its outcome
+  counts by finish reason and error code;
+- this process's own HTTP traffic: responses by route and status, aborted requests by cause,
+  failed requests by status.
+No `_created` series (prometheus_client's are turned off in this process).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 PREFIX = "zserve"
-TTFT_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
-ITL_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
-E2E_BUCKETS_S = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0)
 
 # (stats key, metric name, help)
 STAT_GAUGES = (
@@ -42,71 +44,111 @@ STAT_COUNTERS = (
 )
 
 
-class SchedulerStatsCollector(Collector):
+HISTOGRAM_HELP = {  # stats histogram name -> help
+    "time_to_first_token_seconds": "time from a request's arrival at the frontend to its first output with text or tokens",
+    "inter_token_latency_seconds": "gap between consecutive outputs with tokens of one request",
+    "e2e_request_latency_seconds": "time from a request's arrival at the frontend to its final output",
+    "queue_time_seconds": "time a request waited in the scheduler's queue before its first admission",
+    "request_prompt_tokens": "prompt tokens per finished request",
+    "request_generation_tokens": "output tokens per finished request",
+}
+OUTCOME_PREFIXES = (  # stats key prefix -> (metric name, label, help)
+    ("requests_finished_", "request_outcomes", "finish_reason", "requests ended at the frontend, by finish reason (every door)"),
+    ("requests_error_", "request_errors", "code", "requests that ended in an error, by error code: invalid and busy are refusals"),
+)
+
+
+class ServerStatsCollector(Collector):
     """Exposes the last stats snapshot it was given (`update` before each scrape)."""
 
-    def __init__(self) -> None:
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
         self.stats: dict | None = None
 
     def update(self, stats: dict | None) -> None:
         self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
-        up = GaugeMetricFamily(f"{PREFIX}_scheduler_up", "1 if the scheduler answered this scrape's stats request")
-        up.add_metric([], 0 if self.stats is None else 1)
+        label = ["model_name"]
+        up = GaugeMetricFamily(f"{PREFIX}_scheduler_up", "1 if the scheduler answered this scrape's stats request", labels=label)
+        up.add_metric([self.model_name], 0 if self.stats is None else 1)
         yield up
         if self.stats is None:
             return
+        stats = self.stats
         for key, name, doc in STAT_GAUGES:
-            yield GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=self.stats.get(key, 0))
+            yield self._one(GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=label), stats.get(key, 0))
         for key, name, doc in STAT_COUNTERS:
-            yield CounterMetricFamily(f"{PREFIX}_{name}", doc, value=self.stats.get(key, 0))
-        num_prompt = self.stats.get("num_prompt_tokens", 0)
-        hit_rate = self.stats.get("num_prefix_hit_tokens", 0) / num_prompt if num_prompt else 0.0
-        yield GaugeMetricFamily(
-            f"{PREFIX}_prefix_cache_hit_rate", "prefix-hit prompt tokens / prompt tokens since start", value=hit_rate
-        )
+            yield self._one(CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=label), stats.get(key, 0))
+        num_prompt = stats.get("num_prompt_tokens", 0)
+        hit_rate = stats.get("num_prefix_hit_tokens", 0) / num_prompt if num_prompt else 0.0
+        yield self._one(GaugeMetricFamily(
+            f"{PREFIX}_prefix_cache_hit_rate", "prefix-hit prompt tokens / prompt tokens since start", labels=label), hit_rate)
+        yield self._one(GaugeMetricFamily(
+            f"{PREFIX}_kv_cache_usage_ratio", "KV pages held by live requests or promised to them, over the pool (0-1)",
+            labels=label), kv_usage_ratio(stats))
+        for prefix, name, key_label, doc in OUTCOME_PREFIXES:
+            family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=[*label, key_label])
+            for key, value in stats.items():
+                if key.startswith(prefix):
+                    family.add_metric([self.model_name, key[len(prefix):]], value)
+            yield family
+        for name, h in stats.get("histograms", {}).items():
+            family = HistogramMetricFamily(f"{PREFIX}_{name}", HISTOGRAM_HELP.get(name, name), labels=label)
+            family.add_metric([self.model_name], buckets=_buckets(h), sum_value=h["sum"])
+            yield family
+
+    def _one(self, family, value: float):
+        family.add_metric([self.model_name], value)
+        return family
+
+
+def kv_usage_ratio(stats: dict) -> float:
+    """Pages owned by live requests plus those promised to them, over every page of the pool."""
+    num_pages = stats.get("num_free_pages", 0) + stats.get("num_cached_pages", 0) + stats.get("num_used_pages", 0)
+    if not num_pages:
+        return 0.0
+    return min(1.0, (stats.get("num_used_pages", 0) + stats.get("num_reserved_pages", 0)) / num_pages)
+
+
+def _buckets(h: dict) -> list[tuple[str, float]]:
+    total, out = 0, []
+    for bound, num in zip([*(repr(float(b)) for b in h["bounds"]), "+Inf"], h["counts"], strict=True):
+        total += num
+        out.append((bound, total))
+    return out
 
 
 class ServerMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "") -> None:
+        prometheus_client.disable_created_metrics()  # process-wide: this process renders only these metrics
+        self.model_name = model_name
         self.registry = CollectorRegistry(auto_describe=True)
-        self.scheduler_stats = SchedulerStatsCollector()
-        self.registry.register(self.scheduler_stats)
-        self.ttft_s = Histogram(
-            f"{PREFIX}_time_to_first_token_seconds", "HTTP requests: time from arrival to the first generated text",
-            buckets=TTFT_BUCKETS_S, registry=self.registry,
-        )
-        self.inter_token_s = Histogram(
-            f"{PREFIX}_inter_token_latency_seconds", "HTTP requests: gap between consecutive streamed outputs",
-            buckets=ITL_BUCKETS_S, registry=self.registry,
-        )
-        self.e2e_s = Histogram(
-            f"{PREFIX}_e2e_request_latency_seconds", "HTTP requests: time from arrival to the last output",
-            buckets=E2E_BUCKETS_S, registry=self.registry,
-        )
+        self.server_stats = ServerStatsCollector(model_name)
+        self.registry.register(self.server_stats)
         self.http_responses = Counter(
-            f"{PREFIX}_http_responses", "HTTP responses by route and status code", ["route", "status"], registry=self.registry
+            f"{PREFIX}_http_responses", "HTTP responses by route and status code", ["model_name", "route", "status"],
+            registry=self.registry,
         )
         self.aborted = Counter(
             f"{PREFIX}_requests_aborted", "HTTP generation requests aborted, by cause (client_disconnect, server)",
-            ["cause"], registry=self.registry,
+            ["model_name", "cause"], registry=self.registry,
         )
         self.failed = Counter(
             f"{PREFIX}_requests_failed", "HTTP generation requests that ended in an error, by status code",
-            ["status"], registry=self.registry,
+            ["model_name", "status"], registry=self.registry,
         )
 
     def count_response(self, route: str, status: int) -> None:
-        self.http_responses.labels(route, str(status)).inc()
+        self.http_responses.labels(self.model_name, route, str(status)).inc()
 
     def count_failed(self, status: int) -> None:
-        self.failed.labels(str(status)).inc()
+        self.failed.labels(self.model_name, str(status)).inc()
 
     def count_aborted(self, cause: str) -> None:
-        self.aborted.labels(cause).inc()
+        self.aborted.labels(self.model_name, cause).inc()
 
     def render(self, stats: dict | None) -> bytes:
         """The Prometheus text exposition, with `stats` (None: the scheduler did not answer)."""
-        self.scheduler_stats.update(stats)
+        self.server_stats.update(stats)
         return generate_latest(self.registry)

@@ -21,6 +21,7 @@ position, so its client sees one uninterrupted stream.
 from __future__ import annotations
 
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -30,6 +31,7 @@ import numpy as np
 from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
 from common.forward_batch import ForwardBatch, StepResult
+from common.histogram import QUEUE_BOUNDS_S, Histogram
 from common.messages import NO_TOKEN_IDS, TokenOut
 from common.sampling_params import SamplingParams
 from scheduler_proc.admission_policy import AdmissionPolicy
@@ -106,6 +108,8 @@ class Scheduler:
         self._last_step_was_prefill = False
         self._num_admitted = 0  # first admissions so far: the next one's admit_seq
         self._totals = SchedulerStats()
+        self._queued_since_s: dict[int, float] = {}  # waiting for a first admission: since when (monotonic)
+        self._queue_time_s = Histogram.of(QUEUE_BOUNDS_S)  # submit -> first admission
 
     # -- requests in and out -----------------------------------------------------------------
 
@@ -123,12 +127,14 @@ class Scheduler:
         pending = self._intake.pending(req_id, input_ids, params, max_tokens)
         self._queue.append(pending)
         self._live[req_id] = pending
+        self._queued_since_s[req_id] = time.monotonic()
         return []
 
     def abort(self, req_id: int, finish_reason: FinishReason = FinishReason.ABORT) -> list[TokenOut]:
         """End a request in any state with `finish_reason` (ABORT, or STOP for a stop string the
         detokenizer found). Unknown or already finished ids get []."""
         entry = self._live.pop(req_id, None)
+        self._queued_since_s.pop(req_id, None)
         if entry is None:
             return []
         if isinstance(entry, PendingReq):
@@ -262,6 +268,9 @@ class Scheduler:
             new_token_ratio=self._reservation.new_token_ratio,
         )
 
+    def histograms(self) -> dict[str, Histogram]:
+        return {"queue_time_seconds": self._queue_time_s}
+
     def check_integrity(self) -> None:
         """Raise AssertionError naming the first broken invariant: every page is free, cached,
         or owned by one live request; every row is free or owned; reservations add up."""
@@ -278,6 +287,8 @@ class Scheduler:
         assert all(isinstance(self._live.get(i), PendingReq) for i in queued), "a queued request is not live"
         pending_live = {i for i, e in self._live.items() if isinstance(e, PendingReq)}
         assert pending_live == queued, f"live waiting requests {sorted(pending_live - queued)} are not queued"
+        never_admitted = {p.req_id for p in self._queue if not p.is_retracted}
+        assert set(self._queued_since_s) == never_admitted, "queue-time clocks do not match the requests never admitted"
         for req in reqs:
             if req.in_flight:
                 continue
@@ -338,8 +349,12 @@ class Scheduler:
         self._admission.admit(adder, self._queue)
         self._chunked = adder.chunked
         self._num_admitted = adder.next_admit_seq
+        now_s = time.monotonic()
         for req in adder.admitted:
             self._live[req.req_id] = req
+            queued_since_s = self._queued_since_s.pop(req.req_id, None)  # None for a retracted one's re-admission
+            if queued_since_s is not None:
+                self._queue_time_s.observe(now_s - queued_since_s)
             self._totals.num_prompt_tokens += req.num_prompt_tokens
             self._totals.num_prefix_hit_tokens += req.cached_len  # this admission's hit (cached_len moves on in on_result)
         return adder if adder.reqs else None
@@ -392,7 +407,7 @@ class Scheduler:
         return self._reservation.num_reserved_pages(reqs)
 
     def _finish(self, req: Req, finish_reason: FinishReason) -> None:
-        logger.info("req %d finished (%s): %d output tokens", req.req_id, finish_reason.text, len(req.output_ids))
+        logger.debug("req %d finished (%s): %d output tokens", req.req_id, finish_reason.text, len(req.output_ids))  # the frontend logs it at INFO, with latencies
         del self._live[req.req_id]
         self._totals.num_finished += 1
         self._release(req)

@@ -107,7 +107,7 @@ class SchedulerLoop:
         elif isinstance(msg, AbortReq):
             self.publish(self.scheduler.abort(msg.req_id, msg.finish_reason))
         elif isinstance(msg, StatsReq):
-            self.to_detok.send(StatsOut(req_id=msg.req_id, stats=asdict(self.scheduler.stats())))
+            self.to_detok.send(StatsOut(req_id=msg.req_id, stats=asdict(self.scheduler.stats()), histograms=self.scheduler.histograms()))
 
     def submit(self, msg: TokenizedReq) -> None:
         """Register an accepted request with the detokenizer; a refused one is never registered,

@@ -48,6 +48,7 @@ from common.messages import (
 from common.transport import Endpoint
 from common.wire import WireError
 from tokenizer_proc.client_registry import ClientRegistry
+from tokenizer_proc.request_metrics import RequestMetrics
 from tokenizer_proc.request_validator import RequestValidator
 
 logger = logging.getLogger("tokenizer_proc")
@@ -66,6 +67,7 @@ class Frontend:
         self.inbox = inbox
         self.to_scheduler = to_scheduler
         self.registry = registry
+        self.metrics = RequestMetrics()
         self.stats_waiters: dict[int, bytes] = {}
         self.poller = zmq.Poller()
         self.poller.register(router, zmq.POLLIN)
@@ -110,8 +112,7 @@ class Frontend:
         if isinstance(fields, list) and len(fields) >= 2 and fields[0] == GenerateReq.TAG and isinstance(fields[1], int):
             req_id = fields[1]
             if -(2**63) <= req_id < 2**64 and self.registry.identity_of(req_id) is None:
-                error = f"malformed request: {exc}"
-                self.send_to(identity, ReqOutput.final(req_id, FinishReason.ERROR, code=ErrorCode.INVALID, error=error))
+                self.refuse(identity, req_id, ErrorCode.INVALID, f"malformed request: {exc}")
 
     def on_client_message(self, identity: bytes, msg) -> None:
         now_s = time.monotonic()
@@ -136,7 +137,7 @@ class Frontend:
         error = "missing or wrong API key: this server needs the key it was started with (Client(api_key=...) or $ZSERVE_API_KEY)"
         if isinstance(msg, GenerateReq):
             logger.info("req %d refused: missing or wrong API key", msg.req_id)
-            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.UNAUTHORIZED, error=error))
+            self.refuse(identity, msg.req_id, ErrorCode.UNAUTHORIZED, error)
         elif isinstance(msg, StatsReq):
             self.send_to(identity, StatsOut(req_id=msg.req_id, stats={}, code=ErrorCode.UNAUTHORIZED, error=error))
         else:  # a Heartbeat: answered, so the client's liveness check holds, but not counted
@@ -144,26 +145,29 @@ class Frontend:
 
     def on_generate(self, identity: bytes, msg: GenerateReq, now_s: float) -> None:
         if not 0 <= msg.req_id <= MAX_REQ_ID:
-            error = f"req_id must be in [0, 2**63), got {msg.req_id}"
-            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INVALID, error=error))
+            self.refuse(identity, msg.req_id, ErrorCode.INVALID, f"req_id must be in [0, 2**63), got {msg.req_id}")
             return
         if self.registry.identity_of(msg.req_id) is not None:
-            error = f"req_id {msg.req_id} is already in flight"
-            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL, error=error))
+            self.refuse(identity, msg.req_id, ErrorCode.INTERNAL, f"req_id {msg.req_id} is already in flight")
             return
         try:
             input_ids, params = self.validator.validate(msg.body)
         except ValueError as exc:
             logger.info("req %d refused: %s", msg.req_id, exc)
-            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INVALID, error=str(exc)))
+            self.refuse(identity, msg.req_id, ErrorCode.INVALID, str(exc))
             return
         except Exception as exc:  # a bug or a tokenizer failure on this request: it fails, the frontend serves on
             logger.exception("req %d: validating and tokenizing failed", msg.req_id)
             error = f"the server failed to validate or tokenize this request: {type(exc).__name__}: {exc}"
-            self.send_to(identity, ReqOutput.final(msg.req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL, error=error))
+            self.refuse(identity, msg.req_id, ErrorCode.INTERNAL, error)
             return
         self.registry.add_request(msg.client_id, identity, msg.req_id, now_s)
+        self.metrics.on_admitted(msg.req_id, msg.client_id, now_s)
         self.to_scheduler.send(TokenizedReq(req_id=msg.req_id, input_ids=np.asarray(input_ids, np.int32), params=params))
+
+    def refuse(self, identity: bytes, req_id: int, code: ErrorCode, error: str) -> None:
+        self.metrics.on_refused(code)
+        self.send_to(identity, ReqOutput.final(req_id, FinishReason.ERROR, code=code, error=error))
 
     # ---- from the detokenizer and the launcher -----------------------------------------------
 
@@ -175,16 +179,23 @@ class Frontend:
             elif isinstance(msg, StatsOut):
                 identity = self.stats_waiters.pop(msg.req_id, None)
                 if identity is not None:
-                    msg.stats["frontend_in_flight"] = self.registry.num_in_flight
+                    self.add_frontend_stats(msg)
                     self.send_to(identity, msg)
             elif isinstance(msg, FailAll):
                 self.fail_all(msg)
             msg = self.inbox.recv_nowait()
 
+    def add_frontend_stats(self, msg: StatsOut) -> None:
+        msg.stats["frontend_in_flight"] = self.registry.num_in_flight
+        msg.stats.update({f"requests_finished_{reason}": n for reason, n in self.metrics.finished.items()})
+        msg.stats.update({f"requests_error_{code}": n for code, n in self.metrics.errors.items()})
+        msg.histograms.update(self.metrics.histograms)
+
     def route_output(self, out: ReqOutput) -> None:
         identity = self.registry.identity_of(out.req_id)
         if identity is None:
             return  # its client was told already (FailAll) or never existed
+        self.metrics.on_output(out, time.monotonic())
         self.send_to(identity, out)
         if out.finish_reason is not None:
             self.registry.finish(out.req_id)

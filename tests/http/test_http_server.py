@@ -74,9 +74,17 @@ def post_raw(port: int, path: str, body: bytes) -> tuple[int, dict]:
 
 
 def metric_samples(port: int) -> dict[tuple[str, tuple], float]:
+    """Every sample of /metrics by (name, labels but model_name), after checking each carries
+    model_name and that there are no `_created` series."""
     status, text = http_get(port, "/metrics")
-    assert status == 200
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert status == 200 and "_created" not in text
+    samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = dict(sample.labels)
+            assert labels.pop("model_name", None), f"{sample.name} has no model_name label"
+            samples[(sample.name, tuple(sorted(labels.items())))] = sample.value
+    return samples
 
 
 # ---- the OpenAI SDK ----------------------------------------------------------------------------
@@ -334,19 +342,77 @@ def test_metrics_parse_and_counters_move(server, oai, model_name):
         assert any(key[0] == name for key in after), name
 
 
+def test_zmq_client_requests_move_the_latency_histograms(server):
+    """/metrics counts every door: a request through the Python client moves TTFT, E2E, queue time
+    and the length histograms, and the outcome counter."""
+    wait_idle(server.port)
+    before = metric_samples(server.http_port)
+    with Client(server.port) as c:
+        result = c.generate(PROMPT, max_tokens=5, ignore_eos=True)
+    after = metric_samples(server.http_port)
+
+    def moved(name: str, **labels) -> float:
+        key = (name, tuple(sorted(labels.items())))
+        return after[key] - before.get(key, 0.0)
+
+    for name in ("time_to_first_token_seconds", "e2e_request_latency_seconds", "queue_time_seconds",
+                 "request_prompt_tokens", "request_generation_tokens"):
+        assert moved(f"zserve_{name}_count") == 1, name
+    assert moved("zserve_request_generation_tokens_sum") == 5
+    assert moved("zserve_request_prompt_tokens_sum") == result.usage.prompt_tokens
+    assert moved("zserve_request_outcomes_total", finish_reason="length") == 1
+    assert 0 <= after[("zserve_kv_cache_usage_ratio", ())] <= 1
+
+
+def wait_health(port: int, status: int, timeout_s: float = 15.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got, body = http_get(port, "/health")
+        if got == status or time.monotonic() > deadline:
+            assert got == status, body
+            return json.loads(body)
+        time.sleep(0.1)
+
+
 def test_health_is_200_when_serving_and_503_when_the_model_worker_hangs(server):
-    status, body = http_get(server.http_port, "/health")
-    assert status == 200 and json.loads(body)["status"] == "ready"
+    assert wait_health(server.http_port, 200)["status"] == "ready"
     model_pid = server.child_pid("model_proc")
     os_kill = __import__("os").kill
     os_kill(model_pid, signal.SIGSTOP)
     try:
-        status, body = http_get(server.http_port, "/health")
-        assert status == 503 and json.loads(body)["status"] == "broken", body
+        with Client(server.port) as c:
+            c.submit(PROMPT, max_tokens=4)  # the scheduler now waits on the stopped worker and answers no stats
+            assert wait_health(server.http_port, 503)["status"] == "broken"
     finally:
         os_kill(model_pid, signal.SIGCONT)
-    status, body = http_get(server.http_port, "/health")
-    assert status == 200, body
+    wait_health(server.http_port, 200)
+
+
+def test_100_health_probes_on_an_idle_server_create_no_request_log_line_or_metric_change(server):
+    wait_idle(server.port)
+    wait_health(server.http_port, 200)
+    before_metrics = metric_samples(server.http_port)
+    num_log_lines = len(server.log_lines)
+    with Client(server.port) as c:
+        steps_before = c.stats()["num_steps"]
+        for _ in range(100):
+            started_s = time.monotonic()
+            status, _ = http_get(server.http_port, "/health")
+            assert status == 200 and time.monotonic() - started_s < 0.5
+        assert c.stats()["num_steps"] == steps_before  # no request ran
+    time.sleep(0.3)
+    assert server.log_lines[num_log_lines:] == []
+    assert metric_samples(server.http_port) == before_metrics
+
+
+def test_health_generate_runs_one_token_and_counts_as_no_traffic(server):
+    wait_idle(server.port)
+    before = metric_samples(server.http_port)
+    status, body = http_get(server.http_port, "/health_generate")
+    assert status == 200 and json.loads(body)["status"] == "ok", body
+    after = metric_samples(server.http_port)
+    for name in ("zserve_time_to_first_token_seconds_count", "zserve_e2e_request_latency_seconds_count"):
+        assert after[(name, ())] == before[(name, ())]
 
 
 def test_shutdown_ends_in_flight_requests_with_503(server, oai, model_name):

@@ -18,6 +18,7 @@ from client.types import (
     Usage,
 )
 from common.error_code import ErrorCode
+from common.histogram import TTFT_BOUNDS_S, Histogram
 from http_proc.api_error import ApiError
 from http_proc.health_monitor import HealthMonitor
 from http_proc.openai_formatter import OpenAIFormatter, usage_of
@@ -130,61 +131,91 @@ def test_chat_formatter_shapes():
 
 
 class FakeClient:
-    """Answers stats and the trivial request like the server would, or hangs when told to."""
+    """Answers stats like the server would, or hangs when told to; counts generate calls."""
 
     def __init__(self):
-        self.num_steps = 0
+        self.stats_reply = {"num_steps": 0, "num_waiting": 0, "num_running": 0, "num_prefilling": 0}
         self.hang = False
         self.num_generates = 0
 
     async def stats(self) -> dict:
         if self.hang:
             await asyncio.sleep(10)
-        return {"num_steps": self.num_steps}
+        return dict(self.stats_reply)
 
     async def generate(self, **kwargs) -> GenerateResult:
         self.num_generates += 1
-        self.num_steps += 1
         return result("", "length", 1, 1, 0)
 
 
-def test_health_states():
+def test_health_states_come_from_polled_stats_without_running_requests():
     async def scenario():
         client = FakeClient()
-        health = HealthMonitor(client, probe_timeout_s=0.05)
+        health = HealthMonitor(client, answer_timeout_s=0.05, stall_s=10.0)
+        assert health.check() == (False, "starting: the server has not answered yet")
+        client.hang = True
+        await health.poll_once()
         assert health.state == "starting"
-        client.hang = True
-        assert (await health.check())[0] is False and health.state == "starting"
         client.hang = False
-        assert await health.check() == (True, "ready: every process answered and a model step completed")
-        assert client.num_generates == 1
-        await health.check()  # idle: no step since the last probe, so a trivial request again
-        assert client.num_generates == 2
-        client.num_steps += 5  # busy: steps moved, no trivial request needed
-        assert (await health.check())[0] and client.num_generates == 2
+        await health.poll_once()
+        assert health.check()[0] and health.state == "ready"
         client.hang = True
-        healthy, detail = await health.check()
-        assert not healthy and health.state == "broken" and "no answer" in detail
+        await health.poll_once()
+        healthy, detail = health.check()
+        assert not healthy and health.state == "broken" and "did not answer" in detail
+        client.hang = False
+        await health.poll_once()
+        assert health.state == "ready" and client.num_generates == 0  # /health never runs a request
+        assert await health.probe_generate() == (True, "generated one token") and client.num_generates == 1
         health.mark_draining("test")
-        client.hang = False
-        assert (await health.check())[0] is False and health.state == "draining"
+        await health.poll_once()
+        assert health.check()[0] is False and health.state == "draining"
 
     asyncio.run(scenario())
 
 
+def test_health_is_stalled_when_work_waits_and_no_step_runs():
+    health = HealthMonitor(FakeClient(), stall_s=10.0)
+    busy = {"num_steps": 5, "num_waiting": 2}
+    health.on_stats(busy, now_s=100.0)
+    health.on_stats(busy, now_s=105.0)
+    assert health.state == "ready"
+    health.on_stats(busy, now_s=111.0)
+    assert health.state == "stalled" and "no step ran for 11s" in health.reason
+    health.on_stats({**busy, "num_steps": 6}, now_s=112.0)
+    assert health.state == "ready"
+    health.on_stats({"num_steps": 6}, now_s=500.0)  # idle: no step is expected
+    assert health.state == "ready"
+
+
 def test_metrics_render_parses_with_and_without_stats():
-    metrics = ServerMetrics()
-    metrics.ttft_s.observe(0.01)
+    metrics = ServerMetrics("tiny")
     metrics.count_response("/v1/completions", 200)
     metrics.count_aborted("client_disconnect")
+    ttft = Histogram.of(TTFT_BOUNDS_S)
+    ttft.observe(0.01)
+    ttft.observe(100.0)
     stats = {"num_running": 2, "num_waiting": 1, "num_prompt_tokens": 10, "num_prefix_hit_tokens": 4, "num_generated_tokens": 7,
-             "num_retracted": 3}
-    samples = {s.name: s for f in text_string_to_metric_families(metrics.render(stats).decode()) for s in f.samples}
+             "num_retracted": 3, "num_free_pages": 6, "num_cached_pages": 0, "num_used_pages": 3, "num_reserved_pages": 1,
+             "requests_finished_length": 5, "requests_error_invalid": 2,
+             "histograms": {"time_to_first_token_seconds": ttft.to_dict()}}
+    text = metrics.render(stats).decode()
+    assert "_created" not in text
+    samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}
+    assert all(s.labels.get("model_name") == "tiny" for s in samples.values()), text
     assert samples["zserve_num_requests_running"].value == 2
     assert samples["zserve_scheduler_retracted_requests_total"].value == 3
     assert samples["zserve_prefix_cache_hit_rate"].value == pytest.approx(0.4)
+    assert samples["zserve_kv_cache_usage_ratio"].value == pytest.approx(4 / 9)  # (3 used + 1 reserved) / 9 pages
     assert samples["zserve_generation_tokens_total"].value == 7
-    assert samples["zserve_time_to_first_token_seconds_count"].value == 1
-    assert samples["zserve_requests_aborted_total"].labels == {"cause": "client_disconnect"}
+    assert samples["zserve_time_to_first_token_seconds_count"].value == 2
+    assert samples["zserve_time_to_first_token_seconds_sum"].value == pytest.approx(100.01)
+    buckets = {s.labels["le"]: s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "zserve_time_to_first_token_seconds_bucket"}
+    assert buckets["0.01"] == 1 and buckets["40.0"] == 1 and buckets["+Inf"] == 2
+    outcomes = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    assert outcomes[("zserve_request_outcomes_total", (("finish_reason", "length"), ("model_name", "tiny")))] == 5
+    assert outcomes[("zserve_request_errors_total", (("code", "invalid"), ("model_name", "tiny")))] == 2
+    assert samples["zserve_requests_aborted_total"].labels == {"model_name": "tiny", "cause": "client_disconnect"}
     down = {s.name: s.value for f in text_string_to_metric_families(metrics.render(None).decode()) for s in f.samples}
     assert down["zserve_scheduler_up"] == 0 and "zserve_num_requests_running" not in down
