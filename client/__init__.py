@@ -9,6 +9,7 @@ from client.types import (
     ServerBusyError,
     ServerError,
     ServerGoneError,
+    ServerShuttingDownError,
     UnauthorizedError,
     Usage,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "ServerBusyError",
     "ServerError",
     "ServerGoneError",
+    "ServerShuttingDownError",
     "TextStream",
     "UnauthorizedError",
     "Usage",

@@ -45,6 +45,12 @@ class UnauthorizedError(ServerError):
     default_code = ErrorCode.UNAUTHORIZED
 
 
+class ServerShuttingDownError(ServerError):
+    """The server is shutting down (draining): it finishes the requests it has and takes no new one."""
+
+    default_code = ErrorCode.SHUTTING_DOWN
+
+
 class ServerGoneError(ServerError):
     """The server stopped answering, or one of its processes died (it is down, or unreachable)."""
 
@@ -82,6 +88,7 @@ def server_error(message: str, code: ErrorCode, req_id: int | None = None) -> Se
         ErrorCode.GONE: ServerGoneError,
         ErrorCode.UNAVAILABLE: ServerGoneError,
         ErrorCode.UNAUTHORIZED: UnauthorizedError,
+        ErrorCode.SHUTTING_DOWN: ServerShuttingDownError,
     }.get(code, ServerError)
     return kind(message, code, req_id)
 

@@ -13,6 +13,7 @@ class ErrorCode(IntEnum):
     GONE = 4  # a server process died; the server is stopping (the launcher's FailAll)
     UNAVAILABLE = 5  # the server stopped answering: a client's own verdict, never sent by the server
     UNAUTHORIZED = 6  # the server has an API key and the client presented another, or none
+    SHUTTING_DOWN = 7  # the server is draining (stopping): it finishes what it has and takes nothing new
 
     @property
     def text(self) -> str:

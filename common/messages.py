@@ -18,8 +18,8 @@ Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the cl
     scheduler <-> worker                                  ForwardBatch | StepResult WorkerReady WorkerError
     rank 0  -> other TP ranks  XPUB/SUB (ipc, or tcp     ForwardBatch (the scheduler's frame, re-sent) RankHeartbeat RankStop
                                across nodes)
-    children -> launcher     control                      ProcReady
-    launcher -> frontend     control                      FailAll
+    children -> launcher     control                      ProcReady DrainDone (frontend)
+    launcher -> frontend     control                      FailAll Drain
 """
 
 from __future__ import annotations
@@ -233,12 +233,27 @@ class FailAll:
     error: str | None = None
 
 
+@message(52)
+class Drain:
+    """Launcher -> frontend: stop admitting (new requests get SHUTTING_DOWN) and say DrainDone
+    once nothing is in flight."""
+
+    timeout_s: float  # how long the launcher waits, for the log
+
+
+@message(53)
+class DrainDone:
+    """Frontend -> launcher: the drain is complete, nothing is in flight."""
+
+    num_drained: int  # requests that were in flight when the drain began
+
+
 CLIENT_TO_FRONTEND = Codec(GenerateReq, AbortReq, Heartbeat, StatsReq)
 FRONTEND_TO_CLIENT = Codec(ReqOutput, StatsOut, HeartbeatAck)
 SCHEDULER_INBOX = Codec(TokenizedReq, AbortReq, StatsReq)
 DETOK_INBOX = Codec(DetokRegister, TokenOutBatch, ReqOutput, StatsOut)
-FRONTEND_INBOX = Codec(ReqOutput, StatsOut, FailAll)
+FRONTEND_INBOX = Codec(ReqOutput, StatsOut, FailAll, Drain)
 WORKER_INBOX = Codec(ForwardBatch)
 WORKER_TO_SCHEDULER = Codec(StepResult, WorkerReady, WorkerError)
 RANK_BROADCAST = Codec(ForwardBatch, RankHeartbeat, RankStop)
-LAUNCHER_INBOX = Codec(ProcReady)
+LAUNCHER_INBOX = Codec(ProcReady, DrainDone)

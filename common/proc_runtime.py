@@ -2,7 +2,9 @@
 
 No orphans, ever: on Linux the kernel sends SIGKILL to a child when the launcher dies
 (PR_SET_PDEATHSIG), and a watchdog thread checks the parent pid as a fallback elsewhere.
-SIGTERM and SIGINT raise `SystemExit` in the main thread so `finally` blocks close sockets.
+SIGTERM raises `SystemExit` in the main thread so `finally` blocks close sockets. SIGINT is
+ignored: a Ctrl-C in the launcher's terminal reaches the whole process group, and the launcher
+alone decides what it means (drain first, abort on a second one), then stops its children.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def exit_on_sigterm() -> None:
         raise SystemExit(128 + signum)
 
     signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def child_setup(name: str, log_level: str) -> None:

@@ -52,6 +52,7 @@ class ServerConfig:
     seed: int = field(default=0, metadata={"help": "seed for per-request seeds drawn when a request gives none", "min": 0})
     client_timeout_s: float = field(default=10.0, metadata={"help": "abort a client's requests when it sends no heartbeat for this long", "above": 0.0})
     startup_timeout_s: float = field(default=600.0, metadata={"help": "how long to wait for every process to be ready", "above": 0.0})
+    drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM or a first Ctrl-C: stop admitting (new requests get 'server shutting down', HTTP 503) and let in-flight requests finish for up to this many seconds before aborting the rest (0 = abort at once; a second signal aborts at once)", "min": 0.0})
     log_stats_interval_s: float = field(default=10.0, metadata={"help": "seconds between the scheduler's stats lines while busy (throughput, running/waiting/retracted, KV usage, prefix-cache hits; silent when idle; 0 = off)", "min": 0.0})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning, error", "choices": ["debug", "info", "warning", "error"]})
     shell: bool = field(default=False, metadata={"help": "after start, open a terminal chat against the server"})

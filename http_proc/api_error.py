@@ -31,7 +31,8 @@ STATUS_OF_CODE: dict[ErrorCode, tuple[int, str | None]] = {  # ErrorCode -> (HTT
     ErrorCode.INTERNAL: (500, "internal_error"),
     ErrorCode.GONE: (500, "server_failure"),
     ErrorCode.UNAVAILABLE: (503, "server_unavailable"),
-    ErrorCode.UNAUTHORIZED: (500, "frontend_unauthorized"),  # the HTTP process's key is not the frontend's: a server fault
+    ErrorCode.UNAUTHORIZED: (500, "frontend_unauthorized"),
+    ErrorCode.SHUTTING_DOWN: (503, "server_draining"),  # the HTTP process's key is not the frontend's: a server fault
 }
 
 

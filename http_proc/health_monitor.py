@@ -74,6 +74,9 @@ class HealthMonitor:
             self.on_stats(stats, time.monotonic())
 
     def on_stats(self, stats: dict, now_s: float) -> None:
+        if stats.get("frontend_draining"):
+            self.mark_draining("the server is shutting down: in-flight requests finish, new ones are refused")
+            return
         num_steps = stats.get("num_steps", 0)
         has_work = any(stats.get(k, 0) for k in ("num_waiting", "num_running", "num_prefilling"))
         if not has_work or num_steps != self._last_num_steps:

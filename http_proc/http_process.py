@@ -46,6 +46,8 @@ class HttpServer(uvicorn.Server):
         self.health = health
 
     def handle_exit(self, sig: int, frame) -> None:
+        if sig == signal.SIGINT:
+            return  # a terminal's Ctrl-C reaches the whole process group: the launcher drains, then sends SIGTERM
         self.health.mark_draining(f"received {signal.Signals(sig).name}")
         super().handle_exit(sig, frame)
 
@@ -70,6 +72,9 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
         async with AsyncClient(client_port, host=client_host, api_key=api_key) as client, \
                 AsyncClient(client_port, host=client_host, api_key=api_key, client_id=probe_id) as probe_client:
             health = HealthMonitor(client, probe_client)
+            while health.state == "starting":  # ready only once the server answers: /health is 200 from the ready line on
+                await health.poll_once()
+                await asyncio.sleep(0.05)
             health_task = asyncio.create_task(health.run())
             model_path = str(Path(cfg.model).resolve())
             gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes)

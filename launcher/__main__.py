@@ -46,14 +46,16 @@ def main(argv: list[str] | None = None) -> None:
     from common.worker_env import worker_env
 
     launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device, cfg.omp_spin_count), layout)
-    signal.signal(signal.SIGTERM, lambda *_: launcher.request_stop())
-    signal.signal(signal.SIGINT, lambda *_: launcher.request_stop())
+    shell = cfg.shell and layout.is_head_node
+    signal.signal(signal.SIGTERM, launcher.on_stop_signal)
+    # Ctrl-C: drain, a second one aborts; under --shell it is the chat's (it stops an answer)
+    signal.signal(signal.SIGINT, signal.default_int_handler if shell else launcher.on_stop_signal)
     code = 1
     try:
         port = launcher.start()
         sys.stdout.write(ready_line(cfg, launcher, port) + "\n")  # one write: children share this pipe
         sys.stdout.flush()
-        if cfg.shell and layout.is_head_node:
+        if shell:
             from client.chat_shell import run_shell
 
             run_shell(
@@ -63,6 +65,8 @@ def main(argv: list[str] | None = None) -> None:
             code = 0
         else:
             code = launcher.supervise()
+        if code == 0:
+            launcher.drain()
     except StartupError as exc:
         logger.error("%s", exc)
     finally:

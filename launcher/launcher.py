@@ -4,6 +4,8 @@
                detokenizer, tokenizer -> wait for each ProcReady
                (and with --http-port, the HTTP process once the tokenizer's client port is known)
     supervise: until SIGINT/SIGTERM or a child dies
+    drain:     on a signal: the frontend refuses new requests, in-flight ones finish (up to
+               --drain-timeout-s; a second signal cuts it short)
     shutdown:  in-flight requests end (abort, or error naming the dead children) -> SIGTERM children
                -> SIGKILL stragglers -> remove the runtime dir
 
@@ -25,7 +27,7 @@ import zmq
 
 from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
-from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, FailAll, ProcReady
+from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, Drain, DrainDone, FailAll, ProcReady
 from common.rank_layout import RankLayout
 from common.server_config import API_KEY_ENV, ServerConfig
 from common.transport import Addresses, pull, push
@@ -62,6 +64,7 @@ class Launcher:
         self.children: list[ChildProcess] = []
         self.ready: dict[str, ProcReady] = {}
         self.stop_requested = False
+        self.abort_requested = False  # a second stop signal: skip (or cut short) the drain
 
     def start(self) -> int | None:
         """Start every child of this node and wait until all are ready; returns the client port
@@ -131,6 +134,35 @@ class Launcher:
 
     def request_stop(self) -> None:
         self.stop_requested = True
+
+    def on_stop_signal(self, signum: int, _frame=None) -> None:
+        """SIGTERM or Ctrl-C: the first stops the server after a drain, a second aborts at once."""
+        if self.stop_requested:
+            self.abort_requested = True
+        self.stop_requested = True
+
+    def drain(self) -> None:
+        """Let in-flight requests finish (new ones are refused) for up to --drain-timeout-s, unless
+        a process died, the timeout is 0, or a second signal comes."""
+        timeout_s = self.cfg.drain_timeout_s
+        if timeout_s <= 0 or self.to_frontend is None or "tokenizer" not in self.ready or self.first_dead_child():
+            return
+        self.to_frontend.send(Drain(timeout_s=timeout_s))
+        logger.info("draining in-flight requests (up to %gs; Ctrl-C again to abort them)", timeout_s)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.abort_requested:
+                logger.info("second stop signal: aborting the requests still in flight")
+                return
+            dead = self.first_dead_child()
+            if dead is not None:
+                logger.error("the %s process %s during the drain", *dead)
+                return
+            msg = self.inbox.recv(timeout_ms=100)
+            if isinstance(msg, DrainDone):
+                logger.info("drained: %d request(s) finished", msg.num_drained)
+                return
+        logger.info("drain timeout (%gs): aborting the requests still in flight", timeout_s)
 
     def shutdown(self) -> None:
         if self.ready.get("tokenizer") and self.first_dead_child() is None:

@@ -36,6 +36,8 @@ from common.messages import (
     CLIENT_TO_FRONTEND,
     FRONTEND_TO_CLIENT,
     AbortReq,
+    Drain,
+    DrainDone,
     FailAll,
     GenerateReq,
     Heartbeat,
@@ -59,9 +61,12 @@ MAX_REQ_ID = 2**63 - 1  # req_ids travel as int64 (the scheduler's tables, numpy
 class Frontend:
     def __init__(
         self, validator: RequestValidator, router: zmq.Socket, inbox: Endpoint, to_scheduler: Endpoint, registry: ClientRegistry,
-        api_key: str = "",
+        api_key: str = "", to_launcher: Endpoint | None = None,
     ):
         self.api_key = api_key.encode()  # b"" = no key: every client is served
+        self.to_launcher = to_launcher  # DrainDone goes there
+        self.draining: Drain | None = None  # set by the launcher's Drain: no new request is admitted
+        self.num_draining = 0  # requests in flight when the drain began
         self.validator = validator
         self.router = router
         self.inbox = inbox
@@ -81,6 +86,7 @@ class Frontend:
             if self.inbox.socket in events:
                 self.drain_inbox()
             self.abort_silent_clients()
+            self.report_drained()
 
     # ---- from clients ----------------------------------------------------------------------
 
@@ -150,6 +156,10 @@ class Frontend:
         if self.registry.identity_of(msg.req_id) is not None:
             self.refuse(identity, msg.req_id, ErrorCode.INTERNAL, f"req_id {msg.req_id} is already in flight")
             return
+        if self.draining is not None:
+            logger.info("req %d refused: the server is shutting down", msg.req_id)
+            self.refuse(identity, msg.req_id, ErrorCode.SHUTTING_DOWN, "server shutting down: it finishes the requests it has and takes no new one")
+            return
         try:
             input_ids, params = self.validator.validate(msg.body)
         except ValueError as exc:
@@ -183,10 +193,13 @@ class Frontend:
                     self.send_to(identity, msg)
             elif isinstance(msg, FailAll):
                 self.fail_all(msg)
+            elif isinstance(msg, Drain):
+                self.start_drain(msg)
             msg = self.inbox.recv_nowait()
 
     def add_frontend_stats(self, msg: StatsOut) -> None:
         msg.stats["frontend_in_flight"] = self.registry.num_in_flight
+        msg.stats["frontend_draining"] = int(self.draining is not None)
         msg.stats.update({f"requests_finished_{reason}": n for reason, n in self.metrics.finished.items()})
         msg.stats.update({f"requests_error_{code}": n for code, n in self.metrics.errors.items()})
         msg.histograms.update(self.metrics.histograms)
@@ -199,6 +212,19 @@ class Frontend:
         self.send_to(identity, out)
         if out.finish_reason is not None:
             self.registry.finish(out.req_id)
+
+    def start_drain(self, msg: Drain) -> None:
+        self.draining = msg
+        self.num_draining = self.registry.num_in_flight
+        logger.info("draining: %d request(s) in flight finish (up to %gs); new ones are refused", self.num_draining, msg.timeout_s)
+
+    def report_drained(self) -> None:
+        """Once draining and nothing is in flight, tell the launcher (once)."""
+        if self.draining is None or self.registry.num_in_flight or self.to_launcher is None:
+            return
+        logger.info("drained: the %d request(s) in flight have finished", self.num_draining)
+        self.to_launcher.send(DrainDone(num_drained=self.num_draining))
+        self.to_launcher = None
 
     def fail_all(self, msg: FailAll) -> None:
         req_ids = list(self.registry.owner_of)

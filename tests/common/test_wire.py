@@ -13,6 +13,7 @@ from client.types import (
     ServerBusyError,
     ServerError,
     ServerGoneError,
+    ServerShuttingDownError,
     UnauthorizedError,
     raise_for_error,
 )
@@ -353,6 +354,7 @@ CODE_MAPPING = [
     (ErrorCode.GONE, ServerGoneError, 500, "server_failure"),
     (ErrorCode.UNAVAILABLE, ServerGoneError, 503, "server_unavailable"),
     (ErrorCode.UNAUTHORIZED, UnauthorizedError, 500, "frontend_unauthorized"),  # HTTP's own key check answers 401 first
+    (ErrorCode.SHUTTING_DOWN, ServerShuttingDownError, 503, "server_draining"),
 ]
 
 
@@ -388,7 +390,8 @@ def test_an_error_without_a_code_is_internal():
 
 def test_http_error_responses_map_back_by_status_when_the_code_is_not_ours():
     assert error_code_of(404, None) is ErrorCode.INVALID
-    assert error_code_of(503, "server_draining") is ErrorCode.UNAVAILABLE
+    assert error_code_of(503, "server_draining") is ErrorCode.SHUTTING_DOWN  # ours: by its code
+    assert error_code_of(503, "overloaded") is ErrorCode.UNAVAILABLE
     assert error_code_of(500, None) is ErrorCode.INTERNAL
 
 

@@ -45,7 +45,8 @@ def test_sigkill_of_model_worker_fails_requests_and_exits_nonzero(model_dir):
 
 
 def test_sigterm_of_launcher_aborts_in_flight_and_ends_all(model_dir):
-    handle = start_server(model_dir, *FLAGS)
+    """With --drain-timeout-s 0, SIGTERM aborts what is in flight at once (no drain)."""
+    handle = start_server(model_dir, *FLAGS, "--drain-timeout-s", "0")
     children = handle.child_pids()
     with Client(handle.port, timeout_s=30) as c:
         stream = c.stream("Once upon a time", max_tokens=400, ignore_eos=True)

@@ -1,0 +1,91 @@
+"""Graceful drain: SIGTERM (or a first Ctrl-C) lets in-flight requests finish while new ones are
+refused, then everything exits 0; a second signal aborts what is left at once."""
+
+from __future__ import annotations
+
+import re
+import signal
+import threading
+import time
+
+import pytest
+
+from client import Client, ServerShuttingDownError
+from testing.processes import wait_dead
+from testing.server_process import start_server
+
+FLAGS = ("--dtype", "float32", "--kv-cache-tokens", "8192", "--num-threads", "1", "--max-running-requests", "8")
+PROMPTS = [f"Story number {i}: once upon a time" for i in range(8)]
+NUM_TOKENS = 200
+
+
+@pytest.fixture(scope="module")
+def expected(model_dir):
+    """The 8 prompts' greedy outputs on an undisturbed server."""
+    server = start_server(model_dir, *FLAGS)
+    try:
+        with Client(server.port, timeout_s=120) as c:
+            return [c.generate(p, max_tokens=NUM_TOKENS, ignore_eos=True).output_ids for p in PROMPTS]
+    finally:
+        assert server.stop() == 0
+
+
+def stream_all(port: int, results: list, errors: list, first_output: threading.Event) -> None:
+    try:
+        with Client(port, timeout_s=120) as c:
+            streams = [c.stream(p, max_tokens=NUM_TOKENS, ignore_eos=True) for p in PROMPTS]
+            iterators = [iter(s) for s in streams]
+            for it in iterators:
+                next(it)
+            first_output.set()
+            for it in iterators:
+                for _ in it:
+                    pass
+            results.extend(s.result for s in streams)
+    except BaseException as exc:  # reported by the test
+        errors.append(exc)
+        first_output.set()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "Ctrl-C"])
+def test_stop_signal_drains_8_streams_refuses_new_requests_and_exits_0(model_dir, expected, sig):
+    server = start_server(model_dir, *FLAGS, "--drain-timeout-s", "60")
+    children = server.child_pids()
+    results, errors, first_output = [], [], threading.Event()
+    thread = threading.Thread(target=stream_all, args=(server.port, results, errors, first_output))
+    thread.start()
+    assert first_output.wait(60) and not errors, errors
+    server.proc.send_signal(sig)
+    with Client(server.port, timeout_s=30) as c:  # a request sent during the drain is refused
+        deadline = time.monotonic() + 10
+        with pytest.raises(ServerShuttingDownError, match="server shutting down"):
+            while time.monotonic() < deadline:
+                c.generate("too late", max_tokens=4)
+                time.sleep(0.01)  # sent before the frontend heard of the drain: served; try again
+    thread.join(120)
+    assert not errors, errors
+    assert [r.finish_reason for r in results] == ["length"] * 8
+    assert [r.output_ids for r in results] == expected  # every stream got its full greedy output
+    assert server.proc.wait(timeout=30) == 0
+    assert wait_dead(children, 5) == []
+    drained = re.search(r"drained: (\d+) request\(s\) finished", server.log())
+    assert drained and int(drained.group(1)) >= 8, server.log_tail()  # 9 when one "too late" request got in first
+
+
+def test_second_signal_aborts_the_drain(model_dir):
+    server = start_server(model_dir, *FLAGS, "--drain-timeout-s", "60")
+    children = server.child_pids()
+    with Client(server.port, timeout_s=60) as c:
+        stream = c.stream("Once upon a time", max_tokens=500, ignore_eos=True)
+        next(iter(stream))
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while "draining in-flight requests" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.005)
+        server.proc.send_signal(signal.SIGTERM)
+        for _ in stream:
+            pass
+        assert stream.result.finish_reason == "abort"
+    assert server.proc.wait(timeout=30) == 0
+    assert wait_dead(children, 5) == []
+    assert "second stop signal: aborting" in server.log(), server.log_tail()
