@@ -112,3 +112,26 @@ def test_none_valued_message_keys_are_dropped():
     tpl = ChatTemplate("{% for m in messages %}{{ m | tojson }}{% endfor %}", "test")
     out = tpl.render([{"role": "user", "content": "a", "name": None}], add_generation_prompt=False, special_tokens={})
     assert out == '{"role": "user", "content": "a"}'
+
+
+def test_render_limits_time_output_and_any_exception_the_template_raises():
+    import signal as signal_module
+
+    spin = ChatTemplate("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}", "spin")
+    fired: list[int] = []
+    previous = signal_module.signal(signal_module.SIGALRM, lambda *_: fired.append(1))
+    signal_module.setitimer(signal_module.ITIMER_REAL, 5.0)  # someone else's timer (pytest-timeout's, say)
+    try:
+        with pytest.raises(ChatTemplateError, match=r"took over 0.2s to render"):
+            spin.render([], add_generation_prompt=True, special_tokens={}, timeout_s=0.2)
+        remaining_s, _ = signal_module.getitimer(signal_module.ITIMER_REAL)
+        assert 4.0 < remaining_s < 5.0 and not fired  # the outer timer runs on
+    finally:
+        signal_module.setitimer(signal_module.ITIMER_REAL, 0)
+        signal_module.signal(signal_module.SIGALRM, previous)
+    big = ChatTemplate("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}", "big")
+    with pytest.raises(ChatTemplateError, match="passed 5000 characters"):
+        big.render([], add_generation_prompt=True, special_tokens={}, max_chars=5000)
+    zero = ChatTemplate("{{ 1 // 0 }}", "zero")
+    with pytest.raises(ChatTemplateError, match="ZeroDivisionError"):
+        zero.render([], add_generation_prompt=True, special_tokens={})
