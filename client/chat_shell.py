@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from client.client import Client
 from client.types import ServerError
+from common.server_config import DEFAULT_CLIENT_PORT
 
 
 def run_shell(
@@ -71,7 +72,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m client", description="Chat with a running zserve server.")
-    parser.add_argument("--port", type=int, required=True, help="the port launch_server printed")
+    parser.add_argument("--port", type=int, default=DEFAULT_CLIENT_PORT, help="the client port launch_server printed (default: %(default)s)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--temperature", type=float, default=0.0)

@@ -78,7 +78,7 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
             health_task = asyncio.create_task(health.run())
             model_path = str(Path(cfg.model).resolve())
             gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes)
-            model_name = Path(model_path).name
+            model_name = cfg.served_model_name or Path(model_path).name
             state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate)
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
