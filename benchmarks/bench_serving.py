@@ -2,7 +2,7 @@
 
     # the design posts' mix, paced arrivals, two server configurations in one run, 3 repeats
     .venv/bin/python benchmarks/bench_serving.py --prompt-repeats 1,1,1,64 --submit-interval-ms 200 \\
-        --compare "--max-prefill-tokens 64" "--max-prefill-tokens 4096" --repeats 3
+        --compare "--chunked-prefill-size 64" "--chunked-prefill-size 4096" --repeats 3
 
     # random lengths, Poisson arrivals; shared prefixes with the radix cache on and off
     .venv/bin/python benchmarks/bench_serving.py --workload random --input-len 256 --output-len 64 --request-rate 2

@@ -158,7 +158,7 @@ def main() -> None:
     args.log_dir.mkdir(parents=True, exist_ok=True)
     zport, vport = free_port(), free_port()
     zserve = Peer.start("zserve", [sys.executable, "-m", "launcher", "--model", model, "--dtype", args.dtype,
-                                   "--http-port", str(zport), *shlex.split(args.zserve_args)], zport, args.log_dir)
+                                   "--http-port", str(zport), "--port", str(free_port()), *shlex.split(args.zserve_args)], zport, args.log_dir)
     vllm = Peer.start("vllm", [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                                "--port", str(vport), "--dtype", args.dtype, *shlex.split(args.vllm_args)],
                       vport, args.log_dir, env={"VLLM_CPU_KVCACHE_SPACE": args.vllm_kv_gib})

@@ -43,13 +43,14 @@ from common.messages import (
     StatsOut,
     StatsReq,
 )
+from common.server_config import DEFAULT_CLIENT_PORT
 
 LOST_GRACE_S = 0.2  # after the connection closes, outputs already received are filed before requests fail
 
 
 class AsyncClient:
     def __init__(
-        self, port_or_address: int | str, *, host: str = "127.0.0.1", timeout_s: float | None = None,
+        self, port_or_address: int | str = DEFAULT_CLIENT_PORT, *, host: str = "127.0.0.1", timeout_s: float | None = None,
         heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0, api_key: str | None = None,
         client_id: str | None = None,
     ):

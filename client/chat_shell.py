@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 from client.client import Client
 from client.types import ServerError
+from common.server_config import DEFAULT_CLIENT_PORT
 
 
 def run_shell(
@@ -23,41 +24,47 @@ def run_shell(
     with Client(address, api_key=api_key) as client:
         while not (stop_when and stop_when()):
             try:
-                line = input("> ").strip()
-            except EOFError:
+                if not chat_turn(client, messages, max_tokens=max_tokens, temperature=temperature):
+                    return
+            except EOFError:  # Ctrl-D
                 print()
                 return
-            except KeyboardInterrupt:
-                print()
-                continue
-            if line in ("/quit", "/exit"):
-                return
-            if line == "/reset":
-                messages.clear()
-                print("(conversation cleared)")
-                continue
-            if not line:
-                continue
-            messages.append({"role": "user", "content": line})
-            answer = stream_answer(client, messages, max_tokens=max_tokens, temperature=temperature)
-            if answer is None:
-                messages.pop()  # the server refused the turn: the conversation stays as it was
-            else:
-                messages.append({"role": "assistant", "content": answer})
+            except KeyboardInterrupt:  # Ctrl-C at the prompt, or between the answer's pieces: back to the prompt
+                print(flush=True)
+
+
+def chat_turn(client: Client, messages: list[dict], *, max_tokens: int, temperature: float) -> bool:
+    """Read one line and act on it; False when the user leaves."""
+    line = input("> ").strip()
+    if line in ("/quit", "/exit"):
+        return False
+    if line == "/reset":
+        messages.clear()
+        print("(conversation cleared)")
+    elif line:
+        messages.append({"role": "user", "content": line})
+        answer = stream_answer(client, messages, max_tokens=max_tokens, temperature=temperature)
+        if answer is None:
+            messages.pop()  # the server refused the turn: the conversation stays as it was
+        else:
+            messages.append({"role": "assistant", "content": answer})
+    return True
 
 
 def stream_answer(client: Client, messages: list[dict], *, max_tokens: int, temperature: float) -> str | None:
     """Print the answer as it streams and return its text; on Ctrl-C, abort the request and
     return the text so far. None when the server refused the request (the error is printed)."""
     parts: list[str] = []
-    stream = client.stream(messages=messages, max_tokens=max_tokens, temperature=temperature)
+    stream = None
     try:
+        stream = client.stream(messages=messages, max_tokens=max_tokens, temperature=temperature)
         for delta in stream:
             parts.append(delta)
             sys.stdout.write(delta)
             sys.stdout.flush()
     except KeyboardInterrupt:
-        stream.close()  # aborts the request on the server
+        if stream is not None:
+            stream.close()  # aborts the request on the server (one sent but not yet returned is aborted at exit)
         print(" [stopped]", flush=True)
         return "".join(parts)
     except ServerError as exc:
@@ -71,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m client", description="Chat with a running zserve server.")
-    parser.add_argument("--port", type=int, required=True, help="the port launch_server printed")
+    parser.add_argument("--port", type=int, default=DEFAULT_CLIENT_PORT, help="the client port launch_server printed (default: %(default)s)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--temperature", type=float, default=0.0)

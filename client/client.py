@@ -35,6 +35,7 @@ from common.messages import (
     StatsOut,
     StatsReq,
 )
+from common.server_config import DEFAULT_CLIENT_PORT
 
 POLL_MS = 100
 
@@ -47,7 +48,7 @@ def client_address(port_or_address: int | str, host: str = "127.0.0.1") -> str:
 
 class Client:
     def __init__(
-        self, port_or_address: int | str, *, host: str = "127.0.0.1", timeout_s: float | None = None,
+        self, port_or_address: int | str = DEFAULT_CLIENT_PORT, *, host: str = "127.0.0.1", timeout_s: float | None = None,
         heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0, api_key: str | None = None,
     ):
         """`api_key`: the server's --api-key, sent with every request (None = $ZSERVE_API_KEY, "" = none);

@@ -20,12 +20,13 @@ import time
 PR_SET_PDEATHSIG = 1
 
 
-def setup_logging(name: str, level: str) -> None:
+def setup_logging(name: str, level: str, stream=None) -> None:
+    """Log lines to `stream` (default stderr), each naming the process."""
     logging.basicConfig(
         level=getattr(logging, level.upper()),
         format=f"%(asctime)s.%(msecs)03d {name:<9} %(levelname)-5s %(message)s",
         datefmt="%H:%M:%S",
-        stream=sys.stderr,
+        stream=stream or sys.stderr,
         force=True,
     )
 

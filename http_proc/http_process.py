@@ -1,8 +1,9 @@
 """Entry point of the HTTP process: `python -m http_proc --config JSON --addresses JSON --client-port N`.
 
-Started by the launcher once the frontend is ready (it needs the client port). It binds
---http-port, tells the launcher it is ready, and serves the Starlette app with uvicorn (httptools)
-on a uvloop event loop until SIGTERM: then /health turns 503 ("draining"), the listening socket
+Started by the launcher with the other processes when the client port is fixed (the default),
+else once the frontend has picked one. It binds --http-port and serves the Starlette app with
+uvicorn (httptools) on a uvloop event loop at once, /health answering 503 "starting" until the
+server answers its stats; then it tells the launcher it is ready, and serves until SIGTERM: then /health turns 503 ("draining"), the listening socket
 closes, and in-flight responses get a few seconds to finish.
 """
 
@@ -72,25 +73,26 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
         async with AsyncClient(client_port, host=client_host, api_key=api_key) as client, \
                 AsyncClient(client_port, host=client_host, api_key=api_key, client_id=probe_id) as probe_client:
             health = HealthMonitor(client, probe_client)
-            while health.state == "starting":  # ready only once the server answers: /health is 200 from the ready line on
-                await health.poll_once()
-                await asyncio.sleep(0.05)
-            health_task = asyncio.create_task(health.run())
             model_path = str(Path(cfg.model).resolve())
             gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes)
-            model_name = Path(model_path).name
+            model_name = cfg.served_model_name or Path(model_path).name
             state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate)
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
             )
             server = HttpServer(config, health)
-            launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open until exit (LINGER=0 drops on close)
+            serving = asyncio.create_task(server.serve(sockets=[sock]))  # /health answers 503 "starting" meanwhile
             url = f"http://{cfg.host}:{cfg.http_port}"
+            logger.info("HTTP listening on %s (model %s, client port %d); waiting for the server", url, model_name, client_port)
+            while health.state == "starting" and not serving.done():  # ready once the server answers
+                await health.poll_once()
+                await asyncio.sleep(0.05)
+            health_task = asyncio.create_task(health.run())
+            launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open until exit (LINGER=0 drops on close)
             launcher.send(ProcReady(name="http", pid=os.getpid(), info={"port": cfg.http_port, "url": url}))
-            logger.info("HTTP listening on %s (model %s, client port %d)", url, state.model_name, client_port)
             try:
-                await server.serve(sockets=[sock])
+                await serving
             finally:
                 health_task.cancel()
     finally:

@@ -17,7 +17,7 @@ STATS_TIMEOUT_S = 2.0  # /metrics renders without the scheduler's numbers past t
 @dataclass(frozen=True)
 class HttpState:
     client: AsyncClient
-    model_name: str  # the model directory's name: what /v1/models lists and requests name
+    model_name: str  # --served-model-name, or the model directory's name: what /v1/models lists and requests name
     model_path: str
     context_len: int
     metrics: ServerMetrics

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
+import tempfile
 from dataclasses import replace
+from pathlib import Path
+from typing import IO
 
 from common.proc_runtime import setup_logging
 from common.server_config import ServerConfig
@@ -22,6 +26,16 @@ def resolve_model(cfg: ServerConfig) -> ServerConfig:
     from launcher.demo_model import ensure_demo_model
 
     return replace(cfg, model=str(ensure_demo_model(progress=True)))
+
+
+def open_shell_log(log_level: str) -> IO[str]:
+    """Under --shell, every process logs to a file (the path printed once) instead of the terminal."""
+    path = Path(tempfile.gettempdir()) / f"zserve-server-{os.getpid()}.log"
+    log_file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - open for the server's lifetime
+    sys.stdout.write(f"zserve: server logs go to {path}\n")
+    sys.stdout.flush()
+    setup_logging("launcher", log_level, stream=log_file)
+    return log_file
 
 
 def ready_line(cfg: ServerConfig, launcher: Launcher, port: int | None) -> str:
@@ -45,8 +59,9 @@ def main(argv: list[str] | None = None) -> None:
         refuse(str(exc))
     from common.worker_env import worker_env
 
-    launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device, cfg.omp_spin_count), layout)
     shell = cfg.shell and layout.is_head_node
+    log_file = open_shell_log(cfg.log_level) if shell else None  # the chat gets the terminal to itself
+    launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device, cfg.omp_spin_count), layout, log_file)
     signal.signal(signal.SIGTERM, launcher.on_stop_signal)
     # Ctrl-C: drain, a second one aborts; under --shell it is the chat's (it stops an answer)
     signal.signal(signal.SIGINT, signal.default_int_handler if shell else launcher.on_stop_signal)

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 from dataclasses import dataclass
+from typing import IO
 
 
 @dataclass
@@ -15,11 +16,16 @@ class ChildProcess:
     popen: subprocess.Popen
 
     @staticmethod
-    def start(name: str, module: str, args: list[str], env: dict[str, str] | None = None) -> ChildProcess:
+    def start(
+        name: str, module: str, args: list[str], env: dict[str, str] | None = None, log_file: IO[str] | None = None,
+    ) -> ChildProcess:
+        """`log_file`: where its output goes (default: the launcher's own stdout and stderr)."""
         child_env = dict(os.environ)
         child_env.update(env or {})
         child_env["ZSERVE_PARENT_PID"] = str(os.getpid())
-        popen = subprocess.Popen([sys.executable, "-m", module, *args], env=child_env, stdin=subprocess.DEVNULL)
+        popen = subprocess.Popen(
+            [sys.executable, "-m", module, *args], env=child_env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+        )
         return ChildProcess(name, popen)
 
     @property

@@ -52,25 +52,99 @@ def ranged(kind: type, metadata: dict) -> Callable[[str], int | float]:
     return parse
 
 
+class DeprecatedFlag(argparse.Action):
+    """An old spelling of a renamed flag: it still works, with one warning line saying why it moved."""
+
+    def __init__(self, option_strings, dest, new_flag: str, note: str, convert: Callable[[str], object], allowed, **kw):
+        super().__init__(option_strings, dest, **kw)
+        self.new_flag, self.note, self.convert, self.allowed = new_flag, note, convert, allowed
+
+    def __call__(self, parser, namespace, text, option_string=None) -> None:
+        try:
+            value = self.convert(text)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"argument {option_string}: {exc}")
+        if self.allowed is not None and value not in self.allowed:
+            parser.error(
+                f"argument {option_string} (now {self.new_flag}): invalid choice {text!r} (choose from "
+                f"{', '.join(self.allowed)}; {self.note})"
+            )
+        sys.stderr.write(f"{PROG}: warning: {option_string} is deprecated, use {self.new_flag} ({self.note})\n")
+        setattr(namespace, self.dest, value)
+
+
+def value_type(kind: type, metadata: dict) -> Callable[[str], object]:
+    """argparse type of a field: ranged numbers; strings with their spelling aliases (`half`)."""
+    if kind is not str:
+        return ranged(kind, metadata)
+    aliases = metadata.get("value_aliases", {})
+    return lambda text: aliases.get(text, text)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """Every ServerConfig field is a flag (`--name`, or its metadata's "flag"), with the SGLang and
+    vLLM spellings of the same meaning as aliases, and old spellings of renamed flags that warn."""
     parser = OneLineParser(
         prog=PROG, description="Start a zserve server: tokenizer, scheduler, model worker and detokenizer processes."
     )
     for f in fields(ServerConfig):
-        flag = "--" + f.name.replace("_", "-")
+        meta = f.metadata
+        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
+        aliases = meta.get("aliases", ())
         default = f.default if f.default is not MISSING else None
-        help_text = f.metadata.get("help", "")
+        help_text = meta.get("help", "") + (f"; also {', '.join(aliases)}" if aliases else "")
         if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", default=default, help=help_text)
+            parser.add_argument(flag, dest=f.name, action="store_true", default=default, help=help_text)
+            for alias in aliases:
+                parser.add_argument(alias, dest=f.name, action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
             continue
         kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
+        convert = value_type(kind, meta)
+        choices = meta.get("choices")
+        if choices is not None and meta.get("value_aliases"):
+            choices = [*choices, *meta["value_aliases"]]  # accepted spellings; the value stored is the canonical one
+        checked = None if choices is None else _Choices(choices, convert)
+        metavar = None if choices else flag.lstrip("-").upper().replace("-", "_")
         parser.add_argument(
-            flag, type=kind if kind is str else ranged(kind, f.metadata), default=default,
-            choices=f.metadata.get("choices"), help=f"{help_text} (default: {default!r})",
+            flag, dest=f.name, type=convert, default=default, choices=checked, metavar=metavar,
+            help=f"{help_text} (default: {default!r})",
         )
+        for alias in aliases:  # its own action, so an error names the spelling the user typed
+            parser.add_argument(
+                alias, dest=f.name, type=convert, default=argparse.SUPPRESS, choices=checked, metavar=metavar,
+                help=argparse.SUPPRESS,
+            )
+        for old_flag, note in meta.get("deprecated", {}).items():
+            parser.add_argument(
+                old_flag, dest=f.name, action=DeprecatedFlag, new_flag=flag, note=note, convert=convert,
+                allowed=meta.get("choices"), help=argparse.SUPPRESS,
+            )
+        if meta.get("positional"):
+            parser.add_argument(f"{f.name}_positional", nargs="?", default=None, metavar=f.name.upper(), help=f"same as {flag}")
     return parser
 
 
+class _Choices(list):
+    """argparse checks `value in choices` after the type converted it: accept the canonical
+    values; show every accepted spelling in the help and errors."""
+
+    def __init__(self, spellings: list[str], convert: Callable[[str], object]):
+        super().__init__(spellings)
+        self.values = {convert(s) for s in spellings}
+
+    def __contains__(self, value: object) -> bool:
+        return value in self.values
+
+
 def parse_config(argv: list[str] | None = None) -> ServerConfig:
-    ns = build_parser().parse_args(argv)
-    return ServerConfig(**vars(ns))
+    parser = build_parser()
+    ns = vars(parser.parse_args(argv))
+    for f in fields(ServerConfig):
+        if f.metadata.get("positional"):
+            given = ns.pop(f"{f.name}_positional")
+            if given is not None:
+                flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+                if ns[f.name] and ns[f.name] != given:
+                    parser.error(f"the {f.name} is given twice: {given!r} and {flag} {ns[f.name]!r}")
+                ns[f.name] = given
+    return ServerConfig(**ns)

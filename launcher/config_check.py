@@ -62,7 +62,19 @@ def check_model(cfg: ServerConfig, layout: RankLayout) -> ServerConfig:
     error = context_length_error(cfg.context_length, hf.context_len)
     if error is not None:
         raise ValueError(error)
+    if cfg.chat_template:
+        check_chat_template(cfg.chat_template)
     return replace(cfg, num_threads=layout.threads_per_rank(cfg.num_threads))
+
+
+def check_chat_template(path: str) -> None:
+    """--chat-template names a readable Jinja file that compiles."""
+    from tokenizer_proc.chat_template import ChatTemplate
+
+    try:
+        ChatTemplate(Path(path).read_text(encoding="utf-8"), path)
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ValueError(f"--chat-template {path}: {exc}") from None
 
 
 def check_port_free(flag: str, host: str, port: int) -> None:

@@ -22,6 +22,7 @@ import os
 import shutil
 import time
 from dataclasses import replace
+from typing import IO
 
 import zmq
 
@@ -47,8 +48,12 @@ class StartupError(RuntimeError):
 
 
 class Launcher:
-    def __init__(self, cfg: ServerConfig, worker_env: dict[str, str], layout: RankLayout | None = None):
+    def __init__(
+        self, cfg: ServerConfig, worker_env: dict[str, str], layout: RankLayout | None = None, log_file: IO[str] | None = None,
+    ):
+        """`log_file`: where the children's output goes (default: the launcher's stdout and stderr)."""
         self.cfg = cfg
+        self.log_file = log_file
         self.layout = layout or RankLayout.from_config(cfg)
         self.worker_env = {**worker_env, **self.layout.rank_env()}
         self.runtime_dir = create_runtime_dir()  # removes the directories of launchers that died
@@ -76,10 +81,12 @@ class Launcher:
         key_env = {API_KEY_ENV: api_key} if api_key else None
         for rank in self.layout.local_ranks:
             name = self.layout.child_name(rank)
-            self.children.append(ChildProcess.start(name, "model_proc", [*args, "--rank", str(rank)], self.worker_env))
+            self.children.append(ChildProcess.start(name, "model_proc", [*args, "--rank", str(rank)], self.worker_env, self.log_file))
         if self.layout.is_head_node:
             for name, module in SERVER_CHILDREN:
-                self.children.append(ChildProcess.start(name, module, args, key_env if module == "tokenizer_proc" else None))
+                self.children.append(ChildProcess.start(name, module, args, key_env if module == "tokenizer_proc" else None, self.log_file))
+            if self.cfg.http_port and self.cfg.port:  # the client port is known: HTTP answers /health (503) during startup
+                self._start_http(args, self.cfg.port, key_env)
         expected = {c.name for c in self.children} | ({"http"} if self.layout.is_head_node and self.cfg.http_port else set())
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while len(self.ready) < len(expected):
@@ -95,10 +102,12 @@ class Launcher:
             if isinstance(msg, ProcReady):
                 self.ready[msg.name] = msg
                 logger.info("%s ready (pid %d)", msg.name, msg.pid)
-                if msg.name == "tokenizer" and self.cfg.http_port:  # the HTTP process needs the client port
-                    http_args = [*args, "--client-port", str(msg.info["port"])]
-                    self.children.append(ChildProcess.start("http", "http_proc", http_args, key_env))
+                if msg.name == "tokenizer" and self.cfg.http_port and not self.cfg.port:  # HTTP needs the picked port
+                    self._start_http(args, int(msg.info["port"]), key_env)
         return int(self.ready["tokenizer"].info["port"]) if self.layout.is_head_node else None
+
+    def _start_http(self, args: list[str], client_port: int, key_env: dict[str, str] | None) -> None:
+        self.children.append(ChildProcess.start("http", "http_proc", [*args, "--client-port", str(client_port)], key_env, self.log_file))
 
     def supervise(self) -> int:
         """Block until a stop signal (returns 0) or a dead child (returns 1; 0 on a node other

@@ -1,7 +1,7 @@
 """A real `launch_server` (every process) started for a test or a benchmark, and stopped.
 
     server = start_server(model_dir, "--page-size", "4")          # tests: flags as arguments
-    with ServerProcess.start(model_dir, ["--max-prefill-tokens", "64"]) as server:   # benchmarks
+    with ServerProcess.start(model_dir, ["--chunked-prefill-size", "64"]) as server:   # benchmarks
         ... Client(server.port) / AsyncClient(server.address) ...
 
 or `spawn` several and `wait_ready` each, so they load at the same time. The client port is
@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.server_config import DEFAULT_CLIENT_PORT
 from testing.paths import REPO_ROOT
 
 READY_MARK = "zserve ready:"
@@ -49,7 +50,17 @@ class ServerProcess:
     ) -> PendingServer:
         """Start launch_server without waiting; several servers can then load at the same time."""
         port = free_port()
-        cmd = [sys.executable, "-m", "launcher", "--model", str(model_dir), *flags, "--port", str(port)]
+        no_http = [] if "--http-port" in flags else ["--http-port", "0"]  # the default port is one per machine
+        cmd = [sys.executable, "-m", "launcher", "--model", str(model_dir), *no_http, *flags, "--port", str(port)]
+        return ServerProcess._spawn_cmd(cmd, port, log_path, env)
+
+    @staticmethod
+    def spawn_with_defaults(flags: list[str], *, env: dict[str, str] | None = None) -> PendingServer:
+        """`launch_server FLAGS` as a user types it: the default model and ports unless `flags` say."""
+        return ServerProcess._spawn_cmd([sys.executable, "-m", "launcher", *flags], DEFAULT_CLIENT_PORT, None, env)
+
+    @staticmethod
+    def _spawn_cmd(cmd: list[str], port: int, log_path: Path | None, env: dict[str, str] | None) -> PendingServer:
         proc_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
         proc_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), proc_env.get("PYTHONPATH")) if p)
         started_s = time.perf_counter()

@@ -17,6 +17,7 @@ and `skip_special_tokens` drops them. `clean_up_tokenization_spaces` is not appl
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,12 @@ class TextTokenizer:
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
     @property
+    def with_chat_template(self, source: str, origin: str) -> TextTokenizer:
+        """This tokenizer with `source` as its default chat template (--chat-template)."""
+        other = copy.copy(self)
+        other.chat_templates = {**self.chat_templates, "default": ChatTemplate(source, origin)}
+        return other
+
     def has_chat_template(self) -> bool:
         return bool(self.chat_templates)
 

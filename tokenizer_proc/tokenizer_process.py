@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from pathlib import Path
 
 import zmq
 
@@ -38,7 +39,11 @@ def bind_client_port(ctx: zmq.Context, host: str, port: int, max_frame_bytes: in
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:
     model_config = ModelConfig.from_model_dir(cfg.model)
     context_len = served_context_len(model_config.context_len, cfg.context_length)
-    validator = RequestValidator(TextTokenizer.from_model_dir(cfg.model), context_len, model_config.vocab_size)
+    tokenizer = TextTokenizer.from_model_dir(cfg.model)
+    if cfg.chat_template:  # --chat-template: a Jinja file instead of the model's own
+        tokenizer = tokenizer.with_chat_template(Path(cfg.chat_template).read_text(encoding="utf-8"), cfg.chat_template)
+        logger.info("chat template from %s (instead of the model's)", cfg.chat_template)
+    validator = RequestValidator(tokenizer, context_len, model_config.vocab_size)
     ctx = zmq.Context()
     try:
         max_frame_bytes = max(MIN_CLIENT_FRAME_BYTES, 2 * cfg.max_request_bytes)

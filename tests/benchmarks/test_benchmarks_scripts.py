@@ -39,7 +39,7 @@ def test_compare_two_configs_with_repeats(model_dir, tmp_path):
     out = tmp_path / "serving.json"
     proc = run_bench(
         "--model", str(model_dir), "--num-requests", "6", "--prompt-repeats", "1,3", "--unique-prompts", "--max-tokens", "4",
-        "--submit-interval-ms", "10", "--compare", "", "--max-prefill-tokens 16", "--repeats", "2",
+        "--submit-interval-ms", "10", "--compare", "", "--chunked-prefill-size 16", "--repeats", "2",
         "--warmup-requests", "1", "--output-json", str(out),
     )
     assert "TTFT p99 (ms)" in proc.stdout and "[1]/[0]" in proc.stdout
@@ -47,7 +47,7 @@ def test_compare_two_configs_with_repeats(model_dir, tmp_path):
     assert report["workload"]["num_requests"] == 6 and report["repeats"] == 2
     base, other = report["configs"]
     assert base["ratio_to_baseline"] is None and other["ratio_to_baseline"]["output_throughput"] > 0
-    assert other["server_flags"][-2:] == ["--max-prefill-tokens", "16"]
+    assert other["server_flags"][-2:] == ["--chunked-prefill-size", "16"]
     for config in report["configs"]:
         assert len(config["runs"]) == 2
         for run in config["runs"]:

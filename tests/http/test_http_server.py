@@ -19,7 +19,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from client import Client
-from testing.server_process import free_port, start_server
+from testing.server_process import ServerProcess, free_port, start_server
 from testing.server_process import wait_idle as harness_wait_idle
 
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
@@ -443,3 +443,31 @@ def test_shutdown_drains_in_flight_requests_and_refuses_new_ones_with_503(server
     assert not isinstance(completion, BaseException), completion
     assert completion.usage.completion_tokens == 400 and completion.choices[0].finish_reason == "length"
     assert server.proc.wait(timeout=20) == 0
+
+
+def test_health_answers_503_starting_at_once_during_startup(model_dir):
+    """The HTTP process starts with the others (the client port is fixed), so /health answers
+    from the first moment: 503 "starting", each within 0.1 s, until the server is ready."""
+    http_port = free_port()
+    pending = ServerProcess.spawn(model_dir, ["--http-port", str(http_port), "--kv-cache-tokens", "2048", "--num-threads", "1"])
+    statuses: list[tuple[int, str]] = []
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            started_s = time.monotonic()
+            try:
+                status, body = http_get(http_port, "/health")
+            except OSError:  # not listening yet
+                time.sleep(0.01)
+                continue
+            assert time.monotonic() - started_s < 0.1, "a /health answer took 0.1 s or more"
+            statuses.append((status, json.loads(body)["status"]))
+            if status == 200:
+                break
+            time.sleep(0.01)
+        server = pending.wait_ready(60)
+        assert statuses and statuses[0] == (503, "starting"), statuses[:3]
+        assert statuses[-1] == (200, "ready")
+        assert server.stop() == 0
+    finally:
+        pending.kill()

@@ -55,7 +55,8 @@ def run_launcher(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedP
     runtime_root.mkdir(exist_ok=True)
     env = dict(os.environ, TMPDIR=str(runtime_root), PYTHONPATH=str(REPO_ROOT))
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-m", "launcher", *args], capture_output=True, text=True, env=env, timeout=30)
+    free_ports = ["--port", "0", "--http-port", "0"]  # the fixed default ports may be taken on a test machine; args override
+    proc = subprocess.run([sys.executable, "-m", "launcher", *free_ports, *args], capture_output=True, text=True, env=env, timeout=30)
     return proc, time.perf_counter() - t0
 
 
@@ -77,12 +78,12 @@ def assert_refused(proc: subprocess.CompletedProcess, elapsed_s: float, tmp_path
         (["--page-size", "four"], "--page-size: expected an integer"),
         (["--dtype", "foo"], "--dtype: invalid choice: 'foo'"),
         (["--device", "gpu"], "--device must be auto, cpu, cuda or cuda:N, got 'gpu'"),
-        (["--schedule-policy", "random"], "--schedule-policy: invalid choice"),
+        (["--step-policy", "random"], "--step-policy: invalid choice"),
         (["--kv-memory-fraction", "1"], "--kv-memory-fraction: must be > 0.0 and < 1.0, got 1"),
         (["--kv-memory-fraction", "0"], "--kv-memory-fraction: must be > 0.0 and < 1.0, got 0"),
         (["--schedule-conservativeness", "nan"], "--schedule-conservativeness: expected a finite number"),
         (["--max-running-requests", "0"], "--max-running-requests: must be >= 1"),
-        (["--max-prefill-tokens", "-5"], "--max-prefill-tokens: must be >= 1"),
+        (["--chunked-prefill-size", "-5"], "--chunked-prefill-size: must be >= 1"),
         (["--prefill-max-requests", "-2"], "--prefill-max-requests: must be >= 0, got -2"),
         (["--context-length", "-1"], "--context-length: must be >= 0, got -1"),
         (["--context-length", "513"], "--context-length 513 is above the model's maximum context length of 512 tokens"),

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
+import urllib.request
 
 import pytest
 
+from client import Client
+from common.server_config import DEFAULT_CLIENT_PORT, DEFAULT_HTTP_PORT
 from launcher.demo_model import demo_model_dir, missing_files
 from testing.paths import REPO_ROOT
+from testing.server_process import ServerProcess
 
 REPO = REPO_ROOT
 
@@ -27,3 +33,32 @@ def test_readme_demo_command_answers_paris():
     answer = next(line for line in out.splitlines() if line.startswith("A: "))
     assert "Paris" in answer, out
     assert "finish=stop" in out  # it ended on EOS, not the token limit
+
+
+def port_is_free(port: int) -> bool:
+    """Free to listen on, as ZMQ and uvicorn bind (SO_REUSEADDR: a closed connection's TIME_WAIT does not count)."""
+    try:
+        with socket.create_server(("127.0.0.1", port)):
+            return True
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(bool(missing_files(demo_model_dir())), reason="demo model not fetched (scripts/test.sh fetches it)")
+def test_launch_server_with_no_flags_serves_client_and_http_on_the_default_ports():
+    """`launch_server` with no flags, then `Client()` with no arguments; /v1/models on the default
+    HTTP port lists the served name; the ready line names both."""
+    if not (port_is_free(DEFAULT_CLIENT_PORT) and port_is_free(DEFAULT_HTTP_PORT)):
+        pytest.skip(f"port {DEFAULT_CLIENT_PORT} or {DEFAULT_HTTP_PORT} is taken on this machine")
+    server = ServerProcess.spawn_with_defaults(["--kv-cache-tokens", "4096"]).wait_ready(600)
+    try:
+        ready = next(line for line in server.log_lines if "zserve ready" in line)
+        assert f"tcp://127.0.0.1:{DEFAULT_CLIENT_PORT}" in ready and f"HTTP on http://127.0.0.1:{DEFAULT_HTTP_PORT}" in ready
+        with Client() as c:
+            answer = c.generate(messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=16)
+        assert "Paris" in answer.text
+        with urllib.request.urlopen(f"http://127.0.0.1:{DEFAULT_HTTP_PORT}/v1/models", timeout=30) as r:
+            models = json.loads(r.read())
+        assert [m["id"] for m in models["data"]] == [demo_model_dir().name]
+    finally:
+        assert server.stop() == 0, server.log_tail()

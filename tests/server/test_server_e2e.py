@@ -19,7 +19,7 @@ from client import Client, ServerBusyError, ServerError
 from testing.e2e_fixtures import GreedyOracle
 from testing.server_process import start_server, wait_idle
 
-BUDGET = 16  # --max-prefill-tokens: small, so ordinary prompts are chunked
+BUDGET = 16  # --chunked-prefill-size: small, so ordinary prompts are chunked
 LONG_PREFIX = "The quick brown fox jumps over the lazy dog. " * 4
 
 
@@ -31,7 +31,7 @@ def oracle(model_dir):
 @pytest.fixture(scope="module")
 def server(model_dir):
     handle = start_server(
-        model_dir, "--dtype", "float32", "--max-prefill-tokens", str(BUDGET), "--page-size", "4", "--kv-cache-tokens", "4096",
+        model_dir, "--dtype", "float32", "--chunked-prefill-size", str(BUDGET), "--page-size", "4", "--kv-cache-tokens", "4096",
         "--max-running-requests", "16", "--client-timeout-s", "2", "--num-threads", "1",
     )
     yield handle
@@ -250,7 +250,7 @@ def test_a_small_pool_retracts_and_every_output_is_still_the_greedy_one(model_di
     transformers' greedy output, /metrics-visible stats count the retractions, nothing leaks."""
     handle = start_server(
         model_dir, "--dtype", "float32", "--page-size", "4", "--kv-cache-tokens", "256", "--context-length", "128", "--num-threads", "1",
-        "--max-prefill-tokens", "64",
+        "--chunked-prefill-size", "64",
     )
     try:
         prompts = [f"Story {i}: once upon a time" for i in range(8)]

@@ -43,10 +43,10 @@ def test_cli_flags_cover_every_config_field_with_its_default():
 
 
 def test_cli_parses_values_and_rejects_bad_choices():
-    cfg = parse_config(["--page-size", "4", "--schedule-policy", "mixed", "--disable-radix-cache", "--model", "/m"])
+    cfg = parse_config(["--page-size", "4", "--step-policy", "mixed", "--disable-radix-cache", "--model", "/m"])
     assert (cfg.page_size, cfg.schedule_policy, cfg.disable_radix_cache, cfg.model) == (4, "mixed", True, "/m")
     with pytest.raises(SystemExit):
-        parse_config(["--schedule-policy", "random"])
+        parse_config(["--step-policy", "random"])
 
 
 def test_config_json_round_trip_is_exact():

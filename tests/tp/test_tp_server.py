@@ -22,9 +22,9 @@ from testing.paths import REPO_ROOT
 from testing.server_process import ServerProcess, start_server
 
 REPO = REPO_ROOT
-BUDGET = 16  # --max-prefill-tokens: most prompts here are chunked
+BUDGET = 16  # --chunked-prefill-size: most prompts here are chunked
 # fp32: logprobs agree to 1e-4 across tp sizes (bf16 partial sums, all-reduced, round differently)
-FLAGS = ("--dtype", "float32", "--max-prefill-tokens", str(BUDGET), "--page-size", "4", "--kv-cache-tokens", "2048", "--num-threads", "1")
+FLAGS = ("--dtype", "float32", "--chunked-prefill-size", str(BUDGET), "--page-size", "4", "--kv-cache-tokens", "2048", "--num-threads", "1")
 KINDS = {"llama": {}, "qwen3": {}, "gpt2": {"vocab_size": 601}}
 PREFIX = "The quick brown fox jumps over the lazy dog. " * 3
 BATCH_PROMPTS = ["Hello, world!", PREFIX + "Then it slept.", "你好，世界！ 🙂", "A"]
