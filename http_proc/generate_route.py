@@ -65,14 +65,14 @@ async def serve_generate(state: HttpState, request: Request) -> Response | SseRe
     group = RequestGroup(state.client, [sub], state.metrics, state.health)
     if not stream:
         [result] = await until_disconnect(request, group.run())
-        return JSONResponse(output_body(result.text, result.output_ids, result, result.logprobs))
+        return JSONResponse(output_body(result.text, result.output_ids, result, result.logprobs), headers=group.headers)
     events = group.events()
     try:
         first = await until_disconnect(request, anext(events))
     except BaseException:
         await events.aclose()
         raise
-    return SseResponse(stream_outputs(state, first, events))
+    return SseResponse(stream_outputs(state, first, events), group.headers)
 
 
 def output_body(text: str, ids: list[int], result: GenerateResult, logprobs: list[float] | None) -> dict[str, Any]:

@@ -40,11 +40,12 @@ def usage_of(subs: list[SubRequest], results: list[GenerateResult]) -> dict[str,
 
 
 class OpenAIFormatter:
-    def __init__(self, is_chat: bool, model_name: str, include_usage: bool = False):
+    def __init__(self, is_chat: bool, model_name: str, include_usage: bool = False, req_id: int | None = None):
+        """`req_id`: the request's id in the server's logs, which the OpenAI `id` then carries."""
         self.is_chat = is_chat
         self.model_name = model_name
         self.include_usage = include_usage
-        self.id = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex}"
+        self.id = f"{'chatcmpl' if is_chat else 'cmpl'}-{uuid.uuid4().hex if req_id is None else req_id}"
         self.created = int(time.time())
 
     def body(self, subs: list[SubRequest], results: list[GenerateResult]) -> dict[str, Any]:

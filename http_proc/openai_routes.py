@@ -55,10 +55,10 @@ async def serve(state: HttpState, request: Request, model: type[CompletionReques
     is_chat = isinstance(body, ChatCompletionRequest)
     subs = body.sub_requests()
     group = RequestGroup(state.client, subs, state.metrics, state.health)
-    formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage)
+    formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id)
     if not body.stream:
         results = await until_disconnect(request, group.run())
-        return JSONResponse(formatter.body(subs, results))
+        return JSONResponse(formatter.body(subs, results), headers=group.headers)
     events = group.events()
     try:
         first = await until_disconnect(request, anext(events))
@@ -66,7 +66,7 @@ async def serve(state: HttpState, request: Request, model: type[CompletionReques
         await events.aclose()
         raise
     chunks = stream_chunks(state, formatter, subs, group, first, events)
-    return SseResponse(chunks)
+    return SseResponse(chunks, group.headers)
 
 
 def stream_chunks(

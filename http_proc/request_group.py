@@ -46,7 +46,13 @@ class RequestGroup:
         self.metrics = metrics
         self.health = health
         self.progress = [ChoiceProgress() for _ in subs]
+        self.req_id = new_req_id()  # choice i is request req_id + i in the server's logs; X-Request-Id says req_id
         self.results: list[GenerateResult | None] = [None] * len(subs)
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """The response's headers: X-Request-Id is the id the server's log lines name (`req N`)."""
+        return {"X-Request-Id": str(self.req_id)}
 
     async def events(self) -> AsyncIterator[ChoiceEvent]:
         if len(self.subs) == 1:
@@ -67,7 +73,7 @@ class RequestGroup:
 
     async def _choice_events(self, sub: SubRequest) -> AsyncIterator[ChoiceEvent]:
         progress = self.progress[sub.choice_idx]
-        req_id = new_req_id()
+        req_id = self.req_id + sub.choice_idx
         finished = False
         try:
             async for delta, result in self.client.stream_outputs(req_id=req_id, **sub.prompt, **sub.sampling):

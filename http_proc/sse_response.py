@@ -18,8 +18,9 @@ SSE_HEADERS = [(b"content-type", b"text/event-stream; charset=utf-8"), (b"cache-
 class SseResponse:
     status_code = 200
 
-    def __init__(self, chunks: AsyncIterator[bytes]):
+    def __init__(self, chunks: AsyncIterator[bytes], headers: dict[str, str] | None = None):
         self.chunks = chunks
+        self.headers = [*SSE_HEADERS, *((k.lower().encode(), v.encode()) for k, v in (headers or {}).items())]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         sending = asyncio.ensure_future(self._send_all(send))
@@ -35,7 +36,7 @@ class SseResponse:
             sending.result()  # re-raise a fault in the stream
 
     async def _send_all(self, send: Send) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": SSE_HEADERS})
+        await send({"type": "http.response.start", "status": 200, "headers": self.headers})
         async for chunk in self.chunks:
             await send({"type": "http.response.body", "body": chunk, "more_body": True})
         await send({"type": "http.response.body", "body": b"", "more_body": False})

@@ -342,6 +342,21 @@ def test_metrics_parse_and_counters_move(server, oai, model_name):
         assert any(key[0] == name for key in after), name
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_x_request_id_and_openai_id_name_the_requests_log_lines(server, model_name, stream):
+    conn = open_request(server.http_port, "/v1/completions", {"model": model_name, "prompt": PROMPT, "max_tokens": 3, "stream": stream})
+    response = conn.getresponse()
+    request_id = response.getheader("X-Request-Id")
+    body = response.read().decode()
+    conn.close()
+    assert response.status == 200 and request_id and request_id.isdigit(), body
+    assert f'"id":"cmpl-{request_id}"' in body.replace(" ", "")
+    deadline = time.monotonic() + 5
+    while f"req {request_id} finished (length)" not in server.log() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert f"req {request_id} admitted" in server.log() and f"req {request_id} finished (length)" in server.log()
+
+
 def test_zmq_client_requests_move_the_latency_histograms(server):
     """/metrics counts every door: a request through the Python client moves TTFT, E2E, queue time
     and the length histograms, and the outcome counter."""
