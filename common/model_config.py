@@ -62,6 +62,7 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]  # union of config.json and generation_config.json
     bos_token_id: int | None
     stored_dtype: str | None  # "bfloat16", "float32"... as config.json says; weights are cast at load
+    default_sampling: tuple[tuple[str, float], ...] = ()  # generation_config.json's sampling, when it samples (do_sample)
     window_capped_from: int = 0  # config.json's maximum positions, when a sliding window capped context_len below it (else 0)
 
     @property
@@ -195,6 +196,7 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         attn_scale=attn_scale,
         attn_scale_by_layer=attn_scale_by_layer,
         eos_token_ids=_eos_ids(raw, gen, path),
+        default_sampling=_default_sampling(gen),
         bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
         stored_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         window_capped_from=window_capped_from,
@@ -243,6 +245,23 @@ def _parse_rope(raw: dict[str, Any], path: Path) -> tuple[float, RopeScaling | N
         ),
     )
     return theta, scaling
+
+
+SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")
+
+
+def _default_sampling(gen: dict[str, Any]) -> tuple[tuple[str, float], ...]:
+    """The sampling generation_config.json asks for, as transformers reads it: only with
+    `do_sample: true` (else generation is greedy whatever the temperature), temperature 1 unless
+    given; values that are not numbers are ignored."""
+    if gen.get("do_sample") is not True:
+        return ()
+    values = {"temperature": 1.0}
+    for key in SAMPLING_KEYS:
+        value = gen.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            values[key] = int(value) if key == "top_k" else float(value)
+    return tuple(sorted(values.items()))
 
 
 def _eos_ids(raw: dict[str, Any], gen: dict[str, Any], path: Path) -> tuple[int, ...]:

@@ -49,7 +49,8 @@ class StreamOptions(BaseModel):
 
 class SamplingRequest(BaseModel):
     """Fields both endpoints share. top_k, min_p, stop_token_ids and ignore_eos are zserve extras
-    (the OpenAI SDK sends them with `extra_body=`). Defaults are OpenAI's (temperature 1)."""
+    (the OpenAI SDK sends them with `extra_body=`). A sampling field left out takes the server's
+    default, the same on every entry point (the model's generation_config.json, else greedy)."""
 
     model_config = ConfigDict(extra="forbid")
     model: str | None = None
@@ -92,7 +93,7 @@ class SamplingRequest(BaseModel):
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         values = {
             "max_tokens": max_tokens,
-            "temperature": 1.0 if self.temperature is None else self.temperature,
+            "temperature": self.temperature,
             "top_p": self.top_p,
             "top_k": self.top_k,
             "min_p": self.min_p,

@@ -31,9 +31,15 @@ ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
 
 
 class RequestValidator:
-    def __init__(self, tokenizer: TextTokenizer, context_len: int, vocab_size: int | None = None):
+    def __init__(
+        self, tokenizer: TextTokenizer, context_len: int, vocab_size: int | None = None,
+        default_sampling: dict[str, float] | None = None,
+    ):
         """`context_len`: tokens the model attends over (prompt + output). `vocab_size`: ids the
-        model accepts, if smaller than the tokenizer's (default: the tokenizer's)."""
+        model accepts, if smaller than the tokenizer's (default: the tokenizer's).
+        `default_sampling`: what a request that leaves a sampling field out gets (the model's
+        generation_config.json; empty: SamplingParams' own defaults, greedy)."""
+        self.default_sampling = dict(default_sampling or {})
         if context_len < 2:
             raise ValueError(f"context_len must be >= 2, got {context_len}")
         self.tokenizer = tokenizer
@@ -59,7 +65,11 @@ class RequestValidator:
             raise ValueError(f"a request needs exactly one of prompt, input_ids, messages; got {what}")
 
         sampling = body.get("sampling")
-        params = SamplingParams.from_dict({} if sampling is None else sampling)
+        if sampling is None:
+            sampling = {}
+        if isinstance(sampling, dict) and self.default_sampling:
+            sampling = {**self.default_sampling, **sampling}
+        params = SamplingParams.from_dict(sampling)
         bad_stop_ids = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad_stop_ids:
             raise ValueError(f"stop_token_ids {bad_stop_ids[:5]} are not in the vocabulary (size {self.vocab_size})")

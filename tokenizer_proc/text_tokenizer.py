@@ -96,13 +96,13 @@ class TextTokenizer:
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
-    @property
     def with_chat_template(self, source: str, origin: str) -> TextTokenizer:
         """This tokenizer with `source` as its default chat template (--chat-template)."""
         other = copy.copy(self)
         other.chat_templates = {**self.chat_templates, "default": ChatTemplate(source, origin)}
         return other
 
+    @property
     def has_chat_template(self) -> bool:
         return bool(self.chat_templates)
 

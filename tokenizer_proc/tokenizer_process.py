@@ -43,7 +43,10 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
     if cfg.chat_template:  # --chat-template: a Jinja file instead of the model's own
         tokenizer = tokenizer.with_chat_template(Path(cfg.chat_template).read_text(encoding="utf-8"), cfg.chat_template)
         logger.info("chat template from %s (instead of the model's)", cfg.chat_template)
-    validator = RequestValidator(tokenizer, context_len, model_config.vocab_size)
+    default_sampling = dict(model_config.default_sampling)
+    if default_sampling:
+        logger.info("sampling defaults from generation_config.json: %s", ", ".join(f"{k}={v}" for k, v in default_sampling.items()))
+    validator = RequestValidator(tokenizer, context_len, model_config.vocab_size, default_sampling)
     ctx = zmq.Context()
     try:
         max_frame_bytes = max(MIN_CLIENT_FRAME_BYTES, 2 * cfg.max_request_bytes)

@@ -37,12 +37,12 @@ def test_completion_expands_n_and_prompt_lists_with_distinct_seeds():
     assert subs[0].sampling == {"max_tokens": 5, "temperature": 0.5, "seed": 7, "stop": ["x"]}
 
 
-def test_completion_token_prompts_and_openai_defaults():
+def test_completion_token_prompts_and_defaults():
     assert CompletionRequest(prompt=[1, 2, 3]).sub_requests()[0].prompt == {"input_ids": [1, 2, 3]}
     subs = CompletionRequest(prompt=[[1], [2, 3]]).sub_requests()
     assert [s.prompt for s in subs] == [{"input_ids": [1]}, {"input_ids": [2, 3]}]
     sampling = CompletionRequest(prompt="hi").sub_requests()[0].sampling
-    assert sampling == {"max_tokens": 16, "temperature": 1.0}  # OpenAI's defaults
+    assert sampling == {"max_tokens": 16}  # OpenAI's max_tokens default; temperature is the server's (one default for every door)
 
 
 def test_chat_without_max_tokens_sends_none_and_flattens_text_parts():
@@ -53,7 +53,7 @@ def test_chat_without_max_tokens_sends_none_and_flattens_text_parts():
     [sub] = req.sub_requests()
     assert sub.prompt == {"messages": [{"role": "user", "content": "a\nb"}]}
     # no max_tokens: the server lets it run up to the context (and reserves only an estimate of that)
-    assert sub.sampling == {"temperature": 1.0, "top_k": 5, "min_p": 0.1, "stop_token_ids": [3], "ignore_eos": True}
+    assert sub.sampling == {"top_k": 5, "min_p": 0.1, "stop_token_ids": [3], "ignore_eos": True}
     req = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], max_completion_tokens=9)
     assert req.sub_requests()[0].sampling["max_tokens"] == 9
 

@@ -95,6 +95,7 @@ def assert_refused(proc: subprocess.CompletedProcess, elapsed_s: float, tmp_path
         (["--client-timeout-s", "0"], "--client-timeout-s: must be > 0.0"),
         (["--host", "192.0.2.1"], "--host 192.0.2.1: cannot listen there: Cannot assign requested address"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+        (["--chat-template", "/no/such/template.jinja"], "--chat-template /no/such/template.jinja: [Errno 2] No such file"),
     ],
 )
 def test_bad_flag_is_refused_in_one_line_before_anything_starts(model_dir, tmp_path, flags, needle):
@@ -174,3 +175,10 @@ def test_sharded_weights_need_every_listed_file(model_dir, tmp_path):
 def test_the_demo_model_passes():
     cfg = ServerConfig(model=str(demo_model_dir()))
     check_model(cfg, check_flags(cfg))
+
+
+def test_a_chat_template_that_does_not_compile_is_refused(model_dir, tmp_path):
+    template = tmp_path / "bad.jinja"
+    template.write_text("{% for m in messages %}")
+    proc, elapsed_s = run_launcher(["--model", str(model_dir), "--chat-template", str(template)], tmp_path)
+    assert_refused(proc, elapsed_s, tmp_path, "chat template does not compile")

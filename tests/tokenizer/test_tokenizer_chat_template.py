@@ -135,3 +135,14 @@ def test_render_limits_time_output_and_any_exception_the_template_raises():
     zero = ChatTemplate("{{ 1 // 0 }}", "zero")
     with pytest.raises(ChatTemplateError, match="ZeroDivisionError"):
         zero.render([], add_generation_prompt=True, special_tokens={})
+
+
+def test_with_chat_template_replaces_the_default_template(tmp_path):
+    from tokenizer_proc.text_tokenizer import TextTokenizer
+
+    build_byte_level_bpe(tmp_path, vocab_size=300)
+    tokenizer = TextTokenizer.from_model_dir(tmp_path)
+    custom = tokenizer.with_chat_template("{% for m in messages %}[{{ m['content'] }}]{% endfor %}", "custom.jinja")
+    assert custom.apply_chat_template([{"role": "user", "content": "hi"}]) == "[hi]"
+    assert tokenizer.apply_chat_template([{"role": "user", "content": "hi"}]) != "[hi]"  # the original is untouched
+    assert custom.has_chat_template and custom.vocab_size == tokenizer.vocab_size

@@ -138,3 +138,25 @@ def test_model_vocab_smaller_than_tokenizer(tokenizer):
         v.validate({"input_ids": [100]})
     with pytest.raises(ValueError, match="context_len"):
         RequestValidator(tokenizer, context_len=1)
+
+
+def test_sampling_defaults_fill_only_what_the_request_leaves_out(validator):
+    defaults = {"temperature": 0.7, "top_k": 5, "top_p": 0.9}
+    with_defaults = RequestValidator(validator.tokenizer, validator.context_len, default_sampling=defaults)
+    _, params = with_defaults.validate({"prompt": "a"})
+    assert (params.temperature, params.top_k, params.top_p) == (0.7, 5, 0.9)
+    _, params = with_defaults.validate({"prompt": "a", "sampling": {"temperature": 0, "top_k": 0}})
+    assert (params.temperature, params.top_k, params.top_p) == (0.0, 0, 0.9)
+    _, params = validator.validate({"prompt": "a"})  # no generation_config sampling: greedy
+    assert params.temperature == 0.0
+
+
+def test_generation_config_sampling_counts_only_with_do_sample(tmp_path):
+    import json
+
+    from common.model_config import _default_sampling
+
+    assert _default_sampling({"temperature": 0.6, "top_p": 0.9}) == ()  # transformers: greedy without do_sample
+    assert dict(_default_sampling({"do_sample": True, "top_p": 0.9, "top_k": 20})) == {"temperature": 1.0, "top_p": 0.9, "top_k": 20}
+    assert dict(_default_sampling({"do_sample": True, "temperature": 0.6, "top_k": "x"})) == {"temperature": 0.6}
+    assert json.dumps(dict(_default_sampling({}))) == "{}"
