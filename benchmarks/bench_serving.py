@@ -60,7 +60,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     g = p.add_argument_group("server")
     g.add_argument("--model", default="", help="model directory (default: the SmolLM2-135M-Instruct demo model)")
-    g.add_argument("--address", default=None, help="drive a running server at this address (tcp://HOST:PORT) instead of starting one")
+    g.add_argument("--address", default=None, help="drive a running server at this address (tcp://HOST:PORT, or http://HOST:PORT) instead of starting one")
+    g.add_argument("--tokenizer", default=None, help="model directory whose tokenizer builds the random and shared-prefix prompts "
+                   "(default: --model, or with --address the running server's own model)")
     g.add_argument("--server-args", default=DEFAULT_SERVER_ARGS, help="flags for every server this script starts (default: %(default)r)")
     g.add_argument("--compare", nargs="+", default=None, metavar="FLAGS",
                    help='server configurations to compare, each one quoted string of launch_server flags ("" = the defaults); '
@@ -154,8 +156,38 @@ def start_servers(model_dir: str, configs: list[ConfigRuns], log_path: Path | No
     return servers
 
 
+def tokenizer_dir(args: argparse.Namespace) -> str:
+    """The model directory whose tokenizer builds the prompts: --tokenizer, else the server this
+    script starts (--model), else the running server's own model (asked for; --address)."""
+    if args.tokenizer:
+        return args.tokenizer
+    if args.address is None:
+        return str(resolve_model_dir(args.model))
+    if args.workload == "repeats":
+        return args.model  # text prompts: the server tokenizes them
+    path = server_model_path(args.address)
+    if not Path(path, "tokenizer.json").exists():
+        raise SystemExit(f"the server at {args.address} serves {path}, which is not readable here: pass --tokenizer DIR")
+    log(f"prompts built with the server's tokenizer: {path}")
+    return path
+
+
+def server_model_path(address: str) -> str:
+    """The model directory a running server serves: from its stats (ZMQ) or /v1/models (HTTP)."""
+    if address.startswith("http://"):
+        import json
+        import urllib.request
+
+        with urllib.request.urlopen(address.rstrip("/") + "/v1/models", timeout=30) as response:
+            return json.loads(response.read())["data"][0]["root"]
+    from client import Client
+
+    with Client(address, timeout_s=30) as c:
+        return c.stats()["model_path"]
+
+
 def run_all(args: argparse.Namespace) -> dict:
-    model_dir = resolve_model_dir(args.model) if args.address is None or args.workload != "repeats" else args.model
+    model_dir = tokenizer_dir(args)
     num_requests = len(build_workload(args, model_dir, 0)[0])
     offsets_s = arrival_offsets_s(num_requests, args.submit_interval_ms, args.request_rate, args.seed)
     arrivals_desc = describe_arrivals(args.submit_interval_ms, args.request_rate)

@@ -92,10 +92,11 @@ class StatsOut:
     code: ErrorCode | None = None  # set (with `error`, and no stats) when the frontend refused the StatsReq
     error: str | None = None
     histograms: dict[str, Histogram] = field(default_factory=dict)  # the scheduler's queue time, the frontend's latencies
+    info: dict[str, str] = field(default_factory=dict)  # the frontend's: model_path (benchmarks build prompts with its tokenizer)
 
     def as_dict(self) -> dict[str, Any]:
-        """What `stats()` returns: the counters and gauges, and `histograms` as plain dicts."""
-        return {**self.stats, "histograms": {name: h.to_dict() for name, h in self.histograms.items()}}
+        """What `stats()` returns: the counters and gauges, `histograms` as plain dicts, and the info."""
+        return {**self.stats, **self.info, "histograms": {name: h.to_dict() for name, h in self.histograms.items()}}
 
 
 @message(16)

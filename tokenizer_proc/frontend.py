@@ -61,8 +61,9 @@ MAX_REQ_ID = 2**63 - 1  # req_ids travel as int64 (the scheduler's tables, numpy
 class Frontend:
     def __init__(
         self, validator: RequestValidator, router: zmq.Socket, inbox: Endpoint, to_scheduler: Endpoint, registry: ClientRegistry,
-        api_key: str = "", to_launcher: Endpoint | None = None,
+        api_key: str = "", to_launcher: Endpoint | None = None, server_info: dict[str, str] | None = None,
     ):
+        self.server_info = dict(server_info or {})  # what StatsOut.info says (model_path)
         self.api_key = api_key.encode()  # b"" = no key: every client is served
         self.to_launcher = to_launcher  # DrainDone goes there
         self.draining: Drain | None = None  # set by the launcher's Drain: no new request is admitted
@@ -203,6 +204,7 @@ class Frontend:
         msg.stats.update({f"requests_finished_{reason}": n for reason, n in self.metrics.finished.items()})
         msg.stats.update({f"requests_error_{code}": n for code, n in self.metrics.errors.items()})
         msg.histograms.update(self.metrics.histograms)
+        msg.info.update(self.server_info)
 
     def route_output(self, out: ReqOutput) -> None:
         identity = self.registry.identity_of(out.req_id)

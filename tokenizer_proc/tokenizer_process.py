@@ -57,7 +57,8 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         launcher.send(ProcReady(name="tokenizer", pid=os.getpid(), info={"port": port}))
         logger.info("frontend listening on tcp://%s:%d", cfg.host, port)
         api_key = cfg.api_key or os.environ.get(API_KEY_ENV, "")  # the launcher passes it in the environment
-        Frontend(validator, router, inbox, to_scheduler, ClientRegistry(cfg.client_timeout_s), api_key, launcher).run_forever()
+        Frontend(validator, router, inbox, to_scheduler, ClientRegistry(cfg.client_timeout_s), api_key, launcher,
+                 {"model_path": str(Path(cfg.model).resolve())}).run_forever()
     finally:
         ctx.destroy(linger=0)
 

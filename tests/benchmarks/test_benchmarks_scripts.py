@@ -149,3 +149,22 @@ def test_bench_cpu_paths_times_every_variant(model_dir):
         times = [float(x) for x, unit in zip(row[1::2], row[2::2], strict=False) if unit == "ms"]
         ratios = [float(x) for x in row[1 + 2 * len(times):]]
         assert len(times) == len(ratios) >= 2 and ratios[0] == 1.0 and all(t > 0 for t in times)
+
+
+def test_against_a_running_server_the_prompts_use_its_tokenizer_and_failures_are_named(model_dir, tmp_path):
+    """--address: random prompts come from the server's own tokenizer (asked for through stats),
+    and a run whose requests fail says why on the console."""
+    from testing.server_process import start_server
+
+    server = start_server(model_dir, "--kv-cache-tokens", "4096", "--num-threads", "1", "--context-length", "64")
+    try:
+        common = ("--address", server.address, "--workload", "random", "--num-requests", "2", "--warmup-requests", "0",
+                  "--request-rate", "inf")
+        proc = run_bench(*common, "--input-len", "16", "--output-len", "4", "--output-json", str(tmp_path / "ok.json"))
+        assert f"prompts built with the server's tokenizer: {Path(model_dir).resolve()}" in proc.stderr + proc.stdout
+        assert "2 ok, 0 failed" in proc.stderr + proc.stdout
+        proc = run_bench(*common, "--input-len", "100", "--output-len", "4", "--output-json", str(tmp_path / "bad.json"))
+        out = proc.stderr + proc.stdout
+        assert "0 ok, 2 failed" in out and "first failure: InvalidRequestError" in out and "context" in out, out
+    finally:
+        assert server.stop() == 0
