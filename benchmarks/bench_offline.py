@@ -7,8 +7,8 @@
 N requests of random token ids with random input and output lengths, greedy, EOS ignored (every
 request generates exactly its output length on both sides).
 
-1. zserve: a server is started (--server-args), all N requests are sent at once through the
-   async client; throughput = output tokens / (first send to last finish).
+1. zserve: `zserve.Engine` starts the server (--server-args), all N requests are sent at once
+   through the async client; throughput = output tokens / (first send to last finish).
 2. transformers: static batching (benchmarks/hf_static_batcher.py). Its best batch size is
    found first: every size of --hf-batch-sizes runs the first --hf-search-requests requests,
    and the fastest (output tokens/s) runs all N. --hf-batch-size skips the search.
@@ -34,7 +34,8 @@ from benchmarks.load_driver import LoadOptions, drive  # noqa: E402
 from benchmarks.machine_info import load_average, machine_info  # noqa: E402
 from benchmarks.metrics import RunMetrics  # noqa: E402
 from benchmarks.workloads import LengthRange, random_workload, sampleable_token_ids  # noqa: E402
-from testing.server_process import ServerProcess, resolve_model_dir  # noqa: E402
+from testing.server_process import resolve_model_dir  # noqa: E402
+from zserve import Engine  # noqa: E402
 
 DEFAULT_SERVER_ARGS = "--log-level warning"
 
@@ -69,17 +70,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_zserve(args: argparse.Namespace, model_dir: str, requests) -> tuple[RunMetrics, dict]:
     flags = shlex.split(args.server_args)
     log(f"zserve: launch_server {shlex.join(flags)}; load average {load_average()}")
-    with ServerProcess.start(model_dir, flags) as server:
-        log(f"zserve: ready in {server.startup_s:.1f}s; sending {len(requests)} requests at once")
+    started_s = time.perf_counter()
+    with Engine(model_dir, server_args=flags) as engine:  # the offline API: the server in a `with` block
+        startup_s = time.perf_counter() - started_s
+        log(f"zserve: ready in {startup_s:.1f}s; sending {len(requests)} requests at once")
         options = LoadOptions(ignore_eos=True, num_warmup_requests=2, progress_desc="zserve", show_progress=not args.no_progress)
-        load = drive(server.address, requests, [0.0] * len(requests), options)
+        load = drive(engine.address, requests, [0.0] * len(requests), options)
     metrics = RunMetrics.of_records(load.records, load.start_s)
     expected = sum(r.max_tokens for r in requests)
     if metrics.num_failed or metrics.num_output_tokens != expected:
         raise RuntimeError(f"zserve: {metrics.num_failed} failed requests, {metrics.num_output_tokens} output tokens "
                            f"(expected {expected}); first errors: {[r.error for r in load.records if not r.ok][:3]}")
     extra = {"prefix_hit_tokens": load.stat_delta("num_prefix_hit_tokens"), "num_steps": load.stat_delta("num_steps"),
-             "server_startup_s": server.startup_s, "load_average_after": load_average()}
+             "server_startup_s": startup_s, "load_average_after": load_average()}
     log(f"zserve: {metrics.output_throughput:.1f} output tok/s in {metrics.duration_s:.1f}s; load average {load_average()}")
     return metrics, extra
 

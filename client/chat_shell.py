@@ -16,7 +16,7 @@ from common.server_config import DEFAULT_CLIENT_PORT
 
 
 def run_shell(
-    address: str, *, max_tokens: int = 512, temperature: float = 0.0, stop_when: Callable[[], object] | None = None,
+    address: str, *, max_tokens: int | None = None, temperature: float = 0.0, stop_when: Callable[[], object] | None = None,
     api_key: str | None = None,
 ) -> None:
     messages: list[dict] = []
@@ -33,7 +33,7 @@ def run_shell(
                 print(flush=True)
 
 
-def chat_turn(client: Client, messages: list[dict], *, max_tokens: int, temperature: float) -> bool:
+def chat_turn(client: Client, messages: list[dict], *, max_tokens: int | None, temperature: float) -> bool:
     """Read one line and act on it; False when the user leaves."""
     line = input("> ").strip()
     if line in ("/quit", "/exit"):
@@ -51,7 +51,7 @@ def chat_turn(client: Client, messages: list[dict], *, max_tokens: int, temperat
     return True
 
 
-def stream_answer(client: Client, messages: list[dict], *, max_tokens: int, temperature: float) -> str | None:
+def stream_answer(client: Client, messages: list[dict], *, max_tokens: int | None, temperature: float) -> str | None:
     """Print the answer as it streams and return its text; on Ctrl-C, abort the request and
     return the text so far. None when the server refused the request (the error is printed)."""
     parts: list[str] = []
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m client", description="Chat with a running zserve server.")
     parser.add_argument("--port", type=int, default=DEFAULT_CLIENT_PORT, help="the client port launch_server printed (default: %(default)s)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=None, help="per answer (default: up to the context)")
     parser.add_argument("--temperature", type=float, default=0.0)
     ns = parser.parse_args(argv)
     run_shell(f"tcp://{ns.host}:{ns.port}", max_tokens=ns.max_tokens, temperature=ns.temperature)

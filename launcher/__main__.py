@@ -81,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
         else:
             code = launcher.supervise()
         if code == 0:
-            launcher.drain()
+            code = launcher.drain()
     except StartupError as exc:
         logger.error("%s", exc)
     finally:

@@ -150,28 +150,34 @@ class Launcher:
             self.abort_requested = True
         self.stop_requested = True
 
-    def drain(self) -> None:
+    def drain(self) -> int:
         """Let in-flight requests finish (new ones are refused) for up to --drain-timeout-s, unless
-        a process died, the timeout is 0, or a second signal comes."""
+        the timeout is 0 or a second signal comes. Returns the exit code: 1 when a process died
+        (before or during the drain: clients get the error naming it), else 0."""
+        if not self.layout.is_head_node:
+            return 0  # no frontend here: node 0 drains
+        dead = self.dead_children()
+        if dead:
+            return self._on_dead_children(dead)
         timeout_s = self.cfg.drain_timeout_s
-        if timeout_s <= 0 or self.to_frontend is None or "tokenizer" not in self.ready or self.first_dead_child():
-            return
+        if timeout_s <= 0 or self.to_frontend is None or "tokenizer" not in self.ready:
+            return 0
         self.to_frontend.send(Drain(timeout_s=timeout_s))
         logger.info("draining in-flight requests (up to %gs; Ctrl-C again to abort them)", timeout_s)
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.abort_requested:
                 logger.info("second stop signal: aborting the requests still in flight")
-                return
-            dead = self.first_dead_child()
-            if dead is not None:
-                logger.error("the %s process %s during the drain", *dead)
-                return
+                return 0
+            dead = self.dead_children()
+            if dead:
+                return self._on_dead_children(dead)
             msg = self.inbox.recv(timeout_ms=100)
             if isinstance(msg, DrainDone):
                 logger.info("drained: %d request(s) finished", msg.num_drained)
-                return
+                return 0
         logger.info("drain timeout (%gs): aborting the requests still in flight", timeout_s)
+        return 0
 
     def shutdown(self) -> None:
         if self.ready.get("tokenizer") and self.first_dead_child() is None:

@@ -3,6 +3,7 @@ refused, then everything exits 0; a second signal aborts what is left at once.""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import threading
@@ -10,7 +11,7 @@ import time
 
 import pytest
 
-from client import Client, ServerShuttingDownError
+from client import Client, ServerError, ServerShuttingDownError
 from testing.processes import wait_dead
 from testing.server_process import start_server
 
@@ -89,3 +90,22 @@ def test_second_signal_aborts_the_drain(model_dir):
     assert server.proc.wait(timeout=30) == 0
     assert wait_dead(children, 5) == []
     assert "second stop signal: aborting" in server.log(), server.log_tail()
+
+
+def test_a_process_dying_during_the_drain_fails_the_streams_naming_it_and_exits_1(model_dir):
+    server = start_server(model_dir, *FLAGS, "--drain-timeout-s", "60")
+    children = server.child_pids()
+    with Client(server.port, timeout_s=60) as c:
+        stream = c.stream("Once upon a time", max_tokens=500, ignore_eos=True)
+        next(iter(stream))
+        os.kill(server.child_pid("model_proc"), signal.SIGSTOP)  # the stream cannot finish: the drain waits
+        server.proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        while "draining in-flight requests" not in server.log() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        os.kill(server.child_pid("model_proc"), signal.SIGKILL)
+        with pytest.raises(ServerError, match="model"):
+            for _ in stream:
+                pass
+    assert server.proc.wait(timeout=30) == 1
+    assert wait_dead(children, 5) == []

@@ -1,0 +1,218 @@
+"""Engine: the whole server in a `with` block, for offline batches (vLLM's `LLM`, SGLang's `Engine`).
+
+    from zserve import Engine
+
+    with Engine("/path/to/model", max_running_requests=32) as engine:
+        results = engine.generate(["Hello", "The capital of France is"], {"max_tokens": 32})
+        for delta in engine.stream("Once upon a time", {"max_tokens": 64}):
+            print(delta, end="")
+
+It starts `launch_server` (every process) with the keyword arguments as its flags
+(`max_running_requests=32` is `--max-running-requests 32`), on a free client port and without
+HTTP unless asked, waits until it is ready (its log lines go to stderr, so model loading shows
+progress), and talks to it through the Python client. `generate` sends every prompt at once and
+returns the results in the prompts' order; `agenerate` is the asyncio form, `stream` streams one
+prompt. Leaving the block, `shutdown()`, or the interpreter exiting stops every process; nothing
+is left behind, also when the block raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import fields
+from typing import Any
+
+from client.async_client import AsyncClient
+from client.client import Client
+from client.types import GenerateResult
+from common.sampling_params import SamplingParams
+from common.server_config import ServerConfig
+
+READY_MARK = "zserve ready:"
+STOP_TIMEOUT_S = 30.0
+Prompts = str | Sequence[str] | Sequence[Sequence[int]]
+
+
+class EngineError(RuntimeError):
+    """The server did not start (its last log lines are in the message) or stopped unexpectedly."""
+
+
+class Engine:
+    def __init__(
+        self, model: str = "", *, server_args: Sequence[str] = (), startup_timeout_s: float = 600.0, echo_logs: bool = True,
+        **flags: Any,
+    ):
+        """`model`: a model directory ("" = the demo model). `flags`: launch_server flags by their
+        ServerConfig names (`tp_size=2`, `disable_radix_cache=True`); `server_args`: more, as on a
+        command line. `echo_logs`: copy the server's log lines to stderr."""
+        self.argv = [*(["--model", model] if model else []), *_flag_args(flags), *server_args]
+        self.port = _free_port() if not _given(self.argv, "--port") else None
+        if self.port is not None:
+            self.argv += ["--port", str(self.port)]
+        if not _given(self.argv, "--http-port"):
+            self.argv += ["--http-port", "0"]
+        self.log_lines: list[str] = []
+        self._echo_logs = echo_logs
+        self._ready = threading.Event()
+        self._client: Client | None = None
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "launcher", *self.argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
+        )
+        atexit.register(self.shutdown)
+        threading.Thread(target=self._read_logs, name="zserve-engine-logs", daemon=True).start()
+        try:
+            self._wait_ready(startup_timeout_s)
+            self._client = Client(self.address)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @property
+    def address(self) -> str:
+        return f"tcp://127.0.0.1:{self.port}"
+
+    # ---- generation ----------------------------------------------------------------------------
+
+    def generate(
+        self, prompts: Prompts | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
+        messages: Sequence[list[dict]] | None = None,
+    ) -> list[GenerateResult]:
+        """One result per prompt (a string, or a list of token ids) or per conversation
+        (`messages`), in their order. Every request is in flight at once; the server batches them."""
+        client = self._live_client()
+        bodies = _bodies(prompts, messages)
+        options = _sampling_dict(sampling)
+        req_ids = [client.submit(**body, **options) for body in bodies]
+        return [client.result(req_id) for req_id in req_ids]
+
+    def stream(self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
+               messages: list[dict] | None = None) -> Iterator[str]:
+        """Text deltas of one prompt as they come (leaving the loop early aborts it)."""
+        [body] = _bodies(None if prompt is None else [prompt], None if messages is None else [messages])
+        yield from self._live_client().stream(**body, **_sampling_dict(sampling))
+
+    async def agenerate(
+        self, prompts: Prompts | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
+        messages: Sequence[list[dict]] | None = None,
+    ) -> list[GenerateResult]:
+        """`generate` for asyncio code (its own AsyncClient for the call)."""
+        self._live_client()
+        options = _sampling_dict(sampling)
+        async with AsyncClient(self.address) as client:
+            return list(await asyncio.gather(*(client.generate(**body, **options) for body in _bodies(prompts, messages))))
+
+    async def astream(self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None,
+                      *, messages: list[dict] | None = None) -> AsyncIterator[str]:
+        [body] = _bodies(None if prompt is None else [prompt], None if messages is None else [messages])
+        self._live_client()
+        async with AsyncClient(self.address) as client:
+            async for delta in client.stream(**body, **_sampling_dict(sampling)):
+                yield delta
+
+    def stats(self) -> dict:
+        return self._live_client().stats()
+
+    # ---- lifetime ------------------------------------------------------------------------------
+
+    def shutdown(self) -> None:
+        """Stop every process (in-flight requests are aborted); safe to call more than once."""
+        atexit.unregister(self.shutdown)
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGTERM)
+            self._proc.send_signal(signal.SIGTERM)  # the second signal skips the drain: nobody waits for those answers
+            try:
+                self._proc.wait(timeout=STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                self._proc.kill()  # its children die with it (PR_SET_PDEATHSIG)
+                self._proc.wait()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    # ---- plumbing ------------------------------------------------------------------------------
+
+    def _live_client(self) -> Client:
+        if self._client is None:
+            raise EngineError("the engine is shut down")
+        if self._proc.poll() is not None:
+            raise EngineError(f"the server exited with code {self._proc.returncode}:\n{''.join(self.log_lines[-30:])}")
+        return self._client
+
+    def _read_logs(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self.log_lines.append(line)
+            del self.log_lines[:-1000]
+            if self._echo_logs:
+                sys.stderr.write(line)
+            if READY_MARK in line:
+                self._ready.set()
+
+    def _wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.wait(0.1):
+            if self._proc.poll() is not None:
+                time.sleep(0.2)  # let the log reader take the last lines
+                raise EngineError(f"launch_server exited with code {self._proc.returncode}:\n{''.join(self.log_lines[-30:])}")
+            if time.monotonic() > deadline:
+                raise EngineError(f"launch_server not ready within {timeout_s:.0f}s:\n{''.join(self.log_lines[-30:])}")
+
+
+def _flag_args(flags: dict[str, Any]) -> list[str]:
+    """ServerConfig field names and values -> launch_server arguments; an unknown name is a TypeError."""
+    known = {f.name: f for f in fields(ServerConfig)}
+    argv: list[str] = []
+    for name, value in flags.items():
+        if name not in known:
+            raise TypeError(f"Engine() got an unknown server flag {name!r}; the flags are ServerConfig's fields")
+        meta = known[name].metadata
+        flag = meta.get("flag", "--" + name.replace("_", "-"))
+        if isinstance(value, bool):
+            argv += [flag] if value else []
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def _given(argv: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def _bodies(prompts: Prompts | None, messages: Sequence[list[dict]] | None) -> list[dict[str, Any]]:
+    if (prompts is None) == (messages is None):
+        raise ValueError("give prompts or messages (one of them)")
+    if messages is not None:
+        return [{"messages": list(m)} for m in messages]
+    if isinstance(prompts, str):
+        prompts = [prompts]
+    return [{"prompt": p} if isinstance(p, str) else {"input_ids": list(p)} for p in prompts]
+
+
+def _sampling_dict(sampling: dict[str, Any] | SamplingParams | None) -> dict[str, Any]:
+    if sampling is None:
+        return {}
+    if isinstance(sampling, SamplingParams):
+        return {k: v for k, v in sampling.to_dict().items() if v is not None}
+    return dict(sampling)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
