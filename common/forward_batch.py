@@ -85,6 +85,33 @@ class SamplingArrays:
         return bool((self.temperature == GREEDY_TEMPERATURE).all())
 
 
+@message()
+@dataclass(slots=True)
+class PenaltyArrays:
+    """What adjusts the logits of the batch's requests that asked for it (most batches: None).
+
+    Rows index the batch's *sampled* requests. Each penalized row has a CSR slice of the tokens
+    of its prompt and output (`token_ids`, with `output_counts`: times each is in the output,
+    0 for one only in the prompt), of its logit bias, and of the stop tokens `min_tokens` still
+    bans. The sampler applies, in this order (vLLM's): the repetition penalty (prompt and
+    output tokens: logit / p if positive, * p if not), the frequency and presence penalties
+    (output tokens: logit -= count * frequency + presence), the bias (added), the bans (-inf).
+    """
+
+    rows: Int32Array  # [m]
+    repetition: Float32Array  # [m]
+    frequency: Float32Array  # [m]
+    presence: Float32Array  # [m]
+    token_offsets: Int32Array  # [m + 1]
+    token_ids: Int32Array
+    output_counts: Int32Array
+    bias_offsets: Int32Array  # [m + 1]
+    bias_ids: Int32Array
+    bias_values: Float32Array
+    banned_offsets: Int32Array  # [m + 1]
+    banned_ids: Int32Array
+
+
 @message(1)
 @dataclass(slots=True)
 class ForwardBatch:
@@ -102,6 +129,7 @@ class ForwardBatch:
     sampling: SamplingArrays
     # [num_reqs]: i for a computed request, j < i for a copy of request j; None: no copies (most steps)
     copy_of: Int32Array | None = None
+    penalties: PenaltyArrays | None = None  # penalties, logit bias, min_tokens bans; None: nobody asked
 
     @property
     def num_reqs(self) -> int:

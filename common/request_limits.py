@@ -22,6 +22,10 @@ class RequestLimits:
     max_stop_strings: int = 32  # the detokenizer scans each per output token: the count bounds its cost
     max_stop_string_chars: int = 256  # held-back text is at most this long
     max_stop_token_ids: int = 256
+    max_logit_bias_entries: int = 1024  # the worker adds each to its row's logits every step
+    max_penalty: float = 2.0  # presence and frequency penalties lie in [-max, max] (OpenAI's range)
+    max_repetition_penalty: float = 10.0  # repetition_penalty lies in (0, this]
+    max_logit_bias: float = 100.0  # a bias lies in [-this, this] (OpenAI's range)
     max_messages: int = 4096  # and fewer than the context's tokens: every template spends a token per message
     max_message_name_chars: int = 256
     max_top_k: int = INT32_MAX  # the vocabulary bounds it first (RequestValidator); this bounds it for any model

@@ -6,7 +6,7 @@ RequestValidator), then carried whole to the scheduler as a nested wire message.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from common.request_limits import INT32_MAX, LIMITS
@@ -26,6 +26,19 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     return_logprob: bool = False
+    presence_penalty: float = 0.0  # OpenAI: logit -= presence_penalty if the token is in the output
+    frequency_penalty: float = 0.0  # OpenAI: logit -= frequency_penalty * its count in the output
+    repetition_penalty: float = 1.0  # transformers/vLLM: a token of the prompt or output has logit / p (> 0) or * p (< 0)
+    logit_bias: dict[str, float] = field(default_factory=dict)  # token id (as a string, JSON's key) -> added to its logit
+    min_tokens: int = 0  # stop tokens (EOS, stop_token_ids) are banned until this many tokens are out
+
+    @property
+    def has_penalties(self) -> bool:
+        """Whether the worker has to adjust this request's logits (penalties, bias, min_tokens)."""
+        return (
+            self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+            or bool(self.logit_bias) or self.min_tokens > 0
+        )
 
     def validate(self) -> None:
         """Raise ValueError with a message fit for the client. Every number has a range and every
@@ -61,11 +74,31 @@ class SamplingParams:
                 raise ValueError(f"stop_token_ids[{i}] must be a token id (an integer >= 0), got {_short(t)}")
         if not isinstance(self.ignore_eos, bool) or not isinstance(self.return_logprob, bool):
             raise ValueError("ignore_eos and return_logprob must be booleans")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not _is_number(value) or not -LIMITS.max_penalty <= value <= LIMITS.max_penalty:
+                raise ValueError(f"{name} must be in [-{LIMITS.max_penalty:g}, {LIMITS.max_penalty:g}], got {_short(value)}")
+        if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= LIMITS.max_repetition_penalty:
+            raise ValueError(
+                f"repetition_penalty must be in (0, {LIMITS.max_repetition_penalty:g}] (1 = off), got {_short(self.repetition_penalty)}"
+            )
+        if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > LIMITS.max_logit_bias_entries:
+            raise ValueError(f"logit_bias must map at most {LIMITS.max_logit_bias_entries} token ids to numbers")
+        for token, bias in self.logit_bias.items():
+            if not (isinstance(token, str) and token.isdigit() and len(token) <= 10):
+                raise ValueError(f"logit_bias keys must be token ids, got {_short(token)}")
+            if not _is_number(bias) or not -LIMITS.max_logit_bias <= bias <= LIMITS.max_logit_bias:
+                raise ValueError(f"logit_bias[{token}] must be in [-{LIMITS.max_logit_bias:g}, {LIMITS.max_logit_bias:g}], got {_short(bias)}")
+        if not _is_int_in(self.min_tokens, 0, LIMITS.max_max_tokens):
+            raise ValueError(f"min_tokens must be an integer >= 0, got {_short(self.min_tokens)}")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise ValueError(f"min_tokens ({self.min_tokens}) must be at most max_tokens ({self.max_tokens})")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["stop"] = list(self.stop)
         d["stop_token_ids"] = list(self.stop_token_ids)
+        d["logit_bias"] = dict(self.logit_bias)
         return d
 
     @staticmethod
@@ -85,8 +118,14 @@ class SamplingParams:
                 if not isinstance(v, (list, tuple)):
                     raise ValueError(f"{key} must be a list, got {type(v).__name__}")
                 kw[key] = tuple(v)
-        if _is_number(kw.get("temperature")):
-            kw["temperature"] = float(kw["temperature"])
+        for key in ("temperature", "presence_penalty", "frequency_penalty", "repetition_penalty"):
+            if _is_number(kw.get(key)):
+                kw[key] = float(kw[key])
+        if isinstance(kw.get("logit_bias"), dict):  # JSON keys are strings; the Python client may send ints
+            kw["logit_bias"] = {
+                str(k) if isinstance(k, int) and not isinstance(k, bool) else k: float(v) if _is_number(v) else v
+                for k, v in kw["logit_bias"].items()
+            }
         params = SamplingParams(**kw)
         params.validate()
         return params

@@ -48,8 +48,9 @@ class StreamOptions(BaseModel):
 
 
 class SamplingRequest(BaseModel):
-    """Fields both endpoints share. top_k, min_p, stop_token_ids and ignore_eos are zserve extras
-    (the OpenAI SDK sends them with `extra_body=`). A sampling field left out takes the server's
+    """Fields both endpoints share. top_k, min_p, stop_token_ids, ignore_eos, repetition_penalty
+    and min_tokens are extras, as vLLM and SGLang take them (the OpenAI SDK sends them with
+    `extra_body=`). A sampling field left out takes the server's
     default, the same on every entry point (the model's generation_config.json, else greedy)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -67,9 +68,11 @@ class SamplingRequest(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
+    min_tokens: int | None = None
     top_logprobs: int | None = None
 
     @property
@@ -78,9 +81,6 @@ class SamplingRequest(BaseModel):
 
     def check_supported(self) -> None:
         unsupported = {
-            "presence_penalty": self.presence_penalty != 0,
-            "frequency_penalty": self.frequency_penalty != 0,
-            "logit_bias": bool(self.logit_bias),
             "top_logprobs": bool(self.top_logprobs),
         }
         for name, given in unsupported.items():
@@ -101,6 +101,11 @@ class SamplingRequest(BaseModel):
             "stop": stop or None,
             "stop_token_ids": self.stop_token_ids or None,
             "ignore_eos": self.ignore_eos or None,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "logit_bias": self.logit_bias or None,
+            "min_tokens": self.min_tokens,
         }
         return {k: v for k, v in values.items() if v is not None}
 

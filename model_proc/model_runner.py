@@ -166,7 +166,7 @@ class ModelRunner:
         logits = self._forward(batch, sampled)  # float32[num_sampled, vocab]
         positions = torch.from_numpy((batch.cached_lens[sampled] + batch.extend_lens[sampled]).astype(np.int64)).to(self.device)
         want_logprob = batch.return_logprob[sampled].astype(bool)
-        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.select(sampled), positions, want_logprob)
+        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.select(sampled), positions, want_logprob, batch.penalties)
         return StepResult(
             step_id=batch.step_id,
             next_token_ids=token_ids.to(torch.int32).cpu().numpy(),

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.forward_batch import MIN_P_OFF, TOP_K_OFF, TOP_P_OFF, SamplingArrays
+from common.forward_batch import MIN_P_OFF, TOP_K_OFF, TOP_P_OFF, PenaltyArrays, SamplingArrays
 
 # Below this a temperature is greedy (vLLM's rule too): 1 / T would overflow float32 near 3e-39,
 # and long before that the draw is an argmax anyway.
@@ -60,6 +60,7 @@ class Sampler:
         sampling: SamplingArrays,
         positions: torch.Tensor,
         want_logprob: np.ndarray,
+        penalties: PenaltyArrays | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Choose one token per row. `logits` is read, never written.
 
@@ -68,17 +69,20 @@ class Sampler:
 
         Returns (token_ids int32[n], logprobs float32[n]). A logprob is the chosen token's
         log-probability under the model's *unmodified* distribution, log_softmax(raw logits),
-        before temperature, top-k, top-p or min-p; NaN where the row did not ask. That is vLLM's
+        before penalties, temperature, top-k, top-p or min-p; NaN where the row did not ask.
+        `penalties` (rows of the requests that asked) adjust a copy of the logits the choice is
+        made from (`apply_penalties`). That is vLLM's
         default ("raw" logprobs, what OpenAI's API reports); SGLang reports them after
         temperature. Raw logprobs belong to the model and the text alone: the same text scores
         the same whatever a request's sampling parameters, greedy and sampled requests compare,
         and transformers can check them.
         """
         num_rows = self._check(logits, sampling, positions, want_logprob)
+        chosen_from = apply_penalties(logits, penalties)
         if sampling.all_greedy:
-            token_ids = _argmax(logits)
+            token_ids = _argmax(chosen_from)
         else:
-            token_ids = self._sample_mixed(logits, sampling, positions)
+            token_ids = self._sample_mixed(chosen_from, sampling, positions)
         logprobs = torch.full((num_rows,), float("nan"), dtype=torch.float32, device=logits.device)
         if want_logprob.any():
             rows = self._tensor(np.flatnonzero(want_logprob))
@@ -275,3 +279,36 @@ def _inverse_cdf(weights: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     totals = cdf[:, -1:]
     targets = torch.minimum(uniforms[:, None] * totals, torch.nextafter(totals, torch.zeros_like(totals)))
     return torch.searchsorted(cdf, targets, right=True).squeeze(1).clamp_(max=weights.shape[1] - 1)
+
+
+def apply_penalties(logits: torch.Tensor, penalties: PenaltyArrays | None) -> torch.Tensor:
+    """`logits` adjusted for the rows that asked (a new tensor; `logits` itself when nobody did):
+    the repetition penalty over each row's prompt and output tokens (transformers' rule: a
+    positive logit is divided by it, a negative one multiplied), then OpenAI's frequency and
+    presence penalties over its output tokens, then the logit bias, then -inf for the stop tokens
+    min_tokens still bans. Only the listed (row, token) entries are touched."""
+    if penalties is None:
+        return logits
+    out = logits.clone()
+    device = logits.device
+    rows = penalties.rows.astype(np.int64)
+    num_tokens = np.diff(penalties.token_offsets)
+    if penalties.token_ids.size:
+        row_of = torch.from_numpy(np.repeat(rows, num_tokens)).to(device)
+        ids = torch.from_numpy(penalties.token_ids.astype(np.int64)).to(device)
+        values = out[row_of, ids].float()
+        repetition = torch.from_numpy(np.repeat(penalties.repetition, num_tokens)).to(device)
+        values = torch.where(values > 0, values / repetition, values * repetition)
+        counts = torch.from_numpy(penalties.output_counts.astype(np.float32)).to(device)
+        frequency = torch.from_numpy(np.repeat(penalties.frequency, num_tokens)).to(device)
+        presence = torch.from_numpy(np.repeat(penalties.presence, num_tokens)).to(device)
+        values = values - counts * frequency - (counts > 0).float() * presence
+        out[row_of, ids] = values.to(out.dtype)
+    if penalties.bias_ids.size:
+        row_of = torch.from_numpy(np.repeat(rows, np.diff(penalties.bias_offsets))).to(device)
+        ids = torch.from_numpy(penalties.bias_ids.astype(np.int64)).to(device)
+        out.index_put_((row_of, ids), torch.from_numpy(penalties.bias_values).to(device, out.dtype), accumulate=True)
+    if penalties.banned_ids.size:
+        row_of = torch.from_numpy(np.repeat(rows, np.diff(penalties.banned_offsets))).to(device)
+        out[row_of, torch.from_numpy(penalties.banned_ids.astype(np.int64)).to(device)] = float("-inf")
+    return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from common.forward_batch import ForwardBatch
+from scheduler_proc.penalty_batch import penalty_arrays
 from scheduler_proc.req import Req
 from scheduler_proc.req_table import ReqTable
 
@@ -77,4 +78,5 @@ class ScheduledBatch:
             return_logprob=return_logprob,
             sampling=sampling,
             copy_of=copy_of,
+            penalties=penalty_arrays(reqs, is_sampled),
         )

@@ -73,6 +73,9 @@ class RequestValidator:
         bad_stop_ids = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad_stop_ids:
             raise ValueError(f"stop_token_ids {bad_stop_ids[:5]} are not in the vocabulary (size {self.vocab_size})")
+        bad_bias_ids = [t for t in params.logit_bias if int(t) >= self.vocab_size]
+        if bad_bias_ids:
+            raise ValueError(f"logit_bias token ids {bad_bias_ids[:5]} are not in the vocabulary (size {self.vocab_size})")
         if params.top_k > self.vocab_size:
             raise ValueError(f"top_k must be at most the vocabulary size ({self.vocab_size}), got {params.top_k}")
 

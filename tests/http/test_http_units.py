@@ -62,7 +62,6 @@ UNSUPPORTED = [
     (lambda: CompletionRequest(prompt="a", logprobs=2).sub_requests(), "logprobs"),
     (lambda: CompletionRequest(prompt="a", echo=True).sub_requests(), "echo"),
     (lambda: CompletionRequest(prompt="a", best_of=3).sub_requests(), "best_of"),
-    (lambda: CompletionRequest(prompt="a", presence_penalty=0.5).sub_requests(), "presence_penalty"),
     (lambda: CompletionRequest(prompt="a", n=MAX_CHOICES + 1).sub_requests(), "n"),
     (lambda: CompletionRequest(prompt="a", stream_options={"include_usage": True}).sub_requests(), "stream_options"),
     (lambda: CompletionRequest(prompt=[]).sub_requests(), "prompt"),
@@ -78,6 +77,14 @@ def test_unsupported_options_are_400s_naming_the_param(build, param):
     with pytest.raises(ApiError) as info:
         build()
     assert info.value.status == 400 and info.value.param == param
+
+
+def test_penalties_bias_and_min_tokens_pass_through_to_the_server():
+    [sub] = CompletionRequest(
+        prompt="a", presence_penalty=0.5, frequency_penalty=-0.25, repetition_penalty=1.0, logit_bias={"5": 2.0}, min_tokens=3,
+    ).sub_requests()
+    assert sub.sampling == {"max_tokens": 16, "presence_penalty": 0.5, "frequency_penalty": -0.25, "repetition_penalty": 1.0,
+                            "logit_bias": {"5": 2.0}, "min_tokens": 3}
 
 
 def test_unknown_fields_are_refused_by_the_model():

@@ -22,7 +22,8 @@ from testing.processes import pid_alive, wait_dead
 from testing.server_process import ServerProcess
 
 REPO = REPO_ROOT
-FLAGS = ("--dtype", "float32", "--kv-cache-tokens", "2048", "--num-threads", "1", "--page-size", "4", "--chunked-prefill-size", "16")  # fp32: the oracle
+FLAGS = ("--dtype", "float32", "--kv-cache-tokens", "2048", "--num-threads", "1", "--page-size", "4", "--chunked-prefill-size", "16",
+         "--http-port", "0")  # fp32: the oracle; no HTTP (its default port is one per machine)
 NODE0_READY = re.compile(r"zserve ready: .*clients connect to tcp://[\d.]+:(\d+)")
 NODE1_READY = re.compile(r"zserve node 1 ready: model ranks 1 of 2 joined node 0")
 
