@@ -22,7 +22,7 @@ import zmq.asyncio
 
 from client.client import client_address
 from client.connection_watch import ConnectionWatch, lost_message
-from client.request_body import build_body, encode_request, new_req_id
+from client.request_body import build_body, encode_request, new_req_id, num_copies
 from client.result_builder import ResultBuilder
 from client.types import (
     GenerateResult,
@@ -84,14 +84,16 @@ class AsyncClient:
         req_id: int | None = None, **sampling,
     ) -> int:
         """Send a request without waiting; returns its req_id, to read back with `result(req_id)`
-        or `stream_of(req_id)` (once: a request's outputs are read by one of them)."""
+        or `stream_of(req_id)` (once: a request's outputs are read by one of them). With `n=4`
+        the server answers 4 choices of the prompt, computed once: requests req_id .. req_id + 3."""
         self._ensure_started()
         if self._watch.lost:
             raise ServerGoneError(lost_message(self.address))
         req_id = new_req_id() if req_id is None else req_id
         body = build_body(prompt, input_ids, messages, sampling)
         frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body, api_key=self.api_key))
-        self._queues[req_id] = asyncio.Queue()
+        for copy_id in range(req_id, req_id + num_copies(body)):  # n=4: choices req_id .. req_id + 3
+            self._queues[copy_id] = asyncio.Queue()
         await self._sock.send(frame)
         return req_id
 
@@ -127,6 +129,14 @@ class AsyncClient:
     async def stream_outputs(self, /, prompt: str | None = None, **kwargs) -> AsyncIterator[tuple[str, GenerateResult]]:
         """(delta, result so far) pairs, for callers that want ids, usage and timings as they grow."""
         req_id = await self.submit(prompt, **kwargs)
+        builder = ResultBuilder(req_id)
+        async with contextlib.aclosing(self._outputs(req_id, builder)) as outputs:
+            async for delta in outputs:
+                yield delta, builder.result
+
+    async def stream_outputs_of(self, req_id: int) -> AsyncIterator[tuple[str, GenerateResult]]:
+        """(delta, result so far) pairs of a request `submit`ted earlier (a choice of an n > 1 one)."""
+        self._check_in_flight(req_id)
         builder = ResultBuilder(req_id)
         async with contextlib.aclosing(self._outputs(req_id, builder)) as outputs:
             async for delta in outputs:

@@ -23,7 +23,7 @@ import zmq
 
 from client.connection_watch import ConnectionWatch, lost_message
 from client.heartbeat import HeartbeatThread
-from client.request_body import build_body, encode_request, new_req_id
+from client.request_body import build_body, encode_request, new_req_id, num_copies
 from client.result_builder import ResultBuilder
 from client.types import GenerateResult, RequestTimeoutError, ServerGoneError, resolve_api_key, stats_or_raise
 from common.messages import (
@@ -75,12 +75,14 @@ class Client:
         req_id: int | None = None, **sampling,
     ) -> int:
         """Send a request without waiting; returns its req_id, to read back with `result(req_id)`
-        or `stream_of(req_id)` (once: a request's outputs are read by one of them)."""
+        or `stream_of(req_id)` (once: a request's outputs are read by one of them). With `n=4`
+        the server answers 4 choices of the prompt, computed once: requests req_id .. req_id + 3."""
         req_id = new_req_id() if req_id is None else req_id
         body = build_body(prompt, input_ids, messages, sampling)
         frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body, api_key=self.api_key))
-        self._outputs[req_id] = deque()
-        self._sent_s[req_id] = time.perf_counter()
+        for copy_id in range(req_id, req_id + num_copies(body)):  # n=4: choices req_id .. req_id + 3
+            self._outputs[copy_id] = deque()
+            self._sent_s[copy_id] = time.perf_counter()
         self._sock.send(frame)
         return req_id
 

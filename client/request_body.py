@@ -14,6 +14,7 @@ from typing import Any
 
 from client.types import InvalidRequestError
 from common.messages import CLIENT_TO_FRONTEND, GenerateReq
+from common.request_limits import LIMITS
 
 MAX_DEPTH = 32  # deeper nesting than any valid body has: the wire refuses it
 
@@ -26,7 +27,9 @@ def build_body(prompt: str | None, input_ids: list[int] | None, messages: list[d
     given = [k for k, v in (("prompt", prompt), ("input_ids", input_ids), ("messages", messages)) if v is not None]
     if len(given) != 1:
         raise ValueError(f"give exactly one of prompt, input_ids or messages (got {', '.join(given) or 'none'})")
-    body: dict[str, Any] = {"sampling": {k: v for k, v in sampling.items() if v is not None}}
+    body: dict[str, Any] = {"sampling": {k: v for k, v in sampling.items() if v is not None and k != "n"}}
+    if sampling.get("n") is not None:  # n choices: a request-level field, next to the prompt
+        body["n"] = sampling["n"]
     if prompt is not None:
         body["prompt"] = prompt
     elif input_ids is not None:
@@ -34,6 +37,13 @@ def build_body(prompt: str | None, input_ids: list[int] | None, messages: list[d
     else:
         body["messages"] = messages
     return body
+
+
+def num_copies(body: dict[str, Any]) -> int:
+    """How many request ids a body with `n` occupies (req_id .. req_id + n - 1); 1 for an `n` the
+    server will refuse, whose error comes on req_id alone."""
+    n = body.get("n", 1)
+    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= LIMITS.max_copies else 1
 
 
 def encode_request(msg: GenerateReq) -> bytes:

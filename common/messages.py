@@ -134,6 +134,7 @@ class TokenizedReq:
     req_id: int
     input_ids: Int32Array
     params: SamplingParams  # validated by the frontend (RequestValidator); the scheduler trusts it
+    num_copies: int = 1  # n choices of one prompt: requests req_id .. req_id + n - 1, copy i seeded seed + i
 
 
 # ---- scheduler -> detokenizer --------------------------------------------------------------

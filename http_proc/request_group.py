@@ -1,6 +1,7 @@
 """The choices of one HTTP request in flight, as one merged stream of events.
 
-Each SubRequest is one request to the server through the async client. `events()` yields a
+Each SubRequest is one choice; the choices of one prompt go to the server as one request with
+`n` (so it computes the prompt once), and each is read back by its id. `events()` yields a
 ChoiceEvent per output of any choice, in arrival order. (Latencies are measured by the frontend,
 for every door: tokenizer_proc/request_metrics.py.)
 Leaving `events()` early (the HTTP client went away, or an error) aborts every choice still
@@ -55,6 +56,7 @@ class RequestGroup:
         return {"X-Request-Id": str(self.req_id)}
 
     async def events(self) -> AsyncIterator[ChoiceEvent]:
+        await self._submit_all()
         if len(self.subs) == 1:
             async with contextlib.aclosing(self._choice_events(self.subs[0])) as single:
                 async for event in single:
@@ -71,12 +73,29 @@ class RequestGroup:
                 pass
         return [r for r in self.results if r is not None]
 
+    async def _submit_all(self) -> None:
+        """One request per prompt, with `n` = its choices: the server queues them together and
+        computes the prompt once; choice c of the group is request self.req_id + c."""
+        firsts = [sub for sub in self.subs if sub.choice_idx == min(s.choice_idx for s in self.subs if s.prompt_idx == sub.prompt_idx)]
+        submitted: list[int] = []
+        try:
+            for sub in firsts:
+                num_choices = sum(s.prompt_idx == sub.prompt_idx for s in self.subs)
+                n = {"n": num_choices} if num_choices > 1 else {}
+                req_id = self.req_id + sub.choice_idx
+                await self.client.submit(req_id=req_id, **sub.prompt, **sub.sampling, **n)
+                submitted.append(req_id)
+        except BaseException:
+            for req_id in submitted:
+                await self.client.abort(req_id)
+            raise
+
     async def _choice_events(self, sub: SubRequest) -> AsyncIterator[ChoiceEvent]:
         progress = self.progress[sub.choice_idx]
         req_id = self.req_id + sub.choice_idx
         finished = False
         try:
-            async for delta, result in self.client.stream_outputs(req_id=req_id, **sub.prompt, **sub.sampling):
+            async for delta, result in self.client.stream_outputs_of(req_id):
                 new_ids = result.output_ids[progress.num_ids :]
                 progress.num_ids = len(result.output_ids)
                 finished = result.finish_reason is not None

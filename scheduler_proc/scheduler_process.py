@@ -17,7 +17,7 @@ import gc
 import logging
 import os
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 import zmq
 
@@ -110,9 +110,17 @@ class SchedulerLoop:
             self.to_detok.send(StatsOut(req_id=msg.req_id, stats=asdict(self.scheduler.stats()), histograms=self.scheduler.histograms()))
 
     def submit(self, msg: TokenizedReq) -> None:
+        """Queue a request's copies (n choices of one prompt) together, so one round admits them
+        and the prompt is computed once (the PrefillAdder's copies); copy i draws with seed + i."""
+        for i in range(msg.num_copies):
+            params = msg.params if i == 0 or msg.params.seed is None else replace(msg.params, seed=(msg.params.seed + i) % 2**63)
+            self.submit_one(msg.req_id + i, msg.input_ids, params)
+
+    def submit_one(self, req_id: int, input_ids, params) -> None:
         """Register an accepted request with the detokenizer; a refused one is never registered,
         so its one output (with its prompt count, which DetokRegister would have carried) goes
         through the detokenizer whole."""
+        msg = TokenizedReq(req_id=req_id, input_ids=input_ids, params=params)
         num_prompt_tokens = len(msg.input_ids)
         try:
             refusal = self.scheduler.submit(msg.req_id, msg.input_ids, msg.params)

@@ -151,30 +151,45 @@ class Frontend:
             self.send_to(identity, HeartbeatAck(client_id=msg.client_id))
 
     def on_generate(self, identity: bytes, msg: GenerateReq, now_s: float) -> None:
+        """Validate and forward a request; one with `n` copies is requests req_id .. req_id + n - 1
+        to its client, sent to the scheduler as one message so that it admits them together."""
         if not 0 <= msg.req_id <= MAX_REQ_ID:
             self.refuse(identity, msg.req_id, ErrorCode.INVALID, f"req_id must be in [0, 2**63), got {msg.req_id}")
             return
-        if self.registry.identity_of(msg.req_id) is not None:
-            self.refuse(identity, msg.req_id, ErrorCode.INTERNAL, f"req_id {msg.req_id} is already in flight")
+        try:
+            num_copies = self.validator.num_copies(msg.body) if isinstance(msg.body, dict) else 1
+        except ValueError as exc:
+            self.refuse(identity, msg.req_id, ErrorCode.INVALID, str(exc))
+            return
+        req_ids = range(msg.req_id, msg.req_id + num_copies)
+        if req_ids[-1] > MAX_REQ_ID or any(self.registry.identity_of(r) is not None for r in req_ids):
+            self.refuse_all(identity, req_ids, ErrorCode.INTERNAL, f"req_id {msg.req_id} (or one of its {num_copies} copies) is already in flight or out of range")
             return
         if self.draining is not None:
             logger.info("req %d refused: the server is shutting down", msg.req_id)
-            self.refuse(identity, msg.req_id, ErrorCode.SHUTTING_DOWN, "server shutting down: it finishes the requests it has and takes no new one")
+            self.refuse_all(identity, req_ids, ErrorCode.SHUTTING_DOWN, "server shutting down: it finishes the requests it has and takes no new one")
             return
         try:
             input_ids, params = self.validator.validate(msg.body)
         except ValueError as exc:
             logger.info("req %d refused: %s", msg.req_id, exc)
-            self.refuse(identity, msg.req_id, ErrorCode.INVALID, str(exc))
+            self.refuse_all(identity, req_ids, ErrorCode.INVALID, str(exc))
             return
         except Exception as exc:  # a bug or a tokenizer failure on this request: it fails, the frontend serves on
             logger.exception("req %d: validating and tokenizing failed", msg.req_id)
             error = f"the server failed to validate or tokenize this request: {type(exc).__name__}: {exc}"
-            self.refuse(identity, msg.req_id, ErrorCode.INTERNAL, error)
+            self.refuse_all(identity, req_ids, ErrorCode.INTERNAL, error)
             return
-        self.registry.add_request(msg.client_id, identity, msg.req_id, now_s)
-        self.metrics.on_admitted(msg.req_id, msg.client_id, now_s)
-        self.to_scheduler.send(TokenizedReq(req_id=msg.req_id, input_ids=np.asarray(input_ids, np.int32), params=params))
+        for req_id in req_ids:
+            self.registry.add_request(msg.client_id, identity, req_id, now_s)
+            self.metrics.on_admitted(req_id, msg.client_id, now_s)
+        self.to_scheduler.send(TokenizedReq(
+            req_id=msg.req_id, input_ids=np.asarray(input_ids, np.int32), params=params, num_copies=num_copies,
+        ))
+
+    def refuse_all(self, identity: bytes, req_ids: range, code: ErrorCode, error: str) -> None:
+        for req_id in req_ids:
+            self.refuse(identity, req_id, code, error)
 
     def refuse(self, identity: bytes, req_id: int, code: ErrorCode, error: str) -> None:
         self.metrics.on_refused(code)

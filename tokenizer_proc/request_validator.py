@@ -25,7 +25,7 @@ from common.sampling_params import SamplingParams
 from tokenizer_proc.text_tokenizer import TextTokenizer
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
-BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling"))
+BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n"))
 MESSAGE_KEYS = frozenset(("role", "content", "name"))
 ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
 
@@ -49,6 +49,13 @@ class RequestValidator:
         # the context; rejecting it before encoding keeps a huge body from stalling the process.
         self.max_prompt_chars = 2 * context_len * tokenizer.max_token_len + 64
 
+    def num_copies(self, body: dict) -> int:
+        """`n`: how many choices of the prompt the request wants (1 when it does not say)."""
+        n = body.get("n", 1)
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= LIMITS.max_copies:
+            raise ValueError(f"n must be an integer in [1, {LIMITS.max_copies}], got {n!r:.64}")
+        return n
+
     def validate(self, body: Any) -> tuple[list[int], SamplingParams]:
         if not isinstance(body, dict):
             raise ValueError(f"request must be a mapping, got {type(body).__name__}")
@@ -57,7 +64,7 @@ class RequestValidator:
             names = ", ".join(_name(k) for k in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
             raise ValueError(
                 f"unknown request field(s): {names}; a request has one of "
-                "prompt, input_ids, messages, and optionally sampling"
+                "prompt, input_ids, messages, and optionally sampling and n"
             )
         given = [k for k in PROMPT_KEYS if body.get(k) is not None]
         if len(given) != 1:

@@ -357,6 +357,17 @@ def test_x_request_id_and_openai_id_name_the_requests_log_lines(server, model_na
     assert f"req {request_id} admitted" in server.log() and f"req {request_id} finished (length)" in server.log()
 
 
+def test_n_4_returns_4_choices_and_seeded_choices_reproduce(server, oai, model_name):
+    """(This server has 2 request rows: the other 2 choices wait and hit the prefix cache; with
+    rows for all, the prompt is prefilled once: tests/server/test_server_n_choices.py.)"""
+    prompt = "A prompt nobody sent before, for the n=4 test: " + "the quick brown fox " * 4
+    first = oai.completions.create(model=model_name, prompt=prompt, max_tokens=6, n=4, temperature=1.0, seed=11)
+    assert [ch.index for ch in first.choices] == [0, 1, 2, 3]
+    assert len({ch.text for ch in first.choices}) > 1  # each choice draws from its own seed (seed + i)
+    again = oai.completions.create(model=model_name, prompt=prompt, max_tokens=6, n=4, temperature=1.0, seed=11)
+    assert [ch.text for ch in again.choices] == [ch.text for ch in first.choices]
+
+
 def test_zmq_client_requests_move_the_latency_histograms(server):
     """/metrics counts every door: a request through the Python client moves TTFT, E2E, queue time
     and the length histograms, and the outcome counter."""

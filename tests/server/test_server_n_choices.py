@@ -1,0 +1,39 @@
+"""n choices of one prompt: one request with `n`, queued together by the scheduler, so the prompt
+is prefilled once and each choice decodes on its own seed stream (seed + i)."""
+
+from __future__ import annotations
+
+import pytest
+
+from client import Client
+from testing.server_process import start_server, wait_idle
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    handle = start_server(model_dir, "--dtype", "float32", "--num-threads", "1", "--kv-cache-tokens", "4096",
+                          "--max-running-requests", "8")
+    yield handle
+    assert handle.stop() == 0
+
+
+def test_n_4_prefills_the_prompt_once_and_returns_4_seeded_choices(server):
+    prompt = "A prompt nobody sent before: " + "the quick brown fox " * 5
+    with Client(server.port, timeout_s=60) as c:
+        before = wait_idle(c)
+        req_id = c.submit(prompt, max_tokens=8, n=4, temperature=1.0, seed=3, ignore_eos=True)
+        results = [c.result(req_id + i) for i in range(4)]
+        after = wait_idle(c)
+        singles = [c.generate(prompt, max_tokens=8, temperature=1.0, seed=3 + i, ignore_eos=True) for i in range(4)]
+    prompt_len = results[0].usage.prompt_tokens
+    assert after["num_prefilled_tokens"] - before["num_prefilled_tokens"] == prompt_len  # one prefill for 4 choices
+    assert after["num_generated_tokens"] - before["num_generated_tokens"] == 4 * 8
+    assert [r.output_ids for r in results] == [s.output_ids for s in singles]  # choice i is seeded seed + i
+    assert len({tuple(r.output_ids) for r in results}) > 1
+
+
+def test_n_out_of_range_is_refused(server):
+    from client import InvalidRequestError
+
+    with Client(server.port, timeout_s=30) as c, pytest.raises(InvalidRequestError, match=r"n must be an integer in \[1, 128\]"):
+        c.generate("hi", n=500)
