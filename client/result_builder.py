@@ -26,6 +26,10 @@ class ResultBuilder:
         r.output_ids.extend(out.token_ids.tolist())
         if out.logprobs is not None:
             r.logprobs = (r.logprobs or []) + list(out.logprobs)
+        if out.top_logprob_ids is not None and out.top_logprobs is not None and len(out.token_ids):
+            k = len(out.top_logprob_ids) // len(out.token_ids)
+            pairs = list(zip(out.top_logprob_ids, out.top_logprobs, strict=True))
+            r.top_logprobs = (r.top_logprobs or []) + [pairs[j * k : (j + 1) * k] for j in range(len(out.token_ids))]
         r.usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
         if out.finish_reason is not None:
             r.finish_reason = out.finish_reason.text

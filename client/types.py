@@ -76,6 +76,7 @@ class GenerateResult:
     finish_reason: str | None = None  # "stop", "length" or "abort" (FinishReason.text)
     usage: Usage = field(default_factory=Usage)
     logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per output token: (token id, logprob), most likely first
     ttft_s: float | None = None  # first text since send
     latency_s: float | None = None  # last output since send
 

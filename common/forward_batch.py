@@ -130,6 +130,7 @@ class ForwardBatch:
     # [num_reqs]: i for a computed request, j < i for a copy of request j; None: no copies (most steps)
     copy_of: Int32Array | None = None
     penalties: PenaltyArrays | None = None  # penalties, logit bias, min_tokens bans; None: nobody asked
+    top_logprobs: Int32Array | None = None  # [num_reqs]: most likely tokens to report (0 = none); None: nobody asked
 
     @property
     def num_reqs(self) -> int:
@@ -254,3 +255,6 @@ class StepResult:
     next_token_ids: Int32Array  # [num_sampled]
     logprobs: Float32Array  # [num_sampled]; NaN where the request did not ask
     forward_ms: float = 0.0
+    num_top: int = 0  # K: the most top_logprobs any sampled request asked for (0 = none)
+    top_ids: Int32Array | None = None  # [num_sampled * K], row by row, most likely first
+    top_logprobs: Float32Array | None = None  # [num_sampled * K]

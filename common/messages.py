@@ -114,6 +114,8 @@ class ReqOutput:
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: list[float] | None = None
+    top_logprob_ids: list[int] | None = None  # K per token (the request's top_logprobs), most likely first
+    top_logprobs: list[float] | None = None
 
     @staticmethod
     def final(
@@ -168,6 +170,8 @@ class TokenOut:
     error: str | None = None
     num_cached_tokens: int = 0  # prompt tokens served from the radix cache
     logprobs: list[float] | None = None  # one per new token, when the request asked
+    top_logprob_ids: list[int] | None = None  # params.top_logprobs per new token, most likely first
+    top_logprobs: list[float] | None = None  # their logprobs
 
 
 @message(31)

@@ -19,6 +19,7 @@ UINT64_LIMIT = 2**64  # seeds are taken modulo nothing: they must be below this
 
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
+    max_top_logprobs: int = 20  # OpenAI's cap
     max_copies: int = 128  # n: choices of one prompt in one request
     max_stop_strings: int = 32  # the detokenizer scans each per output token: the count bounds its cost
     max_stop_string_chars: int = 256  # held-back text is at most this long

@@ -31,6 +31,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # transformers/vLLM: a token of the prompt or output has logit / p (> 0) or * p (< 0)
     logit_bias: dict[str, float] = field(default_factory=dict)  # token id (as a string, JSON's key) -> added to its logit
     min_tokens: int = 0  # stop tokens (EOS, stop_token_ids) are banned until this many tokens are out
+    top_logprobs: int = 0  # with return_logprob: also the most likely tokens at each position, this many (<= 20)
 
     @property
     def has_penalties(self) -> bool:
@@ -89,6 +90,8 @@ class SamplingParams:
                 raise ValueError(f"logit_bias keys must be token ids, got {_short(token)}")
             if not _is_number(bias) or not -LIMITS.max_logit_bias <= bias <= LIMITS.max_logit_bias:
                 raise ValueError(f"logit_bias[{token}] must be in [-{LIMITS.max_logit_bias:g}, {LIMITS.max_logit_bias:g}], got {_short(bias)}")
+        if not _is_int_in(self.top_logprobs, 0, LIMITS.max_top_logprobs):
+            raise ValueError(f"top_logprobs must be an integer in [0, {LIMITS.max_top_logprobs}], got {_short(self.top_logprobs)}")
         if not _is_int_in(self.min_tokens, 0, LIMITS.max_max_tokens):
             raise ValueError(f"min_tokens must be an integer >= 0, got {_short(self.min_tokens)}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -126,6 +129,8 @@ class SamplingParams:
                 str(k) if isinstance(k, int) and not isinstance(k, bool) else k: float(v) if _is_number(v) else v
                 for k, v in kw["logit_bias"].items()
             }
+        if _is_int_in(kw.get("top_logprobs"), 1, LIMITS.max_top_logprobs):
+            kw["return_logprob"] = True  # top logprobs come with the chosen token's
         params = SamplingParams(**kw)
         params.validate()
         return params

@@ -34,6 +34,7 @@ from http_proc.http_app import build_app
 from http_proc.http_state import HttpState
 from http_proc.request_gate import WILDCARD_HOSTS, GatePolicy
 from http_proc.server_metrics import ServerMetrics
+from tokenizer_proc.text_tokenizer import TextTokenizer
 
 logger = logging.getLogger("http_proc")
 GRACEFUL_SHUTDOWN_S = 3
@@ -76,7 +77,9 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
             model_path = str(Path(cfg.model).resolve())
             gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes)
             model_name = cfg.served_model_name or Path(model_path).name
-            state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate)
+            tokenizer = TextTokenizer.from_model_dir(cfg.model)  # token texts for logprobs
+            state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate,
+                              token_text=lambda token_id: tokenizer.decode([token_id]))
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from client.async_client import AsyncClient
@@ -23,6 +24,7 @@ class HttpState:
     metrics: ServerMetrics
     health: HealthMonitor
     gate: GatePolicy
+    token_text: Callable[[int], str] = str  # a token id's text (the model's tokenizer), for logprobs
     created_s: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, requested: str | None) -> None:

@@ -15,6 +15,7 @@ import uuid
 from typing import Any
 
 from client.types import GenerateResult
+from http_proc.logprob_format import TokenText, chat_logprobs, completion_logprobs
 from http_proc.openai_protocol import SubRequest
 from http_proc.request_group import ChoiceEvent
 
@@ -40,8 +41,13 @@ def usage_of(subs: list[SubRequest], results: list[GenerateResult]) -> dict[str,
 
 
 class OpenAIFormatter:
-    def __init__(self, is_chat: bool, model_name: str, include_usage: bool = False, req_id: int | None = None):
-        """`req_id`: the request's id in the server's logs, which the OpenAI `id` then carries."""
+    def __init__(
+        self, is_chat: bool, model_name: str, include_usage: bool = False, req_id: int | None = None,
+        token_text: TokenText | None = None,
+    ):
+        """`req_id`: the request's id in the server's logs, which the OpenAI `id` then carries.
+        `token_text`: a token id's text, when the request asked for logprobs (None: it did not)."""
+        self.token_text = token_text
         self.is_chat = is_chat
         self.model_name = model_name
         self.include_usage = include_usage
@@ -62,13 +68,16 @@ class OpenAIFormatter:
     def event_chunk(self, event: ChoiceEvent) -> bytes | None:
         """The chunk for one output, or None when it carries neither text nor the finish."""
         finish_reason = event.result.finish_reason
-        if not event.delta and finish_reason is None:
-            return None
+        if not event.delta and finish_reason is None and not (self.token_text and event.new_ids):
+            return None  # (with logprobs, tokens whose text is held back still get their chunk)
+        result = event.result
+        start = len(result.output_ids) - len(event.new_ids)
+        logprobs = self._logprobs(result, start, len(result.output_ids), len(result.text) - len(event.delta))
         if self.is_chat:
             delta = {"content": event.delta} if event.delta else {}
-            choice = {"index": event.choice_idx, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": event.choice_idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
         else:
-            choice = {"index": event.choice_idx, "text": event.delta, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": event.choice_idx, "text": event.delta, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._chunk([choice])
 
     def usage_chunk(self, subs: list[SubRequest], results: list[GenerateResult]) -> bytes | None:
@@ -90,10 +99,21 @@ class OpenAIFormatter:
         return sse(body)
 
     def _choice(self, idx: int, result: GenerateResult) -> dict[str, Any]:
+        logprobs = self._logprobs(result, 0, len(result.output_ids), 0)
         if self.is_chat:
             message = {"role": "assistant", "content": result.text}
-            return {"index": idx, "message": message, "logprobs": None, "finish_reason": result.finish_reason}
-        return {"index": idx, "text": result.text, "logprobs": None, "finish_reason": result.finish_reason}
+            return {"index": idx, "message": message, "logprobs": logprobs, "finish_reason": result.finish_reason}
+        return {"index": idx, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}
+
+    def _logprobs(self, result: GenerateResult, start: int, end: int, text_offset: int) -> dict[str, Any] | None:
+        """The logprobs of output tokens start..end, when the request asked."""
+        if self.token_text is None or result.logprobs is None:
+            return None
+        ids, lps = result.output_ids[start:end], result.logprobs[start:end]
+        tops = result.top_logprobs[start:end] if result.top_logprobs else None
+        if self.is_chat:
+            return chat_logprobs(ids, lps, tops, self.token_text)
+        return completion_logprobs(ids, lps, tops, self.token_text, text_offset)
 
     def _envelope(self, obj: str, choices: list[dict], usage: dict | None) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_name, "choices": choices, "usage": usage}

@@ -80,12 +80,6 @@ class SamplingRequest(BaseModel):
         return self.stream_options is not None and self.stream_options.include_usage
 
     def check_supported(self) -> None:
-        unsupported = {
-            "top_logprobs": bool(self.top_logprobs),
-        }
-        for name, given in unsupported.items():
-            if given:
-                raise ApiError(400, f"{name} is not supported by this server", param=name)
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
 
@@ -106,8 +100,17 @@ class SamplingRequest(BaseModel):
             "repetition_penalty": self.repetition_penalty,
             "logit_bias": self.logit_bias or None,
             "min_tokens": self.min_tokens,
+            **self.logprob_fields(),
         }
         return {k: v for k, v in values.items() if v is not None}
+
+    def logprob_fields(self) -> dict[str, Any]:
+        """The sampling fields that ask the server for logprobs (each endpoint spells them its way)."""
+        return {}
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return bool(self.logprob_fields())
 
     def expand(self, prompts: list[dict[str, Any]], max_tokens: int | None) -> list[SubRequest]:
         if len(prompts) * self.n > MAX_CHOICES:
@@ -127,9 +130,17 @@ class CompletionRequest(SamplingRequest):
     suffix: str | None = None
     best_of: int | None = None
 
+    def logprob_fields(self) -> dict[str, Any]:
+        """Completions: `logprobs: k` is the chosen token's logprob and the k most likely."""
+        if self.logprobs is None:
+            return {}
+        return {"return_logprob": True, "top_logprobs": self.logprobs or None}
+
     def sub_requests(self) -> list[SubRequest]:
         self.check_supported()
-        for name, given in (("logprobs", self.logprobs), ("echo", self.echo), ("suffix", self.suffix)):
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            raise ApiError(400, f"logprobs must be in [0, 20], got {self.logprobs}", param="logprobs")
+        for name, given in (("echo", self.echo), ("suffix", self.suffix)):
             if given:
                 raise ApiError(400, f"{name} is not supported by this server", param=name)
         if self.best_of is not None and self.best_of != self.n:
@@ -184,8 +195,10 @@ class ChatCompletionRequest(SamplingRequest):
         """Without max_tokens (or max_completion_tokens) a chat may generate until the context is
         full, as in OpenAI's API: the request goes without one, and the server reads that so."""
         self.check_supported()
-        if self.logprobs:
-            raise ApiError(400, "logprobs is not supported by this server", param="logprobs")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+        if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
+            raise ApiError(400, f"top_logprobs must be in [0, 20], got {self.top_logprobs}", param="top_logprobs")
         if self.tools:
             raise ApiError(400, "tools are not supported by this server", param="tools")
         if self.tool_choice not in (None, "none"):
@@ -198,3 +211,9 @@ class ChatCompletionRequest(SamplingRequest):
         max_tokens = given[0] if given else None
         messages = [m.to_dict(i) for i, m in enumerate(self.messages)]
         return self.expand([{"messages": messages}], max_tokens)
+
+    def logprob_fields(self) -> dict[str, Any]:
+        """Chat: `logprobs: true`, and `top_logprobs: k` for the k most likely."""
+        if not self.logprobs:
+            return {}
+        return {"return_logprob": True, "top_logprobs": self.top_logprobs or None}

@@ -29,7 +29,7 @@ from model_proc.layers.attention import attention_backend
 from model_proc.layers.attention_metadata import AttentionMetadata
 from model_proc.layers.gemm import gemm_backend, prepack_weights
 from model_proc.models.registry import build_model
-from model_proc.sampler import Sampler
+from model_proc.sampler import Sampler, top_logprobs_of
 from model_proc.tp_group import min_across_ranks
 
 if TYPE_CHECKING:
@@ -167,11 +167,17 @@ class ModelRunner:
         positions = torch.from_numpy((batch.cached_lens[sampled] + batch.extend_lens[sampled]).astype(np.int64)).to(self.device)
         want_logprob = batch.return_logprob[sampled].astype(bool)
         token_ids, logprobs = self.sampler.sample(logits, batch.sampling.select(sampled), positions, want_logprob, batch.penalties)
+        num_top, top_ids, top_logprobs = 0, None, None
+        if batch.top_logprobs is not None and batch.top_logprobs[sampled].any():
+            num_top = int(batch.top_logprobs[sampled].max())
+            ids, values = top_logprobs_of(logits, num_top)
+            top_ids, top_logprobs = ids.reshape(-1), values.reshape(-1)
         return StepResult(
             step_id=batch.step_id,
             next_token_ids=token_ids.to(torch.int32).cpu().numpy(),
             logprobs=logprobs.to(torch.float32).cpu().numpy(),
             forward_ms=(time.perf_counter() - t0) * 1e3,
+            num_top=num_top, top_ids=top_ids, top_logprobs=top_logprobs,
         )
 
     @torch.inference_mode()

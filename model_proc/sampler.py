@@ -312,3 +312,10 @@ def apply_penalties(logits: torch.Tensor, penalties: PenaltyArrays | None) -> to
         row_of = torch.from_numpy(np.repeat(rows, np.diff(penalties.banned_offsets))).to(device)
         out[row_of, torch.from_numpy(penalties.banned_ids.astype(np.int64)).to(device)] = float("-inf")
     return out
+
+
+def top_logprobs_of(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(int32[n, k], float32[n, k]): each row's k most likely tokens and their logprobs under the
+    model's own distribution (log_softmax of the raw logits, like the chosen token's), most likely first."""
+    values, ids = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
+    return ids.to(torch.int32).cpu().numpy(), values.cpu().numpy()

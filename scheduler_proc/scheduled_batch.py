@@ -79,4 +79,11 @@ class ScheduledBatch:
             sampling=sampling,
             copy_of=copy_of,
             penalties=penalty_arrays(reqs, is_sampled),
+            top_logprobs=_top_logprobs(reqs),
         )
+
+
+def _top_logprobs(reqs: list[Req]) -> np.ndarray | None:
+    """How many most likely tokens each request reports; None when none asks (the usual batch)."""
+    top = np.fromiter((r.params.top_logprobs for r in reqs), np.int32, len(reqs))
+    return top if top.any() else None

@@ -24,7 +24,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -108,6 +108,7 @@ class Scheduler:
         self._last_step_was_prefill = False
         self._num_admitted = 0  # first admissions so far: the next one's admit_seq
         self._totals = SchedulerStats()
+        self._top = _TopLogprobs(0, None, None)  # the top logprobs of the step being taken in
         self._queued_since_s: dict[int, float] = {}  # waiting for a first admission: since when (monotonic)
         self._queue_time_s = Histogram.of(QUEUE_BOUNDS_S)  # submit -> first admission
 
@@ -201,8 +202,9 @@ class Scheduler:
         self._totals.num_decoded_tokens += num_decode
         self._totals.num_prefilled_tokens += batch.num_prefilled_tokens
         updates: list[TokenOut] = []
+        self._top = _TopLogprobs.of(result)
         self._on_decoded(batch.decode_reqs, token_ids[:num_decode], logprobs[:num_decode], updates)
-        self._on_prefilled(batch, token_ids[num_decode:], logprobs[num_decode:], updates)
+        self._on_prefilled(batch, token_ids[num_decode:], logprobs[num_decode:], updates, first_sampled=num_decode)
         self._totals.num_generated_tokens += len(updates)
         return updates
 
@@ -219,11 +221,14 @@ class Scheduler:
             updates.append(TokenOut(
                 req_id=req.req_id, token_ids=token_ids[i : i + 1], finish_reason=finish_reason,
                 num_cached_tokens=req.num_cached_tokens, logprobs=[logprob] if req.params.return_logprob else None,
+                **self._top.fields(i, req.params.top_logprobs),
             ))
             if finish_reason is not None:
                 self._finish(req, finish_reason)
 
-    def _on_prefilled(self, batch: ScheduledBatch, token_ids: np.ndarray, logprobs: list[float], updates: list[TokenOut]) -> None:
+    def _on_prefilled(
+        self, batch: ScheduledBatch, token_ids: np.ndarray, logprobs: list[float], updates: list[TokenOut], first_sampled: int = 0,
+    ) -> None:
         """Prefill chunks: a finished prompt gives the first token (the request's first update)."""
         samples = zip(range(len(token_ids)), token_ids.tolist(), logprobs, strict=True)
         for req, extend_len, sampled in zip(batch.prefill_reqs, batch.prefill_extend_lens, batch.prefill_is_sampled, strict=True):
@@ -240,6 +245,7 @@ class Scheduler:
                 updates.append(TokenOut(
                     req_id=req.req_id, token_ids=token_ids[i : i + 1], finish_reason=finish_reason,
                     num_cached_tokens=req.num_cached_tokens, logprobs=[logprob] if req.params.return_logprob else None,
+                    **self._top.fields(first_sampled + i, req.params.top_logprobs),
                 ))
                 if finish_reason is not None:
                     self._finish(req, finish_reason)
@@ -438,3 +444,25 @@ def _finish_reason(req: Req, token_id: int) -> FinishReason | None:
     if len(req.output_ids) >= req.max_tokens:
         return FinishReason.LENGTH
     return None
+
+
+@dataclass(slots=True)
+class _TopLogprobs:
+    """A step's top logprobs (StepResult.top_ids / top_logprobs: K per sampled request)."""
+
+    num_top: int
+    ids: np.ndarray | None  # int32[num_sampled, K]
+    values: np.ndarray | None
+
+    @staticmethod
+    def of(result: StepResult) -> _TopLogprobs:
+        if not result.num_top or result.top_ids is None or result.top_logprobs is None:
+            return _TopLogprobs(0, None, None)
+        k = result.num_top
+        return _TopLogprobs(k, result.top_ids.reshape(-1, k), result.top_logprobs.reshape(-1, k))
+
+    def fields(self, sampled_idx: int, k: int) -> dict:
+        """TokenOut's top_logprob_ids / top_logprobs for the request at `sampled_idx`, which asked for k."""
+        if not k or self.ids is None:
+            return {}
+        return {"top_logprob_ids": self.ids[sampled_idx, :k].tolist(), "top_logprobs": self.values[sampled_idx, :k].tolist()}

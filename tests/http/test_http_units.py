@@ -59,14 +59,14 @@ def test_chat_without_max_tokens_sends_none_and_flattens_text_parts():
 
 
 UNSUPPORTED = [
-    (lambda: CompletionRequest(prompt="a", logprobs=2).sub_requests(), "logprobs"),
+    (lambda: CompletionRequest(prompt="a", logprobs=21).sub_requests(), "logprobs"),
     (lambda: CompletionRequest(prompt="a", echo=True).sub_requests(), "echo"),
     (lambda: CompletionRequest(prompt="a", best_of=3).sub_requests(), "best_of"),
     (lambda: CompletionRequest(prompt="a", n=MAX_CHOICES + 1).sub_requests(), "n"),
     (lambda: CompletionRequest(prompt="a", stream_options={"include_usage": True}).sub_requests(), "stream_options"),
     (lambda: CompletionRequest(prompt=[]).sub_requests(), "prompt"),
     (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], tools=[{"type": "function"}]).sub_requests(), "tools"),
-    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], logprobs=True).sub_requests(), "logprobs"),
+    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], top_logprobs=2).sub_requests(), "top_logprobs"),
     (lambda: ChatCompletionRequest(messages=[{"role": "assistant"}]).sub_requests(), "messages"),
     (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], response_format={"type": "json_object"}).sub_requests(), "response_format"),
 ]

@@ -1,0 +1,100 @@
+"""Logprobs through the official `openai` package, checked against transformers' log_softmax on
+the same weights (fp32, greedy): the chosen tokens' and the top ones', chat and completions,
+streamed and not."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+import torch
+
+from testing.e2e_fixtures import GreedyOracle
+from testing.server_process import free_port, start_server
+
+PROMPT = "The quick brown fox jumps over"
+NUM_TOKENS = 5
+TOP = 3
+
+
+@pytest.fixture(scope="module")
+def oracle(model_dir):
+    return GreedyOracle(model_dir)
+
+
+@pytest.fixture(scope="module")
+def server(model_dir):
+    http_port = free_port()
+    handle = start_server(model_dir, "--http-port", str(http_port), "--dtype", "float32", "--num-threads", "1",
+                          "--kv-cache-tokens", "4096")
+    handle.http_port = http_port
+    yield handle
+    assert handle.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def oai(server):
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server.http_port}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@torch.no_grad()
+def expected_logprobs(oracle: GreedyOracle, prompt_ids: list[int]) -> list[tuple[int, float, list[tuple[int, float]]]]:
+    """(chosen id, its logprob, top (id, logprob)) per greedy step, from transformers."""
+    ids, steps = list(prompt_ids), []
+    for _ in range(NUM_TOKENS):
+        logprobs = torch.log_softmax(oracle.model(torch.tensor([ids])).logits[0, -1].float(), -1)
+        values, top_ids = torch.topk(logprobs, TOP)
+        chosen = int(top_ids[0])
+        steps.append((chosen, float(logprobs[chosen]), list(zip(top_ids.tolist(), values.tolist(), strict=True))))
+        ids.append(chosen)
+    return steps
+
+
+def check(oracle, steps, tokens: list[str], logprobs: list[float], tops: list[list[tuple[str, float]]]):
+    assert len(tokens) == len(logprobs) == len(tops) == NUM_TOKENS
+    for (chosen, lp, top), token, got_lp, got_top in zip(steps, tokens, logprobs, tops, strict=True):
+        assert token == oracle.tokenizer.decode([chosen])
+        assert got_lp == pytest.approx(lp, abs=1e-4)
+        assert [v for _, v in got_top] == pytest.approx([v for _, v in top], abs=1e-4)
+        assert [t for t, _ in got_top] == [oracle.tokenizer.decode([i]) for i, _ in top]  # (both empty: checked by the caller)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_chat_logprobs_and_top_logprobs_match_transformers(server, oai, oracle, model_dir, stream):
+    messages = [{"role": "user", "content": PROMPT}]
+    steps = expected_logprobs(oracle, oracle.chat_ids(messages))
+    kwargs = dict(model=model_dir.name, messages=messages, max_tokens=NUM_TOKENS, temperature=0, logprobs=True,
+                  top_logprobs=TOP, extra_body={"ignore_eos": True})
+    if stream:
+        content = [c for chunk in oai.chat.completions.create(stream=True, **kwargs)
+                   for choice in chunk.choices if choice.logprobs for c in choice.logprobs.content]
+    else:
+        content = oai.chat.completions.create(**kwargs).choices[0].logprobs.content
+    check(oracle, steps, [c.token for c in content], [c.logprob for c in content],
+          [[(t.token, t.logprob) for t in c.top_logprobs] for c in content])
+    assert all(bytes(c.bytes) == c.token.encode() for c in content)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_completion_logprobs_match_transformers(server, oai, oracle, model_dir, stream):
+    steps = expected_logprobs(oracle, oracle.encode(PROMPT))
+    kwargs = dict(model=model_dir.name, prompt=PROMPT, max_tokens=NUM_TOKENS, temperature=0, logprobs=TOP,
+                  extra_body={"ignore_eos": True})
+    if stream:
+        parts = [choice.logprobs for chunk in oai.completions.create(stream=True, **kwargs) for choice in chunk.choices if choice.logprobs]
+        tokens = [t for p in parts for t in p.tokens]
+        lps = [v for p in parts for v in p.token_logprobs]
+        tops = [top for p in parts for top in p.top_logprobs]
+    else:
+        lp = oai.completions.create(**kwargs).choices[0].logprobs
+        tokens, lps, tops = lp.tokens, lp.token_logprobs, lp.top_logprobs
+    # the legacy shape maps token text -> logprob: two ids that decode alike share one entry, as in OpenAI's and vLLM's
+    expected_tops = [list({oracle.tokenizer.decode([i]): v for i, v in top}.items()) for _, _, top in steps]
+    assert [[t for t, _ in top.items()] for top in tops] == [[t for t, _ in e] for e in expected_tops]
+    check(oracle, [(c, lp, []) for c, lp, _ in steps], tokens, lps, [[] for _ in tops])
+    for top, expected in zip(tops, expected_tops, strict=True):
+        assert list(top.values()) == pytest.approx([v for _, v in expected], abs=1e-4)
+
+
+def test_without_logprobs_the_field_is_null(server, oai, model_dir):
+    r = oai.completions.create(model=model_dir.name, prompt=PROMPT, max_tokens=2, temperature=0)
+    assert r.choices[0].logprobs is None
