@@ -2,10 +2,10 @@
 
 Request: exactly one of prompt / input_ids / messages, the client's sampling keywords
 (max_tokens, temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ignore_eos,
-return_logprob), and `stream` (default false). The server validates them: unknown or bad
+return_logprob, top_logprobs, penalties, logit_bias, min_tokens), and `stream` (default false). The server validates them: unknown or bad
 fields get a 400 with its message.
 Response: {"text", "output_ids", "finish_reason", "usage": {prompt_tokens, completion_tokens,
-cached_tokens}, "logprobs"}; streamed, one such object per output (text and ids new in it,
+cached_tokens}, "logprobs"} (and "top_logprobs": [[id, logprob], ...] per token when asked); streamed, one such object per output (text and ids new in it,
 usage so far) as SSE `data:` lines, then `data: [DONE]`.
 """
 
@@ -53,6 +53,8 @@ async def parse_body(request: Request) -> tuple[SubRequest, bool]:
         raise ApiError(400, "stream must be a boolean", param="stream")
     if "req_id" in body:
         raise ApiError(400, "req_id is chosen by the server; leave it out", param="req_id")
+    if "n" in body:
+        raise ApiError(400, "n is not supported on /generate (one result per request); use /v1/completions", param="n")
     prompt = {k: body.pop(k) for k in PROMPT_KEYS if body.get(k) is not None}
     if len(prompt) != 1:
         raise ApiError(400, f"a request needs exactly one of prompt, input_ids, messages; got {' and '.join(prompt) or 'none'}")
@@ -65,7 +67,7 @@ async def serve_generate(state: HttpState, request: Request) -> Response | SseRe
     group = RequestGroup(state.client, [sub], state.metrics, state.health)
     if not stream:
         [result] = await until_disconnect(request, group.run())
-        return JSONResponse(output_body(result.text, result.output_ids, result, result.logprobs), headers=group.headers)
+        return JSONResponse(output_body(result.text, result.output_ids, result), headers=group.headers)
     events = group.events()
     try:
         first = await until_disconnect(request, anext(events))
@@ -75,24 +77,25 @@ async def serve_generate(state: HttpState, request: Request) -> Response | SseRe
     return SseResponse(stream_outputs(state, first, events), group.headers)
 
 
-def output_body(text: str, ids: list[int], result: GenerateResult, logprobs: list[float] | None) -> dict[str, Any]:
+def output_body(text: str, ids: list[int], result: GenerateResult, start: int = 0) -> dict[str, Any]:
+    """The body for output tokens start..start+len(ids) of `result` (all of it when not streaming)."""
     usage = result.usage
-    return {
+    end = start + len(ids)
+    body = {
         "text": text,
         "output_ids": ids,
         "finish_reason": result.finish_reason,
         "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens, "cached_tokens": usage.cached_tokens},
-        "logprobs": logprobs,
+        "logprobs": None if result.logprobs is None else result.logprobs[start:end],
     }
+    if result.top_logprobs is not None:  # [[token id, logprob], ...] per token, most likely first
+        body["top_logprobs"] = [[list(pair) for pair in top] for top in result.top_logprobs[start:end]]
+    return body
 
 
 def event_body(event: ChoiceEvent) -> dict[str, Any]:
     r = event.result
-    logprobs = None
-    if r.logprobs is not None:
-        end = len(r.output_ids)
-        logprobs = r.logprobs[end - len(event.new_ids) : end]
-    return output_body(event.delta, event.new_ids, r, logprobs)
+    return output_body(event.delta, event.new_ids, r, len(r.output_ids) - len(event.new_ids))
 
 
 def stream_outputs(state: HttpState, first: ChoiceEvent, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[bytes]:

@@ -98,3 +98,26 @@ def test_completion_logprobs_match_transformers(server, oai, oracle, model_dir, 
 def test_without_logprobs_the_field_is_null(server, oai, model_dir):
     r = oai.completions.create(model=model_dir.name, prompt=PROMPT, max_tokens=2, temperature=0)
     assert r.choices[0].logprobs is None
+
+
+def test_generate_route_returns_top_logprobs_and_refuses_n(server, oracle):
+    import json
+    import urllib.request
+
+    steps = expected_logprobs(oracle, oracle.encode(PROMPT))
+
+    def post(body: dict) -> tuple[int, dict]:
+        request = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/generate", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as exc:
+            return exc.code, json.loads(exc.read())
+
+    status, body = post({"prompt": PROMPT, "max_tokens": NUM_TOKENS, "ignore_eos": True, "top_logprobs": TOP})
+    assert status == 200 and body["output_ids"] == [c for c, _, _ in steps]
+    assert body["logprobs"] == pytest.approx([lp for _, lp, _ in steps], abs=1e-4)
+    assert [[i for i, _ in top] for top in body["top_logprobs"]] == [[i for i, _ in top] for _, _, top in steps]
+    status, body = post({"prompt": PROMPT, "n": 2})
+    assert status == 400 and body["error"]["param"] == "n"

@@ -179,7 +179,7 @@ BAD = [
     (dict(prompt="hi", top_p=0), "top_p"),
     (dict(prompt="hi", extra_body={"frobnicate": 1}), "frobnicate"),
     (dict(prompt="hi", extra_body={"min_p": 2.0}), "min_p"),
-    (dict(prompt="hi", logprobs=2), "logprobs"),
+    (dict(prompt="hi", logprobs=21), "logprobs"),
     (dict(prompt="hi", n=1000), "choices"),
     (dict(prompt=[10**6]), "token"),
 ]
