@@ -13,7 +13,7 @@ import sys
 
 from testing.paths import REPO_ROOT
 
-LIGHT_PACKAGES = ("tokenizer_proc", "detokenizer_proc", "http_proc", "launcher", "client")
+LIGHT_PACKAGES = ("tokenizer_proc", "detokenizer_proc", "http_proc", "launcher", "client", "zserve")
 PRODUCT_PACKAGES = (*LIGHT_PACKAGES, "common", "scheduler_proc", "model_proc")
 PROBE = """
 import importlib, json, pkgutil, sys
