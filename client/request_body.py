@@ -27,9 +27,10 @@ def build_body(prompt: str | None, input_ids: list[int] | None, messages: list[d
     given = [k for k, v in (("prompt", prompt), ("input_ids", input_ids), ("messages", messages)) if v is not None]
     if len(given) != 1:
         raise ValueError(f"give exactly one of prompt, input_ids or messages (got {', '.join(given) or 'none'})")
-    body: dict[str, Any] = {"sampling": {k: v for k, v in sampling.items() if v is not None and k != "n"}}
-    if sampling.get("n") is not None:  # n choices: a request-level field, next to the prompt
-        body["n"] = sampling["n"]
+    body: dict[str, Any] = {"sampling": {k: v for k, v in sampling.items() if v is not None and k not in ("n", "tools")}}
+    for key in ("n", "tools"):  # request-level fields, next to the prompt: n choices; a chat's function definitions
+        if sampling.get(key) is not None:
+            body[key] = sampling[key]
     if prompt is not None:
         body["prompt"] = prompt
     elif input_ids is not None:

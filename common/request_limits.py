@@ -20,6 +20,8 @@ UINT64_LIMIT = 2**64  # seeds are taken modulo nothing: they must be below this
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
     max_top_logprobs: int = 20  # OpenAI's cap
+    max_tools: int = 128  # function definitions in one chat request
+    max_tools_json_chars: int = 256 << 10  # their JSON, all together
     max_copies: int = 128  # n: choices of one prompt in one request
     max_stop_strings: int = 32  # the detokenizer scans each per output token: the count bounds its cost
     max_stop_string_chars: int = 256  # held-back text is at most this long

@@ -34,6 +34,7 @@ from http_proc.http_app import build_app
 from http_proc.http_state import HttpState
 from http_proc.request_gate import WILDCARD_HOSTS, GatePolicy
 from http_proc.server_metrics import ServerMetrics
+from http_proc.tool_call_parser import ToolCallParser
 from tokenizer_proc.text_tokenizer import TextTokenizer
 
 logger = logging.getLogger("http_proc")
@@ -79,7 +80,8 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
             model_name = cfg.served_model_name or Path(model_path).name
             tokenizer = TextTokenizer.from_model_dir(cfg.model)  # token texts for logprobs
             state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate,
-                              token_text=lambda token_id: tokenizer.decode([token_id]))
+                              token_text=lambda token_id: tokenizer.decode([token_id]),
+                              tool_parser=ToolCallParser.for_template(tokenizer.chat_template_source))
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -11,6 +11,7 @@ from http_proc.api_error import ApiError
 from http_proc.health_monitor import HealthMonitor
 from http_proc.request_gate import GatePolicy
 from http_proc.server_metrics import ServerMetrics
+from http_proc.tool_call_parser import ToolCallParser
 
 STATS_TIMEOUT_S = 2.0  # /metrics renders without the scheduler's numbers past this
 
@@ -25,6 +26,7 @@ class HttpState:
     health: HealthMonitor
     gate: GatePolicy
     token_text: Callable[[int], str] = str  # a token id's text (the model's tokenizer), for logprobs
+    tool_parser: ToolCallParser | None = None  # the chat template's tool-call format, when zserve knows it
     created_s: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, requested: str | None) -> None:

@@ -18,6 +18,7 @@ from client.types import GenerateResult
 from http_proc.logprob_format import TokenText, chat_logprobs, completion_logprobs
 from http_proc.openai_protocol import SubRequest
 from http_proc.request_group import ChoiceEvent
+from http_proc.tool_call_parser import ToolCallParser
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -43,11 +44,13 @@ def usage_of(subs: list[SubRequest], results: list[GenerateResult]) -> dict[str,
 class OpenAIFormatter:
     def __init__(
         self, is_chat: bool, model_name: str, include_usage: bool = False, req_id: int | None = None,
-        token_text: TokenText | None = None,
+        token_text: TokenText | None = None, tool_parser: ToolCallParser | None = None,
     ):
         """`req_id`: the request's id in the server's logs, which the OpenAI `id` then carries.
         `token_text`: a token id's text, when the request asked for logprobs (None: it did not)."""
         self.token_text = token_text
+        self.tool_parser = tool_parser  # chat with tools: the answer's calls become tool_calls
+        self._streamed: dict[int, int] = {}  # with a tool parser: characters of each choice's text sent as content
         self.is_chat = is_chat
         self.model_name = model_name
         self.include_usage = include_usage
@@ -73,6 +76,8 @@ class OpenAIFormatter:
         result = event.result
         start = len(result.output_ids) - len(event.new_ids)
         logprobs = self._logprobs(result, start, len(result.output_ids), len(result.text) - len(event.delta))
+        if self.is_chat and self.tool_parser is not None:
+            return self._tool_chunk(event.choice_idx, result, logprobs)
         if self.is_chat:
             delta = {"content": event.delta} if event.delta else {}
             choice = {"index": event.choice_idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
@@ -101,9 +106,40 @@ class OpenAIFormatter:
     def _choice(self, idx: int, result: GenerateResult) -> dict[str, Any]:
         logprobs = self._logprobs(result, 0, len(result.output_ids), 0)
         if self.is_chat:
-            message = {"role": "assistant", "content": result.text}
-            return {"index": idx, "message": message, "logprobs": logprobs, "finish_reason": result.finish_reason}
+            message: dict[str, Any] = {"role": "assistant", "content": result.text}
+            finish_reason = result.finish_reason
+            if self.tool_parser is not None:
+                content, calls = self.tool_parser.parse(result.text)
+                if calls:
+                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    finish_reason = "tool_calls"
+            return {"index": idx, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         return {"index": idx, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}
+
+    def _tool_chunk(self, idx: int, result: GenerateResult, logprobs: dict[str, Any] | None) -> bytes | None:
+        """A streamed chat choice with tools: content as far as no call may begin; at the end the
+        rest of the content and the calls, each call whole in one delta."""
+        sent = self._streamed.get(idx, 0)
+        delta: dict[str, Any] = {}
+        finish_reason = result.finish_reason
+        if finish_reason is None:
+            safe = self.tool_parser.safe_prefix_len(result.text)
+            if safe > sent:
+                delta["content"] = result.text[sent:safe]
+                self._streamed[idx] = safe
+        else:
+            content, calls = self.tool_parser.parse(result.text)
+            if calls:
+                rest = (content or "")[sent:] if content and content.startswith(result.text[:sent]) else ""
+                if rest:
+                    delta["content"] = rest
+                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
+                finish_reason = "tool_calls"
+            elif len(result.text) > sent:
+                delta["content"] = result.text[sent:]
+        if not delta and finish_reason is None and logprobs is None:
+            return None
+        return self._chunk([{"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 
     def _logprobs(self, result: GenerateResult, start: int, end: int, text_offset: int) -> dict[str, Any] | None:
         """The logprobs of output tokens start..end, when the request asked."""

@@ -171,14 +171,23 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool's answer names the call
 
     def to_dict(self, idx: int) -> dict[str, Any]:
+        if self.content is None and not self.tool_calls:
+            raise ApiError(400, f"messages[{idx}].content is missing", param="messages")
         if self.content is None:
-            raise ApiError(400, f"messages[{idx}].content is missing (tool calls are not supported)", param="messages")
-        text = self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
+            text = None
+        else:
+            text = self.content if isinstance(self.content, str) else "\n".join(part.text for part in self.content)
         out = {"role": self.role, "content": text}
         if self.name is not None:
             out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = self.tool_calls
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
         return out
 
 
@@ -199,10 +208,11 @@ class ChatCompletionRequest(SamplingRequest):
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
             raise ApiError(400, f"top_logprobs must be in [0, 20], got {self.top_logprobs}", param="top_logprobs")
-        if self.tools:
-            raise ApiError(400, "tools are not supported by this server", param="tools")
-        if self.tool_choice not in (None, "none"):
-            raise ApiError(400, "tool_choice is not supported by this server", param="tool_choice")
+        if self.tool_choice not in (None, "none", "auto"):
+            raise ApiError(
+                400, "tool_choice required or a named function is not supported by this server yet (it needs structured "
+                "output to enforce the call); use auto", param="tool_choice",
+            )
         if self.response_format is not None and self.response_format.get("type") != "text":
             raise ApiError(400, "response_format other than text is not supported by this server", param="response_format")
         if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
@@ -210,7 +220,12 @@ class ChatCompletionRequest(SamplingRequest):
         given = [v for v in (self.max_completion_tokens, self.max_tokens) if v is not None]
         max_tokens = given[0] if given else None
         messages = [m.to_dict(i) for i, m in enumerate(self.messages)]
-        return self.expand([{"messages": messages}], max_tokens)
+        return self.expand([{"messages": messages, **({"tools": self.tools} if self.tools else {})}], max_tokens)
+
+    @property
+    def parses_tool_calls(self) -> bool:
+        """Whether the answer's tool calls become `tool_calls` (tools given, tool_choice not none)."""
+        return bool(self.tools) and self.tool_choice != "none"
 
     def logprob_fields(self) -> dict[str, Any]:
         """Chat: `logprobs: true`, and `top_logprobs: k` for the k most likely."""

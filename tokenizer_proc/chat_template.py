@@ -59,16 +59,16 @@ class ChatTemplate:
 
     def render(
         self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, special_tokens: dict[str, str],
-        max_chars: int | None = None, timeout_s: float | None = None,
+        max_chars: int | None = None, timeout_s: float | None = None, tools: list[dict[str, Any]] | None = None,
     ) -> str:
-        """Render a conversation. `special_tokens` are the template variables transformers passes
+        """Render a conversation (with `tools`, the function definitions a tool-calling template lists). `special_tokens` are the template variables transformers passes
         from the tokenizer's special tokens map (`bos_token`, `eos_token`, ...).
         Raises ChatTemplateError when the template rejects the conversation, fails on it, or
         passes `max_chars` or `timeout_s`."""
         # transformers drops None-valued keys from each message before rendering.
         chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
         variables = dict(
-            messages=chat, tools=None, documents=None, add_generation_prompt=add_generation_prompt, **special_tokens
+            messages=chat, tools=tools or None, documents=None, add_generation_prompt=add_generation_prompt, **special_tokens
         )
         parts: list[str] = []
         num_chars = 0

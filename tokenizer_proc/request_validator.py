@@ -17,6 +17,7 @@ rendering (ChatTemplate), top_k and stop ids against the vocabulary.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from common.context_limit import over_context_error
@@ -25,8 +26,8 @@ from common.sampling_params import SamplingParams
 from tokenizer_proc.text_tokenizer import TextTokenizer
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
-BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n"))
-MESSAGE_KEYS = frozenset(("role", "content", "name"))
+BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n", "tools"))
+MESSAGE_KEYS = frozenset(("role", "content", "name", "tool_calls", "tool_call_id"))
 ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
 
 
@@ -92,7 +93,7 @@ class RequestValidator:
         elif kind == "input_ids":
             input_ids = self._check_ids(body["input_ids"])
         else:
-            input_ids = self._encode_messages(body["messages"])
+            input_ids = self._encode_messages(body["messages"], self._check_tools(body.get("tools")))
 
         if not input_ids:
             raise ValueError("the prompt is empty after tokenization")
@@ -131,7 +132,17 @@ class RequestValidator:
                 raise ValueError(f"input_ids[{i}] = {t} is not a token id (vocabulary size {self.vocab_size})")
         return list(ids)
 
-    def _encode_messages(self, messages: Any) -> list[int]:
+    def _check_tools(self, tools: Any) -> list[dict] | None:
+        """`tools`: function definitions for the chat template ({"type": "function", "function": {...}})."""
+        if tools is None:
+            return None
+        if not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools) or len(tools) > LIMITS.max_tools:
+            raise ValueError(f"tools must be a list of at most {LIMITS.max_tools} function definitions (objects)")
+        if len(json.dumps(tools)) > LIMITS.max_tools_json_chars:
+            raise ValueError(f"tools is more than {LIMITS.max_tools_json_chars} characters of JSON")
+        return tools
+
+    def _encode_messages(self, messages: Any, tools: list[dict] | None = None) -> list[int]:
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError("messages must be a non-empty list of {role, content} objects")
         max_messages = min(LIMITS.max_messages, self.context_len - 1)
@@ -150,14 +161,20 @@ class RequestValidator:
             role, content = m.get("role"), m.get("content")
             if not isinstance(role, str) or role not in ROLES:
                 raise ValueError(f"messages[{i}].role must be one of {', '.join(sorted(ROLES))}, got {_name(role)}")
+            if m.get("tool_calls") is not None:
+                num_chars += _check_tool_calls(m, i)
+                content = content or ""
             if not isinstance(content, str):
                 raise ValueError(f"messages[{i}].content must be a string, got {type(content).__name__}")
+            if "tool_call_id" in m and (not isinstance(m["tool_call_id"], str) or len(m["tool_call_id"]) > LIMITS.max_message_name_chars):
+                raise ValueError(f"messages[{i}].tool_call_id must be a string of at most {LIMITS.max_message_name_chars} characters")
             if "name" in m and (not isinstance(m["name"], str) or len(m["name"]) > LIMITS.max_message_name_chars):
                 raise ValueError(f"messages[{i}].name must be a string of at most {LIMITS.max_message_name_chars} characters")
             num_chars += len(content)
         self._check_text_len(num_chars)
         return self.tokenizer.encode_chat(
-            list(messages), add_generation_prompt=True, max_chars=self.max_prompt_chars, timeout_s=LIMITS.render_timeout_s
+            list(messages), add_generation_prompt=True, max_chars=self.max_prompt_chars, timeout_s=LIMITS.render_timeout_s,
+            tools=tools,
         )
 
     def _check_text_len(self, num_chars: int) -> None:
@@ -172,3 +189,23 @@ def _name(value: Any) -> str:
     """A client's key or value in an error message, cut short."""
     text = value if isinstance(value, str) else repr(value)
     return repr(text[:64] + "...") if len(text) > 64 else repr(text) if isinstance(value, str) else text
+
+
+def _check_tool_calls(message: dict, idx: int) -> int:
+    """An assistant message's earlier tool calls ([{"id", "type": "function", "function": {"name",
+    "arguments"}}]); arguments given as a JSON string become an object, as templates expect.
+    Returns their size in characters."""
+    calls = message["tool_calls"]
+    if message.get("role") != "assistant" or not isinstance(calls, list) or len(calls) > LIMITS.max_tools:
+        raise ValueError(f"messages[{idx}].tool_calls must be a list of calls on an assistant message")
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise ValueError(f"messages[{idx}].tool_calls[{j}] must be {{type: function, function: {{name, arguments}}}}")
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):
+            try:
+                function["arguments"] = json.loads(arguments) if arguments.strip() else {}
+            except ValueError:
+                raise ValueError(f"messages[{idx}].tool_calls[{j}].function.arguments is not JSON") from None
+    return len(json.dumps(calls))

@@ -103,28 +103,34 @@ class TextTokenizer:
         return other
 
     @property
+    def chat_template_source(self) -> str | None:
+        """The default chat template's Jinja source (None without one)."""
+        template = self.chat_templates.get("default")
+        return None if template is None else template.source
+
+    @property
     def has_chat_template(self) -> bool:
         return bool(self.chat_templates)
 
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
-        max_chars: int | None = None, timeout_s: float | None = None,
+        max_chars: int | None = None, timeout_s: float | None = None, tools: list[dict[str, Any]] | None = None,
     ) -> str:
         """Render `messages` with the model's default chat template. Raises ValueError (fit for
         the client) when the model has none or the template rejects the conversation, fails on
         it, or passes `max_chars` or `timeout_s` (see ChatTemplate.render)."""
         return self._chat_template().render(
             messages, add_generation_prompt=add_generation_prompt, special_tokens=self.special_tokens,
-            max_chars=max_chars, timeout_s=timeout_s,
+            max_chars=max_chars, timeout_s=timeout_s, tools=tools,
         )
 
     def encode_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
-        max_chars: int | None = None, timeout_s: float | None = None,
+        max_chars: int | None = None, timeout_s: float | None = None, tools: list[dict[str, Any]] | None = None,
     ) -> list[int]:
         """Same ids as transformers' `apply_chat_template(messages, tokenize=True)`: the rendered
         text encoded without adding special tokens, since the template writes its own BOS."""
-        text = self.apply_chat_template(messages, add_generation_prompt, max_chars=max_chars, timeout_s=timeout_s)
+        text = self.apply_chat_template(messages, add_generation_prompt, max_chars=max_chars, timeout_s=timeout_s, tools=tools)
         return self.encode(text, add_special_tokens=False)
 
     def _chat_template(self) -> ChatTemplate:

@@ -65,7 +65,7 @@ UNSUPPORTED = [
     (lambda: CompletionRequest(prompt="a", n=MAX_CHOICES + 1).sub_requests(), "n"),
     (lambda: CompletionRequest(prompt="a", stream_options={"include_usage": True}).sub_requests(), "stream_options"),
     (lambda: CompletionRequest(prompt=[]).sub_requests(), "prompt"),
-    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], tools=[{"type": "function"}]).sub_requests(), "tools"),
+    (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], tools=[{"type": "function"}], tool_choice="required").sub_requests(), "tool_choice"),
     (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], top_logprobs=2).sub_requests(), "top_logprobs"),
     (lambda: ChatCompletionRequest(messages=[{"role": "assistant"}]).sub_requests(), "messages"),
     (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], response_format={"type": "json_object"}).sub_requests(), "response_format"),
