@@ -112,6 +112,18 @@ class PenaltyArrays:
     banned_ids: Int32Array
 
 
+@message()
+@dataclass(slots=True)
+class GrammarMasks:
+    """Structured output: for the sampled requests under a grammar (`rows`, indexing the batch's
+    sampled requests), the tokens the grammar allows next, as xgrammar's packed bitmask (bit j of
+    word w allows token 32 w + j). The sampler gives every other token -inf."""
+
+    rows: Int32Array  # [m]
+    words_per_row: int
+    bitmask: Int32Array  # [m * words_per_row]
+
+
 @message(1)
 @dataclass(slots=True)
 class ForwardBatch:
@@ -131,6 +143,7 @@ class ForwardBatch:
     copy_of: Int32Array | None = None
     penalties: PenaltyArrays | None = None  # penalties, logit bias, min_tokens bans; None: nobody asked
     top_logprobs: Int32Array | None = None  # [num_reqs]: most likely tokens to report (0 = none); None: nobody asked
+    grammar: GrammarMasks | None = None  # structured output's allowed tokens; None: no request under a grammar
 
     @property
     def num_reqs(self) -> int:

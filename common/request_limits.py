@@ -22,6 +22,7 @@ class RequestLimits:
     max_top_logprobs: int = 20  # OpenAI's cap
     max_tools: int = 128  # function definitions in one chat request
     max_tools_json_chars: int = 256 << 10  # their JSON, all together
+    max_grammar_chars: int = 64 << 10  # a JSON schema, regex or EBNF grammar
     max_copies: int = 128  # n: choices of one prompt in one request
     max_stop_strings: int = 32  # the detokenizer scans each per output token: the count bounds its cost
     max_stop_string_chars: int = 256  # held-back text is at most this long

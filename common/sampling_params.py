@@ -5,6 +5,7 @@ RequestValidator), then carried whole to the scheduler as a nested wire message.
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -32,6 +33,21 @@ class SamplingParams:
     logit_bias: dict[str, float] = field(default_factory=dict)  # token id (as a string, JSON's key) -> added to its logit
     min_tokens: int = 0  # stop tokens (EOS, stop_token_ids) are banned until this many tokens are out
     top_logprobs: int = 0  # with return_logprob: also the most likely tokens at each position, this many (<= 20)
+    json_object: bool = False  # structured output: any JSON value (OpenAI's JSON mode)
+    json_schema: str | None = None  # structured output: JSON matching this JSON schema (its text)
+    regex: str | None = None  # structured output: text matching this regular expression
+    ebnf: str | None = None  # structured output: text of this EBNF grammar (GBNF, as xgrammar reads it)
+
+    @property
+    def grammar(self) -> tuple[str, str] | None:
+        """(kind, spec) of the structured output asked for, or None."""
+        if self.json_object:
+            return "json_object", ""
+        for kind in ("json_schema", "regex", "ebnf"):
+            spec = getattr(self, kind)
+            if spec is not None:
+                return kind, spec
+        return None
 
     @property
     def has_penalties(self) -> bool:
@@ -90,6 +106,24 @@ class SamplingParams:
                 raise ValueError(f"logit_bias keys must be token ids, got {_short(token)}")
             if not _is_number(bias) or not -LIMITS.max_logit_bias <= bias <= LIMITS.max_logit_bias:
                 raise ValueError(f"logit_bias[{token}] must be in [-{LIMITS.max_logit_bias:g}, {LIMITS.max_logit_bias:g}], got {_short(bias)}")
+        if not isinstance(self.json_object, bool):
+            raise ValueError("json_object must be a boolean")
+        grammars = [k for k in ("json_schema", "regex", "ebnf") if getattr(self, k) is not None] + (["json_object"] if self.json_object else [])
+        if len(grammars) > 1:
+            raise ValueError(f"give at most one of json_object, json_schema, regex, ebnf; got {', '.join(grammars)}")
+        if grammars and self.ignore_eos:
+            raise ValueError("ignore_eos cannot be used with structured output: the grammar ends the text with EOS")
+        for kind in ("json_schema", "regex", "ebnf"):
+            spec = getattr(self, kind)
+            if spec is not None and (not isinstance(spec, str) or not spec or len(spec) > LIMITS.max_grammar_chars):
+                raise ValueError(f"{kind} must be a non-empty string of at most {LIMITS.max_grammar_chars} characters")
+        if self.json_schema is not None:
+            try:
+                schema = json.loads(self.json_schema)
+            except ValueError as exc:
+                raise ValueError(f"json_schema is not JSON: {exc}") from None
+            if not isinstance(schema, (dict, bool)):
+                raise ValueError("json_schema must be a JSON schema (an object)")
         if not _is_int_in(self.top_logprobs, 0, LIMITS.max_top_logprobs):
             raise ValueError(f"top_logprobs must be an integer in [0, {LIMITS.max_top_logprobs}], got {_short(self.top_logprobs)}")
         if not _is_int_in(self.min_tokens, 0, LIMITS.max_max_tokens):
@@ -129,6 +163,8 @@ class SamplingParams:
                 str(k) if isinstance(k, int) and not isinstance(k, bool) else k: float(v) if _is_number(v) else v
                 for k, v in kw["logit_bias"].items()
             }
+        if isinstance(kw.get("json_schema"), (dict, bool)):  # the Python client may pass the schema itself
+            kw["json_schema"] = json.dumps(kw["json_schema"])
         if _is_int_in(kw.get("top_logprobs"), 1, LIMITS.max_top_logprobs):
             kw["return_logprob"] = True  # top logprobs come with the chosen token's
         params = SamplingParams(**kw)

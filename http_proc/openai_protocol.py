@@ -8,6 +8,7 @@ checks only the OpenAI shape and refuses, with a 400 that says so, the options z
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -74,6 +75,9 @@ class SamplingRequest(BaseModel):
     logit_bias: dict[str, float] | None = None
     min_tokens: int | None = None
     top_logprobs: int | None = None
+    response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}
+    regex: str | None = None  # structured output extras, as SGLang names them
+    ebnf: str | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -101,12 +105,28 @@ class SamplingRequest(BaseModel):
             "logit_bias": self.logit_bias or None,
             "min_tokens": self.min_tokens,
             **self.logprob_fields(),
+            **self.grammar_fields(),
         }
         return {k: v for k, v in values.items() if v is not None}
 
     def logprob_fields(self) -> dict[str, Any]:
         """The sampling fields that ask the server for logprobs (each endpoint spells them its way)."""
         return {}
+
+    def grammar_fields(self) -> dict[str, Any]:
+        """Structured output: `response_format` (OpenAI's), or `regex` / `ebnf` (SGLang's extras)."""
+        fields: dict[str, Any] = {"regex": self.regex, "ebnf": self.ebnf}
+        kind = (self.response_format or {}).get("type", "text")
+        if kind == "json_object":
+            fields["json_object"] = True
+        elif kind == "json_schema":
+            spec = self.response_format.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), (dict, bool)):
+                raise ApiError(400, "response_format json_schema needs json_schema.schema (a JSON schema)", param="response_format")
+            fields["json_schema"] = json.dumps(spec["schema"])
+        elif kind != "text":
+            raise ApiError(400, f"response_format type must be text, json_object or json_schema, got {kind!r}", param="response_format")
+        return {k: v for k, v in fields.items() if v is not None}
 
     @property
     def wants_logprobs(self) -> bool:
@@ -195,7 +215,6 @@ class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
-    response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
@@ -213,8 +232,6 @@ class ChatCompletionRequest(SamplingRequest):
                 400, "tool_choice required or a named function is not supported by this server yet (it needs structured "
                 "output to enforce the call); use auto", param="tool_choice",
             )
-        if self.response_format is not None and self.response_format.get("type") != "text":
-            raise ApiError(400, "response_format other than text is not supported by this server", param="response_format")
         if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
             raise ApiError(400, "max_tokens and max_completion_tokens differ; give one", param="max_completion_tokens")
         given = [v for v in (self.max_completion_tokens, self.max_tokens) if v is not None]

@@ -166,7 +166,7 @@ class ModelRunner:
         logits = self._forward(batch, sampled)  # float32[num_sampled, vocab]
         positions = torch.from_numpy((batch.cached_lens[sampled] + batch.extend_lens[sampled]).astype(np.int64)).to(self.device)
         want_logprob = batch.return_logprob[sampled].astype(bool)
-        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.select(sampled), positions, want_logprob, batch.penalties)
+        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.select(sampled), positions, want_logprob, batch.penalties, batch.grammar)
         num_top, top_ids, top_logprobs = 0, None, None
         if batch.top_logprobs is not None and batch.top_logprobs[sampled].any():
             num_top = int(batch.top_logprobs[sampled].max())

@@ -33,7 +33,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.forward_batch import MIN_P_OFF, TOP_K_OFF, TOP_P_OFF, PenaltyArrays, SamplingArrays
+from common.forward_batch import MIN_P_OFF, TOP_K_OFF, TOP_P_OFF, GrammarMasks, PenaltyArrays, SamplingArrays
 
 # Below this a temperature is greedy (vLLM's rule too): 1 / T would overflow float32 near 3e-39,
 # and long before that the draw is an argmax anyway.
@@ -61,6 +61,7 @@ class Sampler:
         positions: torch.Tensor,
         want_logprob: np.ndarray,
         penalties: PenaltyArrays | None = None,
+        grammar: GrammarMasks | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Choose one token per row. `logits` is read, never written.
 
@@ -78,7 +79,7 @@ class Sampler:
         and transformers can check them.
         """
         num_rows = self._check(logits, sampling, positions, want_logprob)
-        chosen_from = apply_penalties(logits, penalties)
+        chosen_from = apply_grammar(apply_penalties(logits, penalties), grammar, logits)
         if sampling.all_greedy:
             token_ids = _argmax(chosen_from)
         else:
@@ -319,3 +320,20 @@ def top_logprobs_of(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarra
     model's own distribution (log_softmax of the raw logits, like the chosen token's), most likely first."""
     values, ids = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
     return ids.to(torch.int32).cpu().numpy(), values.cpu().numpy()
+
+
+_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
+def apply_grammar(logits: torch.Tensor, grammar: GrammarMasks | None, raw: torch.Tensor) -> torch.Tensor:
+    """`logits` with -inf for every token a row's grammar does not allow next (structured
+    output). Writes into `logits` when it is already a copy (not `raw`, the model's own)."""
+    if grammar is None or not grammar.rows.size:
+        return logits
+    out = logits.clone() if logits is raw else logits
+    vocab_size = out.shape[1]
+    words = torch.from_numpy(grammar.bitmask.reshape(-1, grammar.words_per_row).astype(np.int32))
+    allowed = ((words[:, :, None] >> _BIT_SHIFTS) & 1).reshape(words.shape[0], -1)[:, :vocab_size].bool().to(out.device)
+    rows = torch.from_numpy(grammar.rows.astype(np.int64)).to(out.device)
+    out[rows] = out[rows].masked_fill(~allowed, float("-inf"))
+    return out

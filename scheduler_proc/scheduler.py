@@ -274,6 +274,14 @@ class Scheduler:
             new_token_ratio=self._reservation.new_token_ratio,
         )
 
+    def in_flight_sampled_req_ids(self) -> list[int]:
+        """The req_ids of the batch in flight that get a token, in the batch's sampled order."""
+        batch = self._in_flight
+        if batch is None:
+            return []
+        prefilled = [r.req_id for r, sampled in zip(batch.prefill_reqs, batch.prefill_is_sampled, strict=True) if sampled]
+        return [r.req_id for r in batch.decode_reqs] + prefilled
+
     def histograms(self) -> dict[str, Histogram]:
         return {"queue_time_seconds": self._queue_time_s}
 

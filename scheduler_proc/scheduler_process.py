@@ -17,8 +17,10 @@ import gc
 import logging
 import os
 import time
+from concurrent.futures import Future
 from dataclasses import asdict, replace
 
+import numpy as np
 import zmq
 
 from common.context_limit import served_context_len
@@ -44,19 +46,22 @@ from common.messages import (
     WorkerReady,
 )
 from common.proc_runtime import child_args, child_setup
+from common.sampling_params import SamplingParams
 from common.server_config import ServerConfig
 from common.transport import Addresses, Endpoint, pull, push
+from scheduler_proc.grammar_manager import GrammarError, GrammarManager
 from scheduler_proc.scheduler import Scheduler
 from scheduler_proc.scheduler_knobs import scheduler_knobs
 from scheduler_proc.stats_logger import StatsLogger
 
 logger = logging.getLogger("scheduler_proc")
+COMPILE_POLL_MS = 5  # how often a loop with requests waiting for their grammar looks again
 
 
 class SchedulerLoop:
     def __init__(
         self, scheduler: Scheduler, inbox: Endpoint, to_worker: Endpoint, from_worker: Endpoint, to_detok: Endpoint,
-        stats_logger: StatsLogger,
+        stats_logger: StatsLogger, grammar: GrammarManager | None = None,
     ):
         self.scheduler = scheduler
         self.stats_logger = stats_logger
@@ -64,14 +69,19 @@ class SchedulerLoop:
         self.to_worker = to_worker
         self.from_worker = from_worker
         self.to_detok = to_detok
+        self.grammar = grammar
+        self.compiling: list[tuple[int, np.ndarray, SamplingParams, Future]] = []  # waiting for their grammar
         self.checked_idle = True
 
     def run_forever(self) -> None:
         while True:
             self.drain_inbox(block=not self.scheduler.has_work)
+            self.queue_compiled()
             batch = self.scheduler.next_batch()
             if batch is not None:
                 self.checked_idle = False
+                if self.grammar is not None:
+                    batch.grammar = self.grammar.masks(self.scheduler.in_flight_sampled_req_ids())
                 self.to_worker.send(batch)
                 self.publish(self.scheduler.on_result(self.wait_result(batch.step_id)))
             elif not self.scheduler.has_work and not self.checked_idle:
@@ -83,6 +93,8 @@ class SchedulerLoop:
         """Handle what is waiting; when `block`, wait for a message first (or until a stats line
         is due, when one is still owed for the last busy interval)."""
         timeout_ms = self.idle_wait_ms() if block else 0
+        if self.compiling and (timeout_ms is None or timeout_ms > COMPILE_POLL_MS):  # a grammar may be ready any moment
+            timeout_ms = COMPILE_POLL_MS
         msg = self.inbox.recv(timeout_ms=timeout_ms)
         if timeout_ms is None:  # woke from idle: the next stats interval starts now
             self.stats_logger.restart(time.monotonic(), self.scheduler.stats())
@@ -105,7 +117,8 @@ class SchedulerLoop:
         if isinstance(msg, TokenizedReq):
             self.submit(msg)
         elif isinstance(msg, AbortReq):
-            self.publish(self.scheduler.abort(msg.req_id, msg.finish_reason))
+            if not self.abort_compiling(msg.req_id):
+                self.publish(self.scheduler.abort(msg.req_id, msg.finish_reason))
         elif isinstance(msg, StatsReq):
             self.to_detok.send(StatsOut(req_id=msg.req_id, stats=asdict(self.scheduler.stats()), histograms=self.scheduler.histograms()))
 
@@ -114,9 +127,42 @@ class SchedulerLoop:
         and the prompt is computed once (the PrefillAdder's copies); copy i draws with seed + i."""
         for i in range(msg.num_copies):
             params = msg.params if i == 0 or msg.params.seed is None else replace(msg.params, seed=(msg.params.seed + i) % 2**63)
-            self.submit_one(msg.req_id + i, msg.input_ids, params)
+            if params.grammar is not None and self.grammar is not None:  # queued once its grammar is compiled
+                self.compiling.append((msg.req_id + i, msg.input_ids, params, self.grammar.compile(params.grammar)))
+            else:
+                self.submit_one(msg.req_id + i, msg.input_ids, params)
 
-    def submit_one(self, req_id: int, input_ids, params) -> None:
+    def queue_compiled(self) -> None:
+        """Queue the requests whose grammar is compiled (in arrival order); fail those whose
+        grammar could not be."""
+        if not self.compiling:
+            return
+        waiting = []
+        for req_id, input_ids, params, future in self.compiling:
+            if not future.done():
+                waiting.append((req_id, input_ids, params, future))
+                continue
+            error = future.exception()
+            if error is not None:
+                code = ErrorCode.INVALID if isinstance(error, GrammarError) else ErrorCode.INTERNAL
+                logger.info("req %d refused: %s", req_id, error)
+                self.to_detok.send(ReqOutput.final(req_id, FinishReason.ERROR, code=code, error=str(error), prompt_tokens=len(input_ids)))
+                continue
+            self.grammar.start(req_id, future.result())
+            if not self.submit_one(req_id, input_ids, params):
+                self.grammar.drop(req_id)
+        self.compiling = waiting
+
+    def abort_compiling(self, req_id: int) -> bool:
+        """End a request still waiting for its grammar; False when it is not one."""
+        for i, (waiting_id, input_ids, _, _) in enumerate(self.compiling):
+            if waiting_id == req_id:
+                del self.compiling[i]
+                self.to_detok.send(ReqOutput.final(req_id, FinishReason.ABORT, prompt_tokens=len(input_ids)))
+                return True
+        return False
+
+    def submit_one(self, req_id: int, input_ids, params) -> bool:
         """Register an accepted request with the detokenizer; a refused one is never registered,
         so its one output (with its prompt count, which DetokRegister would have carried) goes
         through the detokenizer whole."""
@@ -130,14 +176,15 @@ class SchedulerLoop:
                 msg.req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL, prompt_tokens=num_prompt_tokens,
                 error=f"the scheduler failed to take this request: {type(exc).__name__}: {exc}",
             ))
-            return
+            return False
         if not refusal:
             self.to_detok.send(DetokRegister(req_id=msg.req_id, stop=list(msg.params.stop), num_prompt_tokens=num_prompt_tokens))
-            return
+            return True
         (out,) = refusal
         self.to_detok.send(ReqOutput.final(
             msg.req_id, FinishReason.ERROR, code=out.code, error=out.error, prompt_tokens=num_prompt_tokens,
         ))
+        return False
 
     def wait_result(self, step_id: int) -> StepResult:
         reply = self.from_worker.recv()
@@ -147,8 +194,12 @@ class SchedulerLoop:
         return reply
 
     def publish(self, outs: list[TokenOut]) -> None:
-        if outs:
-            self.to_detok.send(TokenOutBatch(outs=outs))
+        if not outs:
+            return
+        if self.grammar is not None and self.grammar.matchers:
+            for out in outs:
+                self.grammar.accept(out.req_id, out.token_ids.tolist(), out.finish_reason is not None)
+        self.to_detok.send(TokenOutBatch(outs=outs))
 
 
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:
@@ -178,7 +229,8 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         gc.collect()
         gc.freeze()  # startup objects never need scanning again: shorter collector pauses in the loop
         stats_logger = StatsLogger(interval_s=cfg.log_stats_interval_s, num_pages=ready.num_pages)
-        SchedulerLoop(scheduler, inbox, to_worker, from_worker, to_detok, stats_logger).run_forever()
+        grammar = GrammarManager(cfg.model, ready.vocab_size, list(ready.eos_token_ids))
+        SchedulerLoop(scheduler, inbox, to_worker, from_worker, to_detok, stats_logger, grammar).run_forever()
     finally:
         ctx.destroy(linger=0)
 

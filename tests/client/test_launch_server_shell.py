@@ -31,9 +31,13 @@ def test_shell_logs_to_a_file_survives_ctrl_c_and_ctrl_d_stops_everything(model_
         assert len(children) >= 4
         log_path = Path(re.search(r"server logs go to (\S+)", term.output).group(1))
         term.send("Tell me a long story.\r")
-        term.read_available(0.2)
+        at = term.expect("Tell me a long story.", after=at)
+        try:
+            term.expect("\n", after=at, timeout_s=60)  # the answer has begun (or ended)
+        except AssertionError:
+            raise AssertionError(f"no answer; server log:\n{log_path.read_text()[-3000:]}") from None
         term.send_interrupt()  # stops the answer (if still streaming) or clears the line: the server stays up
-        at = term.expect("> ", after=at)
+        at = term.expect("> ", after=at, timeout_s=60)
         term.send("Hello?\r")
         at = term.expect("Hello?", after=at)
         at = term.expect("> ", after=at, timeout_s=60)
