@@ -19,6 +19,7 @@ from http_proc.logprob_format import TokenText, chat_logprobs, completion_logpro
 from http_proc.openai_protocol import SubRequest
 from http_proc.request_group import ChoiceEvent
 from http_proc.tool_call_parser import ToolCallParser
+from http_proc.tool_choice import ForcedToolChoice
 
 SSE_DONE = b"data: [DONE]\n\n"
 
@@ -44,7 +45,7 @@ def usage_of(subs: list[SubRequest], results: list[GenerateResult]) -> dict[str,
 class OpenAIFormatter:
     def __init__(
         self, is_chat: bool, model_name: str, include_usage: bool = False, req_id: int | None = None,
-        token_text: TokenText | None = None, tool_parser: ToolCallParser | None = None,
+        token_text: TokenText | None = None, tool_parser: ToolCallParser | ForcedToolChoice | None = None,
     ):
         """`req_id`: the request's id in the server's logs, which the OpenAI `id` then carries.
         `token_text`: a token id's text, when the request asked for logprobs (None: it did not)."""

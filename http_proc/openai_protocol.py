@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from http_proc.api_error import ApiError
+from http_proc.tool_choice import ForcedToolChoice
 
 MAX_CHOICES = 128  # n x prompts: each is one request in the server's queue
 RequestT = TypeVar("RequestT", bound=BaseModel)
@@ -227,11 +229,6 @@ class ChatCompletionRequest(SamplingRequest):
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
             raise ApiError(400, f"top_logprobs must be in [0, 20], got {self.top_logprobs}", param="top_logprobs")
-        if self.tool_choice not in (None, "none", "auto"):
-            raise ApiError(
-                400, "tool_choice required or a named function is not supported by this server yet (it needs structured "
-                "output to enforce the call); use auto", param="tool_choice",
-            )
         if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
             raise ApiError(400, "max_tokens and max_completion_tokens differ; give one", param="max_completion_tokens")
         given = [v for v in (self.max_completion_tokens, self.max_tokens) if v is not None]
@@ -243,6 +240,19 @@ class ChatCompletionRequest(SamplingRequest):
     def parses_tool_calls(self) -> bool:
         """Whether the answer's tool calls become `tool_calls` (tools given, tool_choice not none)."""
         return bool(self.tools) and self.tool_choice != "none"
+
+    @cached_property
+    def forced_tool_choice(self) -> ForcedToolChoice | None:
+        """tool_choice required or a named function: the grammar that makes the answer a call."""
+        return ForcedToolChoice.of(self.tools, self.tool_choice)
+
+    def grammar_fields(self) -> dict[str, Any]:
+        forced = self.forced_tool_choice
+        if forced is None:
+            return super().grammar_fields()
+        if super().grammar_fields():
+            raise ApiError(400, "tool_choice required or a named function cannot be combined with response_format, regex or ebnf", param="tool_choice")
+        return {"json_schema": json.dumps(forced.schema)}
 
     def logprob_fields(self) -> dict[str, Any]:
         """Chat: `logprobs: true`, and `top_logprobs: k` for the k most likely."""

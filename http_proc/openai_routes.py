@@ -56,7 +56,7 @@ async def serve(state: HttpState, request: Request, model: type[CompletionReques
     subs = body.sub_requests()
     group = RequestGroup(state.client, subs, state.metrics, state.health)
     token_text = state.token_text if body.wants_logprobs else None
-    tool_parser = state.tool_parser if is_chat and body.parses_tool_calls else None
+    tool_parser = (body.forced_tool_choice or state.tool_parser) if is_chat and body.parses_tool_calls else None
     formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id, token_text, tool_parser)
     if not body.stream:
         results = await until_disconnect(request, group.run())

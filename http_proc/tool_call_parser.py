@@ -75,9 +75,13 @@ def _call(raw: str, *argument_keys: str) -> dict[str, Any] | None:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str):
         return None
-    arguments = next((data[k] for k in argument_keys if k in data), {})
+    return tool_call(data["name"], next((data[k] for k in argument_keys if k in data), {}))
+
+
+def tool_call(name: str, arguments: Any) -> dict[str, Any]:
+    """One call in OpenAI's shape (arguments as JSON text, as OpenAI sends them)."""
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
-        "function": {"name": data["name"], "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)},
+        "function": {"name": name, "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)},
     }

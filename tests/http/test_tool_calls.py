@@ -135,3 +135,95 @@ def test_tools_reach_the_template_through_http(model_dir, tmp_path):
         assert answer.choices[0].finish_reason in ("stop", "length")  # a random model writes no call: plain content
     finally:
         assert server.stop() == 0
+
+
+def test_forced_tool_choice_builds_the_schema_and_parses_its_answer():
+    import jsonschema
+
+    from http_proc.tool_choice import ForcedToolChoice
+
+    required = ForcedToolChoice.of(TOOLS, "required")
+    answer = [{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "add", "parameters": {"a": 1, "b": 2}}]
+    jsonschema.validate(answer, required.schema)
+    for wrong in ([], [{"name": "nope", "parameters": {}}], [{"name": "get_weather", "parameters": {}}]):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate(wrong, required.schema)
+    content, calls = required.parse(json.dumps(answer))
+    assert content is None and [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls] == [
+        ("get_weather", {"city": "Paris"}), ("add", {"a": 1, "b": 2})]
+    assert required.parse('[{"name": "add", "param') == ('[{"name": "add", "param', [])  # cut short by max_tokens: text
+
+    named = ForcedToolChoice.of(TOOLS, {"type": "function", "function": {"name": "add"}})
+    assert named.schema == TOOLS[1]["function"]["parameters"] and named.safe_prefix_len('{"a": 1') == 0
+    content, [call] = named.parse('{"a": 1, "b": 2}')
+    assert content is None and call["function"] == {"name": "add", "arguments": '{"a": 1, "b": 2}'}
+    assert ForcedToolChoice.of(TOOLS, "auto") is None and ForcedToolChoice.of(None, "none") is None
+
+
+def test_forced_tool_choice_sends_its_schema_as_the_grammar():
+    req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS, tool_choice="required")
+    [sub] = req.sub_requests()
+    assert json.loads(sub.sampling["json_schema"]) == req.forced_tool_choice.schema and sub.prompt["tools"] == TOOLS
+    auto = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS, tool_choice="auto")
+    assert "json_schema" not in auto.sub_requests()[0].sampling
+
+
+BOUNDED_TOOLS = [  # two tools whose arguments a random model finishes in a few tokens
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "add", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "b": {"type": "boolean"}},
+        "required": ["a", "b"], "additionalProperties": False}}},
+]
+
+
+def test_tool_choice_required_and_named_are_enforced_streamed_and_not(model_dir, tmp_path):
+    """Qwen3-style (Hermes) template, two tools: under `required` a random model's answer is still
+    one or more calls to the given tools with arguments valid for their schema; under a named
+    function, a call to that one; the same when streamed (each call whole in one delta)."""
+    import shutil
+
+    import jsonschema
+    import openai
+
+    from testing.server_process import free_port, start_server
+
+    tool_model = tmp_path / "tool-model"
+    shutil.copytree(model_dir, tool_model)
+    # the tools by name only: the tiny byte-level tokenizer spends a token per byte of a 512-token context
+    (tool_model / "chat_template.jinja").write_text(HERMES_TEMPLATE.replace("{{ tool | tojson }}", "{{ tool.function.name }}"))
+    http_port = free_port()
+    server = start_server(tool_model, "--http-port", str(http_port), "--num-threads", "1", "--kv-cache-tokens", "4096")
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in BOUNDED_TOOLS}
+
+    def check(calls, names):
+        assert calls, "no call"
+        for call in calls:
+            assert call.type == "function" and call.function.name in names and call.id.startswith("call_")
+            jsonschema.validate(json.loads(call.function.arguments), schemas[call.function.name])
+
+    try:
+        oai = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "Weather in Paris, and 2 + 3?"}]
+        for seed in range(3):
+            r = oai.chat.completions.create(model=tool_model.name, messages=messages, max_tokens=150, temperature=1.0, seed=seed,
+                                            tools=BOUNDED_TOOLS, tool_choice="required")
+            assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None, r
+            check(r.choices[0].message.tool_calls, schemas)
+        named = {"type": "function", "function": {"name": "add"}}
+        r = oai.chat.completions.create(model=tool_model.name, messages=messages, max_tokens=60, temperature=1.0, seed=7,
+                                        tools=BOUNDED_TOOLS, tool_choice=named)
+        assert r.choices[0].finish_reason == "tool_calls" and len(r.choices[0].message.tool_calls) == 1
+        check(r.choices[0].message.tool_calls, {"add"})
+
+        chunks = list(oai.chat.completions.create(model=tool_model.name, messages=messages, max_tokens=150, temperature=1.0, seed=4,
+                                                  tools=BOUNDED_TOOLS, tool_choice="required", stream=True))
+        assert not any(c.choices[0].delta.content for c in chunks if c.choices)  # the call never streams as content
+        streamed = [call for c in chunks if c.choices and c.choices[0].delta.tool_calls for call in c.choices[0].delta.tool_calls]
+        check(streamed, schemas)
+        assert chunks[-1].choices[0].finish_reason == "tool_calls"
+        with pytest.raises(openai.BadRequestError, match="not among the tools"):
+            oai.chat.completions.create(model=tool_model.name, messages=messages, tools=BOUNDED_TOOLS,
+                                        tool_choice={"type": "function", "function": {"name": "nope"}})
+    finally:
+        assert server.stop() == 0
