@@ -26,16 +26,21 @@ DEFAULT_BASE_PROMPT = "Explain why the sky is blue, and what makes sunsets red. 
 
 @dataclass(frozen=True, slots=True)
 class BenchRequest:
-    """One request of a workload: exactly one of `prompt` / `input_ids` is set."""
+    """One request of a workload: exactly one of `prompt` / `input_ids` / `messages` is set;
+    `sampling` adds sampling fields (name, value) such as a json_schema."""
 
     max_tokens: int
     prompt: str | None = None
     input_ids: tuple[int, ...] | None = None
+    messages: tuple[tuple[str, str], ...] | None = None  # (role, content) turns of a chat
+    sampling: tuple[tuple[str, object], ...] = ()
 
     def client_kwargs(self) -> dict:
         if self.input_ids is not None:
-            return {"input_ids": list(self.input_ids)}
-        return {"prompt": self.prompt}
+            return {"input_ids": list(self.input_ids), **dict(self.sampling)}
+        if self.messages is not None:
+            return {"messages": [{"role": role, "content": content} for role, content in self.messages], **dict(self.sampling)}
+        return {"prompt": self.prompt, **dict(self.sampling)}
 
 
 @dataclass(frozen=True, slots=True)

@@ -322,18 +322,19 @@ def top_logprobs_of(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarra
     return ids.to(torch.int32).cpu().numpy(), values.cpu().numpy()
 
 
-_BIT_SHIFTS = torch.arange(32, dtype=torch.int32)
-
-
 def apply_grammar(logits: torch.Tensor, grammar: GrammarMasks | None, raw: torch.Tensor) -> torch.Tensor:
     """`logits` with -inf for every token a row's grammar does not allow next (structured
-    output). Writes into `logits` when it is already a copy (not `raw`, the model's own)."""
+    output). Never writes into `raw` (the model's own logits, which logprobs read)."""
     if grammar is None or not grammar.rows.size:
         return logits
+    vocab_size = logits.shape[1]
+    words = grammar.bitmask.astype("<i4", copy=False).reshape(len(grammar.rows), grammar.words_per_row)
+    # bit j of word w (little-endian) allows token 32 w + j: unpackbits in little bit order lays them out in token order
+    allowed = np.unpackbits(words.view(np.uint8), axis=1, bitorder="little")[:, :vocab_size].view(bool)
+    allowed_t = torch.from_numpy(allowed).to(logits.device)
+    if len(grammar.rows) == logits.shape[0] and (grammar.rows == np.arange(len(grammar.rows))).all():
+        return torch.where(allowed_t, logits, float("-inf"))  # every row under a grammar: one pass, a new tensor
     out = logits.clone() if logits is raw else logits
-    vocab_size = out.shape[1]
-    words = torch.from_numpy(grammar.bitmask.reshape(-1, grammar.words_per_row).astype(np.int32))
-    allowed = ((words[:, :, None] >> _BIT_SHIFTS) & 1).reshape(words.shape[0], -1)[:, :vocab_size].bool().to(out.device)
     rows = torch.from_numpy(grammar.rows.astype(np.int64)).to(out.device)
-    out[rows] = out[rows].masked_fill(~allowed, float("-inf"))
+    out[rows] = torch.where(allowed_t, out[rows], float("-inf"))
     return out

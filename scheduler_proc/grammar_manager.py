@@ -10,8 +10,8 @@
 
 The matcher lives here because the scheduler sees every request's tokens in order: a retracted
 request keeps its matcher (its output is still its output), an aborted one drops it. xgrammar
-(and transformers, for the tokenizer's vocabulary) are imported only when the first
-constrained request arrives, in the background thread.
+(and transformers, for the tokenizer's vocabulary) are imported in the background thread,
+which `warm_up` starts at startup; `--grammar-backend none` builds no GrammarManager at all.
 """
 
 from __future__ import annotations
@@ -45,6 +45,16 @@ class GrammarManager:
     _compiled: dict[tuple[str, str], Future] = field(default_factory=dict)
     _compiler: Any = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def warm_up(self) -> None:
+        """Import xgrammar and index the vocabulary in the background now, so the first
+        constrained request does not wait for it (a failure is logged; requests then fail with it)."""
+        self._executor.submit(self._get_compiler).add_done_callback(self._log_warm_up)
+
+    @staticmethod
+    def _log_warm_up(future: Future) -> None:
+        if future.exception() is not None:
+            logger.error("structured output unavailable: %s: %s", type(future.exception()).__name__, future.exception())
 
     def compile(self, key: tuple[str, str]) -> Future:
         """The compiled grammar of (kind, spec), in the background; cached by the spec."""

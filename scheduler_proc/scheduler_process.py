@@ -127,7 +127,12 @@ class SchedulerLoop:
         and the prompt is computed once (the PrefillAdder's copies); copy i draws with seed + i."""
         for i in range(msg.num_copies):
             params = msg.params if i == 0 or msg.params.seed is None else replace(msg.params, seed=(msg.params.seed + i) % 2**63)
-            if params.grammar is not None and self.grammar is not None:  # queued once its grammar is compiled
+            if params.grammar is not None and self.grammar is None:
+                self.to_detok.send(ReqOutput.final(
+                    msg.req_id + i, FinishReason.ERROR, code=ErrorCode.INVALID, prompt_tokens=len(msg.input_ids),
+                    error="structured output is off on this server (--grammar-backend none)",
+                ))
+            elif params.grammar is not None:  # queued once its grammar is compiled
                 self.compiling.append((msg.req_id + i, msg.input_ids, params, self.grammar.compile(params.grammar)))
             else:
                 self.submit_one(msg.req_id + i, msg.input_ids, params)
@@ -229,7 +234,10 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         gc.collect()
         gc.freeze()  # startup objects never need scanning again: shorter collector pauses in the loop
         stats_logger = StatsLogger(interval_s=cfg.log_stats_interval_s, num_pages=ready.num_pages)
-        grammar = GrammarManager(cfg.model, ready.vocab_size, list(ready.eos_token_ids))
+        grammar = None
+        if cfg.grammar_backend == "xgrammar":
+            grammar = GrammarManager(cfg.model, ready.vocab_size, list(ready.eos_token_ids))
+            grammar.warm_up()
         SchedulerLoop(scheduler, inbox, to_worker, from_worker, to_detok, stats_logger, grammar).run_forever()
     finally:
         ctx.destroy(linger=0)

@@ -21,6 +21,7 @@ ALIASES = [
     (["--max-num-batched-tokens", "256"], ["--chunked-prefill-size", "256"]),
     (["--dtype", "half"], ["--dtype", "float16"]),
     (["--dtype", "float"], ["--dtype", "float32"]),
+    (["--guided-decoding-backend", "none"], ["--grammar-backend", "none"]),
 ]
 DEPRECATED = [
     (["--max-prefill-tokens", "256"], ["--chunked-prefill-size", "256"], "--max-prefill-tokens is deprecated, use --chunked-prefill-size"),
@@ -34,6 +35,7 @@ REFUSED = [
     (["--chunked-prefill-size", "0"], "must be >= 1, got 0"),
     (["/a", "--model", "/b"], "the model is given twice"),
     (["--served-model-name"], "expected one argument"),
+    (["--grammar-backend", "outlines"], "argument --grammar-backend: invalid choice: 'outlines'"),
 ]
 
 

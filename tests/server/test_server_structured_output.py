@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import jsonschema
 import pytest
@@ -82,5 +83,30 @@ def test_openai_response_format_through_http(model_dir):
         assert re.fullmatch("[0-9]{4}", r.choices[0].text)
         with pytest.raises(openai.BadRequestError, match="regex cannot be used"):
             oai.completions.create(model=model_dir.name, prompt="x", max_tokens=5, extra_body={"regex": "(unclosed"})
+    finally:
+        assert server.stop() == 0
+
+
+def test_grammar_backend_none_refuses_structured_output_and_serves_the_rest(model_dir):
+    server = start_server(model_dir, "--grammar-backend", "none", "--num-threads", "1", "--kv-cache-tokens", "2048")
+    try:
+        with Client(server.port, timeout_s=60) as c:
+            with pytest.raises(InvalidRequestError, match=r"structured output is off on this server \(--grammar-backend none\)"):
+                c.generate("x", json_schema=SCHEMA)
+            assert c.generate("still serving", max_tokens=3).finish_reason in ("stop", "length")
+        assert "structured output ready" not in server.log()
+    finally:
+        assert server.stop() == 0
+
+
+def test_the_compiler_is_readied_at_startup(model_dir):
+    """xgrammar and the vocabulary index are loaded in the background at startup, not by the first
+    constrained request: a server that got no request logs them ready."""
+    server = start_server(model_dir, "--num-threads", "1", "--kv-cache-tokens", "2048")
+    try:
+        deadline = time.monotonic() + 30
+        while "structured output ready (xgrammar" not in server.log():
+            assert time.monotonic() < deadline, server.log()
+            time.sleep(0.1)
     finally:
         assert server.stop() == 0
