@@ -168,3 +168,20 @@ def test_against_a_running_server_the_prompts_use_its_tokenizer_and_failures_are
         assert "0 ok, 2 failed" in out and "first failure: InvalidRequestError" in out and "context" in out, out
     finally:
         assert server.stop() == 0
+
+
+def test_bench_structured_runs_schema_and_free_at_equal_lengths(model_dir, tmp_path):
+    out = tmp_path / "structured.json"
+    cmd = [
+        sys.executable, str(REPO / "benchmarks" / "bench_structured.py"), "--model", str(model_dir), "--num-requests", "4",
+        "--max-tokens", "60", "--repeats", "2", "--server-args", SERVER_ARGS, "--output-json", str(out), "--no-progress",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert "median ratio (schema / free output throughput)" in proc.stdout
+    report = json.loads(out.read_text())
+    assert len(report["repeats"]) == 2
+    for pair in report["repeats"]:
+        assert pair["schema"]["num_completed"] == pair["free"]["num_completed"] == 4
+        assert pair["schema"]["num_output_tokens"] == pair["free"]["num_output_tokens"] == pair["num_output_tokens"] > 0
+        assert pair["ratio_output_throughput"] == pair["schema"]["output_throughput"] / pair["free"]["output_throughput"]
