@@ -30,6 +30,14 @@ class ResultBuilder:
             k = len(out.top_logprob_ids) // len(out.token_ids)
             pairs = list(zip(out.top_logprob_ids, out.top_logprobs, strict=True))
             r.top_logprobs = (r.top_logprobs or []) + [pairs[j * k : (j + 1) * k] for j in range(len(out.token_ids))]
+        if out.prompt is not None:  # the first token's output: the prompt's logprobs (none for its first token)
+            p = out.prompt
+            r.prompt_ids = p.token_ids.tolist()
+            r.prompt_logprobs = [None, *p.logprobs.tolist()]
+            if len(p.top_ids):
+                k = len(p.top_ids) // len(p.logprobs)
+                pairs = list(zip(p.top_ids.tolist(), p.top_logprobs.tolist(), strict=True))
+                r.prompt_top_logprobs = [None, *(pairs[j * k : (j + 1) * k] for j in range(len(p.logprobs)))]
         r.usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
         if out.finish_reason is not None:
             r.finish_reason = out.finish_reason.text

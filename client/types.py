@@ -77,6 +77,10 @@ class GenerateResult:
     usage: Usage = field(default_factory=Usage)
     logprobs: list[float] | None = None
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per output token: (token id, logprob), most likely first
+    # with prompt_logprobs=k: the prompt's ids, each one's logprob and k most likely (None for the first token)
+    prompt_ids: list[int] | None = None
+    prompt_logprobs: list[float | None] | None = None
+    prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
     ttft_s: float | None = None  # first text since send
     latency_s: float | None = None  # last output since send
 

@@ -124,6 +124,23 @@ class GrammarMasks:
     bitmask: Int32Array  # [m * words_per_row]
 
 
+@message()
+@dataclass(slots=True)
+class PromptLogprobRows:
+    """Prompt logprobs (echo): the prefill rows whose chunk's prompt tokens get their logprob.
+    Position p of a chunk scores the prompt token after it: the chunk's own next token, and for
+    its last position `next_ids` (the first token of the next chunk; -1 when the chunk ends the
+    prompt, whose last position predicts the output instead)."""
+
+    rows: Int32Array  # [m]: batch rows, computed (never copies) prefill requests
+    next_ids: Int32Array  # [m]
+    num_top: int  # K: the most likely tokens to report per position (0 = none)
+
+    def num_scored(self, extend_lens: np.ndarray) -> np.ndarray:
+        """int[m]: prompt tokens scored per row this step."""
+        return extend_lens[self.rows] - 1 + (self.next_ids >= 0)
+
+
 @message(1)
 @dataclass(slots=True)
 class ForwardBatch:
@@ -144,6 +161,7 @@ class ForwardBatch:
     penalties: PenaltyArrays | None = None  # penalties, logit bias, min_tokens bans; None: nobody asked
     top_logprobs: Int32Array | None = None  # [num_reqs]: most likely tokens to report (0 = none); None: nobody asked
     grammar: GrammarMasks | None = None  # structured output's allowed tokens; None: no request under a grammar
+    prompt_logprobs: PromptLogprobRows | None = None  # rows scoring their prompt (echo); None: nobody asked
 
     @property
     def num_reqs(self) -> int:
@@ -271,3 +289,7 @@ class StepResult:
     num_top: int = 0  # K: the most top_logprobs any sampled request asked for (0 = none)
     top_ids: Int32Array | None = None  # [num_sampled * K], row by row, most likely first
     top_logprobs: Float32Array | None = None  # [num_sampled * K]
+    # ForwardBatch.prompt_logprobs: the scored prompt tokens' logprobs, row after row (num_scored each)
+    prompt_logprobs: Float32Array | None = None
+    prompt_top_ids: Int32Array | None = None  # [len(prompt_logprobs) * K], K = prompt_logprobs.num_top
+    prompt_top_logprobs: Float32Array | None = None

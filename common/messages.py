@@ -35,7 +35,7 @@ from common.finish_reason import FinishReason
 from common.forward_batch import ForwardBatch, StepResult
 from common.histogram import Histogram
 from common.sampling_params import SamplingParams
-from common.wire import Codec, Int32Array, message
+from common.wire import Codec, Float32Array, Int32Array, message
 
 NO_TOKEN_IDS = unpack_array(b"", np.dtype(np.int32))  # read-only, so one shared empty array is safe
 PROBE_CLIENT_PREFIX = "zserve-probe-"  # a client id so named sends health probes: not user traffic (metrics, INFO logs)
@@ -99,6 +99,17 @@ class StatsOut:
         return {**self.stats, **self.info, "histograms": {name: h.to_dict() for name, h in self.histograms.items()}}
 
 
+@message()
+class PromptLogprobs:
+    """A prompt's tokens and the logprob of each but the first (nothing predicts it), with the K
+    most likely tokens at each of those positions (K = the request's prompt_logprobs)."""
+
+    token_ids: Int32Array  # [P]
+    logprobs: Float32Array  # [P - 1]: of token_ids[1:]
+    top_ids: Int32Array  # [(P - 1) * K], position after position, most likely first
+    top_logprobs: Float32Array  # [(P - 1) * K]
+
+
 @message(16)
 class ReqOutput:
     """One streamed piece of a request's result. The last one has `finish_reason` set; when it
@@ -116,6 +127,7 @@ class ReqOutput:
     logprobs: list[float] | None = None
     top_logprob_ids: list[int] | None = None  # K per token (the request's top_logprobs), most likely first
     top_logprobs: list[float] | None = None
+    prompt: PromptLogprobs | None = None  # in the first output, when the request asked for prompt_logprobs
 
     @staticmethod
     def final(
@@ -172,6 +184,7 @@ class TokenOut:
     logprobs: list[float] | None = None  # one per new token, when the request asked
     top_logprob_ids: list[int] | None = None  # params.top_logprobs per new token, most likely first
     top_logprobs: list[float] | None = None  # their logprobs
+    prompt: PromptLogprobs | None = None  # with the first token, when the request asked for prompt_logprobs
 
 
 @message(31)

@@ -33,6 +33,7 @@ class SamplingParams:
     logit_bias: dict[str, float] = field(default_factory=dict)  # token id (as a string, JSON's key) -> added to its logit
     min_tokens: int = 0  # stop tokens (EOS, stop_token_ids) are banned until this many tokens are out
     top_logprobs: int = 0  # with return_logprob: also the most likely tokens at each position, this many (<= 20)
+    prompt_logprobs: int | None = None  # also each prompt token's logprob (the first has none) and this many most likely (<= 20)
     json_object: bool = False  # structured output: any JSON value (OpenAI's JSON mode)
     json_schema: str | None = None  # structured output: JSON matching this JSON schema (its text)
     regex: str | None = None  # structured output: text matching this regular expression
@@ -124,6 +125,8 @@ class SamplingParams:
                 raise ValueError(f"json_schema is not JSON: {exc}") from None
             if not isinstance(schema, (dict, bool)):
                 raise ValueError("json_schema must be a JSON schema (an object)")
+        if self.prompt_logprobs is not None and not _is_int_in(self.prompt_logprobs, 0, LIMITS.max_top_logprobs):
+            raise ValueError(f"prompt_logprobs must be an integer in [0, {LIMITS.max_top_logprobs}], got {_short(self.prompt_logprobs)}")
         if not _is_int_in(self.top_logprobs, 0, LIMITS.max_top_logprobs):
             raise ValueError(f"top_logprobs must be an integer in [0, {LIMITS.max_top_logprobs}], got {_short(self.top_logprobs)}")
         if not _is_int_in(self.min_tokens, 0, LIMITS.max_max_tokens):

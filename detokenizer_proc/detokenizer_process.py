@@ -108,7 +108,7 @@ class DetokenizerLoop:
             req_id=out.req_id, text=text, token_ids=out.token_ids, finish_reason=finish_reason, code=code, error=error,
             prompt_tokens=state.num_prompt_tokens, completion_tokens=state.num_output_tokens,
             cached_tokens=out.num_cached_tokens, logprobs=out.logprobs,
-            top_logprob_ids=out.top_logprob_ids, top_logprobs=out.top_logprobs,
+            top_logprob_ids=out.top_logprob_ids, top_logprobs=out.top_logprobs, prompt=out.prompt,
         ))
         if finish_reason is not None:
             del self.states[out.req_id]

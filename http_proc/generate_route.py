@@ -2,10 +2,11 @@
 
 Request: exactly one of prompt / input_ids / messages, the client's sampling keywords
 (max_tokens, temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ignore_eos,
-return_logprob, top_logprobs, penalties, logit_bias, min_tokens), and `stream` (default false). The server validates them: unknown or bad
+return_logprob, top_logprobs, prompt_logprobs, penalties, logit_bias, min_tokens, structured output), and `stream` (default false). The server validates them: unknown or bad
 fields get a 400 with its message.
 Response: {"text", "output_ids", "finish_reason", "usage": {prompt_tokens, completion_tokens,
-cached_tokens}, "logprobs"} (and "top_logprobs": [[id, logprob], ...] per token when asked); streamed, one such object per output (text and ids new in it,
+cached_tokens}, "logprobs"} (and "top_logprobs": [[id, logprob], ...] per token when asked; with prompt_logprobs the first
+output also has "prompt_ids", "prompt_logprobs" and "prompt_top_logprobs"); streamed, one such object per output (text and ids new in it,
 usage so far) as SSE `data:` lines, then `data: [DONE]`.
 """
 
@@ -90,6 +91,11 @@ def output_body(text: str, ids: list[int], result: GenerateResult, start: int = 
     }
     if result.top_logprobs is not None:  # [[token id, logprob], ...] per token, most likely first
         body["top_logprobs"] = [[list(pair) for pair in top] for top in result.top_logprobs[start:end]]
+    if result.prompt_logprobs is not None and start == 0:  # with the first output: the prompt's (null for its first token)
+        body["prompt_ids"] = result.prompt_ids
+        body["prompt_logprobs"] = result.prompt_logprobs
+        if result.prompt_top_logprobs is not None:
+            body["prompt_top_logprobs"] = [None if top is None else [list(pair) for pair in top] for top in result.prompt_top_logprobs]
     return body
 
 

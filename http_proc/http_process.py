@@ -80,7 +80,7 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
             model_name = cfg.served_model_name or Path(model_path).name
             tokenizer = TextTokenizer.from_model_dir(cfg.model)  # token texts for logprobs
             state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate,
-                              token_text=lambda token_id: tokenizer.decode([token_id]),
+                              token_text=lambda token_id: tokenizer.decode([token_id]), detokenize=tokenizer.decode,
                               tool_parser=ToolCallParser.for_template(tokenizer.chat_template_source))
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,

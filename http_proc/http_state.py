@@ -26,6 +26,7 @@ class HttpState:
     health: HealthMonitor
     gate: GatePolicy
     token_text: Callable[[int], str] = str  # a token id's text (the model's tokenizer), for logprobs
+    detokenize: Callable[[list[int]], str] = lambda ids: ""  # token ids' text, for an echoed token-id prompt  # noqa: E731
     tool_parser: ToolCallParser | None = None  # the chat template's tool-call format, when zserve knows it
     created_s: int = field(default_factory=lambda: int(time.time()))
 

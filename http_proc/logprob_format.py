@@ -33,13 +33,21 @@ def chat_logprobs(
 
 
 def completion_logprobs(
-    ids: list[int], logprobs: list[float], tops: list[list[tuple[int, float]]] | None, token_text: TokenText,
+    ids: list[int], logprobs: list[float | None], tops: list[list[tuple[int, float]] | None] | None, token_text: TokenText,
     text_offset: int = 0,
 ) -> dict[str, Any]:
+    """(An echoed prompt's first token has None for its logprob and its top logprobs, as in OpenAI's API.)"""
     tokens = [token_text(t) for t in ids]
     offsets = []
     for text in tokens:
         offsets.append(text_offset)
         text_offset += len(text)
-    top = [{token_text(t): lp for t, lp in tops[j]} for j in range(len(ids))] if tops else None
+    top = [None if tops[j] is None else {token_text(t): lp for t, lp in tops[j]} for j in range(len(ids))] if tops else None
     return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": top, "text_offset": offsets}
+
+
+def joined_completion_logprobs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
+    """An echoed prompt's logprobs followed by the completion's (both with or both without top logprobs)."""
+    top = None if first["top_logprobs"] is None and second["top_logprobs"] is None else \
+        (first["top_logprobs"] or [None] * len(first["tokens"])) + (second["top_logprobs"] or [None] * len(second["tokens"]))
+    return {key: first[key] + second[key] for key in ("tokens", "token_logprobs", "text_offset")} | {"top_logprobs": top}

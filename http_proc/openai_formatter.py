@@ -15,7 +15,7 @@ import uuid
 from typing import Any
 
 from client.types import GenerateResult
-from http_proc.logprob_format import TokenText, chat_logprobs, completion_logprobs
+from http_proc.logprob_format import TokenText, chat_logprobs, completion_logprobs, joined_completion_logprobs
 from http_proc.openai_protocol import SubRequest
 from http_proc.request_group import ChoiceEvent
 from http_proc.tool_call_parser import ToolCallParser
@@ -46,11 +46,14 @@ class OpenAIFormatter:
     def __init__(
         self, is_chat: bool, model_name: str, include_usage: bool = False, req_id: int | None = None,
         token_text: TokenText | None = None, tool_parser: ToolCallParser | ForcedToolChoice | None = None,
+        echoes: dict[int, str] | None = None,
     ):
         """`req_id`: the request's id in the server's logs, which the OpenAI `id` then carries.
         `token_text`: a token id's text, when the request asked for logprobs (None: it did not)."""
         self.token_text = token_text
         self.tool_parser = tool_parser  # chat with tools: the answer's calls become tool_calls
+        self.echoes = echoes  # completions' echo: each choice's prompt text, which its text starts with
+        self._echoed: set[int] = set()  # streamed choices whose prompt went out
         self._streamed: dict[int, int] = {}  # with a tool parser: characters of each choice's text sent as content
         self.is_chat = is_chat
         self.model_name = model_name
@@ -82,8 +85,19 @@ class OpenAIFormatter:
         if self.is_chat:
             delta = {"content": event.delta} if event.delta else {}
             choice = {"index": event.choice_idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
-        else:
-            choice = {"index": event.choice_idx, "text": event.delta, "logprobs": logprobs, "finish_reason": finish_reason}
+            return self._chunk([choice])
+        text = event.delta
+        if self.echoes is not None:  # offsets count the echoed prompt; the prompt goes out in the first chunk
+            echo = self.echoes[event.choice_idx]
+            if logprobs is not None:
+                logprobs = {**logprobs, "text_offset": [o + len(echo) for o in logprobs["text_offset"]]}
+            if event.choice_idx not in self._echoed:
+                self._echoed.add(event.choice_idx)
+                text = echo + text
+                prompt = self._prompt_logprobs(result)
+                if prompt is not None and logprobs is not None:
+                    logprobs = joined_completion_logprobs(prompt, logprobs)
+        choice = {"index": event.choice_idx, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}
         return self._chunk([choice])
 
     def usage_chunk(self, subs: list[SubRequest], results: list[GenerateResult]) -> bytes | None:
@@ -115,7 +129,19 @@ class OpenAIFormatter:
                     message = {"role": "assistant", "content": content, "tool_calls": calls}
                     finish_reason = "tool_calls"
             return {"index": idx, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
-        return {"index": idx, "text": result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}
+        echo = self.echoes[idx] if self.echoes is not None else ""
+        if echo and logprobs is not None:
+            logprobs = self._logprobs(result, 0, len(result.output_ids), len(echo))
+        prompt = self._prompt_logprobs(result) if self.echoes is not None else None
+        if prompt is not None and logprobs is not None:
+            logprobs = joined_completion_logprobs(prompt, logprobs)
+        return {"index": idx, "text": echo + result.text, "logprobs": logprobs, "finish_reason": result.finish_reason}
+
+    def _prompt_logprobs(self, result: GenerateResult) -> dict[str, Any] | None:
+        """An echoed prompt's logprobs (completions' shape), when the request asked for logprobs."""
+        if self.token_text is None or result.prompt_logprobs is None:
+            return None
+        return completion_logprobs(result.prompt_ids, result.prompt_logprobs, result.prompt_top_logprobs, self.token_text)
 
     def _tool_chunk(self, idx: int, result: GenerateResult, logprobs: dict[str, Any] | None) -> bytes | None:
         """A streamed chat choice with tools: content as far as no call may begin; at the end the

@@ -153,18 +153,18 @@ class CompletionRequest(SamplingRequest):
     best_of: int | None = None
 
     def logprob_fields(self) -> dict[str, Any]:
-        """Completions: `logprobs: k` is the chosen token's logprob and the k most likely."""
+        """Completions: `logprobs: k` is the chosen token's logprob and the k most likely; with
+        `echo`, the prompt tokens' too (prompt_logprobs)."""
         if self.logprobs is None:
             return {}
-        return {"return_logprob": True, "top_logprobs": self.logprobs or None}
+        return {"return_logprob": True, "top_logprobs": self.logprobs or None, "prompt_logprobs": self.logprobs if self.echo else None}
 
     def sub_requests(self) -> list[SubRequest]:
         self.check_supported()
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             raise ApiError(400, f"logprobs must be in [0, 20], got {self.logprobs}", param="logprobs")
-        for name, given in (("echo", self.echo), ("suffix", self.suffix)):
-            if given:
-                raise ApiError(400, f"{name} is not supported by this server", param=name)
+        if self.suffix:
+            raise ApiError(400, "suffix is not supported by this server", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise ApiError(400, "best_of is not supported by this server (only best_of == n)", param="best_of")
         return self.expand(self._prompts(), self.max_tokens)

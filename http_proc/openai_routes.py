@@ -57,7 +57,10 @@ async def serve(state: HttpState, request: Request, model: type[CompletionReques
     group = RequestGroup(state.client, subs, state.metrics, state.health)
     token_text = state.token_text if body.wants_logprobs else None
     tool_parser = (body.forced_tool_choice or state.tool_parser) if is_chat and body.parses_tool_calls else None
-    formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id, token_text, tool_parser)
+    echoes = None
+    if isinstance(body, CompletionRequest) and body.echo:  # each choice's text starts with its prompt
+        echoes = {s.choice_idx: s.prompt["prompt"] if "prompt" in s.prompt else state.detokenize(s.prompt["input_ids"]) for s in subs}
+    formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id, token_text, tool_parser, echoes)
     if not body.stream:
         results = await until_disconnect(request, group.run())
         return JSONResponse(formatter.body(subs, results), headers=group.headers)

@@ -49,6 +49,8 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return resolved
 
 
+PROMPT_SCORE_ROWS = 128  # prompt positions whose logits are computed at once (echo): bounds the [rows, vocab] tensor
+
 class ModelRunner:
     def __init__(
         self,
@@ -163,7 +165,7 @@ class ModelRunner:
         t0 = time.perf_counter()
         self._validate(batch)
         sampled = batch.is_sampled.astype(bool)
-        logits = self._forward(batch, sampled)  # float32[num_sampled, vocab]
+        logits, hidden = self._forward(batch, sampled)  # float32[num_sampled, vocab]; every computed token's hidden state
         positions = torch.from_numpy((batch.cached_lens[sampled] + batch.extend_lens[sampled]).astype(np.int64)).to(self.device)
         want_logprob = batch.return_logprob[sampled].astype(bool)
         token_ids, logprobs = self.sampler.sample(logits, batch.sampling.select(sampled), positions, want_logprob, batch.penalties, batch.grammar)
@@ -172,13 +174,46 @@ class ModelRunner:
             num_top = int(batch.top_logprobs[sampled].max())
             ids, values = top_logprobs_of(logits, num_top)
             top_ids, top_logprobs = ids.reshape(-1), values.reshape(-1)
-        return StepResult(
+        result = StepResult(
             step_id=batch.step_id,
             next_token_ids=token_ids.to(torch.int32).cpu().numpy(),
             logprobs=logprobs.to(torch.float32).cpu().numpy(),
-            forward_ms=(time.perf_counter() - t0) * 1e3,
             num_top=num_top, top_ids=top_ids, top_logprobs=top_logprobs,
         )
+        if batch.prompt_logprobs is not None:
+            self._score_prompts(batch, hidden, result)
+        result.forward_ms = (time.perf_counter() - t0) * 1e3
+        return result
+
+    def _score_prompts(self, batch: ForwardBatch, hidden: torch.Tensor, result: StepResult) -> None:
+        """Prompt logprobs (echo): each asking row's chunk positions score the prompt token after
+        them, under the model's own distribution (log_softmax of the raw logits), in slices of
+        PROMPT_SCORE_ROWS positions so the [positions, vocab] logits stay small."""
+        asked = batch.prompt_logprobs
+        computed = batch.computed_part()
+        starts = np.cumsum(computed.extend_lens, dtype=np.int64) - computed.extend_lens
+        computed_idx = np.cumsum(batch.is_computed) - 1  # batch row -> row of `computed`
+        k = asked.num_top
+        values, top_ids, top_values = [], [], []
+        for row, next_id in zip(asked.rows.tolist(), asked.next_ids.tolist(), strict=True):
+            start, extend_len = int(starts[computed_idx[row]]), int(batch.extend_lens[row])
+            targets = computed.input_ids[start + 1 : start + extend_len].astype(np.int64)  # what positions 0..e-2 predict
+            if next_id >= 0:  # and the last position: the next chunk's first token
+                targets = np.append(targets, next_id)
+            num = len(targets)
+            for lo in range(0, num, PROMPT_SCORE_ROWS):
+                hi = min(num, lo + PROMPT_SCORE_ROWS)
+                logprobs = torch.log_softmax(self.model.compute_logits(hidden[start + lo : start + hi]).float(), dim=-1)
+                picked = torch.from_numpy(targets[lo:hi]).to(logprobs.device)
+                values.append(logprobs.gather(1, picked[:, None])[:, 0].cpu().numpy())
+                if k:
+                    v, i = torch.topk(logprobs, k, dim=-1)
+                    top_ids.append(i.to(torch.int32).cpu().numpy().reshape(-1))
+                    top_values.append(v.cpu().numpy().reshape(-1))
+        result.prompt_logprobs = np.concatenate(values).astype(np.float32) if values else np.zeros(0, np.float32)
+        if k:
+            result.prompt_top_ids = np.concatenate(top_ids) if top_ids else np.zeros(0, np.int32)
+            result.prompt_top_logprobs = np.concatenate(top_values).astype(np.float32) if top_values else np.zeros(0, np.float32)
 
     @torch.inference_mode()
     def last_logits(self, batch: ForwardBatch) -> torch.Tensor:
@@ -186,7 +221,7 @@ class ModelRunner:
         copy's are its source's), for parity tests. Runs a full forward, so it writes the batch's
         K/V like `run`."""
         self._validate(batch)
-        return self._forward(batch, np.ones(batch.num_reqs, bool))
+        return self._forward(batch, np.ones(batch.num_reqs, bool))[0]
 
     def _validate(self, batch: ForwardBatch) -> None:
         batch.validate(self.page_size, self.num_pages_total)
@@ -202,10 +237,10 @@ class ModelRunner:
             bad = batch.input_ids[(batch.input_ids < 0) | (batch.input_ids >= self.config.vocab_size)][0]
             raise ValueError(f"ForwardBatch {batch.step_id}: token id {int(bad)} is outside the vocabulary of {self.config.vocab_size}")
 
-    def _forward(self, batch: ForwardBatch, rows: np.ndarray) -> torch.Tensor:
+    def _forward(self, batch: ForwardBatch, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """Forward the batch's computed requests, then give each copy its source's K/V for this
         step's positions; logits at the last token of the requests where `rows` is True (a copy's
-        row is its source's, computed once)."""
+        row is its source's, computed once), and the hidden state of every computed token."""
         computed = batch.computed_part()
         meta = AttentionMetadata.build(computed, self.kv_pool, self.dtype, backend=self.attention_backend)
         input_ids = torch.from_numpy(computed.input_ids.astype(np.int64)).to(self.device)
@@ -220,9 +255,10 @@ class ModelRunner:
             computed_idx = np.cumsum(batch.is_computed) - 1  # request of the batch -> request of `computed`
             sources, expand = np.unique(computed_idx[batch.copy_of[rows]], return_inverse=True)
             last_token_idx = last_token_idx[sources]
+        last_hidden = hidden
         if last_token_idx.size != computed.num_tokens:  # a pure decode batch needs no gather
-            hidden = hidden.index_select(0, torch.from_numpy(last_token_idx).to(self.device))
-        logits = self.model.compute_logits(hidden)
+            last_hidden = hidden.index_select(0, torch.from_numpy(last_token_idx).to(self.device))
+        logits = self.model.compute_logits(last_hidden)
         if expand is not None:  # one row per wanted request, a copy reading its source's
             logits = logits.index_select(0, torch.from_numpy(expand.astype(np.int64)).to(self.device))
-        return logits
+        return logits, hidden

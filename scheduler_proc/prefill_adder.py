@@ -28,7 +28,7 @@ import numpy as np
 
 from scheduler_proc.cache_manager import CacheManager
 from scheduler_proc.kv_reservation import KvReservation
-from scheduler_proc.req import ChunkedReq, PendingReq, Req
+from scheduler_proc.req import ChunkedReq, PendingReq, PromptScores, Req
 from scheduler_proc.req_table import ReqTable
 
 logger = logging.getLogger(__name__)
@@ -79,7 +79,9 @@ class PrefillAdder:
         self._schedule(req, min(self.token_budget, req.num_prompt_tokens - req.cached_len))
 
     def try_add(self, pending: PendingReq) -> AddOutcome:
-        source_idx = self._sources.get(pending.input_ids.tobytes()) if self._sources else None
+        # prompt logprobs need every prompt token's logits: computed whole (no prefix hit, no copy), once
+        scores_prompt = pending.params.prompt_logprobs is not None and not pending.is_retracted
+        source_idx = self._sources.get(pending.input_ids.tobytes()) if self._sources and not scores_prompt else None
         if self.token_budget <= 0 and source_idx is None:
             return AddOutcome.NO_BUDGET
         if self.max_new_reqs is not None and len(self.admitted) >= self.max_new_reqs:
@@ -88,15 +90,15 @@ class PrefillAdder:
             return AddOutcome.NO_ROW
         num_prompt_tokens = pending.num_prompt_tokens
         # At least one prompt token is computed: its logits give the first output token.
-        max_num_hit_pages = (num_prompt_tokens - 1) // self.page_size if self.cache.enable_radix_cache else 0
+        max_num_hit_pages = (num_prompt_tokens - 1) // self.page_size if self.cache.enable_radix_cache and not scores_prompt else 0
         if not self._fits(self._num_need_pages(pending, max_num_hit_pages)):
             return AddOutcome.NO_MEMORY  # even a full prefix hit would not fit: skip the match
-        match = self.cache.match_prefix(pending.input_ids, num_prompt_tokens - 1)
+        match = self.cache.match_prefix(pending.input_ids, 0 if scores_prompt else num_prompt_tokens - 1)
         if source_idx is not None and self.reqs[source_idx].cached_len != match.num_tokens:
             source_idx = None  # a ChunkedReq's last chunk that started mid-page: not the same computation
             if self.token_budget <= 0:
                 return AddOutcome.NO_BUDGET
-        if source_idx is None and self._prefix_in_this_step(pending.input_ids, match.num_tokens):
+        if source_idx is None and not scores_prompt and self._prefix_in_this_step(pending.input_ids, match.num_tokens):
             return AddOutcome.WAIT_FOR_PREFIX
         num_need_pages = self._num_need_pages(pending, len(match.page_ids))
         if not self._fits(num_need_pages):
@@ -132,6 +134,7 @@ class PrefillAdder:
             num_cached_tokens=match.num_tokens if pending.num_cached_tokens is None else pending.num_cached_tokens,
             admit_seq=pending.admit_seq if is_retracted else self.next_admit_seq - 1,
             output_ids=list(pending.output_ids),
+            prompt_scores=PromptScores(pending.params.prompt_logprobs) if scores_prompt else None,
         )
         self.reserved_size += num_need_pages * self.page_size
         if source_idx is None:
@@ -180,7 +183,7 @@ class PrefillAdder:
             assert self.token_budget == 0
             self.chunked = ChunkedReq(req)
             logger.info("req %d chunked: %d of %d prompt tokens after this step", req.req_id, end, req.num_prompt_tokens)
-        else:  # its prompt completes now: an identical one admitted after it is a copy
+        elif req.prompt_scores is None:  # its prompt completes now: an identical one admitted after it is a copy
             self._sources.setdefault(req.input_ids.tobytes(), len(self.reqs) - 1)
 
     def _prefix_in_this_step(self, input_ids: np.ndarray, num_matched_tokens: int) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from common.messages import PromptLogprobs
 from common.sampling_params import SamplingParams
 from scheduler_proc.radix_cache import RadixNode
 
@@ -88,6 +89,7 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     in_flight: bool = False  # part of the batch the worker is running now
     is_aborted: bool = False  # aborted while in flight: on_result frees it and sends nothing
+    prompt_scores: PromptScores | None = None  # prompt logprobs asked and not yet sent (its first admission only)
 
     @property
     def seq_len(self) -> int:
@@ -122,6 +124,33 @@ class Req:
         return PendingReq(
             self.req_id, input_ids, len(input_ids), self.params, self.max_tokens, self.seed, self.stop_ids,
             self.max_num_pages, list(self.output_ids), self.num_cached_tokens, self.admit_seq,
+        )
+
+
+@dataclass(slots=True, eq=False)
+class PromptScores:
+    """Prompt logprobs (echo), gathered chunk by chunk from the worker's StepResults until the
+    prompt's last chunk sends them with the first token. A request asking for them is computed
+    whole (no prefix-cache hit, no copy): cached or copied tokens have no logits."""
+
+    num_top: int  # K most likely tokens per position
+    logprobs: list[np.ndarray] = field(default_factory=list)  # float32, chunk after chunk
+    top_ids: list[np.ndarray] = field(default_factory=list)  # int32, K per position
+    top_logprobs: list[np.ndarray] = field(default_factory=list)
+
+    def add(self, logprobs: np.ndarray, top_ids: np.ndarray | None, top_logprobs: np.ndarray | None) -> None:
+        self.logprobs.append(logprobs)
+        if self.num_top:
+            self.top_ids.append(top_ids)
+            self.top_logprobs.append(top_logprobs)
+
+    def message(self, prompt_ids: np.ndarray) -> PromptLogprobs:
+        def joined(parts: list[np.ndarray], dtype) -> np.ndarray:
+            return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
+
+        return PromptLogprobs(
+            token_ids=prompt_ids.astype(np.int32, copy=False), logprobs=joined(self.logprobs, np.float32),
+            top_ids=joined(self.top_ids, np.int32), top_logprobs=joined(self.top_logprobs, np.float32),
         )
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.forward_batch import ForwardBatch
+from common.forward_batch import ForwardBatch, PromptLogprobRows
 from scheduler_proc.penalty_batch import penalty_arrays
 from scheduler_proc.req import Req
 from scheduler_proc.req_table import ReqTable
@@ -80,6 +80,23 @@ class ScheduledBatch:
             copy_of=copy_of,
             penalties=penalty_arrays(reqs, is_sampled),
             top_logprobs=_top_logprobs(reqs),
+            prompt_logprobs=self.prompt_logprob_rows(),
+        )
+
+    def prompt_logprob_rows(self) -> PromptLogprobRows | None:
+        """The prefill rows scoring their prompt this step (echo); None when none does."""
+        asking = [(i, r) for i, r in enumerate(self.prefill_reqs) if r.prompt_scores is not None]
+        if not asking:
+            return None
+        num_decode = len(self.decode_reqs)
+        next_ids = []
+        for i, r in asking:
+            assert self.prefill_copy_of[i] is None, "a request scoring its prompt is never a copy"
+            end = r.cached_len + self.prefill_extend_lens[i]
+            next_ids.append(int(r.input_ids[end]) if end < r.num_prompt_tokens else -1)
+        return PromptLogprobRows(
+            rows=np.array([num_decode + i for i, _ in asking], np.int32), next_ids=np.array(next_ids, np.int32),
+            num_top=max(r.prompt_scores.num_top for _, r in asking),
         )
 
 

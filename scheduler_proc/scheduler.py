@@ -203,6 +203,8 @@ class Scheduler:
         self._totals.num_prefilled_tokens += batch.num_prefilled_tokens
         updates: list[TokenOut] = []
         self._top = _TopLogprobs.of(result)
+        if result.prompt_logprobs is not None:
+            self._gather_prompt_scores(batch, result)
         self._on_decoded(batch.decode_reqs, token_ids[:num_decode], logprobs[:num_decode], updates)
         self._on_prefilled(batch, token_ids[num_decode:], logprobs[num_decode:], updates, first_sampled=num_decode)
         self._totals.num_generated_tokens += len(updates)
@@ -242,16 +244,36 @@ class Scheduler:
             else:
                 req.output_ids.append(token_id)
                 finish_reason = _finish_reason(req, token_id)
+                prompt = None
+                if req.prompt_scores is not None:  # the prompt's logprobs go with its first token, once
+                    prompt, req.prompt_scores = req.prompt_scores.message(req.input_ids[: req.num_orig_prompt_tokens]), None
                 updates.append(TokenOut(
                     req_id=req.req_id, token_ids=token_ids[i : i + 1], finish_reason=finish_reason,
                     num_cached_tokens=req.num_cached_tokens, logprobs=[logprob] if req.params.return_logprob else None,
-                    **self._top.fields(first_sampled + i, req.params.top_logprobs),
+                    **self._top.fields(first_sampled + i, req.params.top_logprobs), prompt=prompt,
                 ))
                 if finish_reason is not None:
                     self._finish(req, finish_reason)
                 else:
                     self._cache.cache_req(req)
                     self._decode.add(req)
+
+    @staticmethod
+    def _gather_prompt_scores(batch: ScheduledBatch, result: StepResult) -> None:
+        """Hand each request scoring its prompt its slice of the step's prompt logprobs."""
+        asked = batch.prompt_logprob_rows()
+        assert asked is not None, f"step {batch.step_id}: prompt logprobs for a batch that asked none"
+        extend_lens = np.array([1] * len(batch.decode_reqs) + batch.prefill_extend_lens, np.int64)
+        k = asked.num_top
+        offset = 0
+        for row, num in zip(asked.rows.tolist(), asked.num_scored(extend_lens).tolist(), strict=True):
+            req = batch.reqs[row]
+            lo, hi = offset, offset + num
+            offset = hi
+            tops = (result.prompt_top_ids.reshape(-1, k)[lo:hi, : req.prompt_scores.num_top].reshape(-1),
+                    result.prompt_top_logprobs.reshape(-1, k)[lo:hi, : req.prompt_scores.num_top].reshape(-1)) if k else (None, None)
+            req.prompt_scores.add(result.prompt_logprobs[lo:hi], *tops)
+        assert offset == len(result.prompt_logprobs), f"step {batch.step_id}: {len(result.prompt_logprobs)} prompt logprobs for {offset}"
 
     # -- state -------------------------------------------------------------------------------
 

@@ -119,5 +119,51 @@ def test_generate_route_returns_top_logprobs_and_refuses_n(server, oracle):
     assert status == 200 and body["output_ids"] == [c for c, _, _ in steps]
     assert body["logprobs"] == pytest.approx([lp for _, lp, _ in steps], abs=1e-4)
     assert [[i for i, _ in top] for top in body["top_logprobs"]] == [[i for i, _ in top] for _, _, top in steps]
+    status, body = post({"prompt": PROMPT, "max_tokens": 1, "prompt_logprobs": 1})
+    assert status == 200 and body["prompt_ids"] == oracle.encode(PROMPT) and body["prompt_logprobs"][0] is None
+    assert len(body["prompt_logprobs"]) == len(body["prompt_top_logprobs"]) == len(body["prompt_ids"])
     status, body = post({"prompt": PROMPT, "n": 2})
     assert status == 400 and body["error"]["param"] == "n"
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_completion_echo_returns_the_prompt_and_its_logprobs(server, oai, oracle, model_dir, stream):
+    """`echo` with `logprobs`: the text starts with the prompt, and the logprobs cover the prompt's
+    tokens first (the first with null, as in OpenAI's API), each equal to transformers' log_softmax
+    over the prompt, then the completion's; text offsets run over the whole text."""
+    ids = oracle.encode(PROMPT)
+    with torch.no_grad():
+        logprobs = torch.log_softmax(oracle.model(torch.tensor([ids])).logits[0].float(), -1)
+    prompt_lps = [float(logprobs[p - 1, ids[p]]) for p in range(1, len(ids))]
+    steps = expected_logprobs(oracle, ids)
+    kwargs = dict(model=model_dir.name, prompt=PROMPT, max_tokens=NUM_TOKENS, temperature=0, logprobs=TOP, echo=True,
+                  extra_body={"ignore_eos": True})
+    if stream:
+        chunks = [choice for chunk in oai.completions.create(stream=True, **kwargs) for choice in chunk.choices]
+        text = "".join(c.text for c in chunks)
+        parts = [c.logprobs for c in chunks if c.logprobs]
+        tokens = [t for p in parts for t in p.tokens]
+        lps = [v for p in parts for v in p.token_logprobs]
+        tops = [top for p in parts for top in p.top_logprobs]
+        offsets = [o for p in parts for o in p.text_offset]
+    else:
+        choice = oai.completions.create(**kwargs).choices[0]
+        text, lp = choice.text, choice.logprobs
+        tokens, lps, tops, offsets = lp.tokens, lp.token_logprobs, lp.top_logprobs, lp.text_offset
+    completion = oracle.decode([c for c, _, _ in steps])
+    assert text == PROMPT + completion
+    assert tokens == [oracle.tokenizer.decode([i]) for i in ids] + [oracle.tokenizer.decode([c]) for c, _, _ in steps]
+    assert lps[0] is None and tops[0] is None
+    assert lps[1:] == pytest.approx(prompt_lps + [lp for _, lp, _ in steps], abs=1e-4)
+    assert all(len(top) >= 1 for top in tops[1:])
+    assert offsets[len(ids)] == len(PROMPT) and offsets == sorted(offsets)
+
+
+def test_completion_echo_without_logprobs_and_with_token_ids(server, oai, oracle, model_dir):
+    r = oai.completions.create(model=model_dir.name, prompt=PROMPT, max_tokens=3, temperature=0, echo=True)
+    assert r.choices[0].text.startswith(PROMPT) and r.choices[0].logprobs is None
+    ids = oracle.encode(PROMPT)
+    r = oai.completions.create(model=model_dir.name, prompt=ids, max_tokens=3, temperature=0, echo=True, logprobs=0)
+    choice = r.choices[0]
+    assert choice.text.startswith(oracle.tokenizer.decode(ids)) and len(choice.logprobs.tokens) == len(ids) + 3
+    assert r.usage.prompt_tokens == len(ids)
