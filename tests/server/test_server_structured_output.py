@@ -110,3 +110,28 @@ def test_the_compiler_is_readied_at_startup(model_dir):
             time.sleep(0.1)
     finally:
         assert server.stop() == 0
+
+
+def test_constrained_requests_survive_retraction_and_abort(model_dir):
+    """A pool too small for 8 requests running to the context retracts some; a retracted request
+    resumes with its matcher where its output left it (the output is folded into its prompt), so
+    every text still follows the grammar, and the grammar never refuses a token it allowed."""
+    handle = start_server(
+        model_dir, "--dtype", "float32", "--page-size", "4", "--kv-cache-tokens", "256", "--context-length", "128",
+        "--num-threads", "1", "--chunked-prefill-size", "64",
+    )
+    pattern = r"(abc-){200}"  # 800 characters: never complete within the context, so each request runs to it
+    try:
+        with Client(handle.port, timeout_s=180) as c:
+            aborted = c.submit("Story 99:", regex=pattern, temperature=1.0, seed=99)
+            c.abort(aborted)
+            req_ids = [c.submit(f"Story {i}:", regex=pattern, temperature=1.0, seed=i) for i in range(8)]
+            results = [c.result(req_id) for req_id in req_ids]
+            stats = c.stats()
+        for r in results:
+            assert r.finish_reason == "length" and re.fullmatch(r"(abc-)*(a|ab|abc)?", r.text), r.text
+        assert stats["num_retracted"] > 0, stats
+        log = handle.log()
+        assert "retracted:" in log and "the grammar refused" not in log
+    finally:
+        assert handle.stop() == 0, handle.log()
