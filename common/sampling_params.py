@@ -114,6 +114,8 @@ class SamplingParams:
             raise ValueError(f"give at most one of json_object, json_schema, regex, ebnf; got {', '.join(grammars)}")
         if grammars and self.ignore_eos:
             raise ValueError("ignore_eos cannot be used with structured output: the grammar ends the text with EOS")
+        if grammars and _is_number(self.min_tokens) and self.min_tokens > 0:
+            raise ValueError("min_tokens cannot be used with structured output: the grammar decides where the text ends")
         for kind in ("json_schema", "regex", "ebnf"):
             spec = getattr(self, kind)
             if spec is not None and (not isinstance(spec, str) or not spec or len(spec) > LIMITS.max_grammar_chars):

@@ -61,6 +61,8 @@ def test_bad_specs_are_refused_with_the_reason(server):
             c.generate("x", regex="a", json_object=True)
         with pytest.raises(InvalidRequestError, match="ignore_eos cannot be used with structured output"):
             c.generate("x", regex="a", ignore_eos=True)
+        with pytest.raises(InvalidRequestError, match="min_tokens cannot be used with structured output"):
+            c.generate("x", json_object=True, min_tokens=3)
         assert c.generate("still serving", max_tokens=3).finish_reason in ("stop", "length")
 
 
