@@ -23,6 +23,10 @@ class RequestLimits:
     max_tools: int = 128  # function definitions in one chat request
     max_tools_json_chars: int = 256 << 10  # their JSON, all together
     max_grammar_chars: int = 64 << 10  # a JSON schema, regex or EBNF grammar
+    # xgrammar's compile time grows steeply with a schema's nesting (200 object levels: 1 s; 500: 20 s) and with
+    # optional properties in one object (2,000: 9 s), and one compile holds the compile thread: these keep it < 0.2 s
+    max_schema_depth: int = 64  # nested JSON containers in a schema document (32 levels of objects)
+    max_schema_properties: int = 256  # names in one `properties`
     max_copies: int = 128  # n: choices of one prompt in one request
     max_stop_strings: int = 32  # the detokenizer scans each per output token: the count bounds its cost
     max_stop_string_chars: int = 256  # held-back text is at most this long

@@ -50,6 +50,16 @@ CASES = [
     ("a 10-million-char prompt", {"prompt": "x" * 10_000_000}, "the prompt is 10000000 characters"),
     ("a lone surrogate", {"prompt": "\ud800 hi"}, "is not valid Unicode"),
     ("an object as a value", {"prompt": "hi", "top_k": object()}, "which a request cannot carry"),
+    # structured output: schemas whose compilation would hold the compile thread for minutes, specs xgrammar refuses
+    ("a schema nested 1,500 deep", {"prompt": "hi", "json_schema": '{"type":"object","properties":{"a":' * 1500 + "{}" + "}}" * 1500},
+     "json_schema nests deeper than 64 levels"),
+    ("a schema nested 30,000 deep", {"prompt": "hi", "json_schema": "[" * 30_000 + "]" * 30_000}, "json_schema nests deeper than 64 levels"),
+    ("2,000 optional properties", {"prompt": "hi", "json_schema": {"type": "object", "properties": {f"p{i}": {} for i in range(2000)}}},
+     "json_schema has an object with 2000 properties; at most 256"),
+    ("a 1 MB regex", {"prompt": "hi", "regex": "a" * (1 << 20)}, "regex must be a non-empty string of at most 65536 characters"),
+    ("a regex nested 20,000 deep", {"prompt": "hi", "regex": "(" * 20_000 + "a" + ")" * 20_000}, "regex cannot be used: .*Nest layer"),
+    ("an EBNF without root", {"prompt": "hi", "ebnf": 'start ::= "a"'}, "ebnf cannot be used"),
+    ("json_schema not a schema", {"prompt": "hi", "json_schema": "[1, 2]"}, "json_schema must be a JSON schema"),
     # chat messages
     ("100,001 messages", {"messages": TINY * 100_001}, "messages has 100001 entries; at most 511"),
     ("a made-up role", {"messages": [{"role": "hacker", "content": "x"}]}, r"messages\[0\].role must be one of"),
