@@ -10,6 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from common.json_schema_check import check_json_schema
 from common.request_limits import INT32_MAX, LIMITS
 from common.wire import message
 
@@ -129,7 +130,7 @@ class SamplingParams:
                 raise ValueError(f"json_schema is not JSON: {exc}") from None
             if not isinstance(schema, (dict, bool)):
                 raise ValueError("json_schema must be a JSON schema (an object)")
-            _check_schema_shape(schema)
+            check_json_schema(schema)
         if self.prompt_logprobs is not None and not _is_int_in(self.prompt_logprobs, 0, LIMITS.max_top_logprobs):
             raise ValueError(f"prompt_logprobs must be an integer in [0, {LIMITS.max_top_logprobs}], got {_short(self.prompt_logprobs)}")
         if not _is_int_in(self.top_logprobs, 0, LIMITS.max_top_logprobs):
@@ -201,19 +202,3 @@ def _short(x: Any) -> str:
     """A value for an error message, cut short (a client's value may be huge)."""
     text = repr(x)
     return text if len(text) <= 64 else text[:60] + "...'"
-
-
-def _check_schema_shape(schema: Any) -> None:
-    """Refuse a schema whose shape would make its compilation slow (see RequestLimits)."""
-    stack = [(schema, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if depth > LIMITS.max_schema_depth:
-            raise ValueError(f"json_schema nests deeper than {LIMITS.max_schema_depth} levels")
-        if isinstance(node, dict):
-            properties = node.get("properties")
-            if isinstance(properties, dict) and len(properties) > LIMITS.max_schema_properties:
-                raise ValueError(f"json_schema has an object with {len(properties)} properties; at most {LIMITS.max_schema_properties}")
-            stack.extend((value, depth + 1) for value in node.values())
-        elif isinstance(node, list):
-            stack.extend((value, depth + 1) for value in node)

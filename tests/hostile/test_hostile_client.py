@@ -55,7 +55,7 @@ CASES = [
      "json_schema nests deeper than 64 levels"),
     ("a schema nested 30,000 deep", {"prompt": "hi", "json_schema": "[" * 30_000 + "]" * 30_000}, "json_schema nests deeper than 64 levels"),
     ("2,000 optional properties", {"prompt": "hi", "json_schema": {"type": "object", "properties": {f"p{i}": {} for i in range(2000)}}},
-     "json_schema has an object with 2000 properties; at most 256"),
+     "json_schema has an object with 2000 properties at #; at most 256"),
     ("a 1 MB regex", {"prompt": "hi", "regex": "a" * (1 << 20)}, "regex must be a non-empty string of at most 65536 characters"),
     ("a regex nested 20,000 deep", {"prompt": "hi", "regex": "(" * 20_000 + "a" + ")" * 20_000}, "regex cannot be used: .*Nest layer"),
     ("an EBNF without root", {"prompt": "hi", "ebnf": 'start ::= "a"'}, "ebnf cannot be used"),
