@@ -60,7 +60,7 @@ def test_chat_without_max_tokens_sends_none_and_flattens_text_parts():
 
 UNSUPPORTED = [
     (lambda: CompletionRequest(prompt="a", logprobs=21).sub_requests(), "logprobs"),
-    (lambda: CompletionRequest(prompt="a", echo=True).sub_requests(), "echo"),
+    (lambda: CompletionRequest(prompt="a", suffix="b").sub_requests(), "suffix"),
     (lambda: CompletionRequest(prompt="a", best_of=3).sub_requests(), "best_of"),
     (lambda: CompletionRequest(prompt="a", n=MAX_CHOICES + 1).sub_requests(), "n"),
     (lambda: CompletionRequest(prompt="a", stream_options={"include_usage": True}).sub_requests(), "stream_options"),
@@ -231,3 +231,12 @@ def test_metrics_render_parses_with_and_without_stats():
     assert samples["zserve_requests_aborted_total"].labels == {"model_name": "tiny", "cause": "client_disconnect"}
     down = {s.name: s.value for f in text_string_to_metric_families(metrics.render(None).decode()) for s in f.samples}
     assert down["zserve_scheduler_up"] == 0 and "zserve_num_requests_running" not in down
+
+
+def test_echo_asks_for_prompt_logprobs_only_with_logprobs():
+    [sub] = CompletionRequest(prompt="a", echo=True, logprobs=2).sub_requests()
+    assert sub.sampling["prompt_logprobs"] == 2 and sub.sampling["top_logprobs"] == 2
+    [sub] = CompletionRequest(prompt="a", echo=True).sub_requests()
+    assert "prompt_logprobs" not in sub.sampling  # the text is echoed; nothing is scored
+    [sub] = CompletionRequest(prompt="a", logprobs=1).sub_requests()
+    assert "prompt_logprobs" not in sub.sampling
