@@ -2,8 +2,9 @@
 
 The tokenizer process validates requests; the scheduler still refuses what it could never
 finish (an empty prompt, prompt + max_tokens beyond the context, more KV than the whole pool)
-with a reason at once, instead of letting it wait forever. max_tokens is never cut: a request
-without one (None) may generate up to the context.
+with a reason at once, instead of letting it wait forever. A max_tokens given is never cut; a
+request without one (None) may generate up to the context, or up to what the whole KV pool holds
+when that is less (SGLang caps a request at the pool the same way): it then ends with `length`.
 """
 
 from __future__ import annotations
@@ -26,8 +27,12 @@ class ReqIntake:
         self._rng = np.random.default_rng(seed)  # seeds for requests that give none: reproducible runs
 
     def max_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
-        """params.max_tokens, or what the context leaves after the prompt when it is None."""
-        return self.context_len - num_prompt_tokens if params.max_tokens is None else params.max_tokens
+        """params.max_tokens, or when it is None what the context leaves after the prompt, and
+        at most what the pool holds (prompt + max_tokens - 1 tokens of KV)."""
+        if params.max_tokens is not None:
+            return params.max_tokens
+        pool_tokens = self.num_pages * self.page_size
+        return max(1, min(self.context_len - num_prompt_tokens, pool_tokens - num_prompt_tokens + 1))
 
     def max_num_pages(self, num_prompt_tokens: int, max_tokens: int) -> int:
         """KV pages the request can ever need. Its last sampled token is never fed back, so

@@ -231,6 +231,12 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
             ready.num_pages, ready.page_size, context_len, cfg.schedule_policy, cfg.admission_policy, cfg.max_prefill_tokens,
             cfg.kv_reservation,
         )
+        pool_tokens = ready.num_pages * ready.page_size
+        if pool_tokens < context_len:
+            logger.warning(
+                "the KV pool holds %d tokens, less than the context of %d: a request uses at most the pool "
+                "(one without max_tokens stops there, with finish reason length)", pool_tokens, context_len,
+            )
         gc.collect()
         gc.freeze()  # startup objects never need scanning again: shorter collector pauses in the loop
         stats_logger = StatsLogger(interval_s=cfg.log_stats_interval_s, num_pages=ready.num_pages)

@@ -130,7 +130,10 @@ class SchedulerHarness:
         expected = FakeModel.next_token(prompt + output, self.model.vocab_size)
         assert token_id == expected, f"request {u.req_id} got token {token_id} at output {len(output)}, its sequence gives {expected}"
         output.append(token_id)
-        max_tokens = self.scheduler.context_len - len(prompt) if params.max_tokens is None else params.max_tokens
+        max_tokens = params.max_tokens
+        if max_tokens is None:  # up to the context, or up to what the whole pool holds when that is less
+            pool_tokens = self.model.num_pages * self.model.page_size
+            max_tokens = min(self.scheduler.context_len - len(prompt), pool_tokens - len(prompt) + 1)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.scheduler.eos_token_ids))
         due = FinishReason.STOP if token_id in stop_ids else FinishReason.LENGTH if len(output) == max_tokens else None
         assert u.finish_reason == due, f"request {u.req_id}: finish_reason {u.finish_reason!r}, expected {due!r}"

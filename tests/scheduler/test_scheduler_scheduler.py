@@ -246,6 +246,19 @@ def test_a_request_that_can_never_run_is_refused_at_once_with_a_reason(ids, max_
     h.assert_drained()
 
 
+def test_without_max_tokens_a_request_runs_up_to_the_pool_when_it_is_smaller_than_the_context():
+    """A pool of 3 pages of 4 tokens (12 tokens of KV) under a context of 16: a 5-token prompt with
+    no max_tokens gets 8 tokens (5 + 8 - 1 = 12 of KV), ends with length, and nothing leaks; a
+    prompt the pool cannot hold at all is still refused."""
+    h = make(num_pages=3, context_len=16)
+    h.submit(1, prompt(1, 5), SamplingParams())
+    h.run()
+    assert h.outputs[1] == oracle(prompt(1, 5), 8) and h.final[1].finish_reason == FinishReason.LENGTH
+    (u,) = h.submit(2, prompt(1, 13), SamplingParams())
+    assert u.code == ErrorCode.INVALID and "the whole pool has 3" in u.error
+    h.assert_drained()
+
+
 def test_a_full_queue_answers_server_busy_and_duplicate_ids_are_refused():
     h = make(max_queued_requests=2)
     assert h.submit(1, prompt(1, 4)) == [] and h.submit(2, prompt(1, 4)) == []
