@@ -9,6 +9,7 @@ cached prompt tokens in prompt_tokens_details.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -46,10 +47,12 @@ class OpenAIFormatter:
     def __init__(
         self, is_chat: bool, model_name: str, include_usage: bool = False, req_id: int | None = None,
         token_text: TokenText | None = None, tool_parser: ToolCallParser | ForcedToolChoice | None = None,
-        echoes: dict[int, str] | None = None,
+        echoes: dict[int, str] | None = None, prompt_only: bool = False,
     ):
         """`req_id`: the request's id in the server's logs, which the OpenAI `id` then carries.
-        `token_text`: a token id's text, when the request asked for logprobs (None: it did not)."""
+        `token_text`: a token id's text, when the request asked for logprobs (None: it did not).
+        `prompt_only`: echo with max_tokens 0; the token generated is dropped from every answer."""
+        self.prompt_only = prompt_only
         self.token_text = token_text
         self.tool_parser = tool_parser  # chat with tools: the answer's calls become tool_calls
         self.echoes = echoes  # completions' echo: each choice's prompt text, which its text starts with
@@ -62,6 +65,7 @@ class OpenAIFormatter:
         self.created = int(time.time())
 
     def body(self, subs: list[SubRequest], results: list[GenerateResult]) -> dict[str, Any]:
+        results = [self._shown(r) for r in results]
         choices = [self._choice(sub.choice_idx, r) for sub, r in zip(subs, results, strict=True)]
         return self._envelope("chat.completion" if self.is_chat else "text_completion", choices, usage_of(subs, results))
 
@@ -74,6 +78,10 @@ class OpenAIFormatter:
 
     def event_chunk(self, event: ChoiceEvent) -> bytes | None:
         """The chunk for one output, or None when it carries neither text nor the finish."""
+        if self.prompt_only:  # nothing streams until the end: the prompt (and its logprobs) in one chunk
+            if event.result.finish_reason is None:
+                return None
+            event = ChoiceEvent(event.choice_idx, "", [], self._shown(event.result))
         finish_reason = event.result.finish_reason
         if not event.delta and finish_reason is None and not (self.token_text and event.new_ids):
             return None  # (with logprobs, tokens whose text is held back still get their chunk)
@@ -104,9 +112,21 @@ class OpenAIFormatter:
         """stream_options.include_usage: a last chunk with no choices and the usage."""
         if not self.include_usage:
             return None
-        return sse(self._envelope(self._chunk_object, [], usage_of(subs, results)))
+        return sse(self._envelope(self._chunk_object, [], usage_of(subs, [self._shown(r) for r in results])))
 
     # ---- pieces ------------------------------------------------------------------------------
+
+    def _shown(self, result: GenerateResult) -> GenerateResult:
+        """The result as the answer shows it: with prompt_only, the prompt alone (finish "length",
+        0 completion tokens), as OpenAI answers echo with max_tokens 0."""
+        if not self.prompt_only:
+            return result
+        return dataclasses.replace(
+            result, text="", output_ids=[], finish_reason="length",
+            logprobs=None if result.logprobs is None else [],
+            top_logprobs=None if result.top_logprobs is None else [],
+            usage=dataclasses.replace(result.usage, completion_tokens=0),
+        )
 
     @property
     def _chunk_object(self) -> str:

@@ -167,7 +167,18 @@ class CompletionRequest(SamplingRequest):
             raise ApiError(400, "suffix is not supported by this server", param="suffix")
         if self.best_of is not None and self.best_of != self.n:
             raise ApiError(400, "best_of is not supported by this server (only best_of == n)", param="best_of")
-        return self.expand(self._prompts(), self.max_tokens)
+        if self.max_tokens == 0 and not self.echo:
+            raise ApiError(400, "max_tokens must be at least 1 (0 only with echo: the prompt scored, nothing generated)",
+                           param="max_tokens")
+        if self.scores_prompt_only and self.min_tokens:
+            raise ApiError(400, f"min_tokens ({self.min_tokens}) must be at most max_tokens (0)", param="min_tokens")
+        # echo with max_tokens 0 (lm-eval-harness' loglikelihood): one token is generated and not shown
+        return self.expand(self._prompts(), 1 if self.scores_prompt_only else self.max_tokens)
+
+    @property
+    def scores_prompt_only(self) -> bool:
+        """`echo` with `max_tokens: 0`: the answer is the prompt (and its logprobs), nothing generated."""
+        return self.echo and self.max_tokens == 0
 
     def _prompts(self) -> list[dict[str, Any]]:
         p = self.prompt

@@ -60,7 +60,8 @@ async def serve(state: HttpState, request: Request, model: type[CompletionReques
     echoes = None
     if isinstance(body, CompletionRequest) and body.echo:  # each choice's text starts with its prompt
         echoes = {s.choice_idx: s.prompt["prompt"] if "prompt" in s.prompt else state.detokenize(s.prompt["input_ids"]) for s in subs}
-    formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id, token_text, tool_parser, echoes)
+    formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id, token_text, tool_parser, echoes,
+                                prompt_only=isinstance(body, CompletionRequest) and body.scores_prompt_only)
     if not body.stream:
         results = await until_disconnect(request, group.run())
         return JSONResponse(formatter.body(subs, results), headers=group.headers)

@@ -167,3 +167,31 @@ def test_completion_echo_without_logprobs_and_with_token_ids(server, oai, oracle
     choice = r.choices[0]
     assert choice.text.startswith(oracle.tokenizer.decode(ids)) and len(choice.logprobs.tokens) == len(ids) + 3
     assert r.usage.prompt_tokens == len(ids)
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["json", "sse"])
+def test_completion_echo_with_max_tokens_zero_scores_the_prompt_only(server, oai, oracle, model_dir, stream):
+    """lm-eval-harness' loglikelihood request: echo, logprobs, max_tokens 0. The answer is the prompt
+    and its logprobs (transformers' log_softmax, the first null), finish "length", 0 completion tokens."""
+    ids = oracle.encode(PROMPT)
+    with torch.no_grad():
+        logprobs = torch.log_softmax(oracle.model(torch.tensor([ids])).logits[0].float(), -1)
+    prompt_lps = [float(logprobs[p - 1, ids[p]]) for p in range(1, len(ids))]
+    kwargs = dict(model=model_dir.name, prompt=PROMPT, max_tokens=0, temperature=0, logprobs=1, echo=True)
+    if stream:
+        chunks = list(oai.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+        choices = [choice for chunk in chunks for choice in chunk.choices]
+        assert len(choices) == 1
+        usage = chunks[-1].usage
+    else:
+        r = oai.completions.create(**kwargs)
+        choices, usage = r.choices, r.usage
+    choice = choices[0]
+    assert choice.text == PROMPT and choice.finish_reason == "length"
+    assert choice.logprobs.tokens == [oracle.tokenizer.decode([i]) for i in ids]
+    assert choice.logprobs.token_logprobs[0] is None
+    assert choice.logprobs.token_logprobs[1:] == pytest.approx(prompt_lps, abs=1e-4)
+    assert choice.logprobs.text_offset[0] == 0 and len(choice.logprobs.top_logprobs) == len(ids)
+    assert usage.prompt_tokens == len(ids) and usage.completion_tokens == 0
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):
+        oai.completions.create(model=model_dir.name, prompt=PROMPT, max_tokens=0)

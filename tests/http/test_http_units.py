@@ -240,3 +240,17 @@ def test_echo_asks_for_prompt_logprobs_only_with_logprobs():
     assert "prompt_logprobs" not in sub.sampling  # the text is echoed; nothing is scored
     [sub] = CompletionRequest(prompt="a", logprobs=1).sub_requests()
     assert "prompt_logprobs" not in sub.sampling
+
+
+def test_max_tokens_zero_only_with_echo_and_then_one_token_is_asked():
+    """echo with max_tokens 0 (lm-eval-harness' loglikelihood requests) generates one token that the
+    answer drops; without echo, 0 is refused naming max_tokens, as is min_tokens above 0."""
+    [sub] = CompletionRequest(prompt="a", echo=True, logprobs=1, max_tokens=0).sub_requests()
+    assert sub.sampling["max_tokens"] == 1 and sub.sampling["prompt_logprobs"] == 1
+    for request, param in [
+        (CompletionRequest(prompt="a", max_tokens=0), "max_tokens"),
+        (CompletionRequest(prompt="a", echo=True, max_tokens=0, min_tokens=1), "min_tokens"),
+    ]:
+        with pytest.raises(ApiError) as info:
+            request.sub_requests()
+        assert info.value.status == 400 and info.value.param == param
