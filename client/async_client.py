@@ -22,7 +22,7 @@ import zmq.asyncio
 
 from client.client import client_address
 from client.connection_watch import ConnectionWatch, lost_message
-from client.request_body import build_body, encode_request, new_req_id, num_copies
+from client.request_body import build_body, encode_request, new_req_id, num_copies, refuse_copies
 from client.result_builder import ResultBuilder
 from client.types import (
     GenerateResult,
@@ -98,6 +98,8 @@ class AsyncClient:
         return req_id
 
     async def generate(self, /, prompt: str | None = None, **kwargs) -> GenerateResult:
+        """One result (n above 1 is refused: see generate_batch)."""
+        refuse_copies(kwargs, "generate")
         return await self.result(await self.submit(prompt, **kwargs))
 
     async def result(self, req_id: int) -> GenerateResult:
@@ -109,11 +111,15 @@ class AsyncClient:
         return builder.result
 
     async def generate_batch(self, /, prompts: list[str], **sampling) -> list[GenerateResult]:
-        return list(await asyncio.gather(*(self.generate(p, **sampling) for p in prompts)))
+        """Every prompt in flight at once; the results in the prompts' order, with `n` each prompt's
+        n choices in turn (prompt p's choice i at p * n + i)."""
+        req_ids = [await self.submit(p, **sampling) for p in prompts]
+        return list(await asyncio.gather(*(self.result(r + i) for r in req_ids for i in range(num_copies(sampling)))))
 
     async def stream(self, /, prompt: str | None = None, **kwargs) -> AsyncIterator[str]:
         """Text deltas as they come. Leaving the loop early aborts the request once the generator
         is closed: `async with contextlib.aclosing(client.stream(...)) as s:` closes it at once."""
+        refuse_copies(kwargs, "stream")
         async with contextlib.aclosing(self.stream_of(await self.submit(prompt, **kwargs))) as deltas:
             async for delta in deltas:
                 yield delta

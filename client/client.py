@@ -23,7 +23,7 @@ import zmq
 
 from client.connection_watch import ConnectionWatch, lost_message
 from client.heartbeat import HeartbeatThread
-from client.request_body import build_body, encode_request, new_req_id, num_copies
+from client.request_body import build_body, encode_request, new_req_id, num_copies, refuse_copies
 from client.result_builder import ResultBuilder
 from client.types import GenerateResult, RequestTimeoutError, ServerGoneError, resolve_api_key, stats_or_raise
 from common.messages import (
@@ -87,14 +87,19 @@ class Client:
         return req_id
 
     def generate(self, /, prompt: str | None = None, **kwargs) -> GenerateResult:
+        """One result (n above 1 is refused: see generate_batch)."""
+        refuse_copies(kwargs, "generate")
         return self.result(self.submit(prompt, **kwargs))
 
     def generate_batch(self, /, prompts: list[str], **sampling) -> list[GenerateResult]:
+        """Every prompt in flight at once; the results in the prompts' order, with `n` each prompt's
+        n choices in turn (prompt p's choice i at p * n + i, as OpenAI numbers choices)."""
         req_ids = [self.submit(p, **sampling) for p in prompts]
-        return [self.result(r) for r in req_ids]
+        return [self.result(r + i) for r in req_ids for i in range(num_copies(sampling))]
 
     def stream(self, /, prompt: str | None = None, **kwargs) -> TextStream:
         """Text deltas as they come; `.result` holds the whole result once the stream ends."""
+        refuse_copies(kwargs, "stream")
         return TextStream(self, self.submit(prompt, **kwargs))
 
     def stream_of(self, req_id: int) -> TextStream:

@@ -47,6 +47,17 @@ def num_copies(body: dict[str, Any]) -> int:
     return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= LIMITS.max_copies else 1
 
 
+def refuse_copies(sampling: dict[str, Any], method: str) -> None:
+    """`method` answers one choice: a valid `n` above 1 is refused before anything is sent (its
+    other choices would never be read)."""
+    n = num_copies(sampling)
+    if n > 1:
+        raise InvalidRequestError(
+            f"{method} answers one choice but n={n}: use generate_batch (each prompt's n choices in turn), "
+            f"or submit and then result(req_id + i) for i in range({n})"
+        )
+
+
 def encode_request(msg: GenerateReq) -> bytes:
     """The frame for `msg`, or InvalidRequestError naming the first value the wire cannot carry."""
     problem = _unsendable(msg.body, "request", 0)

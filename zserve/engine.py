@@ -33,6 +33,7 @@ from typing import Any
 
 from client.async_client import AsyncClient
 from client.client import Client
+from client.request_body import num_copies
 from client.types import GenerateResult
 from common.sampling_params import SamplingParams
 from common.server_config import ServerConfig
@@ -88,12 +89,13 @@ class Engine:
         messages: Sequence[list[dict]] | None = None,
     ) -> list[GenerateResult]:
         """One result per prompt (a string, or a list of token ids) or per conversation
-        (`messages`), in their order. Every request is in flight at once; the server batches them."""
+        (`messages`), in their order; with `n`, each prompt's n choices in turn (prompt p's choice
+        i at p * n + i). Every request is in flight at once; the server batches them."""
         client = self._live_client()
         bodies = _bodies(prompts, messages)
         options = _sampling_dict(sampling)
         req_ids = [client.submit(**body, **options) for body in bodies]
-        return [client.result(req_id) for req_id in req_ids]
+        return [client.result(req_id + i) for req_id in req_ids for i in range(num_copies(options))]
 
     def stream(self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
                messages: list[dict] | None = None) -> Iterator[str]:
@@ -109,7 +111,8 @@ class Engine:
         self._live_client()
         options = _sampling_dict(sampling)
         async with AsyncClient(self.address) as client:
-            return list(await asyncio.gather(*(client.generate(**body, **options) for body in _bodies(prompts, messages))))
+            req_ids = [await client.submit(**body, **options) for body in _bodies(prompts, messages)]
+            return list(await asyncio.gather(*(client.result(r + i) for r in req_ids for i in range(num_copies(options)))))
 
     async def astream(self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None,
                       *, messages: list[dict] | None = None) -> AsyncIterator[str]:

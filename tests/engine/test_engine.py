@@ -47,6 +47,12 @@ def test_generate_256_prompts_in_order_equal_to_the_servers_outputs_then_stops_e
         assert [r.output_ids for r in async_results] == expected[:4]
         ids_results = engine.generate([results[0].output_ids], {"max_tokens": 2})  # token-id prompts too
         assert len(ids_results[0].output_ids) == 2
+        seeded = {"max_tokens": 4, "temperature": 1.0, "ignore_eos": True}
+        choices = engine.generate(PROMPTS[:2], {**seeded, "n": 2, "seed": 7})  # each prompt's choices in turn
+        singles = [engine.generate([p], {**seeded, "seed": 7 + i})[0] for p in PROMPTS[:2] for i in range(2)]
+        assert [r.output_ids for r in choices] == [r.output_ids for r in singles]
+        async_choices = asyncio.run(engine.agenerate(PROMPTS[:2], {**seeded, "n": 2, "seed": 7}))
+        assert [r.output_ids for r in async_choices] == [r.output_ids for r in singles]
     assert engine._proc.returncode == 0
     assert wait_dead([launcher_pid, *children], 10) == []
 

@@ -37,3 +37,32 @@ def test_n_out_of_range_is_refused(server):
 
     with Client(server.port, timeout_s=30) as c, pytest.raises(InvalidRequestError, match=r"n must be an integer in \[1, 128\]"):
         c.generate("hi", n=500)
+
+
+def test_batches_return_every_choice_in_turn_and_one_choice_methods_refuse_n(server):
+    """generate_batch with n: each prompt's n choices in turn (p * n + i), sync and async; generate
+    and stream answer one choice, so they refuse n=2 before sending anything."""
+    import asyncio
+
+    from client import AsyncClient, InvalidRequestError
+
+    prompts = ["First prompt of the batch", "Second prompt, a different one"]
+    sampling = dict(max_tokens=6, n=3, temperature=1.0, seed=21, ignore_eos=True)
+    with Client(server.port, timeout_s=60) as c:
+        results = c.generate_batch(prompts, **sampling)
+        singles = [c.generate(p, max_tokens=6, temperature=1.0, seed=21 + i, ignore_eos=True) for p in prompts for i in range(3)]
+        before = wait_idle(c)
+        for method in (c.generate, c.stream):
+            with pytest.raises(InvalidRequestError, match=r"answers one choice but n=2"):
+                method(prompts[0], n=2)
+        assert wait_idle(c)["num_submitted"] == before["num_submitted"]  # nothing was sent
+        assert not c._outputs  # nor is anything waiting to be read
+    assert [r.output_ids for r in results] == [s.output_ids for s in singles]
+
+    async def async_batch():
+        async with AsyncClient(server.port, timeout_s=60) as ac:
+            with pytest.raises(InvalidRequestError, match=r"n=2"):
+                await ac.generate(prompts[0], n=2)
+            return await ac.generate_batch(prompts, **sampling)
+
+    assert [r.output_ids for r in asyncio.run(async_batch())] == [s.output_ids for s in singles]
