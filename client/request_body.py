@@ -28,6 +28,10 @@ def build_body(prompt: str | None, input_ids: list[int] | None, messages: list[d
     if len(given) != 1:
         raise ValueError(f"give exactly one of prompt, input_ids or messages (got {', '.join(given) or 'none'})")
     body: dict[str, Any] = {"sampling": {k: v for k, v in sampling.items() if v is not None and k not in ("n", "tools")}}
+    if isinstance(body["sampling"].get("logit_bias"), dict):  # token ids as ints here, as strings on the wire (JSON's keys)
+        body["sampling"]["logit_bias"] = {
+            str(k) if isinstance(k, int) and not isinstance(k, bool) else k: v for k, v in body["sampling"]["logit_bias"].items()
+        }
     for key in ("n", "tools"):  # request-level fields, next to the prompt: n choices; a chat's function definitions
         if sampling.get(key) is not None:
             body[key] = sampling[key]

@@ -74,6 +74,8 @@ def test_logit_bias_and_min_tokens(server, oracle):
     with Client(server.port, timeout_s=60) as c:
         forced = c.generate(input_ids=prompt_ids, max_tokens=6, ignore_eos=True, logit_bias={"77": 100.0})
         assert forced.output_ids == [77] * 6
+        as_ints = c.generate(input_ids=prompt_ids, max_tokens=6, ignore_eos=True, logit_bias={77: 100})  # Python's keys
+        assert as_ints.output_ids == [77] * 6
         # EOS made the likeliest token: it ends the request at once, unless min_tokens holds it back
         at_once = c.generate(input_ids=prompt_ids, max_tokens=20, logit_bias={str(EOS_ID): 100.0})
         held = c.generate(input_ids=prompt_ids, max_tokens=20, logit_bias={str(EOS_ID): 100.0}, min_tokens=5)
