@@ -94,8 +94,35 @@ class Client:
     def generate_batch(self, /, prompts: list[str], **sampling) -> list[GenerateResult]:
         """Every prompt in flight at once; the results in the prompts' order, with `n` each prompt's
         n choices in turn (prompt p's choice i at p * n + i, as OpenAI numbers choices)."""
-        req_ids = [self.submit(p, **sampling) for p in prompts]
-        return [self.result(r + i) for r in req_ids for i in range(num_copies(sampling))]
+        return self.results(self.submit_all([{"prompt": p} for p in prompts], **sampling))
+
+    def submit_all(self, /, bodies: list[dict], **sampling) -> list[int]:
+        """Send one request per body ({"prompt": ...}, {"input_ids": ...} or {"messages": ...}) with
+        the same sampling; returns every choice's req_id (with `n`, each body's n in turn). If one
+        cannot be sent, those already sent are aborted before the error is raised."""
+        copies = num_copies(sampling)
+        req_ids: list[int] = []
+        try:
+            for body in bodies:
+                req_id = self.submit(**body, **sampling)
+                req_ids += range(req_id, req_id + copies)
+        except BaseException:
+            self._drop(req_ids)
+            raise
+        return req_ids
+
+    def results(self, req_ids: list[int]) -> list[GenerateResult]:
+        """The whole results of requests submitted earlier, in order. If one raises (the server
+        refused it, a timeout), the others are aborted before the error is raised: nothing is left
+        running for a reader that will never come."""
+        out: list[GenerateResult] = []
+        try:
+            for req_id in req_ids:
+                out.append(self.result(req_id))
+        except BaseException:
+            self._drop(req_ids[len(out):])
+            raise
+        return out
 
     def stream(self, /, prompt: str | None = None, **kwargs) -> TextStream:
         """Text deltas as they come; `.result` holds the whole result once the stream ends."""
@@ -169,6 +196,13 @@ class Client:
         if out.finish_reason is not None:
             self._forget(req_id)
         return arrived_s, out
+
+    def _drop(self, req_ids: list[int]) -> None:
+        """Abort the requests among `req_ids` still in flight and drop their client state."""
+        for req_id in req_ids:
+            if req_id in self._outputs:
+                self.abort(req_id)
+                self._forget(req_id)
 
     def _forget(self, req_id: int) -> None:
         """Drop a request's client state; later outputs for it are discarded."""

@@ -92,10 +92,7 @@ class Engine:
         (`messages`), in their order; with `n`, each prompt's n choices in turn (prompt p's choice
         i at p * n + i). Every request is in flight at once; the server batches them."""
         client = self._live_client()
-        bodies = _bodies(prompts, messages)
-        options = _sampling_dict(sampling)
-        req_ids = [client.submit(**body, **options) for body in bodies]
-        return [client.result(req_id + i) for req_id in req_ids for i in range(num_copies(options))]
+        return client.results(client.submit_all(_bodies(prompts, messages), **_sampling_dict(sampling)))
 
     def stream(self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
                messages: list[dict] | None = None) -> Iterator[str]:

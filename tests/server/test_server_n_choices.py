@@ -66,3 +66,24 @@ def test_batches_return_every_choice_in_turn_and_one_choice_methods_refuse_n(ser
             return await ac.generate_batch(prompts, **sampling)
 
     assert [r.output_ids for r in asyncio.run(async_batch())] == [s.output_ids for s in singles]
+
+
+def test_a_failed_batch_aborts_the_rest_and_leaves_nothing_queued(server):
+    """results(): when one request of a batch fails, the unread ones are aborted on the server and
+    dropped in the client; submit_all(): when one body cannot be sent, those sent are aborted."""
+    from client import InvalidRequestError
+
+    with Client(server.port, timeout_s=60) as c:
+        before = wait_idle(c)
+        req_ids = c.submit_all([{"prompt": "short"}, {"input_ids": [10**6]}, {"prompt": "long"}], max_tokens=400, ignore_eos=True)
+        assert len(req_ids) == 3
+        c.abort(req_ids[0])  # the first ends at once; the second is refused; the third runs until it is aborted
+        with pytest.raises(InvalidRequestError, match="vocabulary"):
+            c.results(req_ids)
+        assert not c._outputs
+        after = wait_idle(c)
+        assert after["num_aborted"] - before["num_aborted"] == 2
+        with pytest.raises(InvalidRequestError, match="surrogate"):  # msgpack cannot carry it: refused in the client
+            c.submit_all([{"prompt": "sent first"}, {"prompt": "lone \ud800"}], max_tokens=400, ignore_eos=True)
+        assert not c._outputs
+        assert wait_idle(c)["num_aborted"] - after["num_aborted"] == 1
