@@ -113,8 +113,34 @@ class AsyncClient:
     async def generate_batch(self, /, prompts: list[str], **sampling) -> list[GenerateResult]:
         """Every prompt in flight at once; the results in the prompts' order, with `n` each prompt's
         n choices in turn (prompt p's choice i at p * n + i)."""
-        req_ids = [await self.submit(p, **sampling) for p in prompts]
-        return list(await asyncio.gather(*(self.result(r + i) for r in req_ids for i in range(num_copies(sampling)))))
+        return await self.results(await self.submit_all([{"prompt": p} for p in prompts], **sampling))
+
+    async def submit_all(self, /, bodies: list[dict], **sampling) -> list[int]:
+        """Client.submit_all: every choice's req_id; if one body cannot be sent, those sent are aborted."""
+        copies = num_copies(sampling)
+        req_ids: list[int] = []
+        try:
+            for body in bodies:
+                req_id = await self.submit(**body, **sampling)
+                req_ids += range(req_id, req_id + copies)
+        except BaseException:
+            for req_id in req_ids:
+                await self.abort(req_id)
+                self._queues.pop(req_id, None)
+            raise
+        return req_ids
+
+    async def results(self, req_ids: list[int]) -> list[GenerateResult]:
+        """Client.results, read concurrently: if one raises, the other reads are cancelled, which
+        aborts their requests, before the error is raised."""
+        reads = [asyncio.ensure_future(self.result(req_id)) for req_id in req_ids]
+        try:
+            return list(await asyncio.gather(*reads))
+        except BaseException:
+            for read in reads:
+                read.cancel()
+            await asyncio.gather(*reads, return_exceptions=True)
+            raise
 
     async def stream(self, /, prompt: str | None = None, **kwargs) -> AsyncIterator[str]:
         """Text deltas as they come. Leaving the loop early aborts the request once the generator

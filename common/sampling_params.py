@@ -167,11 +167,8 @@ class SamplingParams:
         for key in ("temperature", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if _is_number(kw.get(key)):
                 kw[key] = float(kw[key])
-        if isinstance(kw.get("logit_bias"), dict):  # JSON keys are strings; the Python client may send ints
-            kw["logit_bias"] = {
-                str(k) if isinstance(k, int) and not isinstance(k, bool) else k: float(v) if _is_number(v) else v
-                for k, v in kw["logit_bias"].items()
-            }
+        if isinstance(kw.get("logit_bias"), dict):  # keys are strings on the wire (the Python client turns int ids into them)
+            kw["logit_bias"] = {k: float(v) if _is_number(v) else v for k, v in kw["logit_bias"].items()}
         if isinstance(kw.get("json_schema"), (dict, bool)):  # the Python client may pass the schema itself
             kw["json_schema"] = json.dumps(kw["json_schema"])
         if _is_int_in(kw.get("top_logprobs"), 1, LIMITS.max_top_logprobs):

@@ -18,7 +18,6 @@ is left behind, also when the block raises.
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import os
 import signal
@@ -33,7 +32,6 @@ from typing import Any
 
 from client.async_client import AsyncClient
 from client.client import Client
-from client.request_body import num_copies
 from client.types import GenerateResult
 from common.sampling_params import SamplingParams
 from common.server_config import ServerConfig
@@ -108,8 +106,7 @@ class Engine:
         self._live_client()
         options = _sampling_dict(sampling)
         async with AsyncClient(self.address) as client:
-            req_ids = [await client.submit(**body, **options) for body in _bodies(prompts, messages)]
-            return list(await asyncio.gather(*(client.result(r + i) for r in req_ids for i in range(num_copies(options)))))
+            return await client.results(await client.submit_all(_bodies(prompts, messages), **options))
 
     async def astream(self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None,
                       *, messages: list[dict] | None = None) -> AsyncIterator[str]:

@@ -87,3 +87,27 @@ def test_a_failed_batch_aborts_the_rest_and_leaves_nothing_queued(server):
             c.submit_all([{"prompt": "sent first"}, {"prompt": "lone \ud800"}], max_tokens=400, ignore_eos=True)
         assert not c._outputs
         assert wait_idle(c)["num_aborted"] - after["num_aborted"] == 1
+
+
+def test_a_failed_async_batch_cancels_the_other_reads_and_aborts_them(server):
+    """AsyncClient.results: the refused request raises, the other reads are cancelled, and their
+    requests are aborted on the server; nothing stays queued in the client."""
+    import asyncio
+
+    from client import AsyncClient, InvalidRequestError
+
+    async def failed_batch() -> dict:
+        async with AsyncClient(server.port, timeout_s=60) as ac:
+            req_ids = await ac.submit_all([{"prompt": "long one"}, {"input_ids": [10**6]}], max_tokens=400, ignore_eos=True)
+            with pytest.raises(InvalidRequestError, match="vocabulary"):
+                await ac.results(req_ids)
+            assert not ac._queues
+            with pytest.raises(InvalidRequestError, match="surrogate"):
+                await ac.submit_all([{"prompt": "sent first"}, {"prompt": "lone \ud800"}], max_tokens=400, ignore_eos=True)
+            assert not ac._queues
+
+    with Client(server.port, timeout_s=60) as c:
+        before = wait_idle(c)
+        asyncio.run(failed_batch())
+        after = wait_idle(c)
+    assert after["num_aborted"] - before["num_aborted"] == 2
