@@ -1,16 +1,20 @@
-"""Builds and loads the CPU kernels, once per machine: one torch extension from
-paged_attention.cpp (zserve::paged_attention), gemm_bf16.cpp (zserve::gemm_bf16, on CPUs with
+"""Builds and loads the CPU kernels, once per machine and instruction set: one torch extension
+from paged_attention.cpp (zserve::paged_attention), gemm_widen.cpp (zserve::gemm_widen: 16-bit
+weights widened in registers, AVX2 or AVX-512), gemm_bf16.cpp (zserve::gemm_bf16, with
 AVX512-BF16) and fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store).
 
-The build is cached under ~/.cache/zserve/kernels (or $XDG_CACHE_HOME/zserve/kernels), in a
-folder keyed by the source, the compile flags, torch's version and the CPU's flags, so a new
-torch or a copied home directory never loads a stale or foreign build. scripts/setup.sh builds it
+The instruction set is cpu_isa.py's: the CPU's highest level, or a lower one forced with
+$ZSERVE_CPU_ISA. The build is cached under ~/.cache/zserve/kernels (or
+$XDG_CACHE_HOME/zserve/kernels), in a folder keyed by the level, the source, the compile flags,
+torch's version and the CPU's flags, so a new torch, a forced level or a copied home directory
+never loads a stale or foreign build. scripts/setup.sh builds it
 (`python -m model_proc.kernels.cpu_kernels`); a worker that finds no build compiles it on
 first use (about a minute on 2 cores) and waits. When it cannot be built (no compiler, no ninja,
 an error), `load_cpu_kernels()` logs one line and returns False: attention runs the pure-torch
 path and the linear layers oneDNN.
 
-It is compiled with -march=native: the build machine is the machine that runs it.
+It is compiled with the level's -march (cpu_isa.py), never -march=native: a build for avx2 on an
+AVX-512 machine holds no AVX-512 instruction.
 """
 
 from __future__ import annotations
@@ -29,14 +33,16 @@ from pathlib import Path
 
 import torch
 
+from model_proc.kernels.cpu_isa import cpu_flags, cpu_isa, march_flags
+
 logger = logging.getLogger(__name__)
 
 HEADERS = (Path(__file__).with_name("cpu_math.h"),)  # included by the sources; part of the build key
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cpp", "gemm_bf16.cpp", "fused_ops.cpp"))
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cpp", "gemm_widen.cpp", "gemm_bf16.cpp", "fused_ops.cpp"))
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
 # adds); finite-math stays on (the kernel never makes inf or NaN, but must pass them through), and
 # no -ffast-math anywhere: linked, it would set flush-to-zero for the whole process.
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros")
+CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros")
 LDFLAGS = ("-fopenmp",)  # libgomp.so.1: the one torch already loaded answers to that name
 
 
@@ -45,22 +51,17 @@ def cache_root() -> Path:
     return Path(base) / "zserve" / "kernels"
 
 
-def build_key() -> str:
+def compile_flags(level: str) -> tuple[str, ...]:
+    return (*CFLAGS, *march_flags(level))
+
+
+def build_key(level: str) -> str:
     digest = hashlib.sha256()
     for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
-    for part in (" ".join(CFLAGS + LDFLAGS), torch.__version__, platform.machine(), _cpu_flags()):
+    for part in (level, " ".join(compile_flags(level) + LDFLAGS), torch.__version__, platform.machine(), " ".join(sorted(cpu_flags()))):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
-
-
-def _cpu_flags() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    if cpuinfo.is_file():
-        for line in cpuinfo.read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    return ""
 
 
 @contextlib.contextmanager
@@ -88,22 +89,23 @@ def build(verbose: bool = False) -> Path:
     the build folder. Raises on failure."""
     from torch.utils import cpp_extension
 
-    build_dir = cache_root() / f"cpu_kernels-{build_key()}"
+    level = cpu_isa()
+    build_dir = cache_root() / f"cpu_kernels-{level}-{build_key(level)}"
     if hasattr(torch.ops.zserve, "paged_attention"):  # loaded already: torch allows one registration per process
         return build_dir
     build_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with _ninja_on_path():
         cpp_extension.load(
-            name="zserve_cpu_kernels",
+            name=f"zserve_cpu_kernels_{level}",
             sources=[str(source) for source in SOURCES],
-            extra_cflags=list(CFLAGS),
+            extra_cflags=list(compile_flags(level)),
             extra_ldflags=list(LDFLAGS),
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=verbose,
         )
-    logger.debug("CPU kernels loaded from %s in %.1fs", build_dir, time.perf_counter() - t0)
+    logger.debug("CPU kernels (%s) loaded from %s in %.1fs", level, build_dir, time.perf_counter() - t0)
     return build_dir
 
 
@@ -145,12 +147,20 @@ def load_gemm_bf16() -> Callable | None:
     return torch.ops.zserve.gemm_bf16
 
 
+def load_gemm_widen() -> Callable | None:
+    """torch.ops.zserve.gemm_widen (16-bit weights widened in registers), or None when the
+    kernels cannot be built here or the level has no AVX2 + FMA + F16C."""
+    if not load_cpu_kernels() or not torch.ops.zserve.gemm_widen_supported():
+        return None
+    return torch.ops.zserve.gemm_widen
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     t0 = time.perf_counter()
     build_dir = build(verbose="-v" in sys.argv)
-    gemm = "with" if torch.ops.zserve.gemm_bf16_supported() else "without (no AVX512-BF16 here)"
-    print(f"[setup] CPU kernels ready in {build_dir}, {gemm} the bf16 GEMM ({time.perf_counter() - t0:.1f}s)")
+    gemms = [name for name, ok in (("gemm_widen", torch.ops.zserve.gemm_widen_supported()), ("gemm_bf16", torch.ops.zserve.gemm_bf16_supported())) if ok]
+    print(f"[setup] CPU kernels for {cpu_isa()} ready in {build_dir}, GEMMs: {', '.join(gemms) or 'none'} ({time.perf_counter() - t0:.1f}s)")
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__AVX512F__)
+#if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -34,8 +34,8 @@ inline float exp_poly(float x) {
   return p * scale;
 }
 
-// n values of T into fp32: a copy for float, a widening for bf16 (16 at a time with AVX-512:
-// a loop over c10::BFloat16's own conversion stays scalar).
+// n values of T into fp32: a copy for float, a widening for bf16 (16 at a time with AVX-512, 8
+// with AVX2: a loop over c10::BFloat16's own conversion stays scalar).
 template <typename T>
 inline void widen_row(const T* __restrict src, float* __restrict dst, int64_t n) {
   if constexpr (std::is_same_v<T, float>) {
@@ -48,8 +48,39 @@ inline void widen_row(const T* __restrict src, float* __restrict dst, int64_t n)
       _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
     }
 #endif
+#if defined(__AVX2__)
+    for (; i + 8 <= n; i += 8) {
+      const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)));
+    }
+#endif
     for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
   }
+}
+
+// n fp32 values into bf16, rounded to nearest even (NaN stays a quiet NaN), as c10::BFloat16(x):
+// VCVTNEPS2BF16 with AVX512-BF16, the same rounding in integer ops with AVX2.
+inline void narrow_row(const float* __restrict src, c10::BFloat16* __restrict dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512BF16__)
+  for (; i + 16 <= n; i += 16) {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+  }
+#endif
+#if defined(__AVX2__)
+  const __m256i one = _mm256_set1_epi32(1), half = _mm256_set1_epi32(0x7FFF), nan = _mm256_set1_epi32(0x7FC0);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(src + i);
+    const __m256i bits = _mm256_castps_si256(v);
+    const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), one);
+    __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(bits, half), lsb), 16);
+    rounded = _mm256_blendv_epi8(rounded, nan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    // 8 x u32 (each <= 0xFFFF) -> 8 x u16: pack within each 128-bit lane, then join the lanes
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(rounded, rounded), 0x08);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm256_castsi256_si128(packed));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = c10::BFloat16(src[i]);
 }
 
 }  // namespace zserve_cpu

@@ -31,10 +31,6 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 
 namespace {
 
@@ -46,15 +42,7 @@ constexpr int64_t GRAIN_ELEMENTS = 1 << 15;  // elements per thread below which 
 template <typename T>
 inline void widen(const T* src, float* dst, int64_t n) { zserve_cpu::widen_row(src, dst, n); }
 inline void narrow(const float* src, float* dst, int64_t n) { std::memcpy(dst, src, n * sizeof(float)); }
-inline void narrow(const float* src, c10::BFloat16* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(__AVX512BF16__)
-  for (; i + 16 <= n; i += 16) {
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
-  }
-#endif
-  for (; i < n; ++i) dst[i] = c10::BFloat16(src[i]);
-}
+inline void narrow(const float* src, c10::BFloat16* dst, int64_t n) { zserve_cpu::narrow_row(src, dst, n); }
 
 // x rounded to T's precision and back (round to nearest even), in integer ops that vectorize;
 // inputs are finite here.

@@ -3,11 +3,15 @@
 Weights load as plain [in, out] tensors. After loading, `prepack_weights(model, backend)` hands
 each one to the GEMM that runs it, in the layout that GEMM reads best, and frees the plain one:
 
-  - "zserve_bf16" (CPU, bf16, where model_proc/kernels/ built with AVX512-BF16: the default
-    here): our kernel (kernels/gemm_bf16.cpp) on blocks of 16 columns x pairs of k, so a decode
-    step streams each weight once, in order, at the machine's read bandwidth;
-  - "onednn" (CPU, fp32 or bf16): oneDNN's linear on a weight reordered into its blocked layout
-    (torch.ops.mkldnn._reorder_linear_weight);
+  - "zserve_bf16" (CPU, bf16, where model_proc/kernels/ built for avx512_bf16): our kernel
+    (kernels/gemm_bf16.cpp) on blocks of 16 columns x pairs of k, so a decode step streams each
+    weight once, in order, at the machine's read bandwidth;
+  - "zserve_widen" (CPU, bf16 or fp16, kernels built for avx2 or avx512: every current x86-64):
+    our kernel (kernels/gemm_widen.cpp) on blocks of 16 columns x k, weights kept 16-bit and
+    widened to fp32 in registers (bf16: a shift; fp16: F16C), fp32 FMAs;
+  - "onednn" (CPU, fp32; bf16 only where oneDNN has native bf16, i.e. AVX-512 BW/VL/DQ or
+    AVX-NE-CONVERT): oneDNN's linear on a weight reordered into its blocked layout
+    (torch.ops.mkldnn._reorder_linear_weight, which raises for bf16 on an AVX2-only CPU);
   - "torch" (CUDA, other dtypes, ZSERVE_GEMM=torch): torch.mm on the plain tensor.
 
 Measured (SmolLM2-135M's 30 layers of linear weights plus its LM head, 269 MB in bf16, streamed
@@ -39,24 +43,37 @@ import os
 import torch
 from torch import nn
 
-from model_proc.kernels.cpu_kernels import load_gemm_bf16
+from model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
 
-GEMM_ENV = "ZSERVE_GEMM"  # auto (default) | onednn | torch
-BLOCK_COLS = 16  # zserve_bf16: output columns per packed block
+GEMM_ENV = "ZSERVE_GEMM"  # auto (default) | zserve_widen | onednn | torch
+GEMM_CHOICES = ("auto", "zserve_widen", "onednn", "torch")
+BLOCK_COLS = 16  # zserve_bf16 and zserve_widen: output columns per packed block
+WIDEN_DTYPES = (torch.bfloat16, torch.float16)
+
+
+def onednn_supports(dtype: torch.dtype) -> bool:
+    """Whether oneDNN's packed linear runs `dtype` on this CPU (its bf16 packing needs native bf16
+    support; asked of torch, which asks the CPU)."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")):
+        return False
+    if dtype == torch.float32:
+        return True
+    return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def gemm_backend(device: torch.device, dtype: torch.dtype, choice: str | None = None) -> str:
-    """"zserve_bf16", "onednn" or "torch" (see the top); `choice` defaults to $ZSERVE_GEMM."""
+    """"zserve_bf16", "zserve_widen", "onednn" or "torch" (see the top); `choice` defaults to
+    $ZSERVE_GEMM. A choice this CPU or dtype cannot run falls back to the next that can."""
     choice = choice or os.environ.get(GEMM_ENV) or "auto"
-    if choice not in ("auto", "onednn", "torch"):
-        raise ValueError(f"{GEMM_ENV}={choice!r}: expected auto, onednn or torch")
-    if choice == "torch" or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
+    if choice not in GEMM_CHOICES:
+        raise ValueError(f"{GEMM_ENV}={choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
+    if choice == "torch" or device.type != "cpu":
         return "torch"
     if choice == "auto" and dtype == torch.bfloat16 and load_gemm_bf16() is not None:
         return "zserve_bf16"
-    if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"):
-        return "onednn"
-    return "torch"
+    if choice in ("auto", "zserve_widen") and dtype in WIDEN_DTYPES and load_gemm_widen() is not None:
+        return "zserve_widen"
+    return "onednn" if onednn_supports(dtype) else "torch"
 
 
 def pack_bf16_blocks(weight_in_out: torch.Tensor) -> torch.Tensor:
@@ -68,6 +85,23 @@ def pack_bf16_blocks(weight_in_out: torch.Tensor) -> torch.Tensor:
     padded[:, :n] = weight_in_out
     blocks = padded.view(k // 2, 2, padded_n // BLOCK_COLS, BLOCK_COLS).permute(2, 0, 3, 1).contiguous()  # [NB, K/2, 16, 2]
     return blocks.view(torch.int32).view(padded_n // BLOCK_COLS, k // 2, BLOCK_COLS)
+
+
+def pack_widen_blocks(weight_in_out: torch.Tensor) -> torch.Tensor:
+    """16-bit [K, N] -> same dtype [ceil(N / 16), K, 16]: block b, row k, column j holds
+    W[k, 16b + j], the layout of kernels/gemm_widen.cpp."""
+    k, n = weight_in_out.shape
+    padded_n = -(-n // BLOCK_COLS) * BLOCK_COLS
+    padded = torch.zeros(k, padded_n, dtype=weight_in_out.dtype, device=weight_in_out.device)
+    padded[:, :n] = weight_in_out
+    return padded.view(k, padded_n // BLOCK_COLS, BLOCK_COLS).permute(1, 0, 2).contiguous()
+
+
+def padded_bias(bias: torch.Tensor, num_blocks: int) -> torch.Tensor:
+    """float32 [num_blocks * 16]: the bias the block kernels add in fp32, zero past the outputs."""
+    padded = torch.zeros(num_blocks * BLOCK_COLS, dtype=torch.float32)
+    padded[: bias.numel()] = bias.detach().float()
+    return padded
 
 
 class GemmWeight(nn.Module):
@@ -82,7 +116,7 @@ class GemmWeight(nn.Module):
         self.weight_shape = (in_features, out_features)
         self.weight = nn.Parameter(torch.empty(in_features, out_features), requires_grad=False)  # [in, out]
         self.register_buffer("packed", None, persistent=False)
-        self.register_buffer("packed_bias", None, persistent=False)  # zserve_bf16: float32, padded to the blocks
+        self.register_buffer("packed_bias", None, persistent=False)  # zserve_bf16 / zserve_widen: float32, padded to the blocks
 
     def plain_weight(self) -> torch.Tensor:
         """The [in, out] tensor to pack (a tied LM head returns its embedding's)."""
@@ -90,19 +124,17 @@ class GemmWeight(nn.Module):
         return self.weight
 
     def pack(self, backend: str, free_plain: bool = True) -> None:
-        in_features, out_features = self.weight_shape
-        if backend == "zserve_bf16" and in_features % 2:
-            backend = "onednn"  # the kernel reads k in pairs
+        in_features = self.weight_shape[0]
+        if backend == "zserve_bf16" and in_features % 2:  # the kernel reads k in pairs
+            backend = "zserve_widen" if load_gemm_widen() is not None else "onednn"
         if backend == "torch":
             return
         weight = self.plain_weight()
-        if backend == "zserve_bf16":
-            self.packed = pack_bf16_blocks(weight.detach())
+        if backend in ("zserve_bf16", "zserve_widen"):
+            self.packed = pack_bf16_blocks(weight.detach()) if backend == "zserve_bf16" else pack_widen_blocks(weight.detach())
             bias = getattr(self, "bias", None)
             if bias is not None:
-                padded = torch.zeros(self.packed.shape[0] * BLOCK_COLS, dtype=torch.float32)
-                padded[:out_features] = bias.detach().float()
-                self.packed_bias = padded
+                self.packed_bias = padded_bias(bias, self.packed.shape[0])
         else:  # oneDNN's linear takes [out, in]; no batch-size hint: one layout for every batch
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach().t().contiguous(), None)
         self.backend = backend
@@ -113,6 +145,8 @@ class GemmWeight(nn.Module):
         """x [T, in] -> [T, out]; `bias` is the layer's bias Parameter or None."""
         if self.backend == "zserve_bf16":
             return torch.ops.zserve.gemm_bf16(x.contiguous(), self.packed, self.weight_shape[1], self.packed_bias if bias is not None else None)
+        if self.backend == "zserve_widen":
+            return torch.ops.zserve.gemm_widen(x.contiguous(), self.packed, self.weight_shape[1], self.packed_bias if bias is not None else None)
         if self.backend == "onednn":
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), self.packed, bias, "none", [], "")
         weight = self.plain_weight()

@@ -10,20 +10,28 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_proc.kernels.cpu_kernels import load_gemm_bf16
-from model_proc.layers.gemm import GemmWeight, gemm_backend, pack_bf16_blocks
+from model_proc.kernels.cpu_isa import cpu_isa
+from model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
+from model_proc.layers.gemm import GemmWeight, gemm_backend, onednn_supports, pack_bf16_blocks, pack_widen_blocks
 
 CPU = torch.device("cpu")
 SHAPES = [(64, 96), (576, 960), (34, 7), (96, 600), (1536, 576), (2, 16), (40, 33)]  # (in, out): odd and tiny outs too
 ROWS = [1, 3, 8, 9, 17, 64, 130]
 
 
+NO_GEMM_BF16 = f"the VDPBF16PS GEMM needs the avx512_bf16 level (this process: {cpu_isa()}) and a built extension"
+NO_GEMM_WIDEN = f"the widening GEMM needs the avx2 level or higher (this process: {cpu_isa()}) and a built extension"
+
+
 def backends(dtype: torch.dtype) -> list[str]:
+    """Every backend this CPU runs for `dtype` (each is tested where it runs)."""
     found = ["torch"]
-    if gemm_backend(CPU, dtype, "onednn") == "onednn":
+    if onednn_supports(dtype):
         found.append("onednn")
     if dtype == torch.bfloat16 and load_gemm_bf16() is not None:
         found.append("zserve_bf16")
+    if dtype in (torch.bfloat16, torch.float16) and load_gemm_widen() is not None:
+        found.append("zserve_widen")
     return found
 
 
@@ -44,12 +52,12 @@ def make_weight(in_features: int, out_features: int, dtype: torch.dtype, backend
 
 def ulp(x: torch.Tensor) -> torch.Tensor:
     """Spacing of the output dtype at each value (one ulp), as float32."""
-    bits = {torch.bfloat16: 7, torch.float32: 23}[x.dtype]
+    bits = {torch.bfloat16: 7, torch.float16: 10, torch.float32: 23}[x.dtype]
     mag = x.float().abs().clamp_min(torch.finfo(x.dtype).tiny)
     return torch.exp2(torch.floor(torch.log2(mag)) - bits)
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("bias", [False, True])
 def test_every_backend_matches_the_fp32_product(dtype, bias):
     for backend in backends(dtype):
@@ -67,7 +75,7 @@ def test_every_backend_matches_the_fp32_product(dtype, bias):
                 assert (err <= limit).all(), (backend, in_features, out_features, rows, float(err.max()))
 
 
-@pytest.mark.skipif(load_gemm_bf16() is None, reason="the bf16 GEMM kernel needs AVX512-BF16 and a built extension")
+@pytest.mark.skipif(load_gemm_bf16() is None, reason=NO_GEMM_BF16)
 def test_zserve_bf16_next_to_torch_mm():
     """Measured: 0 to 3e-4 of the outputs differ from torch.mm's, by one ulp."""
     for in_features, out_features in [(576, 960), (1536, 576), (576, 4096)]:
@@ -83,7 +91,46 @@ def test_zserve_bf16_next_to_torch_mm():
             assert ((ours.float() - theirs.float()).abs() <= limit).all()
 
 
-@pytest.mark.skipif(load_gemm_bf16() is None, reason="the bf16 GEMM kernel needs AVX512-BF16 and a built extension")
+@pytest.mark.skipif(load_gemm_widen() is None, reason=NO_GEMM_WIDEN)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_zserve_widen_next_to_torch_mm(dtype):
+    """Same products, fp32 sums in another order: outputs within one ulp of torch.mm's, and
+    equal to the exact product rounded once for nearly all of them."""
+    for in_features, out_features in [(576, 960), (1536, 576), (576, 4096), (33, 40)]:
+        layer, plain, _ = make_weight(in_features, out_features, dtype, "zserve_widen", bias=False)
+        for rows in (1, 2, 3, 4, 5, 7, 8, 64, 200):
+            x = torch.randn(rows, in_features).to(dtype)
+            ours = layer.matmul(x, None)
+            exact = (x.double() @ plain.double()).to(dtype)
+            assert (ours != exact).float().mean() < 5e-3, (in_features, out_features, rows)
+            theirs = torch.mm(x.float(), plain.float()).to(dtype)  # what torch.mm does in fp32, rounded once
+            larger = torch.maximum(ours.float().abs(), theirs.float().abs()).to(dtype)
+            limit = ulp(larger) * 1.01 + 1e-5 * (x.float().abs() @ plain.float().abs())
+            assert ((ours.float() - theirs.float()).abs() <= limit).all(), (in_features, out_features, rows)
+
+
+@pytest.mark.skipif(load_gemm_widen() is None, reason=NO_GEMM_WIDEN)
+def test_zserve_widen_rejects_bad_inputs():
+    layer, _, _ = make_weight(64, 96, torch.bfloat16, "zserve_widen", bias=False)
+    with pytest.raises(RuntimeError, match="columns"):
+        torch.ops.zserve.gemm_widen(torch.zeros(2, 62, dtype=torch.bfloat16), layer.packed, 96, None)
+    with pytest.raises(RuntimeError, match="dtype|bf16"):
+        torch.ops.zserve.gemm_widen(torch.zeros(2, 64, dtype=torch.float16), layer.packed, 96, None)
+    with pytest.raises(RuntimeError, match="bf16 or fp16"):
+        torch.ops.zserve.gemm_widen(torch.zeros(2, 64), layer.packed, 96, None)
+    with pytest.raises(RuntimeError, match="out_features"):
+        torch.ops.zserve.gemm_widen(torch.zeros(2, 64, dtype=torch.bfloat16), layer.packed, 200, None)
+
+
+def test_pack_widen_layout():
+    """Block b, row k, column j holds W[k, 16b + j]; padding is zero."""
+    w = torch.arange(3 * 20, dtype=torch.float32).view(3, 20).to(torch.float16)
+    packed = pack_widen_blocks(w)
+    assert packed.shape == (2, 3, 16) and packed.dtype == torch.float16
+    assert packed[1, 2, 3] == w[2, 19] and packed[0, 1, 15] == w[1, 15] and (packed[1, :, 4:] == 0).all()
+
+
+@pytest.mark.skipif(load_gemm_bf16() is None, reason=NO_GEMM_BF16)
 def test_zserve_bf16_rejects_bad_inputs():
     layer, _, _ = make_weight(64, 96, torch.bfloat16, "zserve_bf16", bias=False)
     with pytest.raises(RuntimeError, match="columns"):
@@ -104,20 +151,24 @@ def test_pack_layout():
     assert pairs[0, 0, 0, 1] == w[1, 0] and (pairs[1, :, 4:] == 0).all()
 
 
-def test_odd_in_features_fall_back_to_onednn():
+def test_odd_in_features_fall_back_to_the_widening_gemm():
     if gemm_backend(CPU, torch.bfloat16) != "zserve_bf16":
-        pytest.skip("the bf16 GEMM kernel is not the default here")
+        pytest.skip(f"the VDPBF16PS GEMM is not the default at this process's level ({cpu_isa()})")
     layer, plain, _ = make_weight(33, 40, torch.bfloat16, "zserve_bf16", bias=False)
-    assert layer.backend == "onednn"
+    assert layer.backend == "zserve_widen"
     x = torch.randn(3, 33).to(torch.bfloat16)
-    assert torch.equal(layer.matmul(x, None), torch.mm(x, plain))
+    assert torch.equal(layer.matmul(x, None), (x.double() @ plain.double()).to(torch.bfloat16))
 
 
 def test_backend_choice(monkeypatch):
-    assert gemm_backend(CPU, torch.float16) == "torch"
+    widen = load_gemm_widen() is not None
+    assert gemm_backend(CPU, torch.float16) == ("zserve_widen" if widen else "torch")
+    assert gemm_backend(CPU, torch.bfloat16) in (("zserve_bf16", "zserve_widen") if widen else ("onednn", "torch"))
+    assert gemm_backend(CPU, torch.bfloat16, "zserve_widen") == ("zserve_widen" if widen else "onednn" if onednn_supports(torch.bfloat16) else "torch")
+    assert gemm_backend(CPU, torch.float32) == ("onednn" if onednn_supports(torch.float32) else "torch")
     assert gemm_backend(torch.device("cuda"), torch.bfloat16) == "torch"
     assert gemm_backend(CPU, torch.float32, "torch") == "torch"
-    assert gemm_backend(CPU, torch.bfloat16, "onednn") in ("onednn", "torch")
+    assert gemm_backend(CPU, torch.bfloat16, "onednn") == ("onednn" if onednn_supports(torch.bfloat16) else "torch")
     monkeypatch.setenv("ZSERVE_GEMM", "bogus")
     with pytest.raises(ValueError, match="ZSERVE_GEMM"):
         gemm_backend(CPU, torch.float32)
