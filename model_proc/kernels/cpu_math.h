@@ -34,6 +34,17 @@ inline float exp_poly(float x) {
   return p * scale;
 }
 
+// x rounded to bf16's precision and back to fp32 (round to nearest even), in integer ops that
+// vectorize; x is finite.
+inline float round_to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof(bits));
+  bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
+  float y;
+  std::memcpy(&y, &bits, sizeof(y));
+  return y;
+}
+
 // n values of T into fp32: a copy for float, a widening for bf16 (16 at a time with AVX-512, 8
 // with AVX2: a loop over c10::BFloat16's own conversion stays scalar).
 template <typename T>

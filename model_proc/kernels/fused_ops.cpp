@@ -51,12 +51,7 @@ inline float round_to(float x) {
   if constexpr (std::is_same_v<T, float>) {
     return x;
   } else {
-    uint32_t bits;
-    std::memcpy(&bits, &x, sizeof(bits));
-    bits = (bits + 0x7FFFu + ((bits >> 16) & 1u)) & 0xFFFF0000u;
-    float y;
-    std::memcpy(&y, &bits, sizeof(y));
-    return y;
+    return zserve_cpu::round_to_bf16(x);
   }
 }
 

@@ -13,7 +13,8 @@
 // Token t of request r (position p = cached + t) attends to positions 0..p of that request.
 // Work items are (request, kv head, block of QUERY_BLOCK new tokens); each walks its pages in
 // tiles of KEY_TILE keys with an online softmax, fp32 throughout, and writes its output rows
-// once in q's dtype. Items are handed out through an atomic counter (largest first) inside
+// once in q's dtype. In bf16 the probabilities are rounded to bf16 before they weight V, as in
+// torch's CPU SDPA. Items are handed out through an atomic counter (largest first) inside
 // one at::parallel_for, so a long prefill row does not leave the other threads idle.
 
 #include <ATen/ATen.h>
@@ -203,6 +204,12 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
       }
       l[row] = l[row] * alpha + sum;
       m[row] = new_max;
+      if constexpr (std::is_same_v<T, c10::BFloat16>) {
+        // torch's CPU flash attention (SDPA, what transformers runs) multiplies V by these
+        // exponentials rounded to the input dtype, after summing them in fp32; so do we
+#pragma omp simd
+        for (int64_t j = 0; j < KEY_TILE; ++j) sr[j] = zserve_cpu::round_to_bf16(sr[j]);
+      }
       float* __restrict ar = acc + row * d;
 #if defined(__AVX512F__)
       if constexpr (D > 0 && D % 16 == 0) {  // the row's accumulator in zmm registers across the tile
