@@ -1,4 +1,5 @@
-"""`--dtype auto`: bf16 on CUDA and on CPUs with native bf16 instructions, fp32 on other CPUs."""
+"""`--dtype auto`: bf16 on CUDA, on CPUs with native bf16 instructions and where the widening
+16-bit GEMM runs (AVX2 + FMA + F16C kernels); fp32 on other CPUs."""
 
 from __future__ import annotations
 
@@ -33,8 +34,16 @@ def test_auto_is_bf16_on_a_cpu_with_native_bf16(monkeypatch):
     assert resolve_dtype("auto", CPU) == (torch.bfloat16, "auto: this CPU has avx512_bf16")
 
 
+def test_auto_is_bf16_where_the_widening_gemm_runs(monkeypatch):
+    with_cpu_features(monkeypatch)
+    monkeypatch.setattr(compute_dtype, "widening_gemm_level", lambda: "avx2")
+    dtype, reason = resolve_dtype("auto", CPU)
+    assert dtype == torch.bfloat16 and "(avx2 kernels)" in reason
+
+
 def test_auto_is_fp32_on_other_cpus_and_bf16_on_cuda(monkeypatch):
     with_cpu_features(monkeypatch)
+    monkeypatch.setattr(compute_dtype, "widening_gemm_level", lambda: None)
     dtype, reason = resolve_dtype("auto", CPU)
     assert dtype == torch.float32 and "none of avx512_bf16, amx_bf16" in reason
     assert resolve_dtype("auto", CUDA) == (torch.bfloat16, "auto: CUDA")  # no CUDA needed to decide
@@ -53,4 +62,5 @@ def test_this_machine_reads_its_cpu():
     """The real query answers (whatever this CPU is), and auto follows it."""
     feature = native_bf16_feature()
     assert feature in (None, *compute_dtype.NATIVE_BF16_CPU_FEATURES)
-    assert resolve_dtype("auto", CPU)[0] == (torch.bfloat16 if feature else torch.float32)
+    level = compute_dtype.widening_gemm_level()
+    assert resolve_dtype("auto", CPU)[0] == (torch.bfloat16 if feature or level else torch.float32)
