@@ -7,10 +7,15 @@ import platform
 import subprocess
 from pathlib import Path
 
+from model_proc.kernels.cpu_isa import cpu_flags, cpu_isa
+
 
 def machine_info() -> dict:
     return {
         "cpu": _cpu_model(),
+        "cpu_family_model": _cpu_field("cpu family") + "/" + _cpu_field("model"),
+        "cpu_isa": _cpu_isa(),
+        "cpu_simd_flags": sorted(flag for flag in cpu_flags() if flag.startswith(("avx", "fma", "f16c", "amx"))),
         "num_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "mem_gib": _mem_gib(),
         "load_average": list(os.getloadavg()),
@@ -19,6 +24,24 @@ def machine_info() -> dict:
         "transformers": _version("transformers"),
         "git_commit": _git_commit(),
     }
+
+
+def _cpu_field(name: str) -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.split(":", 1)[0].strip() == name:
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
+def _cpu_isa() -> str:
+    """The kernels' level in this process (the CPU's highest, or $ZSERVE_CPU_ISA's)."""
+    try:
+        return cpu_isa()
+    except ValueError as exc:  # a $ZSERVE_CPU_ISA this CPU cannot run: the figure says so
+        return f"invalid: {exc}"
 
 
 def load_average() -> list[float]:

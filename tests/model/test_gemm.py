@@ -12,7 +12,13 @@ import torch
 
 from model_proc.kernels.cpu_isa import cpu_isa
 from model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
-from model_proc.layers.gemm import GemmWeight, gemm_backend, onednn_supports, pack_bf16_blocks, pack_widen_blocks
+from model_proc.layers.gemm import (
+    GemmWeight,
+    gemm_backend,
+    onednn_supports,
+    pack_bf16_blocks,
+    pack_widen_blocks,
+)
 
 CPU = torch.device("cpu")
 SHAPES = [(64, 96), (576, 960), (34, 7), (96, 600), (1536, 576), (2, 16), (40, 33)]  # (in, out): odd and tiny outs too

@@ -12,7 +12,15 @@ import pytest
 import torch
 
 from model_proc.layers.gemm import gemm_backend
-from testing.model_fixtures import TINY_KINDS, GreedyDriver, HfReference, first_divergence, make_runner, make_tiny_checkpoint, random_prompt
+from testing.model_fixtures import (
+    TINY_KINDS,
+    GreedyDriver,
+    HfReference,
+    first_divergence,
+    make_runner,
+    make_tiny_checkpoint,
+    random_prompt,
+)
 
 NEAR_TIE_ULPS = 4  # bf16 ulps of the top logit (first_divergence's unit): generous for fp16
 PROMPT_LENS = (1, 5, 17, 40)

