@@ -183,11 +183,27 @@ constexpr BlockFn<T> BLOCK_FNS[MAX_ROWS + 1] = {nullptr, block_rows<T, 1>, block
 using TileFn = void (*)(const float*, int64_t, const float*, float*);
 constexpr TileFn TILE_FNS[TILE_ROWS + 1] = {nullptr, tile_rows<1>, tile_rows<2>, tile_rows<3>, tile_rows<4>, tile_rows<5>, tile_rows<6>};
 
+// rows of x widened to fp32 with the same instructions as the weights (torch's own bf16 -> fp32
+// copy took ~1 ms for 64 x 576 on AVX2: 15% of a batch-64 decode step)
+template <typename T>
+void widen_rows(const T* x, float* dst, int64_t M, int64_t K) {
+  at::parallel_for(0, M, std::max<int64_t>(1, (1 << 16) / std::max<int64_t>(1, K)), [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) {
+      const T* src = x + m * K;
+      float* out = dst + m * K;
+      int64_t k = 0;
+      for (; k + LANES <= K; k += LANES) vstore(out + k, widen(src + k));
+      for (; k < K; ++k) out[k] = static_cast<float>(src[k]);
+    }
+  });
+}
+
 template <typename T>
 void run(const at::Tensor& x, const at::Tensor& w_packed, int64_t out_features, const float* bias, at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1), num_blocks = w_packed.size(0);
   // x widened once to fp32 (M x K: small next to the weights)
-  const at::Tensor x_f32 = x.to(at::kFloat).contiguous();
+  at::Tensor x_f32 = at::empty({M, K}, x.options().dtype(at::kFloat));
+  widen_rows(reinterpret_cast<const T*>(x.data_ptr()), x_f32.data_ptr<float>(), M, K);
   const float* xp = x_f32.data_ptr<float>();
   const T* wp = reinterpret_cast<const T*>(w_packed.data_ptr());
   T* op = reinterpret_cast<T*>(out.data_ptr());
