@@ -131,6 +131,22 @@ class GemmBound:
         return step
 
 
+def fma_peak_gflops(num_threads: int, backend: str) -> tuple[float, str]:
+    """The CPU's fp32 FMA peak for `num_threads` cores at the clock /proc/cpuinfo reports: 2 FMA
+    units x lanes (8 with AVX2, 16 with AVX-512) x 2 FLOPs per cycle per core; VDPBF16PS (the
+    zserve_bf16 GEMM) does two products per lane. (peak, how it was worked out)."""
+    from model_proc.kernels.cpu_isa import cpu_isa
+
+    mhz = 0.0
+    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
+        if line.startswith("cpu MHz"):
+            mhz = float(line.split(":", 1)[1])
+            break
+    lanes = 16 if cpu_isa().startswith("avx512") else 8 if cpu_isa() == "avx2" else 4
+    per_cycle = 2 * lanes * 2 * (2 if backend == "zserve_bf16" else 1)
+    return num_threads * per_cycle * mhz / 1e3, f"{num_threads} cores x {per_cycle} FLOP/cycle x {mhz / 1e3:.2f} GHz"
+
+
 def decode_batch(batch_size: int, context_len: int, step_id: int) -> ForwardBatch:
     """batch_size requests, each with context_len tokens cached, decoding one token."""
     pages_per_req = -(-(context_len + 1) // PAGE_SIZE)
@@ -250,7 +266,9 @@ def bench_dtype(model_dir: str, dtype: torch.dtype, batch_sizes: list[int], args
     for k in ours.kv_pool.k + ours.kv_pool.v:  # random context, as on the transformers side
         k.normal_()
 
-    print(f"\n{dtype}: {weight_bytes / 1e6:.0f} MB of weights; load average {load_average()}")
+    peak, peak_how = fma_peak_gflops(num_threads, ours.gemm_backend)
+    print(f"\n{dtype}: {weight_bytes / 1e6:.0f} MB of weights, {ours.gemm_backend} GEMM; FMA peak {peak:.0f} GFLOP/s ({peak_how}); "
+          f"load average {load_average()}")
     print(f"{'case':<22}{'ours_ms':>10}{'hf_ms':>10}{'ratio':>8}{'bound_ms':>10}{'ours/bound':>11}  bound")
     results: dict[str, float] = {}
     num_cases = len(batch_sizes) + (not args.no_prefill)
@@ -263,7 +281,10 @@ def bench_dtype(model_dir: str, dtype: torch.dtype, batch_sizes: list[int], args
             bandwidth = copier.gbs(bound_fn_ms)
             bound_ms, what = weight_bytes / (bandwidth * 1e9) * 1e3, f"weights / copy bandwidth {bandwidth:.1f} GB/s"
         else:
-            bound_ms, what = bound_fn_ms, f"GEMM at {gemm.flops(batch_size, batch_size) / bound_fn_ms / 1e6:.0f} GFLOP/s"
+            rate = gemm.flops(batch_size, batch_size) / bound_fn_ms / 1e6
+            bound_ms = bound_fn_ms
+            what = (f"GEMM at {rate:.0f} GFLOP/s ({rate / peak:.0%} of peak); the step's linear FLOPs at "
+                    f"{gemm.flops(batch_size, batch_size) / ours_ms / 1e6:.0f} GFLOP/s")
         case = f"decode_bs{batch_size}_ctx{CONTEXT_LEN}"
         print(f"{case:<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}{bound_ms:>10.2f}{ours_ms / bound_ms:>11.2f}  {what}", flush=True)
         results[case] = ours_ms
@@ -276,7 +297,7 @@ def bench_dtype(model_dir: str, dtype: torch.dtype, batch_sizes: list[int], args
         case = f"prefill_{PREFILL_LEN}"
         print(
             f"{case:<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}{bound_ms:>10.2f}{ours_ms / bound_ms:>11.2f}"
-            f"  GEMM at {gemm.flops(PREFILL_LEN, 1) / bound_ms / 1e6:.0f} GFLOP/s"
+            f"  GEMM at {gemm.flops(PREFILL_LEN, 1) / bound_ms / 1e6:.0f} GFLOP/s ({gemm.flops(PREFILL_LEN, 1) / bound_ms / 1e6 / peak:.0%} of peak)"
             f" ({PREFILL_LEN / ours_ms * 1e3:.0f} vs {PREFILL_LEN / hf_ms * 1e3:.0f} tokens/s)",
             flush=True,
         )
