@@ -304,6 +304,12 @@ class Scheduler:
         prefilled = [r.req_id for r, sampled in zip(batch.prefill_reqs, batch.prefill_is_sampled, strict=True) if sampled]
         return [r.req_id for r in batch.decode_reqs] + prefilled
 
+    def record_step_time(self, wait_s: float, schedule_s: float) -> None:
+        """The process loop's timing of one step: waiting for the worker, and the scheduler's own
+        time before it (0 after an idle gap). Totals in stats()."""
+        self._totals.step_wait_s += wait_s
+        self._totals.schedule_s += schedule_s
+
     def histograms(self) -> dict[str, Histogram]:
         return {"queue_time_seconds": self._queue_time_s}
 

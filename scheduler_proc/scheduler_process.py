@@ -26,7 +26,7 @@ import zmq
 from common.context_limit import served_context_len
 from common.error_code import ErrorCode
 from common.finish_reason import FinishReason
-from common.forward_batch import StepResult
+from common.forward_batch import ForwardBatch, StepResult
 from common.messages import (
     DETOK_INBOX,
     LAUNCHER_INBOX,
@@ -74,20 +74,36 @@ class SchedulerLoop:
         self.checked_idle = True
 
     def run_forever(self) -> None:
+        last_result_s: float | None = None  # when the last result came back, unless the loop idled since
         while True:
             self.drain_inbox(block=not self.scheduler.has_work)
             self.queue_compiled()
             batch = self.scheduler.next_batch()
             if batch is not None:
-                self.checked_idle = False
-                if self.grammar is not None:
-                    batch.grammar = self.grammar.masks(self.scheduler.in_flight_sampled_req_ids())
-                self.to_worker.send(batch)
-                self.publish(self.scheduler.on_result(self.wait_result(batch.step_id)))
-            elif not self.scheduler.has_work and not self.checked_idle:
-                self.scheduler.check_integrity()
-                self.checked_idle = True
+                last_result_s = self.run_step(batch, last_result_s)
+            else:
+                last_result_s = None
+                self.check_if_idle()
             self.log_stats()
+
+    def run_step(self, batch: ForwardBatch, last_result_s: float | None) -> float:
+        """Send `batch`, wait for its result, publish the TokenOuts; returns when the result came.
+        The time waited and the scheduler's own time since the last result go into its stats."""
+        self.checked_idle = False
+        if self.grammar is not None:
+            batch.grammar = self.grammar.masks(self.scheduler.in_flight_sampled_req_ids())
+        sent_s = time.perf_counter()
+        self.to_worker.send(batch)
+        result = self.wait_result(batch.step_id)
+        received_s = time.perf_counter()
+        self.scheduler.record_step_time(received_s - sent_s, sent_s - last_result_s if last_result_s is not None else 0.0)
+        self.publish(self.scheduler.on_result(result))
+        return received_s
+
+    def check_if_idle(self) -> None:
+        if not self.scheduler.has_work and not self.checked_idle:
+            self.scheduler.check_integrity()
+            self.checked_idle = True
 
     def drain_inbox(self, block: bool) -> None:
         """Handle what is waiting; when `block`, wait for a message first (or until a stats line

@@ -30,3 +30,5 @@ class SchedulerStats:
     num_prefilled_tokens: int = 0  # prompt tokens computed (chunks included)
     num_decoded_tokens: int = 0  # tokens computed by decode (one per running request per step)
     num_generated_tokens: int = 0  # tokens sampled and sent
+    step_wait_s: float = 0.0  # seconds the process loop waited for the model worker's results (sent -> received)
+    schedule_s: float = 0.0  # seconds from a result to the next batch sent, between back-to-back steps (the worker idles)
