@@ -33,8 +33,9 @@ class LoadRun:
     stats_before: dict
     stats_after: dict
 
-    def stat_delta(self, name: str) -> int:
-        return int(self.stats_after.get(name, 0)) - int(self.stats_before.get(name, 0))
+    def stat_delta(self, name: str) -> int | float:
+        """How much a scheduler total grew during the run (counts are ints, seconds floats)."""
+        return self.stats_after.get(name, 0) - self.stats_before.get(name, 0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -185,3 +185,19 @@ def test_bench_structured_runs_schema_and_free_at_equal_lengths(model_dir, tmp_p
         assert pair["schema"]["num_completed"] == pair["free"]["num_completed"] == 4
         assert pair["schema"]["num_output_tokens"] == pair["free"]["num_output_tokens"] == pair["num_output_tokens"] > 0
         assert pair["ratio_output_throughput"] == pair["schema"]["output_throughput"] / pair["free"]["output_throughput"]
+
+
+def test_bench_step_path_breaks_down_a_served_token(model_dir, tmp_path):
+    """Step alone, the scheduler's wait and own time per decode step, TPOT through ZMQ and HTTP:
+    all present, positive, and the wait per decode step comes out below a whole served TPOT."""
+    out = tmp_path / "step_path.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_step_path.py"), "--model", str(model_dir), "--dtype", "float32",
+           "--requests", "1", "--repeats", "1", "--input-len", "16", "--output-len", "12", "--output-json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    report = json.loads(out.read_text())
+    row = report["rows"][0]
+    assert row["alone_ms"] > 0 and report["machine"]["cpu_isa"] in ("baseline", "avx2", "avx512", "avx512_bf16")
+    for door in ("zmq", "http"):
+        assert 0 < row[door]["wait_ms"] < row[door]["tpot_ms"] and row[door]["schedule_ms"] > 0, row
+    assert "TPOT" in proc.stdout and "step alone" in proc.stdout
