@@ -201,7 +201,7 @@ def start_peers(args: argparse.Namespace, model: str) -> tuple[list[Peer], dict[
                 print(f"[bench_vs_peers] llama.cpp is not built in {args.llamacpp_dir} (../shared/peers/llama_cpp_setup.sh): left out", file=sys.stderr)
                 continue
             threads = str(NUM_CORES)
-            cmd = [str(server), "-m", str(gguf), "--port", str(port), "-np", "64", "-c", "32768", "-t", threads, "-tb", threads, "--alias", model]
+            cmd = [str(server), "-m", str(gguf), "--port", str(port), "-np", "64", "-c", "32768", "-t", threads, "-tb", threads, "--alias", model, "--metrics"]
             peers.append(Peer.start(name, cmd, port, args.log_dir))
             settings[name], timeouts[name] = f"{gguf.name}, -np 64 -c 32768 -t {threads} -tb {threads}", 120.0
         else:
@@ -234,6 +234,7 @@ def main() -> None:
                     for other in peers:
                         (other.resume if other is peer else other.pause)()
                     rows.append(run_scenario(peer, model, scenario, args, repeat))
+                    print(f"[bench_vs_peers] {json.dumps(rows[-1])}", file=sys.stderr)
     finally:
         for peer in peers:
             peer.stop()

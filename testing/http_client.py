@@ -82,8 +82,11 @@ class HttpClient:
         return final
 
     async def stats(self) -> dict:
-        """The scheduler's stats (the keys of AsyncClient.stats() that /metrics exports)."""
+        """The scheduler's stats (the keys of AsyncClient.stats() that /metrics exports); empty
+        for a server without a Prometheus /metrics (llama-server without --metrics answers 501)."""
         async with self._session.get(self.base_url + "/metrics") as response:
+            if response.status != 200:
+                return {}
             text = await response.text()
         return {
             METRIC_TO_STAT[s.name]: int(s.value)
