@@ -27,11 +27,12 @@ else
     "$VPY" -m pip install -q -e ".[test]"
     echo "$want" >"$stamp"
 fi
-# The CPU kernels (paged attention; the bf16 GEMM where the CPU has AVX512-BF16), compiled once
+# The CPU kernels (paged attention, the 16-bit GEMMs, fused ops) for this CPU's instruction set
+# (model_proc/kernels/cpu_isa.py: avx2, avx512 or avx512_bf16; ZSERVE_CPU_ISA forces a lower one), compiled once
 # here (about a minute on 2 cores) so a server starts without compiling; cached in
-# ~/.cache/zserve/kernels by source, flags, torch version and CPU. A machine where they do not
+# ~/.cache/zserve/kernels by level, source, flags, torch version and CPU. A machine where they do not
 # build still works: attention falls back to the pure-torch path, linear layers to oneDNN.
 if ! "$VPY" -m model_proc.kernels.cpu_kernels; then
-    echo "[setup] the CPU kernels did not build; attention will use the pure-torch path, linear layers oneDNN"
+    echo "[setup] the CPU kernels did not build; attention will use the pure-torch path, linear layers oneDNN (fp32) or torch.mm"
 fi
 echo "[setup] done: $VENV/bin/python"
