@@ -46,8 +46,8 @@ from benchmarks.compare_args import split_compare  # noqa: E402
 from benchmarks.json_report import write_json  # noqa: E402
 from benchmarks.machine_info import load_average, machine_info  # noqa: E402
 from benchmarks.workloads import sampleable_token_ids  # noqa: E402
-from client import AsyncClient  # noqa: E402
 from testing.server_process import ServerProcess, resolve_model_dir  # noqa: E402
+from zserve.client import AsyncClient  # noqa: E402
 
 TOPICS = (
     "the moon", "bread", "rivers", "bicycles", "volcanoes", "libraries", "tea", "glaciers", "owls", "bridges",

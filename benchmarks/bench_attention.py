@@ -31,13 +31,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.forward_batch import ForwardBatch  # noqa: E402
-from common.worker_env import worker_env  # noqa: E402
-from model_proc.kernels.cpu_kernels import load_paged_attention  # noqa: E402
-from model_proc.kv_pool import KVPool  # noqa: E402
-from model_proc.layers.attention import PagedAttention  # noqa: E402
-from model_proc.layers.attention_metadata import AttentionMetadata  # noqa: E402
 from testing.paged_batches import shuffled_page_batch  # noqa: E402
+from zserve.common.forward_batch import ForwardBatch  # noqa: E402
+from zserve.common.worker_env import worker_env  # noqa: E402
+from zserve.model_proc.kernels.cpu_kernels import load_paged_attention  # noqa: E402
+from zserve.model_proc.kv_pool import KVPool  # noqa: E402
+from zserve.model_proc.layers.attention import PagedAttention  # noqa: E402
+from zserve.model_proc.layers.attention_metadata import AttentionMetadata  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 9, 3, 64, 16
 
@@ -106,7 +106,7 @@ def main() -> None:
 
 
 def _demo_model_dir() -> str | None:
-    from launcher.demo_model import demo_model_dir
+    from zserve.launcher.demo_model import demo_model_dir
 
     return str(demo_model_dir()) if Path(demo_model_dir()).is_dir() else None
 
@@ -115,8 +115,8 @@ def model_steps(model_dir: str, dtype: str, batch_sizes, repeats: int, context_l
     """Whole decode steps on one runner per backend (ZSERVE_ATTENTION is read as a runner starts)."""
     from dataclasses import replace
 
-    from common.server_config import ServerConfig
-    from model_proc.model_runner import ModelRunner
+    from zserve.common.server_config import ServerConfig
+    from zserve.model_proc.model_runner import ModelRunner
 
     pages_per_req = -(-(context_len + 1) // PAGE_SIZE)
     runners = []

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_model import decode_batch, prefill_batch  # noqa: E402
 from benchmarks.machine_info import load_average  # noqa: E402
-from common.worker_env import worker_env  # noqa: E402
+from zserve.common.worker_env import worker_env  # noqa: E402
 
 VARIANTS = {
     "torch": {"ZSERVE_GEMM": "torch", "ZSERVE_FUSED_OPS": "off"},

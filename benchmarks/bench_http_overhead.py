@@ -28,9 +28,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from client import AsyncClient  # noqa: E402
 from testing.http_client import HttpClient  # noqa: E402
 from testing.server_process import start_server  # noqa: E402
+from zserve.client import AsyncClient  # noqa: E402
 
 PASSAGE = (
     "The history of computing is a story of layers: each generation of engineers builds on the abstractions "

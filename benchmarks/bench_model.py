@@ -40,11 +40,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine_info import load_average  # noqa: E402
-from common.forward_batch import ForwardBatch, SamplingArrays  # noqa: E402
-from common.worker_env import worker_env  # noqa: E402
-from model_proc.compute_dtype import DTYPES  # noqa: E402
-from model_proc.layers.gemm import GemmWeight, gemm_weight_bytes  # noqa: E402
 from testing.model_fixtures import make_runner  # noqa: E402
+from zserve.common.forward_batch import ForwardBatch, SamplingArrays  # noqa: E402
+from zserve.common.worker_env import worker_env  # noqa: E402
+from zserve.model_proc.compute_dtype import DTYPES  # noqa: E402
+from zserve.model_proc.layers.gemm import GemmWeight, gemm_weight_bytes  # noqa: E402
 
 DECODE_BATCH_SIZES = (1, 8, 32, 64)
 CONTEXT_LEN = 256
@@ -101,7 +101,7 @@ class GemmBound:
     same GEMM as the model's layers (the runner's gemm_backend, model_proc/layers/gemm.py)."""
 
     def __init__(self, runner, dtype: torch.dtype):
-        from model_proc.layers.linear import ColumnParallelLinear, RowParallelLinear
+        from zserve.model_proc.layers.linear import ColumnParallelLinear, RowParallelLinear
 
         cfg = runner.config
         layers = [m for m in runner.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
@@ -135,7 +135,7 @@ def fma_peak_gflops(num_threads: int, backend: str) -> tuple[float, str]:
     """The CPU's fp32 FMA peak for `num_threads` cores at the clock /proc/cpuinfo reports: 2 FMA
     units x lanes (8 with AVX2, 16 with AVX-512) x 2 FLOPs per cycle per core; VDPBF16PS (the
     zserve_bf16 GEMM) does two products per lane. (peak, how it was worked out)."""
-    from model_proc.kernels.cpu_isa import cpu_isa
+    from zserve.model_proc.kernels.cpu_isa import cpu_isa
 
     mhz = 0.0
     for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
@@ -235,7 +235,7 @@ def main() -> None:
         os.execve(sys.executable, [sys.executable, *sys.argv], env)
     model_dir = args.model
     if model_dir is None:
-        from launcher.demo_model import demo_model_dir
+        from zserve.launcher.demo_model import demo_model_dir
 
         model_dir = str(demo_model_dir())
         if not Path(model_dir).is_dir():

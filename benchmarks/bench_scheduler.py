@@ -20,10 +20,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from common.forward_batch import ForwardBatch, StepResult  # noqa: E402
-from common.sampling_params import SamplingParams  # noqa: E402
-from scheduler_proc.scheduler import STEP_POLICIES, Scheduler  # noqa: E402
 from testing.scheduler_harness import make_scheduler  # noqa: E402
+from zserve.common.forward_batch import ForwardBatch, StepResult  # noqa: E402
+from zserve.common.sampling_params import SamplingParams  # noqa: E402
+from zserve.scheduler_proc.scheduler import STEP_POLICIES, Scheduler  # noqa: E402
 
 PAGE_SIZE = 16
 RUNNING = 256

@@ -180,7 +180,7 @@ def server_model_path(address: str) -> str:
 
         with urllib.request.urlopen(address.rstrip("/") + "/v1/models", timeout=30) as response:
             return json.loads(response.read())["data"][0]["root"]
-    from client import Client
+    from zserve.client import Client
 
     with Client(address, timeout_s=30) as c:
         return c.stats()["model_path"]

@@ -37,9 +37,9 @@ from benchmarks.load_driver import LoadOptions, drive  # noqa: E402
 from benchmarks.machine_info import load_average, machine_info  # noqa: E402
 from benchmarks.metrics import RunMetrics  # noqa: E402
 from benchmarks.workloads import LengthRange, random_workload, sampleable_token_ids  # noqa: E402
-from common.worker_env import worker_env  # noqa: E402
 from testing.server_process import ServerProcess, free_port, resolve_model_dir  # noqa: E402
 from zserve import Client  # noqa: E402
+from zserve.common.worker_env import worker_env  # noqa: E402
 
 
 def parse_args() -> argparse.Namespace:

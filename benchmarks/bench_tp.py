@@ -42,8 +42,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine_info import machine_info  # noqa: E402
-from client import Client  # noqa: E402
 from testing.server_process import ServerProcess, resolve_model_dir  # noqa: E402
+from zserve.client import Client  # noqa: E402
 
 
 def log(msg: str) -> None:

@@ -171,13 +171,13 @@ def run_scenario(peer: Peer, model: str, scenario: str, args: argparse.Namespace
 
 def start_peers(args: argparse.Namespace, model: str) -> tuple[list[Peer], dict[str, str], dict[str, float]]:
     """Start every asked-for peer that is installed; (peers, their settings, seconds to healthy)."""
-    from model_proc.kernels.cpu_isa import cpu_flags
+    from zserve.model_proc.kernels.cpu_isa import cpu_flags
 
     peers, settings, timeouts = [], {}, {}
     for name in args.peers.split(","):
         port = free_port()
         if name == "zserve":
-            cmd = [sys.executable, "-m", "launcher", "--model", model, "--dtype", args.dtype, "--http-port", str(port),
+            cmd = [sys.executable, "-m", "zserve.launcher", "--model", model, "--dtype", args.dtype, "--http-port", str(port),
                    "--port", str(free_port()), *shlex.split(args.zserve_args)]
             peers.append(Peer.start(name, cmd, port, args.log_dir))
             settings[name], timeouts[name] = f"--dtype {args.dtype}", 180.0

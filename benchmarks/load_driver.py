@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from benchmarks.metrics import RequestRecord
 from benchmarks.workloads import BenchRequest
-from client import AsyncClient
+from zserve.client import AsyncClient
 
 WARMUP_PROMPT = "Warm-up request number {i}: say something short."
 

@@ -7,7 +7,7 @@ import platform
 import subprocess
 from pathlib import Path
 
-from model_proc.kernels.cpu_isa import cpu_flags, cpu_isa
+from zserve.model_proc.kernels.cpu_isa import cpu_flags, cpu_isa
 
 
 def machine_info() -> dict:

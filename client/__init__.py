@@ -1,8 +1,8 @@
 """zserve's Python client: `Client` (sync) and `AsyncClient` (asyncio)."""
 
-from client.async_client import AsyncClient
-from client.client import Client, TextStream
-from client.types import (
+from zserve.client.async_client import AsyncClient
+from zserve.client.client import Client, TextStream
+from zserve.client.types import (
     GenerateResult,
     InvalidRequestError,
     RequestTimeoutError,

@@ -1,3 +1,3 @@
-from client.chat_shell import main
+from zserve.client.chat_shell import main
 
 main()

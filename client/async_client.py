@@ -20,11 +20,11 @@ from collections.abc import AsyncIterator
 import zmq
 import zmq.asyncio
 
-from client.client import client_address
-from client.connection_watch import ConnectionWatch, lost_message
-from client.request_body import build_body, encode_request, new_req_id, num_copies, refuse_copies
-from client.result_builder import ResultBuilder
-from client.types import (
+from zserve.client.client import client_address
+from zserve.client.connection_watch import ConnectionWatch, lost_message
+from zserve.client.request_body import build_body, encode_request, new_req_id, num_copies, refuse_copies
+from zserve.client.result_builder import ResultBuilder
+from zserve.client.types import (
     GenerateResult,
     RequestTimeoutError,
     ServerError,
@@ -32,7 +32,7 @@ from client.types import (
     resolve_api_key,
     stats_or_raise,
 )
-from common.messages import (
+from zserve.common.messages import (
     CLIENT_TO_FRONTEND,
     FRONTEND_TO_CLIENT,
     AbortReq,
@@ -43,7 +43,7 @@ from common.messages import (
     StatsOut,
     StatsReq,
 )
-from common.server_config import DEFAULT_CLIENT_PORT
+from zserve.common.server_config import DEFAULT_CLIENT_PORT
 
 LOST_GRACE_S = 0.2  # after the connection closes, outputs already received are filed before requests fail
 

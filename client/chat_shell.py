@@ -10,9 +10,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 
-from client.client import Client
-from client.types import ServerError
-from common.server_config import DEFAULT_CLIENT_PORT
+from zserve.client.client import Client
+from zserve.client.types import ServerError
+from zserve.common.server_config import DEFAULT_CLIENT_PORT
 
 
 def run_shell(
@@ -77,7 +77,7 @@ def stream_answer(client: Client, messages: list[dict], *, max_tokens: int | Non
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m client", description="Chat with a running zserve server.")
+    parser = argparse.ArgumentParser(prog="python -m zserve.client", description="Chat with a running zserve server.")
     parser.add_argument("--port", type=int, default=DEFAULT_CLIENT_PORT, help="the client port launch_server printed (default: %(default)s)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--max-tokens", type=int, default=None, help="per answer (default: up to the context)")

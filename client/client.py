@@ -21,12 +21,18 @@ from collections.abc import Iterator
 
 import zmq
 
-from client.connection_watch import ConnectionWatch, lost_message
-from client.heartbeat import HeartbeatThread
-from client.request_body import build_body, encode_request, new_req_id, num_copies, refuse_copies
-from client.result_builder import ResultBuilder
-from client.types import GenerateResult, RequestTimeoutError, ServerGoneError, resolve_api_key, stats_or_raise
-from common.messages import (
+from zserve.client.connection_watch import ConnectionWatch, lost_message
+from zserve.client.heartbeat import HeartbeatThread
+from zserve.client.request_body import build_body, encode_request, new_req_id, num_copies, refuse_copies
+from zserve.client.result_builder import ResultBuilder
+from zserve.client.types import (
+    GenerateResult,
+    RequestTimeoutError,
+    ServerGoneError,
+    resolve_api_key,
+    stats_or_raise,
+)
+from zserve.common.messages import (
     CLIENT_TO_FRONTEND,
     FRONTEND_TO_CLIENT,
     AbortReq,
@@ -35,7 +41,7 @@ from common.messages import (
     StatsOut,
     StatsReq,
 )
-from common.server_config import DEFAULT_CLIENT_PORT
+from zserve.common.server_config import DEFAULT_CLIENT_PORT
 
 POLL_MS = 100
 

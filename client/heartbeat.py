@@ -8,7 +8,7 @@ import time
 
 import zmq
 
-from common.messages import CLIENT_TO_FRONTEND, FRONTEND_TO_CLIENT, Heartbeat, HeartbeatAck
+from zserve.common.messages import CLIENT_TO_FRONTEND, FRONTEND_TO_CLIENT, Heartbeat, HeartbeatAck
 
 
 class HeartbeatThread:

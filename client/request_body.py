@@ -12,9 +12,9 @@ import operator
 import secrets
 from typing import Any
 
-from client.types import InvalidRequestError
-from common.messages import CLIENT_TO_FRONTEND, GenerateReq
-from common.request_limits import LIMITS
+from zserve.client.types import InvalidRequestError
+from zserve.common.messages import CLIENT_TO_FRONTEND, GenerateReq
+from zserve.common.request_limits import LIMITS
 
 MAX_DEPTH = 32  # deeper nesting than any valid body has: the wire refuses it
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import time
 
-from client.types import GenerateResult, Usage, raise_for_error
-from common.messages import ReqOutput
+from zserve.client.types import GenerateResult, Usage, raise_for_error
+from zserve.common.messages import ReqOutput
 
 
 class ResultBuilder:

@@ -6,12 +6,12 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.server_config import API_KEY_ENV
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.server_config import API_KEY_ENV
 
 if TYPE_CHECKING:
-    from common.messages import ReqOutput, StatsOut
+    from zserve.common.messages import ReqOutput, StatsOut
 
 
 class ServerError(RuntimeError):

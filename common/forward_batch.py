@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from common.wire import BoolArray, Float32Array, Int32Array, Int64Array, message
+from zserve.common.wire import BoolArray, Float32Array, Int32Array, Int64Array, message
 
 # Sampling defaults that mean "off".
 GREEDY_TEMPERATURE = 0.0

@@ -13,7 +13,7 @@ import bisect
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.wire import message
+from zserve.common.wire import message
 
 TTFT_BOUNDS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
 ITL_BOUNDS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)

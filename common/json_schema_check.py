@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.request_limits import LIMITS
+from zserve.common.request_limits import LIMITS
 
 NOT_ENFORCED = ("not", "if", "then", "else", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
                 "unevaluatedProperties", "unevaluatedItems")

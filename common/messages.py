@@ -29,13 +29,13 @@ from typing import Any
 
 import numpy as np
 
-from common.array_codec import unpack_array
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.forward_batch import ForwardBatch, StepResult
-from common.histogram import Histogram
-from common.sampling_params import SamplingParams
-from common.wire import Codec, Float32Array, Int32Array, message
+from zserve.common.array_codec import unpack_array
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.forward_batch import ForwardBatch, StepResult
+from zserve.common.histogram import Histogram
+from zserve.common.sampling_params import SamplingParams
+from zserve.common.wire import Codec, Float32Array, Int32Array, message
 
 NO_TOKEN_IDS = unpack_array(b"", np.dtype(np.int32))  # read-only, so one shared empty array is safe
 PROBE_CLIENT_PREFIX = "zserve-probe-"  # a client id so named sends health probes: not user traffic (metrics, INFO logs)

@@ -65,8 +65,8 @@ def child_args(argv: list[str] | None = None):
     """(ServerConfig, Addresses, extra) from a child's command line: --config JSON --addresses JSON [--rank N]."""
     import argparse
 
-    from common.server_config import ServerConfig
-    from common.transport import Addresses
+    from zserve.common.server_config import ServerConfig
+    from zserve.common.transport import Addresses
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)

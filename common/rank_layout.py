@@ -19,7 +19,7 @@ import os
 import socket
 from dataclasses import dataclass
 
-from common.worker_env import default_num_threads
+from zserve.common.worker_env import default_num_threads
 
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 

@@ -10,9 +10,9 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from common.json_schema_check import check_json_schema
-from common.request_limits import INT32_MAX, LIMITS
-from common.wire import message
+from zserve.common.json_schema_check import check_json_schema
+from zserve.common.request_limits import INT32_MAX, LIMITS
+from zserve.common.wire import message
 
 
 @message()

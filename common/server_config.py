@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-from common.worker_env import OMP_SPIN_COUNT
+from zserve.common.worker_env import OMP_SPIN_COUNT
 
 DEFAULT_CLIENT_PORT = 30000  # SGLang's port: Client() with no arguments connects here
 DEFAULT_HTTP_PORT = 8000  # vLLM's port for the OpenAI API

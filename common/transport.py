@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import zmq
 
-from common.wire import Codec, WireError, WireMessage
+from zserve.common.wire import Codec, WireError, WireMessage
 
 logger = logging.getLogger(__name__)
 

@@ -40,7 +40,7 @@ from typing import Annotated, Any, NamedTuple, Protocol, Union, get_args, get_or
 import msgpack
 import numpy as np
 
-from common.array_codec import pack_array, unpack_array
+from zserve.common.array_codec import pack_array, unpack_array
 
 
 class WireError(ValueError):

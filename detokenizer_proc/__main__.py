@@ -1,3 +1,3 @@
-from detokenizer_proc.detokenizer_process import main
+from zserve.detokenizer_proc.detokenizer_process import main
 
 main()

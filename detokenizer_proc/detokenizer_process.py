@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import zmq
 
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.messages import (
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.messages import (
     DETOK_INBOX,
     FRONTEND_INBOX,
     LAUNCHER_INBOX,
@@ -33,11 +33,11 @@ from common.messages import (
     TokenOut,
     TokenOutBatch,
 )
-from common.proc_runtime import child_args, child_setup
-from common.server_config import ServerConfig
-from common.transport import Addresses, Endpoint, pull, push
-from detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
-from tokenizer_proc.text_tokenizer import TextTokenizer
+from zserve.common.proc_runtime import child_args, child_setup
+from zserve.common.server_config import ServerConfig
+from zserve.common.transport import Addresses, Endpoint, pull, push
+from zserve.detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
+from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 logger = logging.getLogger("detokenizer_proc")
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from detokenizer_proc.stop_matcher import StopMatcher
+from zserve.detokenizer_proc.stop_matcher import StopMatcher
 
 REPLACEMENT_CHAR = "\ufffd"
 MAX_HELD_TOKENS = 64

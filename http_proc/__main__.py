@@ -1,3 +1,3 @@
-from http_proc.http_process import main
+from zserve.http_proc.http_process import main
 
 main()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from client.types import RequestTimeoutError, ServerError
-from common.error_code import ErrorCode
+from zserve.client.types import RequestTimeoutError, ServerError
+from zserve.common.error_code import ErrorCode
 
 ERROR_TYPES = {
     400: "invalid_request_error",

@@ -20,15 +20,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from client.types import GenerateResult
-from http_proc.api_error import ApiError
-from http_proc.disconnect_watch import until_disconnect
-from http_proc.http_state import HttpState
-from http_proc.openai_formatter import SSE_DONE, sse
-from http_proc.openai_protocol import SubRequest
-from http_proc.request_group import ChoiceEvent, RequestGroup
-from http_proc.response_guard import guarded, guarded_stream
-from http_proc.sse_response import SseResponse
+from zserve.client.types import GenerateResult
+from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.disconnect_watch import until_disconnect
+from zserve.http_proc.http_state import HttpState
+from zserve.http_proc.openai_formatter import SSE_DONE, sse
+from zserve.http_proc.openai_protocol import SubRequest
+from zserve.http_proc.request_group import ChoiceEvent, RequestGroup
+from zserve.http_proc.response_guard import guarded, guarded_stream
+from zserve.http_proc.sse_response import SseResponse
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
 

@@ -19,7 +19,7 @@ import asyncio
 import logging
 import time
 
-from client.async_client import AsyncClient
+from zserve.client.async_client import AsyncClient
 
 logger = logging.getLogger("http_proc")
 POLL_INTERVAL_S = 1.0

@@ -25,12 +25,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from http_proc.api_error import ApiError
-from http_proc.generate_route import generate_routes
-from http_proc.http_state import STATS_TIMEOUT_S, HttpState
-from http_proc.openai_routes import openai_routes
-from http_proc.request_gate import RequestGate
-from http_proc.response_guard import error_response
+from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.generate_route import generate_routes
+from zserve.http_proc.http_state import STATS_TIMEOUT_S, HttpState
+from zserve.http_proc.openai_routes import openai_routes
+from zserve.http_proc.request_gate import RequestGate
+from zserve.http_proc.response_guard import error_response
 
 
 def build_app(state: HttpState) -> RequestGate:

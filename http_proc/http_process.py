@@ -1,4 +1,4 @@
-"""Entry point of the HTTP process: `python -m http_proc --config JSON --addresses JSON --client-port N`.
+"""Entry point of the HTTP process: `python -m zserve.http_proc --config JSON --addresses JSON --client-port N`.
 
 Started by the launcher with the other processes when the client port is fixed (the default),
 else once the frontend has picked one. It binds --http-port and serves the Starlette app with
@@ -22,20 +22,20 @@ import uvicorn
 import uvloop
 import zmq
 
-from client.async_client import AsyncClient
-from common.context_limit import served_context_len
-from common.messages import LAUNCHER_INBOX, PROBE_CLIENT_PREFIX, ProcReady
-from common.model_config import ModelConfig
-from common.proc_runtime import child_setup
-from common.server_config import API_KEY_ENV, ServerConfig
-from common.transport import Addresses, push
-from http_proc.health_monitor import HealthMonitor
-from http_proc.http_app import build_app
-from http_proc.http_state import HttpState
-from http_proc.request_gate import WILDCARD_HOSTS, GatePolicy
-from http_proc.server_metrics import ServerMetrics
-from http_proc.tool_call_parser import ToolCallParser
-from tokenizer_proc.text_tokenizer import TextTokenizer
+from zserve.client.async_client import AsyncClient
+from zserve.common.context_limit import served_context_len
+from zserve.common.messages import LAUNCHER_INBOX, PROBE_CLIENT_PREFIX, ProcReady
+from zserve.common.model_config import ModelConfig
+from zserve.common.proc_runtime import child_setup
+from zserve.common.server_config import API_KEY_ENV, ServerConfig
+from zserve.common.transport import Addresses, push
+from zserve.http_proc.health_monitor import HealthMonitor
+from zserve.http_proc.http_app import build_app
+from zserve.http_proc.http_state import HttpState
+from zserve.http_proc.request_gate import WILDCARD_HOSTS, GatePolicy
+from zserve.http_proc.server_metrics import ServerMetrics
+from zserve.http_proc.tool_call_parser import ToolCallParser
+from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 logger = logging.getLogger("http_proc")
 GRACEFUL_SHUTDOWN_S = 3
@@ -105,7 +105,7 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
 
 
 def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, Addresses, int]:
-    parser = argparse.ArgumentParser(prog="python -m http_proc")
+    parser = argparse.ArgumentParser(prog="python -m zserve.http_proc")
     parser.add_argument("--config", required=True)
     parser.add_argument("--addresses", required=True)
     parser.add_argument("--client-port", type=int, required=True, help="the frontend's ZMQ client port")

@@ -6,12 +6,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from client.async_client import AsyncClient
-from http_proc.api_error import ApiError
-from http_proc.health_monitor import HealthMonitor
-from http_proc.request_gate import GatePolicy
-from http_proc.server_metrics import ServerMetrics
-from http_proc.tool_call_parser import ToolCallParser
+from zserve.client.async_client import AsyncClient
+from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.health_monitor import HealthMonitor
+from zserve.http_proc.request_gate import GatePolicy
+from zserve.http_proc.server_metrics import ServerMetrics
+from zserve.http_proc.tool_call_parser import ToolCallParser
 
 STATS_TIMEOUT_S = 2.0  # /metrics renders without the scheduler's numbers past this
 

@@ -15,12 +15,17 @@ import time
 import uuid
 from typing import Any
 
-from client.types import GenerateResult
-from http_proc.logprob_format import TokenText, chat_logprobs, completion_logprobs, joined_completion_logprobs
-from http_proc.openai_protocol import SubRequest
-from http_proc.request_group import ChoiceEvent
-from http_proc.tool_call_parser import ToolCallParser
-from http_proc.tool_choice import ForcedToolChoice
+from zserve.client.types import GenerateResult
+from zserve.http_proc.logprob_format import (
+    TokenText,
+    chat_logprobs,
+    completion_logprobs,
+    joined_completion_logprobs,
+)
+from zserve.http_proc.openai_protocol import SubRequest
+from zserve.http_proc.request_group import ChoiceEvent
+from zserve.http_proc.tool_call_parser import ToolCallParser
+from zserve.http_proc.tool_choice import ForcedToolChoice
 
 SSE_DONE = b"data: [DONE]\n\n"
 

@@ -15,8 +15,8 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from http_proc.api_error import ApiError
-from http_proc.tool_choice import ForcedToolChoice
+from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.tool_choice import ForcedToolChoice
 
 MAX_CHOICES = 128  # n x prompts: each is one request in the server's queue
 RequestT = TypeVar("RequestT", bound=BaseModel)

@@ -13,18 +13,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from http_proc.disconnect_watch import until_disconnect
-from http_proc.http_state import HttpState
-from http_proc.openai_formatter import SSE_DONE, OpenAIFormatter
-from http_proc.openai_protocol import (
+from zserve.http_proc.disconnect_watch import until_disconnect
+from zserve.http_proc.http_state import HttpState
+from zserve.http_proc.openai_formatter import SSE_DONE, OpenAIFormatter
+from zserve.http_proc.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     SubRequest,
     parse_body,
 )
-from http_proc.request_group import ChoiceEvent, RequestGroup
-from http_proc.response_guard import guarded, guarded_stream
-from http_proc.sse_response import SseResponse
+from zserve.http_proc.request_group import ChoiceEvent, RequestGroup
+from zserve.http_proc.response_guard import guarded, guarded_stream
+from zserve.http_proc.sse_response import SseResponse
 
 
 def openai_routes(state: HttpState) -> list[Route]:

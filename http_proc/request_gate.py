@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
 
-from http_proc.api_error import ApiError
-from http_proc.server_metrics import ServerMetrics
+from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.server_metrics import ServerMetrics
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "*"})

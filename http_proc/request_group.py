@@ -18,13 +18,13 @@ import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from client.async_client import AsyncClient
-from client.request_body import new_req_id
-from client.types import GenerateResult
-from http_proc.api_error import ApiError
-from http_proc.health_monitor import HealthMonitor
-from http_proc.openai_protocol import SubRequest
-from http_proc.server_metrics import ServerMetrics
+from zserve.client.async_client import AsyncClient
+from zserve.client.request_body import new_req_id
+from zserve.client.types import GenerateResult
+from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.health_monitor import HealthMonitor
+from zserve.http_proc.openai_protocol import SubRequest
+from zserve.http_proc.server_metrics import ServerMetrics
 
 
 @dataclass(slots=True)

@@ -10,12 +10,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from client.types import ServerError
-from http_proc.api_error import ApiError
-from http_proc.disconnect_watch import ClientDisconnected
-from http_proc.http_state import HttpState
-from http_proc.openai_formatter import sse
-from http_proc.sse_response import SseResponse
+from zserve.client.types import ServerError
+from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.disconnect_watch import ClientDisconnected
+from zserve.http_proc.http_state import HttpState
+from zserve.http_proc.openai_formatter import sse
+from zserve.http_proc.sse_response import SseResponse
 
 logger = logging.getLogger("http_proc")
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that closed the connection first

@@ -13,8 +13,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from http_proc.api_error import ApiError
-from http_proc.tool_call_parser import tool_call
+from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.tool_call_parser import tool_call
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 

@@ -1,4 +1,4 @@
-"""`launch_server` / `python -m launcher`."""
+"""`launch_server` / `python -m zserve.launcher`."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from common.proc_runtime import setup_logging
-from common.server_config import ServerConfig
-from launcher.cli import parse_config, refuse
-from launcher.config_check import check_flags, check_model
-from launcher.launcher import Launcher, StartupError
+from zserve.common.proc_runtime import setup_logging
+from zserve.common.server_config import ServerConfig
+from zserve.launcher.cli import parse_config, refuse
+from zserve.launcher.config_check import check_flags, check_model
+from zserve.launcher.launcher import Launcher, StartupError
 
 logger = logging.getLogger("launcher")
 
@@ -23,7 +23,7 @@ logger = logging.getLogger("launcher")
 def resolve_model(cfg: ServerConfig) -> ServerConfig:
     if cfg.model:
         return cfg
-    from launcher.demo_model import ensure_demo_model
+    from zserve.launcher.demo_model import ensure_demo_model
 
     return replace(cfg, model=str(ensure_demo_model(progress=True)))
 
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = check_model(resolve_model(cfg), layout)
     except ValueError as exc:
         refuse(str(exc))
-    from common.worker_env import worker_env
+    from zserve.common.worker_env import worker_env
 
     shell = cfg.shell and layout.is_head_node
     log_file = open_shell_log(cfg.log_level) if shell else None  # the chat gets the terminal to itself
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.stdout.write(ready_line(cfg, launcher, port) + "\n")  # one write: children share this pipe
         sys.stdout.flush()
         if shell:
-            from client.chat_shell import run_shell
+            from zserve.client.chat_shell import run_shell
 
             run_shell(
                 f"tcp://{cfg.host}:{port}", stop_when=lambda: launcher.stop_requested or launcher.first_dead_child(),

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import NoReturn
 
-from common.server_config import ServerConfig
+from zserve.common.server_config import ServerConfig
 
 PROG = "launch_server"
 

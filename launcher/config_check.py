@@ -23,11 +23,11 @@ import struct
 from dataclasses import replace
 from pathlib import Path
 
-from common.context_limit import context_length_error
-from common.model_config import ModelConfig
-from common.rank_layout import RankLayout
-from common.server_config import ServerConfig
-from tokenizer_proc.tokenizer_files import TokenizerFiles
+from zserve.common.context_limit import context_length_error
+from zserve.common.model_config import ModelConfig
+from zserve.common.rank_layout import RankLayout
+from zserve.common.server_config import ServerConfig
+from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"  # as model_proc/checkpoint.py reads them (it imports torch)
@@ -69,7 +69,7 @@ def check_model(cfg: ServerConfig, layout: RankLayout) -> ServerConfig:
 
 def check_chat_template(path: str) -> None:
     """--chat-template names a readable Jinja file that compiles."""
-    from tokenizer_proc.chat_template import ChatTemplate
+    from zserve.tokenizer_proc.chat_template import ChatTemplate
 
     try:
         ChatTemplate(Path(path).read_text(encoding="utf-8"), path)

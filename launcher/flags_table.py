@@ -1,14 +1,14 @@
 """The README's table of `launch_server` flags, made from ServerConfig (a test keeps the README's
 copy equal to it): each flag with its other spellings, default, meaning and SGLang/vLLM counterpart.
 
-    .venv/bin/python -m launcher.flags_table     # prints the table
+    .venv/bin/python -m zserve.launcher.flags_table     # prints the table
 """
 
 from __future__ import annotations
 
 from dataclasses import MISSING, fields
 
-from common.server_config import ServerConfig
+from zserve.common.server_config import ServerConfig
 
 
 def flags_table() -> str:

@@ -26,20 +26,20 @@ from typing import IO
 
 import zmq
 
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, Drain, DrainDone, FailAll, ProcReady
-from common.rank_layout import RankLayout
-from common.server_config import API_KEY_ENV, ServerConfig
-from common.transport import Addresses, pull, push
-from launcher.child_process import ChildProcess
-from launcher.runtime_dir import create_runtime_dir
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, Drain, DrainDone, FailAll, ProcReady
+from zserve.common.rank_layout import RankLayout
+from zserve.common.server_config import API_KEY_ENV, ServerConfig
+from zserve.common.transport import Addresses, pull, push
+from zserve.launcher.child_process import ChildProcess
+from zserve.launcher.runtime_dir import create_runtime_dir
 
 logger = logging.getLogger("launcher")
 SERVER_CHILDREN = (  # (name, module) started on node 0 after the model worker ranks (they load longest)
-    ("scheduler", "scheduler_proc"),
-    ("detokenizer", "detokenizer_proc"),
-    ("tokenizer", "tokenizer_proc"),
+    ("scheduler", "zserve.scheduler_proc"),
+    ("detokenizer", "zserve.detokenizer_proc"),
+    ("tokenizer", "zserve.tokenizer_proc"),
 )
 
 
@@ -81,10 +81,10 @@ class Launcher:
         key_env = {API_KEY_ENV: api_key} if api_key else None
         for rank in self.layout.local_ranks:
             name = self.layout.child_name(rank)
-            self.children.append(ChildProcess.start(name, "model_proc", [*args, "--rank", str(rank)], self.worker_env, self.log_file))
+            self.children.append(ChildProcess.start(name, "zserve.model_proc", [*args, "--rank", str(rank)], self.worker_env, self.log_file))
         if self.layout.is_head_node:
             for name, module in SERVER_CHILDREN:
-                self.children.append(ChildProcess.start(name, module, args, key_env if module == "tokenizer_proc" else None, self.log_file))
+                self.children.append(ChildProcess.start(name, module, args, key_env if module == "zserve.tokenizer_proc" else None, self.log_file))
             if self.cfg.http_port and self.cfg.port:  # the client port is known: HTTP answers /health (503) during startup
                 self._start_http(args, self.cfg.port, key_env)
         expected = {c.name for c in self.children} | ({"http"} if self.layout.is_head_node and self.cfg.http_port else set())
@@ -107,7 +107,7 @@ class Launcher:
         return int(self.ready["tokenizer"].info["port"]) if self.layout.is_head_node else None
 
     def _start_http(self, args: list[str], client_port: int, key_env: dict[str, str] | None) -> None:
-        self.children.append(ChildProcess.start("http", "http_proc", [*args, "--client-port", str(client_port)], key_env, self.log_file))
+        self.children.append(ChildProcess.start("http", "zserve.http_proc", [*args, "--client-port", str(client_port)], key_env, self.log_file))
 
     def supervise(self) -> int:
         """Block until a stop signal (returns 0) or a dead child (returns 1; 0 on a node other

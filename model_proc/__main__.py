@@ -1,3 +1,3 @@
-from model_proc.worker_process import main
+from zserve.model_proc.worker_process import main
 
 main()

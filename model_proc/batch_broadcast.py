@@ -23,9 +23,9 @@ import time
 
 import zmq
 
-from common.forward_batch import ForwardBatch
-from common.messages import RANK_BROADCAST, RankHeartbeat, RankStop
-from common.wire import WireError
+from zserve.common.forward_batch import ForwardBatch
+from zserve.common.messages import RANK_BROADCAST, RankHeartbeat, RankStop
+from zserve.common.wire import WireError
 
 HEARTBEAT_INTERVAL_S = 0.5
 SILENCE_TIMEOUT_S = 10.0  # a follower exits after hearing nothing from rank 0 this long

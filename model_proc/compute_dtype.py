@@ -35,8 +35,8 @@ def native_bf16_feature() -> str | None:
 
 def widening_gemm_level() -> str | None:
     """The instruction set of the widening 16-bit GEMM when it runs in this process, else None."""
-    from model_proc.kernels.cpu_isa import cpu_isa
-    from model_proc.kernels.cpu_kernels import load_gemm_widen
+    from zserve.model_proc.kernels.cpu_isa import cpu_isa
+    from zserve.model_proc.kernels.cpu_kernels import load_gemm_widen
 
     return cpu_isa() if load_gemm_widen() is not None else None
 

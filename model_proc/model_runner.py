@@ -18,22 +18,22 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from common.forward_batch import ForwardBatch, StepResult
-from common.model_config import ModelConfig
-from common.worker_env import default_num_threads
-from model_proc.checkpoint import Checkpoint
-from model_proc.compute_dtype import resolve_dtype
-from model_proc.kernels.cpu_kernels import fused_ops_available
-from model_proc.kv_pool import KVPool
-from model_proc.layers.attention import attention_backend
-from model_proc.layers.attention_metadata import AttentionMetadata
-from model_proc.layers.gemm import gemm_backend, prepack_weights
-from model_proc.models.registry import build_model
-from model_proc.sampler import Sampler, top_logprobs_of
-from model_proc.tp_group import min_across_ranks
+from zserve.common.forward_batch import ForwardBatch, StepResult
+from zserve.common.model_config import ModelConfig
+from zserve.common.worker_env import default_num_threads
+from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.compute_dtype import resolve_dtype
+from zserve.model_proc.kernels.cpu_kernels import fused_ops_available
+from zserve.model_proc.kv_pool import KVPool
+from zserve.model_proc.layers.attention import attention_backend
+from zserve.model_proc.layers.attention_metadata import AttentionMetadata
+from zserve.model_proc.layers.gemm import gemm_backend, prepack_weights
+from zserve.model_proc.models.registry import build_model
+from zserve.model_proc.sampler import Sampler, top_logprobs_of
+from zserve.model_proc.tp_group import min_across_ranks
 
 if TYPE_CHECKING:
-    from common.server_config import ServerConfig
+    from zserve.common.server_config import ServerConfig
 
 logger = logging.getLogger(__name__)
 

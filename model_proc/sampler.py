@@ -33,7 +33,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from common.forward_batch import MIN_P_OFF, TOP_K_OFF, TOP_P_OFF, GrammarMasks, PenaltyArrays, SamplingArrays
+from zserve.common.forward_batch import (
+    MIN_P_OFF,
+    TOP_K_OFF,
+    TOP_P_OFF,
+    GrammarMasks,
+    PenaltyArrays,
+    SamplingArrays,
+)
 
 # Below this a temperature is greedy (vLLM's rule too): 1 / T would overflow float32 near 3e-39,
 # and long before that the draw is an argmax anyway.

@@ -22,8 +22,8 @@ import os
 
 import zmq
 
-from common.forward_batch import ForwardBatch, StepResult
-from common.messages import (
+from zserve.common.forward_batch import ForwardBatch, StepResult
+from zserve.common.messages import (
     LAUNCHER_INBOX,
     WORKER_INBOX,
     WORKER_TO_SCHEDULER,
@@ -31,17 +31,17 @@ from common.messages import (
     WorkerError,
     WorkerReady,
 )
-from common.proc_runtime import child_args, child_setup
-from common.rank_layout import RankLayout
-from common.server_config import ServerConfig
-from common.transport import Addresses, Endpoint, pull, push
-from model_proc.batch_broadcast import HEARTBEAT_INTERVAL_S, BatchPublisher, BatchSubscriber
+from zserve.common.proc_runtime import child_args, child_setup
+from zserve.common.rank_layout import RankLayout
+from zserve.common.server_config import ServerConfig
+from zserve.common.transport import Addresses, Endpoint, pull, push
+from zserve.model_proc.batch_broadcast import HEARTBEAT_INTERVAL_S, BatchPublisher, BatchSubscriber
 
 logger = logging.getLogger("model_proc")
 
 
 def build_runner(cfg: ServerConfig, rank: int):
-    from model_proc.model_runner import ModelRunner
+    from zserve.model_proc.model_runner import ModelRunner
 
     return ModelRunner.from_server_config(cfg, tp_rank=rank)
 
@@ -106,8 +106,13 @@ def serve_follower(addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoin
 
 
 def serve(cfg: ServerConfig, addrs: Addresses, rank: int) -> None:
-    from model_proc.compute_dtype import resolve_dtype
-    from model_proc.tp_group import check_same_on_all_ranks, rank_device, settings_fingerprint, tp_group
+    from zserve.model_proc.compute_dtype import resolve_dtype
+    from zserve.model_proc.tp_group import (
+        check_same_on_all_ranks,
+        rank_device,
+        settings_fingerprint,
+        tp_group,
+    )
 
     layout = RankLayout.from_config(cfg)
     device = rank_device(cfg.device, layout.local_index(rank), cfg.tp_size)

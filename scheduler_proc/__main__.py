@@ -1,3 +1,3 @@
-from scheduler_proc.scheduler_process import main
+from zserve.scheduler_proc.scheduler_process import main
 
 main()

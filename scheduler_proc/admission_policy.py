@@ -14,8 +14,8 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
-from scheduler_proc.prefill_adder import AddOutcome, PrefillAdder
-from scheduler_proc.req import PendingReq
+from zserve.scheduler_proc.prefill_adder import AddOutcome, PrefillAdder
+from zserve.scheduler_proc.req import PendingReq
 
 ADMISSION_POLICIES = ("fifo", "pack")
 

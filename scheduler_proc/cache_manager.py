@@ -15,9 +15,9 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from scheduler_proc.page_allocator import PageAllocator
-from scheduler_proc.radix_cache import PrefixMatch, RadixCache, RadixNode
-from scheduler_proc.req import Req
+from zserve.scheduler_proc.page_allocator import PageAllocator
+from zserve.scheduler_proc.radix_cache import PrefixMatch, RadixCache, RadixNode
+from zserve.scheduler_proc.req import Req
 
 
 class CacheManager:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from scheduler_proc.cache_manager import CacheManager
-from scheduler_proc.req import Req
+from zserve.scheduler_proc.cache_manager import CacheManager
+from zserve.scheduler_proc.req import Req
 
 
 class DecodeManager:

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from common.forward_batch import GrammarMasks
+from zserve.common.forward_batch import GrammarMasks
 
 logger = logging.getLogger("scheduler_proc")
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-from scheduler_proc.req import Req
+from zserve.scheduler_proc.req import Req
 
 KV_RESERVATIONS = ("estimated", "full")
 INIT_RATIO = 0.7

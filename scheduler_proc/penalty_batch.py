@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.forward_batch import PenaltyArrays
-from scheduler_proc.req import Req
+from zserve.common.forward_batch import PenaltyArrays
+from zserve.scheduler_proc.req import Req
 
 
 def penalty_arrays(reqs: list[Req], is_sampled: np.ndarray) -> PenaltyArrays | None:

@@ -26,10 +26,10 @@ import logging
 
 import numpy as np
 
-from scheduler_proc.cache_manager import CacheManager
-from scheduler_proc.kv_reservation import KvReservation
-from scheduler_proc.req import ChunkedReq, PendingReq, PromptScores, Req
-from scheduler_proc.req_table import ReqTable
+from zserve.scheduler_proc.cache_manager import CacheManager
+from zserve.scheduler_proc.kv_reservation import KvReservation
+from zserve.scheduler_proc.req import ChunkedReq, PendingReq, PromptScores, Req
+from zserve.scheduler_proc.req_table import ReqTable
 
 logger = logging.getLogger(__name__)
 

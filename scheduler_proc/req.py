@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.messages import PromptLogprobs
-from common.sampling_params import SamplingParams
-from scheduler_proc.radix_cache import RadixNode
+from zserve.common.messages import PromptLogprobs
+from zserve.common.sampling_params import SamplingParams
+from zserve.scheduler_proc.radix_cache import RadixNode
 
 
 @dataclass(slots=True, eq=False)

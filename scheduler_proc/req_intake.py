@@ -13,9 +13,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from common.context_limit import over_context_error
-from common.sampling_params import SamplingParams
-from scheduler_proc.req import PendingReq
+from zserve.common.context_limit import over_context_error
+from zserve.common.sampling_params import SamplingParams
+from zserve.scheduler_proc.req import PendingReq
 
 
 class ReqIntake:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.forward_batch import SamplingArrays
-from common.sampling_params import SamplingParams
+from zserve.common.forward_batch import SamplingArrays
+from zserve.common.sampling_params import SamplingParams
 
 
 class ReqTable:

@@ -6,10 +6,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from common.forward_batch import ForwardBatch, PromptLogprobRows
-from scheduler_proc.penalty_batch import penalty_arrays
-from scheduler_proc.req import Req
-from scheduler_proc.req_table import ReqTable
+from zserve.common.forward_batch import ForwardBatch, PromptLogprobRows
+from zserve.scheduler_proc.penalty_batch import penalty_arrays
+from zserve.scheduler_proc.req import Req
+from zserve.scheduler_proc.req_table import ReqTable
 
 
 @dataclass(slots=True)

@@ -28,22 +28,22 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.forward_batch import ForwardBatch, StepResult
-from common.histogram import QUEUE_BOUNDS_S, Histogram
-from common.messages import NO_TOKEN_IDS, TokenOut
-from common.sampling_params import SamplingParams
-from scheduler_proc.admission_policy import AdmissionPolicy
-from scheduler_proc.cache_manager import CacheManager
-from scheduler_proc.decode_manager import DecodeManager
-from scheduler_proc.kv_reservation import KvReservation
-from scheduler_proc.prefill_adder import PrefillAdder
-from scheduler_proc.req import ChunkedReq, PendingReq, Req
-from scheduler_proc.req_intake import ReqIntake
-from scheduler_proc.req_table import ReqTable
-from scheduler_proc.scheduled_batch import ScheduledBatch
-from scheduler_proc.scheduler_stats import SchedulerStats
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.forward_batch import ForwardBatch, StepResult
+from zserve.common.histogram import QUEUE_BOUNDS_S, Histogram
+from zserve.common.messages import NO_TOKEN_IDS, TokenOut
+from zserve.common.sampling_params import SamplingParams
+from zserve.scheduler_proc.admission_policy import AdmissionPolicy
+from zserve.scheduler_proc.cache_manager import CacheManager
+from zserve.scheduler_proc.decode_manager import DecodeManager
+from zserve.scheduler_proc.kv_reservation import KvReservation
+from zserve.scheduler_proc.prefill_adder import PrefillAdder
+from zserve.scheduler_proc.req import ChunkedReq, PendingReq, Req
+from zserve.scheduler_proc.req_intake import ReqIntake
+from zserve.scheduler_proc.req_table import ReqTable
+from zserve.scheduler_proc.scheduled_batch import ScheduledBatch
+from zserve.scheduler_proc.scheduler_stats import SchedulerStats
 
 __all__ = ["STEP_POLICIES", "Scheduler", "SchedulerStats"]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.server_config import ServerConfig
+from zserve.common.server_config import ServerConfig
 
 
 def scheduler_knobs(cfg: ServerConfig) -> dict[str, Any]:

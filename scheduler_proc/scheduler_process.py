@@ -23,11 +23,11 @@ from dataclasses import asdict, replace
 import numpy as np
 import zmq
 
-from common.context_limit import served_context_len
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.forward_batch import ForwardBatch, StepResult
-from common.messages import (
+from zserve.common.context_limit import served_context_len
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.forward_batch import ForwardBatch, StepResult
+from zserve.common.messages import (
     DETOK_INBOX,
     LAUNCHER_INBOX,
     SCHEDULER_INBOX,
@@ -45,14 +45,14 @@ from common.messages import (
     WorkerError,
     WorkerReady,
 )
-from common.proc_runtime import child_args, child_setup
-from common.sampling_params import SamplingParams
-from common.server_config import ServerConfig
-from common.transport import Addresses, Endpoint, pull, push
-from scheduler_proc.grammar_manager import GrammarError, GrammarManager
-from scheduler_proc.scheduler import Scheduler
-from scheduler_proc.scheduler_knobs import scheduler_knobs
-from scheduler_proc.stats_logger import StatsLogger
+from zserve.common.proc_runtime import child_args, child_setup
+from zserve.common.sampling_params import SamplingParams
+from zserve.common.server_config import ServerConfig
+from zserve.common.transport import Addresses, Endpoint, pull, push
+from zserve.scheduler_proc.grammar_manager import GrammarError, GrammarManager
+from zserve.scheduler_proc.scheduler import Scheduler
+from zserve.scheduler_proc.scheduler_knobs import scheduler_knobs
+from zserve.scheduler_proc.stats_logger import StatsLogger
 
 logger = logging.getLogger("scheduler_proc")
 COMPILE_POLL_MS = 5  # how often a loop with requests waiting for their grammar looks again

@@ -29,5 +29,5 @@ with Client(int(sys.argv[1])) as c:
     print(f"Q: {q}\nA: {r.text}\n({r.usage.completion_tokens} tokens, finish={r.finish_reason}, ttft={r.ttft_s*1000:.0f} ms, total={r.latency_s*1000:.0f} ms)")
 PY
 if [ "${ZSERVE_DEMO_ONESHOT:-0}" = 1 ]; then exit 0; fi  # tests: stop after the answer
-echo "Server running on port $port (chat with: .venv/bin/python -m client --port $port). Ctrl-C stops it."
+echo "Server running on port $port (chat with: .venv/bin/python -m zserve.client --port $port). Ctrl-C stops it."
 tail -n +1 -f "$log" --pid=$server

@@ -32,7 +32,7 @@ fi
 # here (about a minute on 2 cores) so a server starts without compiling; cached in
 # ~/.cache/zserve/kernels by level, source, flags, torch version and CPU. A machine where they do not
 # build still works: attention falls back to the pure-torch path, linear layers to oneDNN.
-if ! "$VPY" -m model_proc.kernels.cpu_kernels; then
+if ! "$VPY" -m zserve.model_proc.kernels.cpu_kernels; then
     echo "[setup] the CPU kernels did not build; attention will use the pure-torch path, linear layers oneDNN (fp32) or torch.mm"
 fi
 echo "[setup] done: $VENV/bin/python"

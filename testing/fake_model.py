@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.forward_batch import ForwardBatch, StepResult
+from zserve.common.forward_batch import ForwardBatch, StepResult
 
 POISON = -1
 

@@ -16,9 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from client import Client
-from client.types import GenerateResult
 from testing.tokenizer_fixtures import CHATML_TEMPLATE
+from zserve.client import Client
+from zserve.client.types import GenerateResult
 
 NORMAL_PROMPT = "The quick brown fox"
 NORMAL_MAX_TOKENS = 24

@@ -25,9 +25,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from common.forward_batch import ForwardBatch, SamplingArrays
-from common.server_config import ServerConfig
-from model_proc.model_runner import ModelRunner
+from zserve.common.forward_batch import ForwardBatch, SamplingArrays
+from zserve.common.server_config import ServerConfig
+from zserve.model_proc.model_runner import ModelRunner
 
 VOCAB_SIZE = 600  # covers testing.tokenizer_fixtures' byte-level BPE of 600 tokens
 EOS_TOKEN_IDS = (2, 0)  # config.json says 2, generation_config.json says [2, 0]

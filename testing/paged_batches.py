@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from common.forward_batch import ForwardBatch, SamplingArrays
+from zserve.common.forward_batch import ForwardBatch, SamplingArrays
 
 
 def shuffled_page_batch(

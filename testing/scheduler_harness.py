@@ -14,14 +14,14 @@ from typing import Any
 
 import numpy as np
 
-from common.finish_reason import FinishReason
-from common.forward_batch import ForwardBatch
-from common.messages import TokenOut
-from common.sampling_params import SamplingParams
-from common.server_config import ServerConfig
-from scheduler_proc.scheduler import Scheduler
-from scheduler_proc.scheduler_knobs import scheduler_knobs
 from testing.fake_model import FakeModel
+from zserve.common.finish_reason import FinishReason
+from zserve.common.forward_batch import ForwardBatch
+from zserve.common.messages import TokenOut
+from zserve.common.sampling_params import SamplingParams
+from zserve.common.server_config import ServerConfig
+from zserve.scheduler_proc.scheduler import Scheduler
+from zserve.scheduler_proc.scheduler_knobs import scheduler_knobs
 
 
 def make_scheduler(

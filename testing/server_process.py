@@ -23,8 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.server_config import DEFAULT_CLIENT_PORT
 from testing.paths import REPO_ROOT
+from zserve.common.server_config import DEFAULT_CLIENT_PORT
 
 READY_MARK = "zserve ready:"
 
@@ -51,13 +51,13 @@ class ServerProcess:
         """Start launch_server without waiting; several servers can then load at the same time."""
         port = free_port()
         no_http = [] if "--http-port" in flags else ["--http-port", "0"]  # the default port is one per machine
-        cmd = [sys.executable, "-m", "launcher", "--model", str(model_dir), *no_http, *flags, "--port", str(port)]
+        cmd = [sys.executable, "-m", "zserve.launcher", "--model", str(model_dir), *no_http, *flags, "--port", str(port)]
         return ServerProcess._spawn_cmd(cmd, port, log_path, env)
 
     @staticmethod
     def spawn_with_defaults(flags: list[str], *, env: dict[str, str] | None = None) -> PendingServer:
         """`launch_server FLAGS` as a user types it: the default model and ports unless `flags` say."""
-        return ServerProcess._spawn_cmd([sys.executable, "-m", "launcher", *flags], DEFAULT_CLIENT_PORT, None, env)
+        return ServerProcess._spawn_cmd([sys.executable, "-m", "zserve.launcher", *flags], DEFAULT_CLIENT_PORT, None, env)
 
     @staticmethod
     def _spawn_cmd(cmd: list[str], port: int, log_path: Path | None, env: dict[str, str] | None) -> PendingServer:
@@ -85,8 +85,9 @@ class ServerProcess:
 
     def child_pid(self, module: str) -> int:
         """The pid of the child started as `python -m <module>`."""
+        want = (module if module.startswith("zserve.") else f"zserve.{module}").encode()
         for pid in self.child_pids():
-            if module.encode() in _cmdline(pid):
+            if want in _cmdline(pid):
                 return pid
         raise AssertionError(f"no child runs {module}")
 
@@ -94,7 +95,7 @@ class ServerProcess:
         """The pid of the child running model worker rank `rank`."""
         for pid in self.child_pids():
             argv = _cmdline(pid)
-            if b"model_proc" in argv and argv[argv.index(b"--rank") + 1] == str(rank).encode():
+            if b"zserve.model_proc" in argv and argv[argv.index(b"--rank") + 1] == str(rank).encode():
                 return pid
         raise AssertionError(f"no child runs rank {rank}")
 
@@ -182,7 +183,7 @@ def resolve_model_dir(model_dir: str) -> str:
     """`model_dir`, or the demo model (fetched on first use) when it is empty."""
     if model_dir:
         return model_dir
-    from launcher.demo_model import ensure_demo_model
+    from zserve.launcher.demo_model import ensure_demo_model
 
     return str(ensure_demo_model(progress=True))
 

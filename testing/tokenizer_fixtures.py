@@ -281,7 +281,7 @@ def _bytes_to_unicode() -> dict[int, str]:
 def demo_tokenizer_dir() -> Path | None:
     """The real SmolLM2 demo model directory (`zserve-fetch-demo`), if it is there; tests that
     compare against a real tokenizer skip when this is None."""
-    from launcher.demo_model import demo_model_dir  # cheap: no torch, no transformers
+    from zserve.launcher.demo_model import demo_model_dir  # cheap: no torch, no transformers
 
     path = demo_model_dir()
     return path if (path / "tokenizer.json").is_file() else None

@@ -1,3 +1,3 @@
-from tokenizer_proc.tokenizer_process import main
+from zserve.tokenizer_proc.tokenizer_process import main
 
 main()

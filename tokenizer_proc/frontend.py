@@ -30,9 +30,9 @@ import msgpack
 import numpy as np
 import zmq
 
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.messages import (
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.messages import (
     CLIENT_TO_FRONTEND,
     FRONTEND_TO_CLIENT,
     AbortReq,
@@ -47,11 +47,11 @@ from common.messages import (
     StatsReq,
     TokenizedReq,
 )
-from common.transport import Endpoint
-from common.wire import WireError
-from tokenizer_proc.client_registry import ClientRegistry
-from tokenizer_proc.request_metrics import RequestMetrics
-from tokenizer_proc.request_validator import RequestValidator
+from zserve.common.transport import Endpoint
+from zserve.common.wire import WireError
+from zserve.tokenizer_proc.client_registry import ClientRegistry
+from zserve.tokenizer_proc.request_metrics import RequestMetrics
+from zserve.tokenizer_proc.request_validator import RequestValidator
 
 logger = logging.getLogger("tokenizer_proc")
 TICK_MS = 250

@@ -19,10 +19,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.histogram import E2E_BOUNDS_S, ITL_BOUNDS_S, TOKENS_BOUNDS, TTFT_BOUNDS_S, Histogram
-from common.messages import PROBE_CLIENT_PREFIX, ReqOutput
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.histogram import E2E_BOUNDS_S, ITL_BOUNDS_S, TOKENS_BOUNDS, TTFT_BOUNDS_S, Histogram
+from zserve.common.messages import PROBE_CLIENT_PREFIX, ReqOutput
 
 logger = logging.getLogger("tokenizer_proc")
 

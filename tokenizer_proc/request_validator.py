@@ -20,10 +20,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from common.context_limit import over_context_error
-from common.request_limits import LIMITS
-from common.sampling_params import SamplingParams
-from tokenizer_proc.text_tokenizer import TextTokenizer
+from zserve.common.context_limit import over_context_error
+from zserve.common.request_limits import LIMITS
+from zserve.common.sampling_params import SamplingParams
+from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
 BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n", "tools"))

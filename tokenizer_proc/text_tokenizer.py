@@ -24,8 +24,8 @@ from typing import Any
 
 from tokenizers import AddedToken, Tokenizer
 
-from tokenizer_proc.chat_template import ChatTemplate
-from tokenizer_proc.tokenizer_files import TokenizerFiles
+from zserve.tokenizer_proc.chat_template import ChatTemplate
+from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
 
 
 class TextTokenizer:

@@ -8,16 +8,16 @@ from pathlib import Path
 
 import zmq
 
-from common.context_limit import served_context_len
-from common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, SCHEDULER_INBOX, ProcReady
-from common.model_config import ModelConfig
-from common.proc_runtime import child_args, child_setup
-from common.server_config import API_KEY_ENV, ServerConfig
-from common.transport import Addresses, pull, push
-from tokenizer_proc.client_registry import ClientRegistry
-from tokenizer_proc.frontend import Frontend
-from tokenizer_proc.request_validator import RequestValidator
-from tokenizer_proc.text_tokenizer import TextTokenizer
+from zserve.common.context_limit import served_context_len
+from zserve.common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, SCHEDULER_INBOX, ProcReady
+from zserve.common.model_config import ModelConfig
+from zserve.common.proc_runtime import child_args, child_setup
+from zserve.common.server_config import API_KEY_ENV, ServerConfig
+from zserve.common.transport import Addresses, pull, push
+from zserve.tokenizer_proc.client_registry import ClientRegistry
+from zserve.tokenizer_proc.frontend import Frontend
+from zserve.tokenizer_proc.request_validator import RequestValidator
+from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 logger = logging.getLogger("tokenizer_proc")
 

@@ -2,13 +2,16 @@
 
     from zserve import Engine, Client, AsyncClient, SamplingParams
 
-The internal packages (client/, common/, launcher/, ...) stay where they are; this package is the
-stable name a user's code imports, and a user's own `client.py` cannot shadow it.
+The design's top-level folders (client/, common/, launcher/, ...) are this package's parts:
+`zserve.client`, `zserve.common`, `zserve.launcher`, ... pyproject.toml maps each folder under the
+`zserve` name, so an installed zserve puts only `zserve` into site-packages and a user's own
+`client.py` or `common.py` cannot shadow any part of it (scripts/setup.sh installs it editable).
 """
 
-from client.async_client import AsyncClient
-from client.client import Client, TextStream
-from client.types import (
+
+from zserve.client.async_client import AsyncClient
+from zserve.client.client import Client, TextStream
+from zserve.client.types import (
     GenerateResult,
     InvalidRequestError,
     RequestTimeoutError,
@@ -19,8 +22,8 @@ from client.types import (
     UnauthorizedError,
     Usage,
 )
-from common.error_code import ErrorCode
-from common.sampling_params import SamplingParams
+from zserve.common.error_code import ErrorCode
+from zserve.common.sampling_params import SamplingParams
 from zserve.engine import Engine, EngineError
 
 __all__ = [

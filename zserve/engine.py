@@ -30,11 +30,11 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import fields
 from typing import Any
 
-from client.async_client import AsyncClient
-from client.client import Client
-from client.types import GenerateResult
-from common.sampling_params import SamplingParams
-from common.server_config import ServerConfig
+from zserve.client.async_client import AsyncClient
+from zserve.client.client import Client
+from zserve.client.types import GenerateResult
+from zserve.common.sampling_params import SamplingParams
+from zserve.common.server_config import ServerConfig
 
 READY_MARK = "zserve ready:"
 STOP_TIMEOUT_S = 30.0

@@ -8,7 +8,7 @@ $ZSERVE_CPU_ISA. The build is cached under ~/.cache/zserve/kernels (or
 $XDG_CACHE_HOME/zserve/kernels), in a folder keyed by the level, the source, the compile flags,
 torch's version and the CPU's flags, so a new torch, a forced level or a copied home directory
 never loads a stale or foreign build. scripts/setup.sh builds it
-(`python -m model_proc.kernels.cpu_kernels`); a worker that finds no build compiles it on
+(`python -m zserve.model_proc.kernels.cpu_kernels`); a worker that finds no build compiles it on
 first use (about a minute on 2 cores) and waits. When it cannot be built (no compiler, no ninja,
 an error), `load_cpu_kernels()` logs one line and returns False: attention runs the pure-torch
 path and the linear layers oneDNN.
@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from model_proc.kernels.cpu_isa import cpu_flags, cpu_isa, march_flags
+from zserve.model_proc.kernels.cpu_isa import cpu_flags, cpu_isa, march_flags
 
 logger = logging.getLogger(__name__)
 

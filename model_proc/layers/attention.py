@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_proc.kernels.cpu_kernels import load_paged_attention
-from model_proc.layers.attention_metadata import AttentionMetadata
-from model_proc.layers.rotary import apply_rotary
+from zserve.model_proc.kernels.cpu_kernels import load_paged_attention
+from zserve.model_proc.layers.attention_metadata import AttentionMetadata
+from zserve.model_proc.layers.rotary import apply_rotary
 
 BACKEND_ENV = "ZSERVE_ATTENTION"  # auto (default) | torch (force the pure-torch path) | kernel (fail if it cannot load)
 

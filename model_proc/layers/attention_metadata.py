@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common.forward_batch import ForwardBatch
-from model_proc.kv_pool import KVPool
+from zserve.common.forward_batch import ForwardBatch
+from zserve.model_proc.kv_pool import KVPool
 
 DECODE_CHUNK_BYTES = 8 << 20
 

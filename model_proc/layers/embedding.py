@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model_proc.checkpoint import Checkpoint
-from model_proc.layers.gemm import GemmWeight
-from model_proc.layers.parallel import all_gather_last_dim, all_reduce, padded_shard_range
+from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.layers.gemm import GemmWeight
+from zserve.model_proc.layers.parallel import all_gather_last_dim, all_reduce, padded_shard_range
 
 
 class VocabParallelEmbedding(nn.Module):

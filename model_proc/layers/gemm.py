@@ -43,7 +43,7 @@ import os
 import torch
 from torch import nn
 
-from model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
+from zserve.model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
 
 GEMM_ENV = "ZSERVE_GEMM"  # auto (default) | zserve_widen | onednn | torch
 GEMM_CHOICES = ("auto", "zserve_widen", "onednn", "torch")

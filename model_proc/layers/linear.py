@@ -20,9 +20,9 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from model_proc.checkpoint import Checkpoint
-from model_proc.layers.gemm import GemmWeight
-from model_proc.layers.parallel import all_reduce, shard_range
+from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.layers.gemm import GemmWeight
+from zserve.model_proc.layers.parallel import all_reduce, shard_range
 
 
 class ColumnParallelLinear(GemmWeight):

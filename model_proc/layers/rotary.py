@@ -11,7 +11,7 @@ import math
 import torch
 from torch import nn
 
-from common.model_config import RopeScaling
+from zserve.common.model_config import RopeScaling
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: RopeScaling | None) -> torch.Tensor:

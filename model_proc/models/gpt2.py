@@ -12,15 +12,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common.model_config import ModelConfig
-from model_proc.checkpoint import Checkpoint
-from model_proc.layers.activation import get_activation
-from model_proc.layers.attention import PagedAttention
-from model_proc.layers.attention_metadata import AttentionMetadata
-from model_proc.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from model_proc.layers.linear import ColumnParallelLinear, RowParallelLinear
-from model_proc.layers.norm import LayerNorm
-from model_proc.models.llama import heads_per_rank
+from zserve.common.model_config import ModelConfig
+from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.layers.activation import get_activation
+from zserve.model_proc.layers.attention import PagedAttention
+from zserve.model_proc.layers.attention_metadata import AttentionMetadata
+from zserve.model_proc.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from zserve.model_proc.layers.linear import ColumnParallelLinear, RowParallelLinear
+from zserve.model_proc.layers.norm import LayerNorm
+from zserve.model_proc.models.llama import heads_per_rank
 
 
 class GPT2Attention(nn.Module):

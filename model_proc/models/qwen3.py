@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from common.model_config import ModelConfig
-from model_proc.checkpoint import Checkpoint
-from model_proc.layers.norm import RMSNorm
-from model_proc.models.llama import LlamaAttention, LlamaForCausalLM
+from zserve.common.model_config import ModelConfig
+from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.layers.norm import RMSNorm
+from zserve.model_proc.models.llama import LlamaAttention, LlamaForCausalLM
 
 
 class Qwen3Attention(LlamaAttention):

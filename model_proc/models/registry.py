@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from common.model_config import ModelConfig
-from model_proc.models.gpt2 import GPT2LMHeadModel
-from model_proc.models.llama import LlamaForCausalLM
-from model_proc.models.qwen3 import Qwen3ForCausalLM
+from zserve.common.model_config import ModelConfig
+from zserve.model_proc.models.gpt2 import GPT2LMHeadModel
+from zserve.model_proc.models.llama import LlamaForCausalLM
+from zserve.model_proc.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from model_proc.kernels.cpu_kernels import load_paged_attention
 from testing.paths import REPO_ROOT
+from zserve.model_proc.kernels.cpu_kernels import load_paged_attention
 
 REPO = REPO_ROOT
 SERVER_ARGS = "--log-level warning --kv-cache-tokens 8192 --num-threads 1 --max-running-requests 8"

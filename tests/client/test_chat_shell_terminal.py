@@ -1,4 +1,4 @@
-"""`python -m client` on a real terminal (a pty): Ctrl-C stops the answer being streamed and
+"""`python -m zserve.client` on a real terminal (a pty): Ctrl-C stops the answer being streamed and
 returns to the prompt, the conversation is kept for the next question, Ctrl-D exits 0."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from client import Client
 from testing.paths import REPO_ROOT
 from testing.pty_session import PtySession
 from testing.server_process import start_server
+from zserve.client import Client
 
 MAX_TOKENS = 300
 ADMITTED = re.compile(r"req (\d+) admitted: (\d+) prompt tokens")
@@ -41,7 +41,7 @@ def test_ctrl_c_stops_the_answer_keeps_the_conversation_and_ctrl_d_exits_0(serve
         single_turn_len = c.generate(messages=[{"role": "user", "content": second_q}], max_tokens=1).usage.prompt_tokens
 
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "client", "--port", str(server.port), "--max-tokens", str(MAX_TOKENS)]
+    cmd = [sys.executable, "-m", "zserve.client", "--port", str(server.port), "--max-tokens", str(MAX_TOKENS)]
     with PtySession.spawn(cmd, env) as term:
         at = term.expect("> ")
         term.send(first_q + "\r")

@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from client import AsyncClient, Client
 from testing.server_process import start_server
+from zserve.client import AsyncClient, Client
 
 PROMPTS = ("Hello, world!", "The quick brown fox")
 

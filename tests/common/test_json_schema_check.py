@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.json_schema_check import check_json_schema
 from testing.json_schemas import random_schemas
+from zserve.common.json_schema_check import check_json_schema
 
 REFUSED = [
     ({"not": {"type": "string"}}, r"`not` at #,"),

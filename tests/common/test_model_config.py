@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from common.model_config import ModelConfig, RopeScaling
 from testing.model_fixtures import EOS_TOKEN_IDS, make_tiny_checkpoint
+from zserve.common.model_config import ModelConfig, RopeScaling
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,

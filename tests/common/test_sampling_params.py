@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from common.sampling_params import SamplingParams
+from zserve.common.sampling_params import SamplingParams
 
 
 def test_defaults_are_greedy_and_round_trip():

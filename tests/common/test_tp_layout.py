@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from common.rank_layout import RankLayout, parse_host_port
-from common.server_config import ServerConfig
-from common.transport import Addresses
-from common.worker_env import default_num_threads
-from launcher.cli import parse_config
+from zserve.common.rank_layout import RankLayout, parse_host_port
+from zserve.common.server_config import ServerConfig
+from zserve.common.transport import Addresses
+from zserve.common.worker_env import default_num_threads
+from zserve.launcher.cli import parse_config
 
 
 def test_one_node_is_private_and_local():

@@ -8,7 +8,7 @@ import msgpack
 import numpy as np
 import pytest
 
-from client.types import (
+from zserve.client.types import (
     InvalidRequestError,
     ServerBusyError,
     ServerError,
@@ -17,10 +17,10 @@ from client.types import (
     UnauthorizedError,
     raise_for_error,
 )
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.forward_batch import ForwardBatch, SamplingArrays, StepResult
-from common.messages import (
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.forward_batch import ForwardBatch, SamplingArrays, StepResult
+from zserve.common.messages import (
     DETOK_INBOX,
     FRONTEND_INBOX,
     NO_TOKEN_IDS,
@@ -32,9 +32,9 @@ from common.messages import (
     TokenOut,
     TokenOutBatch,
 )
-from common.sampling_params import SamplingParams
-from common.wire import BoolArray, Codec, Float32Array, Int32Array, Int64Array, WireError, message
-from http_proc.api_error import ApiError, error_code_of
+from zserve.common.sampling_params import SamplingParams
+from zserve.common.wire import BoolArray, Codec, Float32Array, Int32Array, Int64Array, WireError, message
+from zserve.http_proc.api_error import ApiError, error_code_of
 
 
 def _batch() -> ForwardBatch:
@@ -332,7 +332,7 @@ def test_token_outs_travel_as_records():
 
 def test_generate_req_body_is_carried_as_sent_and_fail_all_is_typed():
     req = GenerateReq(req_id=1, client_id="c", body={"prompt": "x", "sampling": {"max_tokens": "many"}})
-    from common.messages import CLIENT_TO_FRONTEND
+    from zserve.common.messages import CLIENT_TO_FRONTEND
 
     assert CLIENT_TO_FRONTEND.decode(CLIENT_TO_FRONTEND.encode(req)) == req  # validated by the frontend, not here
     fail = FailAll(finish_reason=FinishReason.ERROR, code=ErrorCode.GONE, error="server failure: x")
@@ -400,8 +400,8 @@ def test_stats_out_carries_every_scheduler_stats_field():
     socket's decoder, or the stats frame is dropped and clients time out waiting for it."""
     from dataclasses import asdict, replace
 
-    from common.messages import DETOK_INBOX, StatsOut
-    from scheduler_proc.scheduler_stats import SchedulerStats
+    from zserve.common.messages import DETOK_INBOX, StatsOut
+    from zserve.scheduler_proc.scheduler_stats import SchedulerStats
 
     stats = asdict(replace(SchedulerStats(), num_running=3, new_token_ratio=0.55))
     got = DETOK_INBOX.decode(DETOK_INBOX.encode(StatsOut(req_id=7, stats=stats)))

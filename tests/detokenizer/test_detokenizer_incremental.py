@@ -7,9 +7,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detokenizer_proc.incremental_detokenizer import MAX_HELD_TOKENS, IncrementalDetokenizer
 from testing.tokenizer_fixtures import build_byte_level_bpe, build_metaspace_bpe, demo_tokenizer_dir
-from tokenizer_proc.text_tokenizer import TextTokenizer
+from zserve.detokenizer_proc.incremental_detokenizer import MAX_HELD_TOKENS, IncrementalDetokenizer
+from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 MULTIBYTE_TEXTS = (
     "Hello, world! 你好，世界！",

@@ -6,10 +6,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
-from detokenizer_proc.stop_matcher import StopMatcher
 from testing.tokenizer_fixtures import build_byte_level_bpe, build_metaspace_bpe
-from tokenizer_proc.text_tokenizer import TextTokenizer
+from zserve.detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
+from zserve.detokenizer_proc.stop_matcher import StopMatcher
+from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 
 def push_all(matcher: StopMatcher, pieces: list[str]) -> list[str]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from client import Client
 from testing.hostile import NORMAL_MAX_TOKENS, NORMAL_PROMPT, build_hostile_model_dir
 from testing.server_process import free_port, start_server
+from zserve.client import Client
 
 
 @pytest.fixture(scope="package")

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from client import Client, InvalidRequestError
 from testing.hostile import Neighbour
+from zserve.client import Client, InvalidRequestError
 
 TINY = [{"role": "user", "content": "a"}]
 

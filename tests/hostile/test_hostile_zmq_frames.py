@@ -11,11 +11,11 @@ import msgpack
 import pytest
 import zmq
 
-from client import Client
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.messages import CLIENT_TO_FRONTEND, FRONTEND_TO_CLIENT, AbortReq, GenerateReq, ReqOutput
 from testing.hostile import NORMAL_MAX_TOKENS, NORMAL_PROMPT, Neighbour
+from zserve.client import Client
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.messages import CLIENT_TO_FRONTEND, FRONTEND_TO_CLIENT, AbortReq, GenerateReq, ReqOutput
 
 TAG = GenerateReq.TAG
 REQ_ID = 4242

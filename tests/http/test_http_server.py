@@ -18,9 +18,9 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from client import Client
 from testing.server_process import ServerProcess, free_port, start_server
 from testing.server_process import wait_idle as harness_wait_idle
+from zserve.client import Client
 
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
@@ -264,8 +264,8 @@ def test_http_client_helper_matches_the_zmq_client(server):
     """testing.http_client.HttpClient: the AsyncClient interface over HTTP, for benchmarks."""
     import asyncio
 
-    from client import AsyncClient
     from testing.http_client import HttpClient
+    from zserve.client import AsyncClient
 
     async def both():
         async with AsyncClient(server.port) as zc, HttpClient(f"http://127.0.0.1:{server.http_port}") as hc:

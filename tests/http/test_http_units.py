@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from pydantic import ValidationError
 
-from client.types import (
+from zserve.client.types import (
     GenerateResult,
     RequestTimeoutError,
     ServerBusyError,
@@ -17,14 +17,14 @@ from client.types import (
     ServerGoneError,
     Usage,
 )
-from common.error_code import ErrorCode
-from common.histogram import TTFT_BOUNDS_S, Histogram
-from http_proc.api_error import ApiError
-from http_proc.health_monitor import HealthMonitor
-from http_proc.openai_formatter import OpenAIFormatter, usage_of
-from http_proc.openai_protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
-from http_proc.request_group import ChoiceEvent
-from http_proc.server_metrics import ServerMetrics
+from zserve.common.error_code import ErrorCode
+from zserve.common.histogram import TTFT_BOUNDS_S, Histogram
+from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.health_monitor import HealthMonitor
+from zserve.http_proc.openai_formatter import OpenAIFormatter, usage_of
+from zserve.http_proc.openai_protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from zserve.http_proc.request_group import ChoiceEvent
+from zserve.http_proc.server_metrics import ServerMetrics
 
 
 def test_completion_expands_n_and_prompt_lists_with_distinct_seeds():

@@ -11,9 +11,9 @@ import subprocess
 
 import pytest
 
-from http_proc.request_gate import GatePolicy, RequestGate, host_name
-from http_proc.server_metrics import ServerMetrics
 from testing.server_process import free_port, start_server
+from zserve.http_proc.request_gate import GatePolicy, RequestGate, host_name
+from zserve.http_proc.server_metrics import ServerMetrics
 
 KEY = "s3cret-key"
 
@@ -169,5 +169,5 @@ def test_the_key_is_on_no_child_command_line(gated_server):
     to the HTTP process in its environment instead."""
     lines = subprocess.run(["ps", "-eww", "-o", "args"], capture_output=True, text=True, check=True).stdout.splitlines()
     children = [line for line in lines if f'"http_port": {gated_server.http_port}' in line]
-    assert any("-m http_proc" in line for line in children) and len(children) >= 4, children
+    assert any("-m zserve.http_proc" in line for line in children) and len(children) >= 4, children
     assert not any(KEY in line for line in children)

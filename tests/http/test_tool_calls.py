@@ -7,12 +7,12 @@ import json
 
 import pytest
 
-from client.types import GenerateResult
-from http_proc.openai_formatter import OpenAIFormatter
-from http_proc.openai_protocol import ChatCompletionRequest
-from http_proc.request_group import ChoiceEvent
-from http_proc.tool_call_parser import ToolCallParser
-from tokenizer_proc.chat_template import ChatTemplate
+from zserve.client.types import GenerateResult
+from zserve.http_proc.openai_formatter import OpenAIFormatter
+from zserve.http_proc.openai_protocol import ChatCompletionRequest
+from zserve.http_proc.request_group import ChoiceEvent
+from zserve.http_proc.tool_call_parser import ToolCallParser
+from zserve.tokenizer_proc.chat_template import ChatTemplate
 
 HERMES = ToolCallParser("hermes")
 LLAMA = ToolCallParser("llama3_json")
@@ -140,7 +140,7 @@ def test_tools_reach_the_template_through_http(model_dir, tmp_path):
 def test_forced_tool_choice_builds_the_schema_and_parses_its_answer():
     import jsonschema
 
-    from http_proc.tool_choice import ForcedToolChoice
+    from zserve.http_proc.tool_choice import ForcedToolChoice
 
     required = ForcedToolChoice.of(TOOLS, "required")
     answer = [{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "add", "parameters": {"a": 1, "b": 2}}]

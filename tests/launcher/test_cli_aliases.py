@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from launcher.cli import parse_config
 from testing.paths import REPO_ROOT
+from zserve.launcher.cli import parse_config
 
 ALIASES = [
     (["--model-path", "/m"], ["--model", "/m"]),
@@ -53,7 +53,7 @@ def test_renamed_flag_keeps_its_old_spelling_with_a_warning(old, new, warning, c
 @pytest.mark.parametrize(("flags", "needle"), REFUSED, ids=[" ".join(f) for f, _ in REFUSED])
 def test_bad_value_is_refused_in_one_line_with_exit_2(flags, needle):
     proc = subprocess.run(
-        [sys.executable, "-m", "launcher", *flags], capture_output=True, text=True, timeout=30, cwd=REPO_ROOT,
+        [sys.executable, "-m", "zserve.launcher", *flags], capture_output=True, text=True, timeout=30, cwd=REPO_ROOT,
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [line for line in proc.stderr.splitlines() if "warning:" not in line]
@@ -68,6 +68,6 @@ def test_defaults_are_fixed_documented_ports():
 
 
 def test_the_readme_flag_table_is_the_generated_one():
-    from launcher.flags_table import flags_table
+    from zserve.launcher.flags_table import flags_table
 
-    assert flags_table() in (REPO_ROOT / "README.md").read_text(), "regenerate it: .venv/bin/python -m launcher.flags_table"
+    assert flags_table() in (REPO_ROOT / "README.md").read_text(), "regenerate it: .venv/bin/python -m zserve.launcher.flags_table"

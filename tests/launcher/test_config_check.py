@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from common.server_config import ServerConfig
-from launcher.cli import parse_config
-from launcher.config_check import check_flags, check_model, check_port_free, check_weights
-from launcher.demo_model import demo_model_dir, missing_files
-from launcher.runtime_dir import PREFIX
 from testing.paths import REPO_ROOT
+from zserve.common.server_config import ServerConfig
+from zserve.launcher.cli import parse_config
+from zserve.launcher.config_check import check_flags, check_model, check_port_free, check_weights
+from zserve.launcher.demo_model import demo_model_dir, missing_files
+from zserve.launcher.runtime_dir import PREFIX
 
-REFUSE_WITHIN_S = 1.0  # the whole `python -m launcher` run, interpreter start included
+REFUSE_WITHIN_S = 1.0  # the whole `python -m zserve.launcher` run, interpreter start included
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def run_launcher(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedP
     env = dict(os.environ, TMPDIR=str(runtime_root), PYTHONPATH=str(REPO_ROOT))
     t0 = time.perf_counter()
     free_ports = ["--port", "0", "--http-port", "0"]  # the fixed default ports may be taken on a test machine; args override
-    proc = subprocess.run([sys.executable, "-m", "launcher", *free_ports, *args], capture_output=True, text=True, env=env, timeout=30)
+    proc = subprocess.run([sys.executable, "-m", "zserve.launcher", *free_ports, *args], capture_output=True, text=True, env=env, timeout=30)
     return proc, time.perf_counter() - t0
 
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from launcher.runtime_dir import (
+from zserve.launcher.runtime_dir import (
     OWNER_FILE,
     PREFIX,
     create_runtime_dir,

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from common.forward_batch import ForwardBatch
-from model_proc.kernels import cpu_kernels
-from model_proc.kv_pool import KVPool
-from model_proc.layers.attention import attention_backend
-from model_proc.layers.attention_metadata import AttentionMetadata
 from testing.paged_batches import shuffled_page_batch
+from zserve.common.forward_batch import ForwardBatch
+from zserve.model_proc.kernels import cpu_kernels
+from zserve.model_proc.kv_pool import KVPool
+from zserve.model_proc.layers.attention import attention_backend
+from zserve.model_proc.layers.attention_metadata import AttentionMetadata
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}
@@ -138,7 +138,7 @@ def test_rejects_page_ids_outside_the_pool(op):
 def test_layer_matches_the_torch_path(op, page_size, dtype):
     """PagedAttention.forward on the kernel backend against the pure-torch backend (the oracle)
     for a mixed batch: K/V writes, decode, chunks after a cached prefix, new prompts."""
-    from model_proc.layers.attention import PagedAttention
+    from zserve.model_proc.layers.attention import PagedAttention
 
     rng = np.random.default_rng(11)
     cached, extend = [12, 0, 33, 64, 0, 150], [1, 20, 1, 9, 1, 1]
@@ -197,7 +197,7 @@ def test_fallback_without_a_compiler(tmp_path, llama_dir):
         import numpy as np
         logging.basicConfig(level=logging.WARNING, format="%(message)s")
         from testing.model_fixtures import make_runner
-        from common.forward_batch import ForwardBatch, SamplingArrays
+        from zserve.common.forward_batch import ForwardBatch, SamplingArrays
         runner = make_runner({str(llama_dir)!r}, device="cpu", page_size=4, kv_cache_tokens=64)
         print("backend", runner.attention_backend)
         batch = ForwardBatch(0, np.array([1, 2, 3], np.int32), np.zeros(1, np.int32), np.array([3], np.int32),

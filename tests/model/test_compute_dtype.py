@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_proc import compute_dtype
-from model_proc.compute_dtype import native_bf16_feature, resolve_dtype
+from zserve.model_proc import compute_dtype
+from zserve.model_proc.compute_dtype import native_bf16_feature, resolve_dtype
 
 CPU, CUDA = torch.device("cpu"), torch.device("cuda")
 

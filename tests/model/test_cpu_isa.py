@@ -10,7 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from model_proc.kernels.cpu_isa import LEVELS, MARCH_FLAGS, choose_level, cpu_flags, cpu_isa, highest_level
+from zserve.model_proc.kernels.cpu_isa import (
+    LEVELS,
+    MARCH_FLAGS,
+    choose_level,
+    cpu_flags,
+    cpu_isa,
+    highest_level,
+)
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})  # a Zen 3
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}

@@ -24,11 +24,11 @@ import numpy as np
 import pytest
 import torch
 
-from common.forward_batch import SamplingArrays
-from launcher import demo_model
-from launcher.demo_model import REQUIRED_FILES, demo_model_dir, ensure_demo_model, missing_files
 from testing.model_fixtures import GreedyDriver, HfReference, Seq, first_divergence, make_runner
 from testing.paths import REPO_ROOT
+from zserve.common.forward_batch import SamplingArrays
+from zserve.launcher import demo_model
+from zserve.launcher.demo_model import REQUIRED_FILES, demo_model_dir, ensure_demo_model, missing_files
 
 needs_demo_model = pytest.mark.skipif(
     bool(missing_files(demo_model_dir())),

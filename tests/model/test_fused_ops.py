@@ -12,9 +12,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from model_proc.kernels.cpu_kernels import load_cpu_kernels
-from model_proc.layers.activation import silu_and_mul
-from model_proc.layers.rotary import RotaryEmbedding, apply_rotary
+from zserve.model_proc.kernels.cpu_kernels import load_cpu_kernels
+from zserve.model_proc.layers.activation import silu_and_mul
+from zserve.model_proc.layers.rotary import RotaryEmbedding, apply_rotary
 
 pytestmark = pytest.mark.skipif(not load_cpu_kernels(), reason="the CPU kernels did not build on this machine")
 DTYPES = [torch.float32, torch.bfloat16]

@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_proc.kernels.cpu_isa import cpu_isa
-from model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
-from model_proc.layers.gemm import (
+from zserve.model_proc.kernels.cpu_isa import cpu_isa
+from zserve.model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
+from zserve.model_proc.layers.gemm import (
     GemmWeight,
     gemm_backend,
     onednn_supports,

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from safetensors.torch import load_file, save_file
 
-from common.forward_batch import ForwardBatch, SamplingArrays
 from testing.model_fixtures import make_runner, make_tiny_checkpoint
+from zserve.common.forward_batch import ForwardBatch, SamplingArrays
 
 
 @pytest.fixture(scope="module")

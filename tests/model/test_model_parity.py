@@ -13,10 +13,6 @@ import numpy as np
 import pytest
 import torch
 
-from common.forward_batch import SamplingArrays
-from model_proc.kernels.cpu_kernels import load_paged_attention
-from model_proc.layers import attention_metadata
-from model_proc.model_runner import ModelRunner
 from testing.model_fixtures import (
     TINY_KINDS,
     GreedyDriver,
@@ -25,6 +21,10 @@ from testing.model_fixtures import (
     make_tiny_checkpoint,
     random_prompt,
 )
+from zserve.common.forward_batch import SamplingArrays
+from zserve.model_proc.kernels.cpu_kernels import load_paged_attention
+from zserve.model_proc.layers import attention_metadata
+from zserve.model_proc.model_runner import ModelRunner
 
 PROMPT_LENS = (1, 5, 17, 40)
 NEW_TOKENS = 32

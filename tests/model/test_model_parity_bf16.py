@@ -27,9 +27,6 @@ import functools
 import pytest
 import torch
 
-from model_proc.kernels.cpu_isa import cpu_isa
-from model_proc.layers import attention_metadata
-from model_proc.layers.gemm import gemm_backend
 from testing.model_fixtures import (
     TINY_KINDS,
     GreedyDriver,
@@ -39,6 +36,9 @@ from testing.model_fixtures import (
     make_tiny_checkpoint,
     random_prompt,
 )
+from zserve.model_proc.kernels.cpu_isa import cpu_isa
+from zserve.model_proc.layers import attention_metadata
+from zserve.model_proc.layers.gemm import gemm_backend
 
 NEAR_TIE_ULPS = 4  # of the top logit; the tiny models' top logits lie in [2, 4), where a bf16 ulp is 2^-6
 LOGITS_ATOL = NEAR_TIE_ULPS * 2.0**-6

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from model_proc.layers.gemm import gemm_backend
 from testing.model_fixtures import (
     TINY_KINDS,
     GreedyDriver,
@@ -21,6 +20,7 @@ from testing.model_fixtures import (
     make_tiny_checkpoint,
     random_prompt,
 )
+from zserve.model_proc.layers.gemm import gemm_backend
 
 NEAR_TIE_ULPS = 4  # bf16 ulps of the top logit (first_divergence's unit): generous for fp16
 PROMPT_LENS = (1, 5, 17, 40)

@@ -8,15 +8,15 @@ import numpy as np
 import pytest
 import torch
 
-from common.forward_batch import SamplingArrays
-from common.worker_env import OMP_SPIN_COUNT, default_num_threads, worker_env
-from model_proc.compute_dtype import resolve_dtype
-from model_proc.kv_pool import KVPool, free_memory_bytes
 from testing.model_fixtures import GreedyDriver, HfReference, make_runner, random_prompt
+from zserve.common.forward_batch import SamplingArrays
+from zserve.common.worker_env import OMP_SPIN_COUNT, default_num_threads, worker_env
+from zserve.model_proc.compute_dtype import resolve_dtype
+from zserve.model_proc.kv_pool import KVPool, free_memory_bytes
 
 
 def test_info_for_the_scheduler(llama_dir, caplog):
-    with caplog.at_level(logging.INFO, logger="model_proc.model_runner"):
+    with caplog.at_level(logging.INFO, logger="zserve.model_proc.model_runner"):
         runner = make_runner(llama_dir, device="cpu", page_size=8, kv_cache_tokens=100)
     assert runner.info() == {"num_pages": 13, "page_size": 8, "context_len": 256, "eos_token_ids": [2, 0], "vocab_size": 600}
     dtype, reason = resolve_dtype("auto", torch.device("cpu"))  # the default, with the reason logged at startup

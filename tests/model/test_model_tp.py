@@ -10,9 +10,9 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from model_proc.model_runner import ModelRunner
 from testing.model_fixtures import GreedyDriver, make_runner, make_tiny_checkpoint, random_prompt
 from testing.server_process import free_port
+from zserve.model_proc.model_runner import ModelRunner
 
 TP_SIZE = 2
 PROMPT_LENS = (9, 21)

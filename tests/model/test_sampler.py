@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.forward_batch import SamplingArrays
-from model_proc.sampler import HEAD_LEN, Sampler, uniform_from_seed
+from zserve.common.forward_batch import SamplingArrays
+from zserve.model_proc.sampler import HEAD_LEN, Sampler, uniform_from_seed
 
 VOCAB = 300
 

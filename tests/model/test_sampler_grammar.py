@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from common.forward_batch import GrammarMasks
-from model_proc.sampler import apply_grammar
+from zserve.common.forward_batch import GrammarMasks
+from zserve.model_proc.sampler import apply_grammar
 
 xgrammar = pytest.importorskip("xgrammar")
 

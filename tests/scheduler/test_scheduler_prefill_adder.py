@@ -4,13 +4,13 @@ from collections import deque
 
 import numpy as np
 
-from common.sampling_params import SamplingParams
-from scheduler_proc.admission_policy import AdmissionPolicy
-from scheduler_proc.cache_manager import CacheManager
-from scheduler_proc.kv_reservation import KvReservation
-from scheduler_proc.prefill_adder import AddOutcome, PrefillAdder
-from scheduler_proc.req import PendingReq
-from scheduler_proc.req_table import ReqTable
+from zserve.common.sampling_params import SamplingParams
+from zserve.scheduler_proc.admission_policy import AdmissionPolicy
+from zserve.scheduler_proc.cache_manager import CacheManager
+from zserve.scheduler_proc.kv_reservation import KvReservation
+from zserve.scheduler_proc.prefill_adder import AddOutcome, PrefillAdder
+from zserve.scheduler_proc.req import PendingReq
+from zserve.scheduler_proc.req_table import ReqTable
 
 
 def pending(req_id: int, prompt, max_tokens: int = 4, page_size: int = 1) -> PendingReq:

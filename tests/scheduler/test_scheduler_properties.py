@@ -12,10 +12,10 @@ import random
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
-from common.sampling_params import SamplingParams
-from scheduler_proc.scheduler import STEP_POLICIES
 from testing.fake_model import FakeModel
 from testing.scheduler_harness import SchedulerHarness
+from zserve.common.sampling_params import SamplingParams
+from zserve.scheduler_proc.scheduler import STEP_POLICIES
 
 VOCAB = 48
 EOS = (0, 1)

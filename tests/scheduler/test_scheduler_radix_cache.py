@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from common.sampling_params import SamplingParams
-from scheduler_proc.cache_manager import CacheManager
-from scheduler_proc.page_allocator import PageAllocator
-from scheduler_proc.radix_cache import RadixCache
-from scheduler_proc.req import Req
+from zserve.common.sampling_params import SamplingParams
+from zserve.scheduler_proc.cache_manager import CacheManager
+from zserve.scheduler_proc.page_allocator import PageAllocator
+from zserve.scheduler_proc.radix_cache import RadixCache
+from zserve.scheduler_proc.req import Req
 
 
 def ids(*xs):

@@ -10,12 +10,12 @@ import logging
 import numpy as np
 import pytest
 
-from common.finish_reason import FinishReason
-from common.sampling_params import SamplingParams
-from scheduler_proc.kv_reservation import CLIP_TOKENS, KvReservation
-from scheduler_proc.req import PendingReq
 from testing.fake_model import FakeModel
 from testing.scheduler_harness import SchedulerHarness
+from zserve.common.finish_reason import FinishReason
+from zserve.common.sampling_params import SamplingParams
+from zserve.scheduler_proc.kv_reservation import CLIP_TOKENS, KvReservation
+from zserve.scheduler_proc.req import PendingReq
 
 VOCAB = 64
 NO_EOS = [1000]
@@ -53,7 +53,7 @@ def test_a_decode_step_short_of_pages_retracts_the_newest_which_resumes_as_a_pre
         h.step()
     assert [shape(b) for b in h.batches[:2]] == [([3, 4], [0, 0]), ([1, 1], [3, 4])]
     assert s.stats().num_free_pages == 0 and len(h.outputs[2]) == 7
-    with caplog.at_level(logging.INFO, logger="scheduler_proc.scheduler"):
+    with caplog.at_level(logging.INFO, logger="zserve.scheduler_proc.scheduler"):
         batch = s.next_batch()  # request 2 needs an 11th slot: it is the newest, so it goes
     assert "req 2 retracted: 10 of its 11 tokens kept in the cache, 1 running" in caplog.text
     assert shape(batch) == ([1], [9])  # request 1 alone decodes
@@ -142,7 +142,7 @@ def test_the_oldest_running_request_is_never_retracted_the_chunked_req_gives_way
     for _ in range(9):  # request 2: one prompt token a step
         h.step()
     assert shape(h.batches[-1]) == ([1, 1], [37, 8]) and s.stats().num_free_pages == 0
-    with caplog.at_level(logging.INFO, logger="scheduler_proc.scheduler"):
+    with caplog.at_level(logging.INFO, logger="zserve.scheduler_proc.scheduler"):
         h.step()
     assert "req 2 retracted: 8 of its 10 tokens kept in the cache, 1 running" in caplog.text
     assert shape(h.batches[-1]) == ([1], [38]) and s.stats().num_prefilling == 0

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.sampling_params import SamplingParams
 from testing.fake_model import FakeModel
 from testing.scheduler_harness import SchedulerHarness
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.sampling_params import SamplingParams
 
 VOCAB = 64
 NO_EOS = [1000]  # outside the fake vocabulary: nothing stops early unless a test says so

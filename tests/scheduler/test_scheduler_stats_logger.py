@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from scheduler_proc.scheduler_stats import SchedulerStats
-from scheduler_proc.stats_logger import StatsLogger
+from zserve.scheduler_proc.scheduler_stats import SchedulerStats
+from zserve.scheduler_proc.stats_logger import StatsLogger
 
 
 def test_first_call_starts_the_clock_and_logs_nothing():

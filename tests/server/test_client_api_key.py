@@ -10,10 +10,10 @@ import json
 
 import pytest
 
-from client import AsyncClient, Client, UnauthorizedError
-from common.error_code import ErrorCode
-from common.server_config import API_KEY_ENV
 from testing.server_process import free_port, start_server
+from zserve.client import AsyncClient, Client, UnauthorizedError
+from zserve.common.error_code import ErrorCode
+from zserve.common.server_config import API_KEY_ENV
 
 KEY = "zmq-s3cret"
 FLAGS = ("--page-size", "4", "--kv-cache-tokens", "2048", "--num-threads", "1")

@@ -10,11 +10,11 @@ import urllib.request
 
 import pytest
 
-from client import Client
-from common.server_config import DEFAULT_CLIENT_PORT, DEFAULT_HTTP_PORT
-from launcher.demo_model import demo_model_dir, missing_files
 from testing.paths import REPO_ROOT
 from testing.server_process import ServerProcess
+from zserve.client import Client
+from zserve.common.server_config import DEFAULT_CLIENT_PORT, DEFAULT_HTTP_PORT
+from zserve.launcher.demo_model import demo_model_dir, missing_files
 
 REPO = REPO_ROOT
 

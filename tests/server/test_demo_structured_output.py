@@ -10,10 +10,10 @@ import re
 import jsonschema
 import pytest
 
-from client import Client
-from launcher.demo_model import demo_model_dir, missing_files
 from testing.json_schemas import random_schemas
 from testing.server_process import start_server
+from zserve.client import Client
+from zserve.launcher.demo_model import demo_model_dir, missing_files
 
 pytestmark = [
     pytest.mark.slow,

@@ -11,9 +11,9 @@ import time
 
 import pytest
 
-from client import Client, ServerError, ServerShuttingDownError
 from testing.processes import wait_dead
 from testing.server_process import start_server
+from zserve.client import Client, ServerError, ServerShuttingDownError
 
 FLAGS = ("--dtype", "float32", "--kv-cache-tokens", "8192", "--num-threads", "1", "--max-running-requests", "8")
 PROMPTS = [f"Story number {i}: once upon a time" for i in range(8)]

@@ -15,9 +15,9 @@ import time
 import pytest
 import zmq
 
-from client import Client, ServerBusyError, ServerError
 from testing.e2e_fixtures import GreedyOracle
 from testing.server_process import start_server, wait_idle
+from zserve.client import Client, ServerBusyError, ServerError
 
 BUDGET = 16  # --chunked-prefill-size: small, so ordinary prompts are chunked
 LONG_PREFIX = "The quick brown fox jumps over the lazy dog. " * 4
@@ -277,7 +277,7 @@ def test_terminal_chat_streams_keeps_the_conversation_and_resets(server, oracle)
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "client", "--port", str(server.port), "--max-tokens", "6"],
+        [sys.executable, "-m", "zserve.client", "--port", str(server.port), "--max-tokens", "6"],
         input="Hello there\nAnd again\n/reset\n/quit\n", capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

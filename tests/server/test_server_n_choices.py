@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from client import Client
 from testing.server_process import start_server, wait_idle
+from zserve.client import Client
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_n_4_prefills_the_prompt_once_and_returns_4_seeded_choices(server):
 
 
 def test_n_out_of_range_is_refused(server):
-    from client import InvalidRequestError
+    from zserve.client import InvalidRequestError
 
     with Client(server.port, timeout_s=30) as c, pytest.raises(InvalidRequestError, match=r"n must be an integer in \[1, 128\]"):
         c.generate("hi", n=500)
@@ -44,7 +44,7 @@ def test_batches_return_every_choice_in_turn_and_one_choice_methods_refuse_n(ser
     and stream answer one choice, so they refuse n=2 before sending anything."""
     import asyncio
 
-    from client import AsyncClient, InvalidRequestError
+    from zserve.client import AsyncClient, InvalidRequestError
 
     prompts = ["First prompt of the batch", "Second prompt, a different one"]
     sampling = dict(max_tokens=6, n=3, temperature=1.0, seed=21, ignore_eos=True)
@@ -71,7 +71,7 @@ def test_batches_return_every_choice_in_turn_and_one_choice_methods_refuse_n(ser
 def test_a_failed_batch_aborts_the_rest_and_leaves_nothing_queued(server):
     """results(): when one request of a batch fails, the unread ones are aborted on the server and
     dropped in the client; submit_all(): when one body cannot be sent, those sent are aborted."""
-    from client import InvalidRequestError
+    from zserve.client import InvalidRequestError
 
     with Client(server.port, timeout_s=60) as c:
         before = wait_idle(c)
@@ -94,7 +94,7 @@ def test_a_failed_async_batch_cancels_the_other_reads_and_aborts_them(server):
     requests are aborted on the server; nothing stays queued in the client."""
     import asyncio
 
-    from client import AsyncClient, InvalidRequestError
+    from zserve.client import AsyncClient, InvalidRequestError
 
     async def failed_batch() -> dict:
         async with AsyncClient(server.port, timeout_s=60) as ac:

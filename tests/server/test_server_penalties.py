@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from client import Client
 from testing.e2e_fixtures import EOS_ID, GreedyOracle
 from testing.server_process import start_server
+from zserve.client import Client
 
 PROMPT = "The quick brown fox jumps over the lazy dog. The quick brown fox"
 NUM_TOKENS = 24
@@ -96,7 +96,7 @@ def test_sampled_requests_with_penalties_are_reproducible_by_seed(server):
 
 
 def test_penalty_values_are_checked(server):
-    from client import InvalidRequestError
+    from zserve.client import InvalidRequestError
 
     with Client(server.port, timeout_s=30) as c:
         for kwargs, needle in [

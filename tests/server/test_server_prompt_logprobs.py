@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from client import Client, InvalidRequestError
 from testing.e2e_fixtures import GreedyOracle
 from testing.server_process import start_server
+from zserve.client import Client, InvalidRequestError
 
 TOP = 3
 

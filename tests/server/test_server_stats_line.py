@@ -6,8 +6,8 @@ from __future__ import annotations
 import re
 import time
 
-from client import Client
 from testing.server_process import start_server, wait_idle
+from zserve.client import Client
 
 LINE = re.compile(
     r"stats: prompt [\d.]+ tok/s, generation [\d.]+ tok/s; running (\d+), waiting (\d+), retracted (\d+) \(total\); "

@@ -11,8 +11,8 @@ import time
 import jsonschema
 import pytest
 
-from client import Client, InvalidRequestError
 from testing.server_process import start_server
+from zserve.client import Client, InvalidRequestError
 
 SCHEMA = {
     "type": "object",

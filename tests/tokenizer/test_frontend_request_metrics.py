@@ -7,10 +7,10 @@ import logging
 
 import numpy as np
 
-from common.error_code import ErrorCode
-from common.finish_reason import FinishReason
-from common.messages import PROBE_CLIENT_PREFIX, ReqOutput
-from tokenizer_proc.request_metrics import RequestMetrics
+from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
+from zserve.common.messages import PROBE_CLIENT_PREFIX, ReqOutput
+from zserve.tokenizer_proc.request_metrics import RequestMetrics
 
 
 def output(req_id: int, ids: list[int], finish: FinishReason | None = None, **kw) -> ReqOutput:

@@ -4,9 +4,9 @@ from dataclasses import fields
 
 import pytest
 
-from common.server_config import ServerConfig
-from launcher.cli import build_parser, parse_config
-from tokenizer_proc.client_registry import ClientRegistry
+from zserve.common.server_config import ServerConfig
+from zserve.launcher.cli import build_parser, parse_config
+from zserve.tokenizer_proc.client_registry import ClientRegistry
 
 
 def test_registry_routes_each_request_to_its_owner_and_forgets_finished():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from testing.tokenizer_fixtures import CHATML_TEMPLATE, LLAMA2_TEMPLATE, build_byte_level_bpe
-from tokenizer_proc.chat_template import ChatTemplate, ChatTemplateError
+from zserve.tokenizer_proc.chat_template import ChatTemplate, ChatTemplateError
 
 SPECIALS = {"bos_token": "<s>", "eos_token": "</s>"}
 MESSAGES = [
@@ -138,7 +138,7 @@ def test_render_limits_time_output_and_any_exception_the_template_raises():
 
 
 def test_with_chat_template_replaces_the_default_template(tmp_path):
-    from tokenizer_proc.text_tokenizer import TextTokenizer
+    from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
     build_byte_level_bpe(tmp_path, vocab_size=300)
     tokenizer = TextTokenizer.from_model_dir(tmp_path)

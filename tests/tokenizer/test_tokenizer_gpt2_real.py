@@ -11,9 +11,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
 from testing.tokenizer_fixtures import build_gpt2_bpe, fetch_gpt2_ranks, load_tiktoken_ranks
-from tokenizer_proc.text_tokenizer import TextTokenizer
+from zserve.detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
+from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 GPT2_PATTERN = r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 KNOWN_IDS = {

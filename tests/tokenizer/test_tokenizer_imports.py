@@ -11,21 +11,21 @@ from testing.paths import REPO_ROOT
 from testing.tokenizer_fixtures import build_byte_level_bpe
 
 RUNTIME_MODULES = (
-    "tokenizer_proc.text_tokenizer",
-    "tokenizer_proc.tokenizer_files",
-    "tokenizer_proc.chat_template",
-    "tokenizer_proc.request_validator",
-    "detokenizer_proc.incremental_detokenizer",
-    "detokenizer_proc.stop_matcher",
+    "zserve.tokenizer_proc.text_tokenizer",
+    "zserve.tokenizer_proc.tokenizer_files",
+    "zserve.tokenizer_proc.chat_template",
+    "zserve.tokenizer_proc.request_validator",
+    "zserve.detokenizer_proc.incremental_detokenizer",
+    "zserve.detokenizer_proc.stop_matcher",
 )
 PROBE = """
 import json, sys, time
 t0 = time.perf_counter()
 for name in {modules!r}:
     __import__(name)
-from tokenizer_proc.text_tokenizer import TextTokenizer
-from tokenizer_proc.request_validator import RequestValidator
-from detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
+from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
+from zserve.tokenizer_proc.request_validator import RequestValidator
+from zserve.detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
 tok = TextTokenizer.from_model_dir({model_dir!r})
 ids, _ = RequestValidator(tok, 512).validate({{"messages": [{{"role": "user", "content": "hi"}}]}})
 detok = IncrementalDetokenizer(tok, stop=["x"])

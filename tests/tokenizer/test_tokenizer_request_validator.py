@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from common.sampling_params import SamplingParams
 from testing.tokenizer_fixtures import build_byte_level_bpe, build_metaspace_bpe
-from tokenizer_proc.request_validator import RequestValidator
-from tokenizer_proc.text_tokenizer import TextTokenizer
+from zserve.common.sampling_params import SamplingParams
+from zserve.tokenizer_proc.request_validator import RequestValidator
+from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 CONTEXT_LEN = 64
 
@@ -154,7 +154,7 @@ def test_sampling_defaults_fill_only_what_the_request_leaves_out(validator):
 def test_generation_config_sampling_counts_only_with_do_sample(tmp_path):
     import json
 
-    from common.model_config import _default_sampling
+    from zserve.common.model_config import _default_sampling
 
     assert _default_sampling({"temperature": 0.6, "top_p": 0.9}) == ()  # transformers: greedy without do_sample
     assert dict(_default_sampling({"do_sample": True, "top_p": 0.9, "top_k": 20})) == {"temperature": 1.0, "top_p": 0.9, "top_k": 20}

@@ -15,7 +15,7 @@ from testing.tokenizer_fixtures import (
     build_metaspace_bpe,
     demo_tokenizer_dir,
 )
-from tokenizer_proc.text_tokenizer import TextTokenizer
+from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 TEXTS = (
     "Hello world",

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import zmq
 
-from common.forward_batch import ForwardBatch, SamplingArrays
-from common.messages import WORKER_INBOX
-from model_proc.batch_broadcast import BatchPublisher, BatchSubscriber, FollowerLost, RankZeroLost
+from zserve.common.forward_batch import ForwardBatch, SamplingArrays
+from zserve.common.messages import WORKER_INBOX
+from zserve.model_proc.batch_broadcast import BatchPublisher, BatchSubscriber, FollowerLost, RankZeroLost
 
 
 def frame(step_id: int) -> bytes:

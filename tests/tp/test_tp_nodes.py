@@ -15,11 +15,11 @@ import time
 
 import pytest
 
-from client import Client
 from testing.e2e_fixtures import GreedyOracle
 from testing.paths import REPO_ROOT
 from testing.processes import pid_alive, wait_dead
 from testing.server_process import ServerProcess
+from zserve.client import Client
 
 REPO = REPO_ROOT
 FLAGS = ("--dtype", "float32", "--kv-cache-tokens", "2048", "--num-threads", "1", "--page-size", "4", "--chunked-prefill-size", "16",

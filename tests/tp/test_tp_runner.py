@@ -11,10 +11,10 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from model_proc.checkpoint import Checkpoint
-from model_proc.model_runner import ModelRunner
-from model_proc.tp_group import check_same_on_all_ranks, settings_fingerprint, tp_group
 from testing.model_fixtures import GreedyDriver, make_runner, make_tiny_checkpoint, random_prompt
+from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.model_runner import ModelRunner
+from zserve.model_proc.tp_group import check_same_on_all_ranks, settings_fingerprint, tp_group
 
 KINDS = ("llama_tied", "mistral")
 

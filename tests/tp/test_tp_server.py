@@ -16,10 +16,10 @@ import threading
 import numpy as np
 import pytest
 
-from client import Client
 from testing.model_fixtures import make_tiny_checkpoint
 from testing.paths import REPO_ROOT
 from testing.server_process import ServerProcess, start_server
+from zserve.client import Client
 
 REPO = REPO_ROOT
 BUDGET = 16  # --chunked-prefill-size: most prompts here are chunked
