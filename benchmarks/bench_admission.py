@@ -11,8 +11,8 @@
     .venv/bin/python benchmarks/bench_admission.py --scenario identical
 
 Scenarios (greedy, all requests sent at once through one AsyncClient):
-- chats: `--num-requests` distinct chat questions with no max_tokens (as OpenAI-style clients
-  send them), so each may generate up to the context;
+- chats: `--num-requests` distinct chat questions with no limit (max_tokens=None: what OpenAI-style
+  clients send without max_tokens), so each may generate up to the context;
 - retract: `--num-requests` prompts of `--input-len` random token ids, `--output-len` tokens each
   (ignore_eos), so every request needs its whole output;
 - identical: `--num-requests` copies of one prompt of `--input-len` random token ids.
@@ -86,7 +86,7 @@ def build_requests(args: argparse.Namespace, model_dir: str) -> list[dict]:
     if args.scenario == "chats":
         questions = [QUESTION_FORMS[i % len(QUESTION_FORMS)].format(TOPICS[i // len(QUESTION_FORMS) % len(TOPICS)])
                      + ("" if i < len(TOPICS) * len(QUESTION_FORMS) else f" (variant {i})") for i in range(args.num_requests)]
-        return [{"messages": [{"role": "user", "content": q}], "temperature": 0.0} for q in questions]
+        return [{"messages": [{"role": "user", "content": q}], "temperature": 0.0, "max_tokens": None} for q in questions]
     vocab = sampleable_token_ids(model_dir)
     if args.scenario == "identical":
         ids = rng.choice(vocab, args.input_len).tolist()

@@ -13,8 +13,9 @@ request generates exactly its output length on both sides).
    found first: every size of --hf-batch-sizes runs the first --hf-search-requests requests,
    and the fastest (output tokens/s) runs all N. --hf-batch-size skips the search.
 
-Prints both throughputs and zserve / transformers; writes JSON (--output-json). The server is
-stopped before transformers runs, so the two never share the CPU.
+Both run the same weights dtype (--dtype, default float32, the oracle's; bfloat16 compares the 16-bit paths:
+zserve's widening kernels against transformers' torch.mm). Prints both throughputs and zserve / transformers;
+writes JSON (--output-json). The server is stopped before transformers runs, so the two never share the CPU.
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--min-input-len", type=int, default=None, help="shortest prompt, overriding --range-ratio")
     p.add_argument("--min-output-len", type=int, default=None, help="shortest output, overriding --range-ratio")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"],
+                   help="weights dtype of both zserve (--dtype) and transformers (default: %(default)s)")
     p.add_argument("--server-args", default=DEFAULT_SERVER_ARGS, help="flags for the zserve server (default: %(default)r)")
     p.add_argument("--hf-batch-sizes", default="8,16,32,64", help="batch sizes tried for transformers")
     p.add_argument("--hf-search-requests", type=int, default=64, help="requests each tried batch size runs")
@@ -68,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_zserve(args: argparse.Namespace, model_dir: str, requests) -> tuple[RunMetrics, dict]:
-    flags = shlex.split(args.server_args)
+    flags = [*shlex.split(args.server_args), "--dtype", args.dtype]
     log(f"zserve: launch_server {shlex.join(flags)}; load average {load_average()}")
     started_s = time.perf_counter()
     with Engine(model_dir, server_args=flags) as engine:  # the offline API: the server in a `with` block
@@ -89,7 +92,7 @@ def run_zserve(args: argparse.Namespace, model_dir: str, requests) -> tuple[RunM
 
 def run_hf(args: argparse.Namespace, model_dir: str, requests) -> tuple[HfRun, list[HfRun]]:
     log(f"transformers: loading with {args.hf_threads} thread(s); load average {load_average()}")
-    batcher = HfStaticBatcher(model_dir, args.hf_threads)
+    batcher = HfStaticBatcher(model_dir, args.hf_threads, args.dtype)
     batcher.generate_batch(requests[:2])  # warm-up
     search: list[HfRun] = []
     batch_size = args.hf_batch_size
@@ -127,6 +130,7 @@ def main(argv: list[str] | None = None) -> dict:
                      "num_output_tokens": sum(r.max_tokens for r in requests)},
         "machine": info,
         "wall_s": time.time() - started_s,
+        "dtype": args.dtype,
         "zserve": {"server_args": args.server_args, **zserve.flat(), **zserve_extra},
         "transformers": None if hf is None else {"num_threads": args.hf_threads, **hf.to_json(),
                                                   "search": [r.to_json() for r in search]},
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict:
 def render(report: dict) -> str:
     w, z, hf = report["workload"], report["zserve"], report["transformers"]
     lines = [f"offline throughput: {w['num_requests']} requests, inputs {w['input_lens'][0]}-{w['input_lens'][1]} tokens, "
-             f"outputs {w['output_lens'][0]}-{w['output_lens'][1]} tokens (ignore EOS, greedy)",
+             f"outputs {w['output_lens'][0]}-{w['output_lens'][1]} tokens (ignore EOS, greedy), {report['dtype']} on both sides",
              f"  {'':28}{'output tok/s':>14}{'total tok/s':>14}{'duration s':>12}",
              f"  {'zserve':28}{z['output_throughput']:>14.1f}{z['total_throughput']:>14.1f}{z['duration_s']:>12.1f}"]
     if hf is not None:

@@ -177,8 +177,8 @@ def start_peers(args: argparse.Namespace, model: str) -> tuple[list[Peer], dict[
     for name in args.peers.split(","):
         port = free_port()
         if name == "zserve":
-            cmd = [sys.executable, "-m", "zserve.launcher", "--model", model, "--dtype", args.dtype, "--http-port", str(port),
-                   "--port", str(free_port()), *shlex.split(args.zserve_args)]
+            cmd = [sys.executable, "-m", "zserve.launcher", "--model", model, "--dtype", args.dtype, "--port", str(port),
+                   "--zmq-port", str(free_port()), *shlex.split(args.zserve_args)]
             peers.append(Peer.start(name, cmd, port, args.log_dir))
             settings[name], timeouts[name] = f"--dtype {args.dtype}", 180.0
         elif name == "vllm":

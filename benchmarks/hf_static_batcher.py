@@ -46,13 +46,14 @@ class HfRun:
 
 
 class HfStaticBatcher:
-    def __init__(self, model_dir: str | Path, num_threads: int):
+    def __init__(self, model_dir: str | Path, num_threads: int, dtype: str = "float32"):
+        """`dtype`: the weights' (float32, bfloat16, float16), as zserve's --dtype in the same comparison."""
         import torch
         from transformers import AutoModelForCausalLM
 
         torch.set_num_threads(num_threads)
         self.num_threads = num_threads
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).eval()
         config = self.model.config
         eos = config.eos_token_id
         self.pad_id = config.pad_token_id if config.pad_token_id is not None else (eos[0] if isinstance(eos, list) else eos or 0)

@@ -2,7 +2,8 @@
 
 Commands: /reset clears the conversation, /quit (or Ctrl-D) leaves. Ctrl-C while an answer
 streams stops it (the request is aborted on the server) and keeps what came so far as the
-assistant's turn; Ctrl-C at the prompt clears the line, as in Python's own shell.
+assistant's turn; Ctrl-C at the prompt clears the line, as in Python's own shell. An answer is
+at most 128 tokens unless --max-tokens says otherwise (`--max-tokens none`: up to the context).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from collections.abc import Callable
 
 from zserve.client.client import Client
 from zserve.client.types import ServerError
+from zserve.common.sampling_params import DEFAULT_MAX_TOKENS
 from zserve.common.server_config import DEFAULT_CLIENT_PORT
 
 
 def run_shell(
-    address: str, *, max_tokens: int | None = None, temperature: float = 0.0, stop_when: Callable[[], object] | None = None,
+    address: str, *, max_tokens: int | None = DEFAULT_MAX_TOKENS, temperature: float = 0.0, stop_when: Callable[[], object] | None = None,
     api_key: str | None = None,
 ) -> None:
     messages: list[dict] = []
@@ -74,13 +76,19 @@ def stream_answer(client: Client, messages: list[dict], *, max_tokens: int | Non
     return "".join(parts)
 
 
+def max_tokens_arg(text: str) -> int | None:
+    """--max-tokens: a number of tokens, or "none" (up to the context)."""
+    return None if text.lower() == "none" else int(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m zserve.client", description="Chat with a running zserve server.")
-    parser.add_argument("--port", type=int, default=DEFAULT_CLIENT_PORT, help="the client port launch_server printed (default: %(default)s)")
+    parser.add_argument("--zmq-port", type=int, default=DEFAULT_CLIENT_PORT, help="the server's ZMQ client port (launch_server --zmq-port; default: %(default)s)")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--max-tokens", type=int, default=None, help="per answer (default: up to the context)")
+    parser.add_argument("--max-tokens", type=max_tokens_arg, default=DEFAULT_MAX_TOKENS,
+                        help="per answer, or none: up to the context (default: %(default)s)")
     parser.add_argument("--temperature", type=float, default=0.0)
     ns = parser.parse_args(argv)
-    run_shell(f"tcp://{ns.host}:{ns.port}", max_tokens=ns.max_tokens, temperature=ns.temperature)
+    run_shell(f"tcp://{ns.host}:{ns.zmq_port}", max_tokens=ns.max_tokens, temperature=ns.temperature)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 
 import zmq
 
@@ -71,6 +71,7 @@ class Client:
         self._sock.connect(self.address)
         self._outputs: dict[int, deque[tuple[float, ReqOutput]]] = {}  # (arrival perf_counter, output)
         self._sent_s: dict[int, float] = {}
+        self._finished: set[int] = set()  # in flight, with the last output among their queued ones
         self._stats: dict[int, StatsOut] = {}
         self._heartbeat = HeartbeatThread(self._ctx, self.address, self.client_id, heartbeat_interval_s, self.api_key)
 
@@ -113,7 +114,7 @@ class Client:
                 req_id = self.submit(**body, **sampling)
                 req_ids += range(req_id, req_id + copies)
         except BaseException:
-            self._drop(req_ids)
+            self.discard(req_ids)
             raise
         return req_ids
 
@@ -126,9 +127,28 @@ class Client:
             for req_id in req_ids:
                 out.append(self.result(req_id))
         except BaseException:
-            self._drop(req_ids[len(out):])
+            self.discard(req_ids[len(out):])
             raise
         return out
+
+    def wait_finished(self, req_ids: Collection[int], timeout_s: float | None = None) -> list[int]:
+        """Those of `req_ids` (in flight here; a set or dict, tested with `in`) whose last output
+        has arrived, so `result` returns them at once: waits until there is one, or for at most
+        `timeout_s` (then the list may be empty). The client's timeout_s does not apply here."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            done = [req_id for req_id in self._finished if req_id in req_ids]
+            if done or (deadline is not None and time.monotonic() >= deadline):
+                return done
+            self._pump(None)
+
+    def discard(self, req_ids: list[int]) -> None:
+        """Abort the requests among `req_ids` still in flight and drop their client state (their
+        outputs are never read)."""
+        for req_id in req_ids:
+            if req_id in self._outputs:
+                self.abort(req_id)
+                self._forget(req_id)
 
     def stream(self, /, prompt: str | None = None, **kwargs) -> TextStream:
         """Text deltas as they come; `.result` holds the whole result once the stream ends."""
@@ -169,6 +189,7 @@ class Client:
             self._send(AbortReq(req_id=req_id))
         self._outputs.clear()
         self._sent_s.clear()
+        self._finished.clear()
         self._heartbeat.stop()
         self._watch.close()
         self._sock.close(linger=100)
@@ -203,17 +224,11 @@ class Client:
             self._forget(req_id)
         return arrived_s, out
 
-    def _drop(self, req_ids: list[int]) -> None:
-        """Abort the requests among `req_ids` still in flight and drop their client state."""
-        for req_id in req_ids:
-            if req_id in self._outputs:
-                self.abort(req_id)
-                self._forget(req_id)
-
     def _forget(self, req_id: int) -> None:
         """Drop a request's client state; later outputs for it are discarded."""
         self._outputs.pop(req_id, None)
         self._sent_s.pop(req_id, None)
+        self._finished.discard(req_id)
 
     def _pump(self, deadline: float | None) -> None:
         """Receive whatever arrives within one poll interval and file it by req_id."""
@@ -228,6 +243,8 @@ class Client:
                 msg = FRONTEND_TO_CLIENT.decode(self._sock.recv())
                 if isinstance(msg, ReqOutput) and msg.req_id in self._outputs:
                     self._outputs[msg.req_id].append((time.perf_counter(), msg))
+                    if msg.finish_reason is not None:
+                        self._finished.add(msg.req_id)
                 elif isinstance(msg, StatsOut):
                     self._stats[msg.req_id] = msg
         self._watch.poll()

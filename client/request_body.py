@@ -4,6 +4,9 @@ The client sends what it is given, unchanged (token ids that are not ints stay w
 and the server refuses them); only a value the wire cannot carry at all (an int beyond 64 bits,
 a string that is not valid Unicode, an object msgpack does not know) is refused here, naming
 where it is, with the InvalidRequestError the server would have raised.
+
+One default is added here: a request that names no max_tokens gets DEFAULT_MAX_TOKENS (128, SGLang's
+native default); `max_tokens=None` asks for up to the context (nothing is sent, the server's meaning).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 from zserve.client.types import InvalidRequestError
 from zserve.common.messages import CLIENT_TO_FRONTEND, GenerateReq
 from zserve.common.request_limits import LIMITS
+from zserve.common.sampling_params import DEFAULT_MAX_TOKENS
 
 MAX_DEPTH = 32  # deeper nesting than any valid body has: the wire refuses it
 
@@ -27,6 +31,7 @@ def build_body(prompt: str | None, input_ids: list[int] | None, messages: list[d
     given = [k for k, v in (("prompt", prompt), ("input_ids", input_ids), ("messages", messages)) if v is not None]
     if len(given) != 1:
         raise ValueError(f"give exactly one of prompt, input_ids or messages (got {', '.join(given) or 'none'})")
+    sampling = {"max_tokens": DEFAULT_MAX_TOKENS, **sampling}  # not named: 128; named None: up to the context
     body: dict[str, Any] = {"sampling": {k: v for k, v in sampling.items() if v is not None and k not in ("n", "tools")}}
     if isinstance(body["sampling"].get("logit_bias"), dict):  # token ids as ints here, as strings on the wire (JSON's keys)
         body["sampling"]["logit_bias"] = {

@@ -14,11 +14,17 @@ from zserve.common.json_schema_check import check_json_schema
 from zserve.common.request_limits import INT32_MAX, LIMITS
 from zserve.common.wire import message
 
+# What the native API (the Python clients, the Engine, the chat shell, POST /generate) asks for when a
+# request names no max_tokens: SGLang's native default (max_new_tokens=128), so a forgotten limit costs
+# seconds, not a run to the context. The clients add it; the server never does, so the OpenAI routes,
+# which send max_tokens=None, keep OpenAI's meaning of no max_tokens (up to the context).
+DEFAULT_MAX_TOKENS = 128
+
 
 @message()
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    max_tokens: int | None = None  # None: up to the context (prompt + output fill it at most)
+    max_tokens: int | None = None  # None: up to the context (prompt + output fill it at most); clients default to DEFAULT_MAX_TOKENS
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off; must be in (0, 1]

@@ -13,8 +13,10 @@ from dataclasses import asdict, dataclass, field, fields
 
 from zserve.common.worker_env import OMP_SPIN_COUNT
 
-DEFAULT_CLIENT_PORT = 30000  # SGLang's port: Client() with no arguments connects here
-DEFAULT_HTTP_PORT = 8000  # vLLM's port for the OpenAI API
+DEFAULT_HTTP_PORT = 8000  # --port: vLLM's HTTP port (SGLang's is 30000: users type --port 30000)
+# --zmq-port: Client() with no arguments connects here. Next to SGLang's HTTP port, not on it, so a SGLang user's
+# `--port 30000` never collides with it; taken by another server (and not given), the server picks a free one.
+DEFAULT_CLIENT_PORT = 30001
 API_KEY_ENV = "ZSERVE_API_KEY"  # the HTTP API key: read when --api-key is empty; how the launcher hands it to the HTTP process
 
 
@@ -22,14 +24,17 @@ API_KEY_ENV = "ZSERVE_API_KEY"  # the HTTP API key: read when --api-key is empty
 class ServerConfig:
     model: str = field(default="", metadata={"help": "model directory (config.json + safetensors + tokenizer); default: the SmolLM2-135M-Instruct demo model, fetched on first use", "aliases": ["--model-path"], "positional": True})
     served_model_name: str = field(default="", metadata={"help": "the model's name in the OpenAI API (/v1/models, the request's model) and the metrics' model_name label (empty = the model directory's name)"})
+    tokenizer: str = field(default="", metadata={"help": "a directory with the tokenizer files (tokenizer.json, tokenizer_config.json), when they are not in --model (empty = --model's)", "aliases": ["--tokenizer-path"], "peer_note": "vLLM --tokenizer, SGLang --tokenizer-path"})
     chat_template: str = field(default="", metadata={"help": "a Jinja chat template file used instead of the model's (empty = the model's own)"})
+    trust_remote_code: bool = field(default=False, metadata={"help": "accepted for SGLang and vLLM command lines; no effect: zserve runs its own code for the architectures it supports and never code from the model directory (a note says so)"})
     host: str = field(default="127.0.0.1", metadata={"help": "interface clients connect on; loopback unless set"})
-    port: int = field(default=DEFAULT_CLIENT_PORT, metadata={"help": "the ZMQ client port, for Client() / AsyncClient() (0 = pick a free one and print it)", "min": 0, "max": 65535, "peer_note": "SGLang's --port is its HTTP port: here --http-port"})
-    http_port: int = field(default=DEFAULT_HTTP_PORT, metadata={"help": "port of the OpenAI-compatible HTTP server on --host, with /metrics and /health (0 = no HTTP server)", "min": 0, "max": 65535, "peer_note": "vLLM's --port, SGLang's --port"})
+    http_port: int = field(default=DEFAULT_HTTP_PORT, metadata={"help": "port of the OpenAI-compatible HTTP server on --host: the OpenAI API, SGLang's native /generate, /metrics and /health (0 = no HTTP server)", "min": 0, "max": 65535, "flag": "--port", "aliases": ["--http-port"], "peer_note": "same meaning as SGLang's and vLLM's --port (their defaults: 30000, 8000)"})
+    zmq_port: int = field(default=DEFAULT_CLIENT_PORT, metadata={"help": "the ZMQ port of the native clients, Client() / AsyncClient() / the chat shell (0 = pick a free one and print it; the default, when another server holds it, also picks a free one)", "min": 0, "max": 65535, "peer_note": "none (SGLang's and vLLM's clients speak HTTP)"})
     allowed_hosts: str = field(default="", metadata={"help": "HTTP: Host names answered besides loopback names and --host, comma-separated (* = any); others get 403"})
     allowed_origins: str = field(default="", metadata={"help": "HTTP: origins allowed cross-origin requests (CORS), comma-separated (* = any; empty = none: requests with another Origin get 403)"})
     api_key: str = field(default="", metadata={"help": "when set, every HTTP route but /health needs 'Authorization: Bearer KEY' (401 otherwise) and ZMQ clients must present it (api_key=, or $ZSERVE_API_KEY); read from $ZSERVE_API_KEY when empty"})
     max_request_bytes: int = field(default=8 << 20, metadata={"help": "HTTP: largest request body accepted (413 above)", "min": 1})
+    strict_requests: bool = field(default=False, metadata={"help": "HTTP: keep refusing OpenAI request fields this server does not know with a 400 (default: ignored, and logged once per field name, as vLLM does)", "peer_note": "none (vLLM and SGLang ignore unknown fields)"})
     device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA and on x86 CPUs with AVX2 + FMA + F16C or native bf16, where the CPU kernels run; else fp32; the log says which and why), float32, bfloat16, float16", "choices": ["auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"], "value_aliases": {"half": "float16", "float": "float32"}})
     tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks: model worker processes holding one shard each, joined by torch.distributed (NCCL on CUDA, gloo on CPU); on CUDA local rank i uses cuda:i", "min": 1, "aliases": ["--tensor-parallel-size", "--tp"]})
@@ -42,14 +47,15 @@ class ServerConfig:
     prefill_max_requests: int = field(default=0, metadata={"help": "requests newly admitted per prefill step at most, next to the token budget (0 = no cap)", "min": 0})
     context_length: int = field(default=0, metadata={"help": "tokens of prompt + output a request may use at most (0 = the model's maximum; above it is refused)", "min": 0, "aliases": ["--max-model-len"]})
     kv_cache_tokens: int = field(default=0, metadata={"help": "KV pool size in tokens (0 = size from free memory)", "min": 0, "aliases": ["--max-total-tokens"]})
-    kv_memory_fraction: float = field(default=0.3, metadata={"help": "fraction of free memory for the KV pool when --kv-cache-tokens is 0", "above": 0.0, "below": 1.0, "aliases": ["--mem-fraction-static"]})
+    mem_fraction_static: float = field(default=0.0, metadata={"help": "share of the device's whole memory (RAM on CPU: MemTotal or the cgroup limit) for the weights plus the KV pool, which gets what the weights leave (0 = off: --kv-memory-fraction sizes the pool)", "min": 0.0, "below": 1.0, "aliases": ["--gpu-memory-utilization"], "peer_note": "SGLang --mem-fraction-static (weights + KV); vLLM --gpu-memory-utilization (all of the engine's memory; here activations are not counted)"})
+    kv_memory_fraction: float = field(default=0.3, metadata={"help": "fraction of free memory for the KV pool when --kv-cache-tokens is 0", "above": 0.0, "below": 1.0})
     schedule_policy: str = field(default="mixed", metadata={"help": "what a step runs: prefill-first, decode-first or mixed (prefill chunks and decodes together)", "choices": ["prefill-first", "decode-first", "mixed"], "flag": "--step-policy", "deprecated": {"--schedule-policy": "SGLang's --schedule-policy orders the queue; here that is --admission-policy"}, "peer_note": "none (SGLang's --schedule-policy orders the queue: --admission-policy here)"})
     admission_policy: str = field(default="pack", metadata={"help": "fifo or pack", "choices": ["fifo", "pack"], "peer_note": "SGLang --schedule-policy fcfs = fifo"})
     admission_lookahead: int = field(default=64, metadata={"help": "pending requests the pack policy looks at", "min": 1})
     force_fifo_every: int = field(default=8, metadata={"help": "pack policy: every N-th prefill step is fifo so long prompts cannot starve", "min": 1})
     kv_reservation: str = field(default="estimated", metadata={"help": "KV kept promised to admitted requests: estimated (their prompt plus a decaying estimate of their output; a decode step short of pages retracts the newest running requests, which resume later) or full (prompt plus all of max_tokens; never retracts)", "choices": ["estimated", "full"]})
     schedule_conservativeness: float = field(default=1.0, metadata={"help": "scales the estimated reservation's output ratio (start 0.7, floor 0.1): above 1 admits fewer requests and retracts less", "above": 0.0})
-    disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off", "aliases": ["--no-enable-prefix-caching"]})
+    disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off", "aliases": ["--no-enable-prefix-caching"], "switches": {"--enable-prefix-caching": False}})
     grammar_backend: str = field(default="xgrammar", metadata={"help": "structured output (json_object, json_schema, regex, ebnf, tool_choice required or named): xgrammar (readied in the background at startup), or none (such requests are refused)", "choices": ["xgrammar", "none"], "aliases": ["--guided-decoding-backend"], "peer_note": "SGLang --grammar-backend; vLLM --guided-decoding-backend (both default to xgrammar)"})
     max_queued_requests: int = field(default=1024, metadata={"help": "waiting requests beyond which new ones are refused with 'server busy'", "min": 1})
     num_threads: int = field(default=0, metadata={"help": "torch threads in the model worker (0 = every core this process may use, shared among a node's ranks)", "min": 0})
@@ -58,9 +64,15 @@ class ServerConfig:
     client_timeout_s: float = field(default=10.0, metadata={"help": "abort a client's requests when it sends no heartbeat for this long", "above": 0.0})
     startup_timeout_s: float = field(default=600.0, metadata={"help": "how long to wait for every process to be ready", "above": 0.0})
     drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM or a first Ctrl-C: stop admitting (new requests get 'server shutting down', HTTP 503) and let in-flight requests finish for up to this many seconds before aborting the rest (0 = abort at once; a second signal aborts at once)", "min": 0.0, "peer_note": "vLLM/SGLang drain on SIGTERM too"})
-    log_stats_interval_s: float = field(default=10.0, metadata={"help": "seconds between the scheduler's stats lines while busy (throughput, running/waiting/retracted, KV usage, prefix-cache hits; silent when idle; 0 = off)", "min": 0.0, "peer_note": "vLLM logs every 10 s (--disable-log-stats); SGLang every --decode-log-interval steps"})
+    watchdog_timeout_s: float = field(default=300.0, metadata={"help": "HTTP /health answers 503 stalled when requests wait or run and no model step has ended for this many seconds; a long step alone (a big model on CPU, a long prefill) keeps it 200", "above": 0.0, "flag": "--watchdog-timeout", "peer_note": "SGLang --watchdog-timeout (default 300 s; it kills the server instead)"})
+    log_stats_interval_s: float = field(default=10.0, metadata={"help": "seconds between the scheduler's stats lines while busy (throughput, running/waiting/retracted, KV usage, prefix-cache hits; silent when idle; 0 = off)", "min": 0.0, "peer_note": "vLLM logs every 10 s (--disable-log-stats); SGLang every --decode-log-interval steps", "switches": {"--disable-log-stats": 0.0}})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning, error", "choices": ["debug", "info", "warning", "error"]})
     shell: bool = field(default=False, metadata={"help": "after start, open a terminal chat against the server"})
+
+    @property
+    def tokenizer_dir(self) -> str:
+        """Where the tokenizer files are: --tokenizer, else the model directory."""
+        return self.tokenizer or self.model
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

@@ -115,7 +115,7 @@ class DetokenizerLoop:
 
 
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:
-    tokenizer = TextTokenizer.from_model_dir(cfg.model)
+    tokenizer = TextTokenizer.from_model_dir(cfg.tokenizer_dir)
     ctx = zmq.Context()
     try:
         inbox = pull(ctx, addrs.detok_inbox, DETOK_INBOX)

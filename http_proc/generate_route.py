@@ -1,9 +1,12 @@
-"""POST /generate: the native API, mirroring the Python client's `generate` / `stream_outputs`.
+"""POST /generate: the native API, mirroring the Python client's `generate` / `stream_outputs`; a body in
+SGLang's shape (`text`, `sampling_params`) is read and answered in SGLang's (http_proc/sglang_generate.py).
 
 Request: exactly one of prompt / input_ids / messages, the client's sampling keywords
 (max_tokens, temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ignore_eos,
 return_logprob, top_logprobs, prompt_logprobs, penalties, logit_bias, min_tokens, structured output), and `stream` (default false). The server validates them: unknown or bad
-fields get a 400 with its message.
+fields get a 400 with its message. Without max_tokens a request generates at most 128 tokens
+(DEFAULT_MAX_TOKENS, SGLang's native default, as the Python client's); `"max_tokens": null` asks
+for up to the context.
 Response: {"text", "output_ids", "finish_reason", "usage": {prompt_tokens, completion_tokens,
 cached_tokens}, "logprobs"} (and "top_logprobs": [[id, logprob], ...] per token when asked; with prompt_logprobs the first
 output also has "prompt_ids", "prompt_logprobs" and "prompt_top_logprobs"); streamed, one such object per output (text and ids new in it,
@@ -21,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from zserve.client.types import GenerateResult
+from zserve.common.sampling_params import DEFAULT_MAX_TOKENS
 from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.disconnect_watch import until_disconnect
 from zserve.http_proc.http_state import HttpState
@@ -28,6 +32,7 @@ from zserve.http_proc.openai_formatter import SSE_DONE, sse
 from zserve.http_proc.openai_protocol import SubRequest
 from zserve.http_proc.request_group import ChoiceEvent, RequestGroup
 from zserve.http_proc.response_guard import guarded, guarded_stream
+from zserve.http_proc.sglang_generate import from_sglang_body, is_sglang_body, sglang_output
 from zserve.http_proc.sse_response import SseResponse
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
@@ -40,7 +45,8 @@ def generate_routes(state: HttpState) -> list[Route]:
     return [Route("/generate", generate, methods=["POST"])]
 
 
-async def parse_body(request: Request) -> tuple[SubRequest, bool]:
+async def parse_body(state: HttpState, request: Request) -> tuple[SubRequest, bool, bool]:
+    """The request, whether it streams, and whether it came in SGLang's shape (http_proc/sglang_generate.py)."""
     try:
         body = json.loads(await request.body())
     except ValueError as exc:
@@ -49,6 +55,10 @@ async def parse_body(request: Request) -> tuple[SubRequest, bool]:
         raise ApiError(400, "the request body is JSON nested too deeply") from None
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
+    sglang = is_sglang_body(body)
+    if sglang:
+        body, ignored = from_sglang_body(body)
+        state.unknown_fields.check_paths([tuple(name.split(".")) for name in ignored], "/generate")
     stream = body.pop("stream", False)
     if not isinstance(stream, bool):
         raise ApiError(400, "stream must be a boolean", param="stream")
@@ -59,23 +69,25 @@ async def parse_body(request: Request) -> tuple[SubRequest, bool]:
     prompt = {k: body.pop(k) for k in PROMPT_KEYS if body.get(k) is not None}
     if len(prompt) != 1:
         raise ApiError(400, f"a request needs exactly one of prompt, input_ids, messages; got {' and '.join(prompt) or 'none'}")
-    return SubRequest(0, 0, prompt, body), stream
+    body.setdefault("max_tokens", DEFAULT_MAX_TOKENS)  # "max_tokens": null stays: up to the context
+    return SubRequest(0, 0, prompt, body), stream, sglang
 
 
 async def serve_generate(state: HttpState, request: Request) -> Response | SseResponse:
-    sub, stream = await parse_body(request)
+    sub, stream, sglang = await parse_body(state, request)
     state.check_accepting()
     group = RequestGroup(state.client, [sub], state.metrics, state.health)
     if not stream:
         [result] = await until_disconnect(request, group.run())
-        return JSONResponse(output_body(result.text, result.output_ids, result), headers=group.headers)
+        body = sglang_output(result) if sglang else output_body(result.text, result.output_ids, result)
+        return JSONResponse(body, headers=group.headers)
     events = group.events()
     try:
         first = await until_disconnect(request, anext(events))
     except BaseException:
         await events.aclose()
         raise
-    return SseResponse(stream_outputs(state, first, events), group.headers)
+    return SseResponse(stream_outputs(state, first, events, sglang), group.headers)
 
 
 def output_body(text: str, ids: list[int], result: GenerateResult, start: int = 0) -> dict[str, Any]:
@@ -104,11 +116,16 @@ def event_body(event: ChoiceEvent) -> dict[str, Any]:
     return output_body(event.delta, event.new_ids, r, len(r.output_ids) - len(event.new_ids))
 
 
-def stream_outputs(state: HttpState, first: ChoiceEvent, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[bytes]:
+def stream_outputs(
+    state: HttpState, first: ChoiceEvent, events: AsyncIterator[ChoiceEvent], sglang: bool
+) -> AsyncIterator[bytes]:
+    """Native: each chunk the text and ids new in it; SGLang's shape: the text and ids so far."""
+    body_of = (lambda event: sglang_output(event.result)) if sglang else event_body
+
     async def chunks() -> AsyncIterator[bytes]:
-        yield sse(event_body(first))
+        yield sse(body_of(first))
         async for event in events:
-            yield sse(event_body(event))
+            yield sse(body_of(event))
         yield SSE_DONE
 
     return guarded_stream(state, chunks(), events)

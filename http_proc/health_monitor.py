@@ -1,13 +1,17 @@
 """Whether the server can serve requests now: GET /health answers from this state at once.
 
-    starting --stats answered--> ready <--> stalled   (work waiting and no step for stall_s)
-        ready / stalled --no stats answer within answer_timeout_s--> broken --answered--> ready
+    starting --stats answered--> ready <--> stalled   (work waiting, or no answer, and no step for watchdog_s)
+        ready / stalled --the stats request failed (not slow: refused, server gone)--> broken --answered--> ready
         any state --shutdown seen--> draining (final)
 
-A background task (`run`) asks the server for its stats every poll_interval_s: an answer means
-the frontend, scheduler and detokenizer are alive (a scheduler stuck in a model step does not
-answer); the step count tells a stalled scheduler from an idle one. No request is run for
-/health, so it costs the server nothing and shows in no log or metric.
+A background task (`run`) keeps one stats request to the server in flight, asking anew every
+poll_interval_s once it is answered: an answer means the frontend, scheduler and detokenizer are
+alive, and its step count tells a stalled scheduler from an idle one. A scheduler in a model step
+answers when the step ends, however long that takes (a big model on CPU, a long prefill), so an
+unanswered request means "busy", not "dead": the server stays ready until watchdog_s
+(--watchdog-timeout, as SGLang's) pass with neither a step nor an idle answer. Dead processes are
+the launcher's to see (it shuts the server down). No request is run for /health, so it costs the
+server nothing and shows in no log or metric.
 
 GET /health_generate (`probe_generate`) runs one real token, as SGLang's route of that name, as a
 health probe: its client id marks it (PROBE_CLIENT_PREFIX), so the frontend counts it nowhere.
@@ -23,25 +27,27 @@ from zserve.client.async_client import AsyncClient
 
 logger = logging.getLogger("http_proc")
 POLL_INTERVAL_S = 1.0
-ANSWER_TIMEOUT_S = 5.0
-STALL_S = 30.0
+ANSWER_WAIT_S = 1.0  # how long one poll waits for the answer before judging without it
+WATCHDOG_S = 300.0  # SGLang's --watchdog-timeout default
 PROBE_TIMEOUT_S = 30.0
 
 
 class HealthMonitor:
     def __init__(
         self, client: AsyncClient, probe_client: AsyncClient | None = None, *, poll_interval_s: float = POLL_INTERVAL_S,
-        answer_timeout_s: float = ANSWER_TIMEOUT_S, stall_s: float = STALL_S,
+        answer_wait_s: float = ANSWER_WAIT_S, watchdog_s: float = WATCHDOG_S,
     ):
         self.client = client
         self.probe_client = probe_client or client
         self.poll_interval_s = poll_interval_s
-        self.answer_timeout_s = answer_timeout_s
-        self.stall_s = stall_s
+        self.answer_wait_s = answer_wait_s
+        self.watchdog_s = watchdog_s
         self.state = "starting"
         self.reason = "the server has not answered yet"
         self._last_num_steps: int | None = None
-        self._last_step_s = 0.0  # when the step count last moved (or work last was absent)
+        self._last_progress_s = time.monotonic()  # when a step last ran (the count moved) or the server was idle
+        self._asking: asyncio.Task | None = None  # the stats request in flight
+        self._asked_s = 0.0  # when it was sent
 
     @property
     def is_draining(self) -> bool:
@@ -58,20 +64,45 @@ class HealthMonitor:
 
     async def run(self) -> None:
         """Poll until cancelled."""
-        while True:
-            await self.poll_once()
-            await asyncio.sleep(self.poll_interval_s)
+        try:
+            while True:
+                await self.poll_once()
+                await asyncio.sleep(self.poll_interval_s)
+        finally:
+            if self._asking is not None:
+                self._asking.cancel()
 
     async def poll_once(self) -> None:
+        """Wait up to answer_wait_s for the stats request in flight (sending one if none is), then
+        judge: an answer by its numbers, no answer yet as a busy server."""
+        if self._asking is None:
+            self._asking = asyncio.ensure_future(self.client.stats())
+            self._asked_s = time.monotonic()
+        await asyncio.wait({self._asking}, timeout=self.answer_wait_s)
+        if not self._asking.done():
+            self.on_no_answer(time.monotonic())
+            return
+        asking, self._asking = self._asking, None
         try:
-            stats = await asyncio.wait_for(self.client.stats(), self.answer_timeout_s)
-        except asyncio.TimeoutError:
-            self._set_state("broken" if self.state != "starting" else "starting",
-                            f"the server did not answer a stats request within {self.answer_timeout_s:g}s")
-        except Exception as exc:  # any failure to get the stats is the answer, not a crash
+            stats = asking.result()
+        except asyncio.TimeoutError:  # the client stopped waiting; the next poll asks again
+            self.on_no_answer(time.monotonic())
+        except Exception as exc:  # a refused or lost request is the answer, not a crash
             self._set_state("broken" if self.state != "starting" else "starting", f"stats request failed: {type(exc).__name__}: {exc}")
         else:
             self.on_stats(stats, time.monotonic())
+
+    def on_no_answer(self, now_s: float) -> None:
+        """No answer yet: a process is busy (a model step answers when it ends); stalled only once
+        watchdog_s pass without progress."""
+        if self.state == "starting":
+            return
+        waited_s, still_s = now_s - self._asked_s, now_s - self._last_progress_s
+        if still_s > self.watchdog_s:
+            self._set_state("stalled", f"no stats answer for {waited_s:.0f}s and no step for {still_s:.0f}s "
+                                       f"(--watchdog-timeout {self.watchdog_s:g}s): a process is stuck")
+        elif self.state not in ("stalled", "broken"):  # those stay until an answer (showing progress)
+            self._set_state("ready", "busy: the server answers stats between model steps, and one is running")
 
     def on_stats(self, stats: dict, now_s: float) -> None:
         if stats.get("frontend_draining"):
@@ -80,10 +111,11 @@ class HealthMonitor:
         num_steps = stats.get("num_steps", 0)
         has_work = any(stats.get(k, 0) for k in ("num_waiting", "num_running", "num_prefilling"))
         if not has_work or num_steps != self._last_num_steps:
-            self._last_step_s = now_s
+            self._last_progress_s = now_s
         self._last_num_steps = num_steps
-        if now_s - self._last_step_s > self.stall_s:
-            self._set_state("stalled", f"requests are waiting or running but no step ran for {now_s - self._last_step_s:.0f}s")
+        if now_s - self._last_progress_s > self.watchdog_s:
+            self._set_state("stalled", f"requests are waiting or running but no step ran for {now_s - self._last_progress_s:.0f}s "
+                                       f"(--watchdog-timeout {self.watchdog_s:g}s)")
         else:
             self._set_state("ready", "every process answered; steps run when there is work")
 

@@ -35,6 +35,7 @@ from zserve.http_proc.http_state import HttpState
 from zserve.http_proc.request_gate import WILDCARD_HOSTS, GatePolicy
 from zserve.http_proc.server_metrics import ServerMetrics
 from zserve.http_proc.tool_call_parser import ToolCallParser
+from zserve.http_proc.unknown_fields import UnknownFieldPolicy
 from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 logger = logging.getLogger("http_proc")
@@ -74,14 +75,16 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
         probe_id = PROBE_CLIENT_PREFIX + uuid.uuid4().hex
         async with AsyncClient(client_port, host=client_host, api_key=api_key) as client, \
                 AsyncClient(client_port, host=client_host, api_key=api_key, client_id=probe_id) as probe_client:
-            health = HealthMonitor(client, probe_client)
+            health = HealthMonitor(client, probe_client, watchdog_s=cfg.watchdog_timeout_s)
             model_path = str(Path(cfg.model).resolve())
-            gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes)
+            gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes, context_len)
             model_name = cfg.served_model_name or Path(model_path).name
-            tokenizer = TextTokenizer.from_model_dir(cfg.model)  # token texts for logprobs
+            # token texts for logprobs, and the tool-call format of the chat template in use (--chat-template's too)
+            tokenizer = TextTokenizer.for_server(cfg.tokenizer_dir, cfg.chat_template)
             state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate,
                               token_text=lambda token_id: tokenizer.decode([token_id]), detokenize=tokenizer.decode,
-                              tool_parser=ToolCallParser.for_template(tokenizer.chat_template_source))
+                              tool_parser=ToolCallParser.for_template(tokenizer.chat_template_source),
+                              unknown_fields=UnknownFieldPolicy(strict=cfg.strict_requests))
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

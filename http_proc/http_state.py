@@ -12,6 +12,7 @@ from zserve.http_proc.health_monitor import HealthMonitor
 from zserve.http_proc.request_gate import GatePolicy
 from zserve.http_proc.server_metrics import ServerMetrics
 from zserve.http_proc.tool_call_parser import ToolCallParser
+from zserve.http_proc.unknown_fields import UnknownFieldPolicy
 
 STATS_TIMEOUT_S = 2.0  # /metrics renders without the scheduler's numbers past this
 
@@ -28,6 +29,7 @@ class HttpState:
     token_text: Callable[[int], str] = str  # a token id's text (the model's tokenizer), for logprobs
     detokenize: Callable[[list[int]], str] = lambda ids: ""  # token ids' text, for an echoed token-id prompt  # noqa: E731
     tool_parser: ToolCallParser | None = None  # the chat template's tool-call format, when zserve knows it
+    unknown_fields: UnknownFieldPolicy = field(default_factory=UnknownFieldPolicy)  # ignored and logged, or refused (--strict-requests)
     created_s: int = field(default_factory=lambda: int(time.time()))
 
     def check_model(self, requested: str | None) -> None:

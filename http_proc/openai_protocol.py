@@ -1,4 +1,7 @@
-"""The request bodies of POST /v1/completions and /v1/chat/completions (pydantic, extra fields refused).
+"""The request bodies of POST /v1/completions and /v1/chat/completions (pydantic).
+
+Undeclared fields are kept aside, not refused here: UnknownFieldPolicy (unknown_fields.py)
+ignores and logs them, or refuses them under --strict-requests.
 
 Each request becomes a list of `SubRequest`s, one per returned choice: `n` copies of each prompt
 (seed + i for copy i when a seed is given, so copies can differ and still reproduce). Sampling
@@ -16,7 +19,9 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.tool_call_parser import ToolCallParser
 from zserve.http_proc.tool_choice import ForcedToolChoice
+from zserve.http_proc.unknown_fields import field_path
 
 MAX_CHOICES = 128  # n x prompts: each is one request in the server's queue
 RequestT = TypeVar("RequestT", bound=BaseModel)
@@ -28,11 +33,15 @@ def parse_body(model: type[RequestT], raw: bytes) -> RequestT:
         return model.model_validate_json(raw)
     except ValidationError as exc:
         errors = exc.errors(include_url=False)
-        parts = [f"{'.'.join(str(x)[:64] for x in e['loc']) or 'body'}: {e['msg']}" for e in errors[:5]]
+        parts = [f"{_error_path(e['loc'])}: {e['msg']}" for e in errors[:5]]
         if len(errors) > 5:
             parts.append(f"and {len(errors) - 5} more")
-        param = next((str(e["loc"][0]) for e in errors if e["loc"]), None)
+        param = next((_error_path(e["loc"]) for e in errors if e["loc"]), None)
         raise ApiError(400, "invalid request: " + "; ".join(parts), param=param) from None
+
+
+def _error_path(loc: tuple[str | int, ...]) -> str:
+    return field_path(tuple(x if isinstance(x, int) else str(x)[:64] for x in loc))
 
 
 @dataclass(frozen=True)
@@ -45,18 +54,22 @@ class SubRequest:
     sampling: dict[str, Any]
 
 
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class RequestModel(BaseModel):
+    """A request body or a part of one: undeclared fields go to `model_extra` (see the module doc)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class StreamOptions(RequestModel):
     include_usage: bool = False
 
 
-class SamplingRequest(BaseModel):
+class SamplingRequest(RequestModel):
     """Fields both endpoints share. top_k, min_p, stop_token_ids, ignore_eos, repetition_penalty
     and min_tokens are extras, as vLLM and SGLang take them (the OpenAI SDK sends them with
     `extra_body=`). A sampling field left out takes the server's
     default, the same on every entry point (the model's generation_config.json, else greedy)."""
 
-    model_config = ConfigDict(extra="forbid")
     model: str | None = None
     max_tokens: int | None = None
     temperature: float | None = None
@@ -193,14 +206,12 @@ class CompletionRequest(SamplingRequest):
         return [{"input_ids": list(x)} for x in p]
 
 
-class ContentPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ContentPart(RequestModel):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class ChatMessage(RequestModel):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
@@ -224,13 +235,32 @@ class ChatMessage(BaseModel):
         return out
 
 
+class FunctionDefinition(RequestModel):
+    """A function tool, as OpenAI's API requires it: a name, and parameters a JSON schema (an object)."""
+
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class Tool(RequestModel):
+    type: Literal["function"]
+    function: FunctionDefinition
+
+    def to_dict(self) -> dict[str, Any]:
+        """The tool as the chat template sees it: the declared fields given, nothing else."""
+        function = {name: getattr(self.function, name) for name in FunctionDefinition.model_fields}
+        return {"type": self.type, "function": {k: v for k, v in function.items() if v is not None}}
+
+
 class ChatCompletionRequest(SamplingRequest):
     messages: list[ChatMessage]
     max_completion_tokens: int | None = None
     logprobs: bool | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
-    parallel_tool_calls: bool | None = None
+    parallel_tool_calls: bool | None = None  # false: at most one call in the answer
 
     def sub_requests(self) -> list[SubRequest]:
         """Without max_tokens (or max_completion_tokens) a chat may generate until the context is
@@ -245,17 +275,36 @@ class ChatCompletionRequest(SamplingRequest):
         given = [v for v in (self.max_completion_tokens, self.max_tokens) if v is not None]
         max_tokens = given[0] if given else None
         messages = [m.to_dict(i) for i, m in enumerate(self.messages)]
-        return self.expand([{"messages": messages, **({"tools": self.tools} if self.tools else {})}], max_tokens)
+        return self.expand([{"messages": messages, **({"tools": self.tool_dicts} if self.tools else {})}], max_tokens)
+
+    @cached_property
+    def tool_dicts(self) -> list[dict[str, Any]]:
+        return [tool.to_dict() for tool in self.tools or []]
 
     @property
     def parses_tool_calls(self) -> bool:
         """Whether the answer's tool calls become `tool_calls` (tools given, tool_choice not none)."""
         return bool(self.tools) and self.tool_choice != "none"
 
+    @property
+    def parallel(self) -> bool:
+        """Whether the answer may hold several calls (OpenAI's default; parallel_tool_calls false: one)."""
+        return self.parallel_tool_calls is not False
+
     @cached_property
     def forced_tool_choice(self) -> ForcedToolChoice | None:
         """tool_choice required or a named function: the grammar that makes the answer a call."""
-        return ForcedToolChoice.of(self.tools, self.tool_choice)
+        return ForcedToolChoice.of(self.tool_dicts, self.tool_choice, parallel=self.parallel)
+
+    def tool_parser(self, template_parser: ToolCallParser | None) -> ToolCallParser | ForcedToolChoice | None:
+        """What turns the answer's calls into `tool_calls`: the forced choice's grammar, else the
+        chat template's format (`template_parser`, None when zserve does not know it), kept to
+        the first call under parallel_tool_calls false; None when the request parses no calls."""
+        if not self.parses_tool_calls:
+            return None
+        if self.forced_tool_choice is not None:
+            return self.forced_tool_choice
+        return template_parser if template_parser is None or self.parallel else template_parser.single_call()
 
     def grammar_fields(self) -> dict[str, Any]:
         forced = self.forced_tool_choice

@@ -50,13 +50,14 @@ def openai_routes(state: HttpState) -> list[Route]:
 
 async def serve(state: HttpState, request: Request, model: type[CompletionRequest | ChatCompletionRequest]) -> Response | SseResponse:
     body = parse_body(model, await request.body())
+    state.unknown_fields.check(body, request.url.path)
     state.check_model(body.model)
     state.check_accepting()
     is_chat = isinstance(body, ChatCompletionRequest)
     subs = body.sub_requests()
     group = RequestGroup(state.client, subs, state.metrics, state.health)
     token_text = state.token_text if body.wants_logprobs else None
-    tool_parser = (body.forced_tool_choice or state.tool_parser) if is_chat and body.parses_tool_calls else None
+    tool_parser = body.tool_parser(state.tool_parser) if is_chat else None
     echoes = None
     if isinstance(body, CompletionRequest) and body.echo:  # each choice's text starts with its prompt
         echoes = {s.choice_idx: s.prompt["prompt"] if "prompt" in s.prompt else state.detokenize(s.prompt["input_ids"]) for s in subs}

@@ -12,6 +12,10 @@
   4. Body: a POST must say `Content-Type: application/json` (a form or text/plain post, the
      kind a page may send cross-site without a preflight, is refused: 415) and carry at most
      --max-request-bytes (413, checked on Content-Length and again while reading).
+  5. Shape: a body over SCAN_MIN_BYTES is scanned (JsonShape, the event loop free between
+     slices) before any route parses it; one with a longer array or more objects than any valid
+     request has (a 1,000,000-id prompt, 100,000 messages) gets 400 `request_too_large` at once,
+     so parsing it never holds up other clients (it would for seconds).
 
 Refusals are OpenAI-shaped errors, counted under the route "refused" in /metrics.
 """
@@ -24,7 +28,9 @@ from dataclasses import dataclass
 
 from starlette.responses import JSONResponse
 
+from zserve.common.request_limits import LIMITS
 from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.json_shape import JsonShape
 from zserve.http_proc.server_metrics import ServerMetrics
 
 LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -32,6 +38,9 @@ WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "*"})
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (load balancers, the launcher)
 CORS_METHODS = "GET, POST, OPTIONS"
 CORS_HEADERS = "Authorization, Content-Type"
+SCAN_MIN_BYTES = 64 << 10  # a smaller body parses in a few milliseconds whatever its shape
+MIN_JSON_RUN = 1 << 16  # entries one array may have whatever the context (a tool's enum, logit_bias)
+MAX_JSON_OBJECTS = 4 * LIMITS.max_messages  # a chat's messages with their content parts and tool calls
 
 Scope = dict
 Receive = Callable[[], Awaitable[dict]]
@@ -61,13 +70,18 @@ class GatePolicy:
     allowed_origins: frozenset[str]  # "*" in it: any origin
     api_key: str  # "" = none
     max_request_bytes: int
+    max_json_run: int = MIN_JSON_RUN  # entries in one JSON array (or members in one object) at most
+    max_json_objects: int = MAX_JSON_OBJECTS
 
     @staticmethod
-    def build(listen_host: str, allowed_hosts: str, allowed_origins: str, api_key: str, max_request_bytes: int) -> GatePolicy:
+    def build(
+        listen_host: str, allowed_hosts: str, allowed_origins: str, api_key: str, max_request_bytes: int, context_len: int = 0,
+    ) -> GatePolicy:
+        """`context_len`: the served context, which a prompt's token ids fit in (so one array may be that long)."""
         hosts = set(LOOPBACK_HOSTS) | split_list(allowed_hosts)
         if listen_host.lower() not in WILDCARD_HOSTS:
             hosts.add(host_name(listen_host))
-        return GatePolicy(frozenset(hosts), split_list(allowed_origins), api_key, max_request_bytes)
+        return GatePolicy(frozenset(hosts), split_list(allowed_origins), api_key, max_request_bytes, max(context_len, MIN_JSON_RUN))
 
     def host_allowed(self, host_header: str | None) -> bool:
         return "*" in self.allowed_hosts or (host_header is not None and host_name(host_header) in self.allowed_hosts)
@@ -103,9 +117,13 @@ class RequestGate:
             return
         if scope["method"] == "POST":
             try:
-                receive = await self.buffered_body(receive)
+                receive, body = await self.buffered_body(receive)
             except BodyTooLarge:
                 await self.refuse(self.too_large(), scope, receive, send, origin)
+                return
+            refusal = await self.check_shape(body)
+            if refusal is not None:
+                await self.refuse(refusal, scope, receive, send, origin)
                 return
         await self.app(scope, receive, self.with_cors(send, origin) if origin is not None else send)
 
@@ -131,9 +149,23 @@ class RequestGate:
     def too_large(self) -> ApiError:
         return ApiError(413, f"the request body is larger than {self.policy.max_request_bytes} bytes (--max-request-bytes)", code="request_too_large")
 
-    async def buffered_body(self, receive: Receive) -> Receive:
+    async def check_shape(self, body: bytes) -> ApiError | None:
+        if len(body) < SCAN_MIN_BYTES:
+            return None
+        policy = self.policy
+        shape = await JsonShape.of(body, policy.max_json_run - 1, policy.max_json_objects)
+        if shape.longest_run >= policy.max_json_run:
+            return ApiError(400, f"the request body has a JSON array (or object) of more than {policy.max_json_run} entries; no valid "
+                            f"request has one (a prompt's token ids fit the context, stop lists and logit_bias are short)", code="request_too_large")
+        if shape.num_objects > policy.max_json_objects:
+            return ApiError(400, f"the request body has more than {policy.max_json_objects} JSON objects; no valid request has as many "
+                            f"(a chat has at most {LIMITS.max_messages} messages)", code="request_too_large")
+        return None
+
+    async def buffered_body(self, receive: Receive) -> tuple[Receive, bytes]:
         """Read the whole body (at most max_request_bytes), then hand it to the app in one message;
-        later receive() calls go to the connection (disconnect_watch.py waits on them)."""
+        later receive() calls go to the connection (disconnect_watch.py waits on them). Returns
+        that receive and the body (empty when the client left before sending it all)."""
         chunks, size = [], 0
         while True:
             message = await receive()
@@ -152,7 +184,7 @@ class RequestGate:
         async def replay() -> dict:
             return pending.pop() if pending else await receive()
 
-        return replay
+        return replay, first.get("body", b"") if first["type"] == "http.request" else b""
 
     def with_cors(self, send: Send, origin: str) -> Send:
         async def send_with_cors(message: dict) -> None:

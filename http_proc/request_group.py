@@ -83,7 +83,10 @@ class RequestGroup:
                 num_choices = sum(s.prompt_idx == sub.prompt_idx for s in self.subs)
                 n = {"n": num_choices} if num_choices > 1 else {}
                 req_id = self.req_id + sub.choice_idx
-                await self.client.submit(req_id=req_id, **sub.prompt, **sub.sampling, **n)
+                # the route decides max_tokens: none in a SubRequest is up to the context (OpenAI's meaning),
+                # not the Python client's native default; /generate puts that default in itself
+                sampling = {"max_tokens": None, **sub.sampling}
+                await self.client.submit(req_id=req_id, **sub.prompt, **sampling, **n)
                 submitted.append(req_id)
         except BaseException:
             for req_id in submitted:

@@ -8,7 +8,8 @@ Two formats, picked from the model's chat template:
 
 A block that is not valid JSON with a string `name` stays text: a model that writes something
 else is not made to have called a tool. Streaming holds back text from where a call may begin
-(`pending_text`), so a call is never streamed as content.
+(`pending_text`), so a call is never streamed as content. Under `parallel_tool_calls: false`
+(`single_call()`) only the first call is kept; the text of the others is dropped with them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
@@ -27,6 +28,7 @@ PYTHON_TAG = "<|python_tag|>"
 @dataclass(frozen=True)
 class ToolCallParser:
     kind: str  # "hermes" | "llama3_json"
+    parallel: bool = True  # False: only the answer's first call is kept
 
     @staticmethod
     def for_template(source: str | None) -> ToolCallParser | None:
@@ -39,8 +41,16 @@ class ToolCallParser:
             return ToolCallParser("llama3_json")
         return None
 
+    def single_call(self) -> ToolCallParser:
+        """This parser keeping only the first call (parallel_tool_calls false)."""
+        return replace(self, parallel=False)
+
     def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """(content, tool_calls in OpenAI's shape); content None when only calls were written."""
+        content, calls = self._parse_all(text)
+        return content, calls if self.parallel else calls[:1]
+
+    def _parse_all(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         if self.kind == "hermes":
             calls = [c for c in (_call(block, "arguments") for block in HERMES_BLOCK.findall(text)) if c is not None]
             if not calls:

@@ -4,7 +4,8 @@ As vLLM does, the forced answer is plain JSON whatever the chat template's own c
 any model (and any template) can be made to call: the grammar is a JSON schema built from the
 tools' `parameters`, and the answer parses into OpenAI's `tool_calls` by construction.
 - a named function: the answer is that function's arguments (an object of its `parameters`);
-- required: the answer is a non-empty array of `{"name": <one of the tools>, "parameters": {...}}`.
+- required: the answer is a non-empty array of `{"name": <one of the tools>, "parameters": {...}}`,
+  of one item under `parallel_tool_calls: false`.
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ class ForcedToolChoice:
     function_name: str | None  # a named function's; None under required
 
     @staticmethod
-    def of(tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None) -> ForcedToolChoice | None:
+    def of(
+        tools: list[dict[str, Any]] | None, tool_choice: str | dict[str, Any] | None, parallel: bool = True,
+    ) -> ForcedToolChoice | None:
         """The forced choice a request asks for; None for none/auto (or no tool_choice). A
-        choice that names no given tool, or `required` without tools, is a 400."""
+        choice that names no given tool, or `required` without tools, is a 400. `parallel`
+        False: the answer is one call."""
         if tool_choice in (None, "none", "auto"):
             return None
         functions = _functions(tools)
@@ -40,7 +44,8 @@ class ForcedToolChoice:
                 "required": ["name", "parameters"],
                 "additionalProperties": False,
             } for name, params in functions.items()]
-            return ForcedToolChoice({"type": "array", "minItems": 1, "items": {"anyOf": calls}}, None)
+            schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+            return ForcedToolChoice(schema if parallel else {**schema, "maxItems": 1}, None)
         name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
         if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
             raise ApiError(400, 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', param="tool_choice")

@@ -14,7 +14,7 @@ from typing import IO
 from zserve.common.proc_runtime import setup_logging
 from zserve.common.server_config import ServerConfig
 from zserve.launcher.cli import parse_config, refuse
-from zserve.launcher.config_check import check_flags, check_model
+from zserve.launcher.config_check import check_flags, check_model, resolve_zmq_port
 from zserve.launcher.launcher import Launcher, StartupError
 
 logger = logging.getLogger("launcher")
@@ -52,9 +52,11 @@ def ready_line(cfg: ServerConfig, launcher: Launcher, port: int | None) -> str:
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv)  # refuses a bad flag alone (exit code 2)
     setup_logging("launcher", cfg.log_level)
+    if cfg.trust_remote_code:
+        logger.info("--trust-remote-code has no effect: zserve runs its own model code, never code from the model directory")
     try:
         layout = check_flags(cfg)
-        cfg = check_model(resolve_model(cfg), layout)
+        cfg = check_model(resolve_model(resolve_zmq_port(cfg) if layout.is_head_node else cfg), layout)
     except ValueError as exc:
         refuse(str(exc))
     from zserve.common.worker_env import worker_env

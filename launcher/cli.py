@@ -92,7 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
         flag = meta.get("flag", "--" + f.name.replace("_", "-"))
         aliases = meta.get("aliases", ())
         default = f.default if f.default is not MISSING else None
-        help_text = meta.get("help", "") + (f"; also {', '.join(aliases)}" if aliases else "")
+        others = [*aliases, *meta.get("switches", {})]
+        help_text = meta.get("help", "") + (f"; also {', '.join(others)}" if others else "")
+        for switch, value in meta.get("switches", {}).items():  # a peer's flag that sets one value (--disable-log-stats)
+            parser.add_argument(switch, dest=f.name, action="store_const", const=value, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
         if f.type in ("bool", bool):
             parser.add_argument(flag, dest=f.name, action="store_true", default=default, help=help_text)
             for alias in aliases:

@@ -2,7 +2,8 @@
 one line (exit code 2) in well under a second, not by a child's traceback seconds later.
 
     argparse (launcher/cli.py)   each flag alone: types, choices, ranges from ServerConfig's metadata
-    check_flags                  flags together, --device, and that --port / --http-port are free
+    check_flags                  flags together, --device, and that --port / --zmq-port are free
+    resolve_zmq_port             the default --zmq-port, when taken, becomes a free one
     (resolve_model)              the demo model is fetched when --model is empty
     check_model                  the model directory: config.json and a supported architecture,
                                  safetensors weights, tokenizer files; the rank layout and
@@ -16,6 +17,7 @@ taken before the child binds it; the child's own error covers that race.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import socket
@@ -26,12 +28,13 @@ from pathlib import Path
 from zserve.common.context_limit import context_length_error
 from zserve.common.model_config import ModelConfig
 from zserve.common.rank_layout import RankLayout
-from zserve.common.server_config import ServerConfig
+from zserve.common.server_config import DEFAULT_CLIENT_PORT, ServerConfig
 from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"  # as model_proc/checkpoint.py reads them (it imports torch)
 WEIGHTS_FILE = "model.safetensors"
+logger = logging.getLogger("launcher")
 
 
 def check_flags(cfg: ServerConfig) -> RankLayout:
@@ -40,13 +43,29 @@ def check_flags(cfg: ServerConfig) -> RankLayout:
         raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
     layout = RankLayout.from_config(cfg)
     if not layout.is_head_node:
-        return layout  # such a node runs model worker ranks only: nothing listens on --port or --http-port
-    if cfg.http_port and cfg.http_port == cfg.port:
-        raise ValueError(f"--http-port {cfg.http_port} is also the client port (--port): choose another")
-    check_port_free("--port", cfg.host, cfg.port)  # port 0 still checks that --host is an address of this machine
+        return layout  # such a node runs model worker ranks only: nothing listens on --port or --zmq-port
     if cfg.http_port:
-        check_port_free("--http-port", cfg.host, cfg.http_port)
+        check_port_free("--port", cfg.host, cfg.http_port)
+    if cfg.zmq_port != DEFAULT_CLIENT_PORT:  # the default one moves when taken (resolve_zmq_port)
+        if cfg.http_port and cfg.http_port == cfg.zmq_port:
+            raise ValueError(f"--zmq-port {cfg.zmq_port} is also the HTTP port (--port): choose another")
+        check_port_free("--zmq-port", cfg.host, cfg.zmq_port)  # port 0 still checks that --host is an address of this machine
     return layout
+
+
+def resolve_zmq_port(cfg: ServerConfig) -> ServerConfig:
+    """The default --zmq-port when --port or another server holds it: a free port instead (the ready line and
+    the log say which), so a second server started with only its own --port still starts."""
+    if cfg.zmq_port != DEFAULT_CLIENT_PORT:
+        return cfg
+    try:
+        if cfg.http_port == cfg.zmq_port:
+            raise ValueError("it is --port")
+        check_port_free("--zmq-port", cfg.host, cfg.zmq_port)
+        return cfg
+    except ValueError as exc:
+        logger.warning("the default ZMQ client port %d is taken (%s): using a free one", cfg.zmq_port, exc)
+    return replace(cfg, zmq_port=0)
 
 
 def check_model(cfg: ServerConfig, layout: RankLayout) -> ServerConfig:
@@ -55,9 +74,15 @@ def check_model(cfg: ServerConfig, layout: RankLayout) -> ServerConfig:
     try:
         hf = ModelConfig.from_model_dir(cfg.model)  # config.json parses; the architecture is one we implement
         check_weights(Path(cfg.model))
-        TokenizerFiles.read(cfg.model)
+        if not cfg.tokenizer:
+            TokenizerFiles.read(cfg.model)
     except (ValueError, OSError) as exc:
         raise ValueError(f"--model {cfg.model}: {exc}") from None
+    if cfg.tokenizer:
+        try:
+            TokenizerFiles.read(cfg.tokenizer)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"--tokenizer {cfg.tokenizer}: {exc}") from None
     layout.check_model(hf.num_heads, hf.num_kv_heads, hf.intermediate_size)
     error = context_length_error(cfg.context_length, hf.context_len)
     if error is not None:

@@ -19,6 +19,7 @@ def flags_table() -> str:
         spellings = [f"`{flag}`", *(f"`{a}`" for a in meta.get("aliases", ()))]
         if meta.get("positional"):
             spellings.append("positional `MODEL`")
+        spellings += [f"`{switch}` (= `{value!r}`)" for switch, value in meta.get("switches", {}).items()]
         spellings += [f"`{old}` (deprecated)" for old in meta.get("deprecated", {})]
         default = f.default if f.default is not MISSING else None
         default_text = ("off" if default is False else "on") if isinstance(default, bool) else f"`{default!r}`" if default != "" else ""

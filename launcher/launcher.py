@@ -59,7 +59,7 @@ class Launcher:
         self.runtime_dir = create_runtime_dir()  # removes the directories of launchers that died
         self.addrs = Addresses.in_dir(
             self.runtime_dir,
-            f"tcp://{cfg.host}:{cfg.port}",
+            f"tcp://{cfg.host}:{cfg.zmq_port}",
             rank_broadcast=self.layout.broadcast_address(self.runtime_dir),
             dist_init=self.layout.dist_init_method(self.runtime_dir),
         )
@@ -85,8 +85,8 @@ class Launcher:
         if self.layout.is_head_node:
             for name, module in SERVER_CHILDREN:
                 self.children.append(ChildProcess.start(name, module, args, key_env if module == "zserve.tokenizer_proc" else None, self.log_file))
-            if self.cfg.http_port and self.cfg.port:  # the client port is known: HTTP answers /health (503) during startup
-                self._start_http(args, self.cfg.port, key_env)
+            if self.cfg.http_port and self.cfg.zmq_port:  # the client port is known: HTTP answers /health (503) during startup
+                self._start_http(args, self.cfg.zmq_port, key_env)
         expected = {c.name for c in self.children} | ({"http"} if self.layout.is_head_node and self.cfg.http_port else set())
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while len(self.ready) < len(expected):
@@ -102,7 +102,7 @@ class Launcher:
             if isinstance(msg, ProcReady):
                 self.ready[msg.name] = msg
                 logger.info("%s ready (pid %d)", msg.name, msg.pid)
-                if msg.name == "tokenizer" and self.cfg.http_port and not self.cfg.port:  # HTTP needs the picked port
+                if msg.name == "tokenizer" and self.cfg.http_port and not self.cfg.zmq_port:  # HTTP needs the picked port
                     self._start_http(args, int(msg.info["port"]), key_env)
         return int(self.ready["tokenizer"].info["port"]) if self.layout.is_head_node else None
 

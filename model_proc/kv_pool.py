@@ -77,6 +77,28 @@ class KVPool:
             raise ValueError(f"{fraction:.0%} of {free / 2**30:.2f} GiB free memory is less than one KV page")
         return num_pages
 
+    @staticmethod
+    def num_pages_for_static_share(
+        fraction: float, device: torch.device, weight_bytes: int, bytes_per_token: int, page_size: int
+    ) -> int:
+        """SGLang's --mem-fraction-static: `fraction` of the device's whole memory holds the weights and the
+        KV pool. Capped at 90% of the memory free now (others may use the machine), with a warning."""
+        total = total_memory_bytes(device)
+        want = int(total * fraction) - weight_bytes
+        if want < bytes_per_token * page_size:
+            raise ValueError(
+                f"--mem-fraction-static {fraction}: {fraction:.0%} of {total / 2**30:.2f} GiB does not hold the "
+                f"{weight_bytes / 2**30:.2f} GiB of weights and one KV page"
+            )
+        free_cap = int(free_memory_bytes(device) * 0.9)
+        if want > free_cap:
+            logger.warning(
+                "--mem-fraction-static %s asks %.2f GiB for the KV pool; only %.2f GiB are free: the pool takes 90%% of that",
+                fraction, want / 2**30, free_cap / 2**30,
+            )
+            want = free_cap
+        return max(1, want // (bytes_per_token * page_size))
+
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, keep_alive: list) -> torch.Tensor:
     """Zeros (attention masks slots no request wrote, and 0 * garbage could be NaN).
@@ -95,13 +117,28 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, kee
     return torch.frombuffer(buffer, dtype=dtype, count=math.prod(shape)).view(shape)
 
 
+def total_memory_bytes(device: torch.device) -> int:
+    """The device's whole memory: torch.cuda.mem_get_info on CUDA; on CPU MemTotal, or the cgroup's limit when lower."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[1]
+    total = _meminfo_bytes("MemTotal:")
+    limit = Path("/sys/fs/cgroup/memory.max")  # cgroup v2; "max" = no limit
+    if limit.is_file() and limit.read_text().strip().isdigit():
+        total = min(total, int(limit.read_text().strip()))
+    return total
+
+
+def _meminfo_bytes(key: str) -> int:
+    meminfo = Path("/proc/meminfo")
+    if meminfo.is_file():
+        for line in meminfo.read_text().splitlines():
+            if line.startswith(key):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("cannot tell this system's memory; give the KV pool size in tokens instead")
+
+
 def free_memory_bytes(device: torch.device) -> int:
     """Free device memory: torch.cuda.mem_get_info on CUDA, MemAvailable from /proc/meminfo on CPU."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
-    meminfo = Path("/proc/meminfo")
-    if meminfo.is_file():
-        for line in meminfo.read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("cannot tell free memory on this system; give the KV pool size in tokens instead")
+    return _meminfo_bytes("MemAvailable:")

@@ -66,10 +66,12 @@ class ModelRunner:
         seed: int,
         tp_rank: int = 0,
         show_progress: bool | None = None,
+        mem_fraction_static: float = 0.0,
     ):
         """The knobs come from the server config through `from_server_config` (the one source of
         their defaults). `kv_cache_tokens` > 0 sizes the KV pool in tokens; 0 takes
-        `kv_memory_fraction` of the memory free after loading. `num_threads` 0 =
+        `kv_memory_fraction` of the memory free after loading, or, when `mem_fraction_static` > 0, that
+        share of the device's whole memory less the weights (SGLang's meaning). `num_threads` 0 =
         `default_num_threads()` on CPU."""
         self.config = ModelConfig.from_model_dir(model_dir)
         self.device = resolve_device(device)
@@ -96,7 +98,11 @@ class ModelRunner:
             num_pages = KVPool.num_pages_for(kv_cache_tokens, page_size)
         else:
             per_token = KVPool.bytes_per_token(self.config.num_layers, kvh, self.config.head_dim, self.dtype)
-            num_pages = KVPool.num_pages_for_memory(kv_memory_fraction, self.device, per_token, page_size)
+            if mem_fraction_static > 0:
+                weight_bytes = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
+                num_pages = KVPool.num_pages_for_static_share(mem_fraction_static, self.device, weight_bytes, per_token, page_size)
+            else:
+                num_pages = KVPool.num_pages_for_memory(kv_memory_fraction, self.device, per_token, page_size)
             if tp_size > 1:  # the scheduler's page ids index every rank's pool: all take the smallest
                 num_pages = min_across_ranks(num_pages, self.device)
         self.kv_pool = KVPool(self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device)
@@ -114,6 +120,7 @@ class ModelRunner:
             page_size=cfg.page_size,
             kv_cache_tokens=cfg.kv_cache_tokens,
             kv_memory_fraction=cfg.kv_memory_fraction,
+            mem_fraction_static=cfg.mem_fraction_static,
             num_threads=cfg.num_threads,
             tp_rank=tp_rank,
             tp_size=cfg.tp_size,

@@ -125,7 +125,7 @@ def serve(cfg: ServerConfig, addrs: Addresses, rank: int) -> None:
                 # the resolved dtype: `auto` may differ between nodes whose CPUs differ
                 fingerprint = settings_fingerprint(
                     cfg.model, dtype=str(resolve_dtype(cfg.dtype, device)[0]), page_size=cfg.page_size, kv_cache_tokens=cfg.kv_cache_tokens,
-                    kv_memory_fraction=cfg.kv_memory_fraction, seed=cfg.seed, tp_size=cfg.tp_size, nnodes=cfg.nnodes,
+                    kv_memory_fraction=cfg.kv_memory_fraction, mem_fraction_static=cfg.mem_fraction_static, seed=cfg.seed, tp_size=cfg.tp_size, nnodes=cfg.nnodes,
                 )
                 check_same_on_all_ranks(fingerprint, device, "models or --dtype/--page-size/--kv-cache-tokens/--kv-memory-fraction/--seed")
             runner = build_runner(cfg, rank)

@@ -79,8 +79,9 @@ class PrefillAdder:
         self._schedule(req, min(self.token_budget, req.num_prompt_tokens - req.cached_len))
 
     def try_add(self, pending: PendingReq) -> AddOutcome:
-        # prompt logprobs need every prompt token's logits: computed whole (no prefix hit, no copy), once
-        scores_prompt = pending.params.prompt_logprobs is not None and not pending.is_retracted
+        # prompt logprobs need every prompt token's logits: computed whole (no prefix hit, no copy), until they
+        # are sent with the first output token (a ChunkedReq retracted mid-prompt scores it all again)
+        scores_prompt = pending.params.prompt_logprobs is not None and not pending.output_ids
         source_idx = self._sources.get(pending.input_ids.tobytes()) if self._sources and not scores_prompt else None
         if self.token_budget <= 0 and source_idx is None:
             return AddOutcome.NO_BUDGET

@@ -89,7 +89,7 @@ class Req:
     output_ids: list[int] = field(default_factory=list)
     in_flight: bool = False  # part of the batch the worker is running now
     is_aborted: bool = False  # aborted while in flight: on_result frees it and sends nothing
-    prompt_scores: PromptScores | None = None  # prompt logprobs asked and not yet sent (its first admission only)
+    prompt_scores: PromptScores | None = None  # prompt logprobs asked and not yet sent (until its first output token)
 
     @property
     def seq_len(self) -> int:

@@ -258,7 +258,7 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
         stats_logger = StatsLogger(interval_s=cfg.log_stats_interval_s, num_pages=ready.num_pages)
         grammar = None
         if cfg.grammar_backend == "xgrammar":
-            grammar = GrammarManager(cfg.model, ready.vocab_size, list(ready.eos_token_ids))
+            grammar = GrammarManager(cfg.tokenizer_dir, ready.vocab_size, list(ready.eos_token_ids))
             grammar.warm_up()
         SchedulerLoop(scheduler, inbox, to_worker, from_worker, to_detok, stats_logger, grammar).run_forever()
     finally:

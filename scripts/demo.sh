@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The README's first command: install, fetch the demo model, start the server, ask it one
 # question through the Python client, then keep serving in the foreground (Ctrl-C stops it).
-# Extra arguments go to launch_server (e.g. --port 30000).
+# Extra arguments go to launch_server (e.g. --port 30000 for HTTP there, --zmq-port N for the Python client's).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -21,7 +21,7 @@ done
 grep "zserve ready" "$log"
 .venv/bin/python - "$port" <<'PY'
 import sys
-from client import Client
+from zserve import Client
 
 with Client(int(sys.argv[1])) as c:
     q = "What is the capital of France?"
@@ -29,5 +29,5 @@ with Client(int(sys.argv[1])) as c:
     print(f"Q: {q}\nA: {r.text}\n({r.usage.completion_tokens} tokens, finish={r.finish_reason}, ttft={r.ttft_s*1000:.0f} ms, total={r.latency_s*1000:.0f} ms)")
 PY
 if [ "${ZSERVE_DEMO_ONESHOT:-0}" = 1 ]; then exit 0; fi  # tests: stop after the answer
-echo "Server running on port $port (chat with: .venv/bin/python -m zserve.client --port $port). Ctrl-C stops it."
+echo "Server running on port $port (chat with: .venv/bin/python -m zserve.client --zmq-port $port). Ctrl-C stops it."
 tail -n +1 -f "$log" --pid=$server

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# Is the server up? Waits (up to TIMEOUT_S, default 600) until the server on PORT answers one
+# Is the server up? Waits (up to TIMEOUT_S, default 600) until the server whose ZMQ client port is PORT answers one
 # greedy request through the Python client, prints the answer and the server's stats, exits 0;
 # exits 1 if it never answers.
 #
-#   bash scripts/launch_check.sh 30000 [host]
+#   bash scripts/launch_check.sh 30001 [host]     # the server's --zmq-port (default 30001)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${ZSERVE_VENV:-.venv}
@@ -13,7 +13,7 @@ exec "$VENV/bin/python" - "$HOST" "$PORT" "${TIMEOUT_S:-600}" <<'PY'
 import sys
 import time
 
-from client import Client, ServerGoneError
+from zserve import Client, ServerGoneError
 
 host, port, timeout_s = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 deadline = time.monotonic() + timeout_s

@@ -8,9 +8,10 @@
 #          model that splits (e.g. Qwen3-0.6B, Llama-3.2-1B); otherwise the launcher refuses in one line, exit 2
 #   TP     ranks = GPUs used (default: the GPUs in CUDA_VISIBLE_DEVICES, else all nvidia-smi lists, else 1);
 #          local rank i runs on cuda:i, so CUDA_VISIBLE_DEVICES picks which GPUs
-#   PORT   client port (default 30000), on loopback unless you pass --host
+#   PORT   HTTP port (default 30000, SGLang's), on loopback unless you pass --host; ZMQ_PORT the Python client's
+#          port (default 30001)
 #
-# Then check it is up from another shell:  bash scripts/launch_check.sh 30000
+# Then check it is up from another shell:  bash scripts/launch_check.sh 30001
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${ZSERVE_VENV:-.venv}
@@ -22,4 +23,4 @@ if [ -z "${TP:-}" ]; then
     fi
     [ "${TP:-0}" -ge 1 ] || TP=1
 fi
-exec "$VENV/bin/launch_server" ${MODEL:+--model "$MODEL"} --tp-size "$TP" --port "${PORT:-30000}" "$@"
+exec "$VENV/bin/launch_server" ${MODEL:+--model "$MODEL"} --tp-size "$TP" --port "${PORT:-30000}" --zmq-port "${ZMQ_PORT:-30001}" "$@"

@@ -12,11 +12,12 @@
 #                   1 runs only its TP / 2 model worker ranks, and exits when node 0 stops.
 #   TP              ranks over both nodes (default 2 x the GPUs of this node); node n runs
 #                   ranks n*TP/2 .. (n+1)*TP/2 - 1, local rank i on cuda:i
-#   PORT            node 0's client port (default 30000); add --host 0.0.0.0 for remote clients
+#   PORT            node 0's HTTP port (default 30000); ZMQ_PORT its Python client port (default 30001);
+#                   add --host 0.0.0.0 for remote clients
 #   GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME  the network interface between the nodes (e.g. eth0,
 #                   ib0) when the default route is not it
 #
-# Then check it is up, on node 0:  bash scripts/launch_check.sh 30000
+# Then check it is up, on node 0:  bash scripts/launch_check.sh 30001
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${ZSERVE_VENV:-.venv}
@@ -28,4 +29,4 @@ if [ -z "${TP:-}" ]; then
     TP=$((2 * per_node))
 fi
 exec "$VENV/bin/launch_server" ${MODEL:+--model "$MODEL"} --tp-size "$TP" --nnodes 2 --node-rank "$NODE_RANK" \
-    --dist-init-addr "$DIST_INIT_ADDR" --port "${PORT:-30000}" "$@"
+    --dist-init-addr "$DIST_INIT_ADDR" --port "${PORT:-30000}" --zmq-port "${ZMQ_PORT:-30001}" "$@"

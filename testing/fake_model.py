@@ -69,4 +69,28 @@ class FakeModel:
         sampled = np.flatnonzero(batch.is_sampled)
         next_ids = np.array([self.next_token(seqs[i], self.vocab_size) for i in sampled], np.int32)
         logprobs = np.where(batch.return_logprob[sampled], -0.5, np.nan).astype(np.float32)
-        return StepResult(batch.step_id, next_ids, logprobs)
+        return StepResult(batch.step_id, next_ids, logprobs, **self._prompt_scores(batch, seqs))
+
+    @staticmethod
+    def prompt_logprob(token_id: int, position: int) -> float:
+        """The fake logprob of prompt token `token_id` at `position` (echo): tests recompute it."""
+        return -(1 + (token_id * 31 + position) % 17) / 8
+
+    def _prompt_scores(self, batch: ForwardBatch, seqs: list[np.ndarray]) -> dict:
+        """ForwardBatch.prompt_logprobs: each asking row's chunk tokens after its first, then the next chunk's
+        first token where one follows; the K top ids are the token itself, K times."""
+        asked = batch.prompt_logprobs
+        if asked is None:
+            return {}
+        values, tokens = [], []
+        for row, next_id in zip(asked.rows.tolist(), asked.next_ids.tolist(), strict=True):
+            cached, total = int(batch.cached_lens[row]), int(batch.cached_lens[row] + batch.extend_lens[row])
+            scored = [(int(seqs[row][j]), j) for j in range(cached + 1, total)] + ([(next_id, total)] if next_id >= 0 else [])
+            values += [self.prompt_logprob(t, j) for t, j in scored]
+            tokens += [t for t, _ in scored]
+        k = asked.num_top
+        return {
+            "prompt_logprobs": np.array(values, np.float32),
+            "prompt_top_ids": np.repeat(np.array(tokens, np.int32), k) if k else None,
+            "prompt_top_logprobs": np.repeat(np.array(values, np.float32), k) if k else None,
+        }

@@ -1,6 +1,6 @@
 """A command run on a pseudo-terminal, driven as a person at a keyboard would drive it.
 
-    with PtySession.spawn([sys.executable, "-m", "zserve.client", "--port", "30000"]) as term:
+    with PtySession.spawn([sys.executable, "-m", "zserve.client", "--zmq-port", "30001"]) as term:
         term.expect("> ")
         term.send("hello\\r")
         term.send_interrupt()          # Ctrl-C: the terminal sends SIGINT to the foreground process

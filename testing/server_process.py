@@ -50,8 +50,8 @@ class ServerProcess:
     ) -> PendingServer:
         """Start launch_server without waiting; several servers can then load at the same time."""
         port = free_port()
-        no_http = [] if "--http-port" in flags else ["--http-port", "0"]  # the default port is one per machine
-        cmd = [sys.executable, "-m", "zserve.launcher", "--model", str(model_dir), *no_http, *flags, "--port", str(port)]
+        no_http = [] if {"--port", "--http-port"} & set(flags) else ["--port", "0"]  # the default HTTP port is one per machine
+        cmd = [sys.executable, "-m", "zserve.launcher", "--model", str(model_dir), *no_http, *flags, "--zmq-port", str(port)]
         return ServerProcess._spawn_cmd(cmd, port, log_path, env)
 
     @staticmethod

@@ -39,9 +39,8 @@ def bind_client_port(ctx: zmq.Context, host: str, port: int, max_frame_bytes: in
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:
     model_config = ModelConfig.from_model_dir(cfg.model)
     context_len = served_context_len(model_config.context_len, cfg.context_length)
-    tokenizer = TextTokenizer.from_model_dir(cfg.model)
+    tokenizer = TextTokenizer.for_server(cfg.tokenizer_dir, cfg.chat_template)
     if cfg.chat_template:  # --chat-template: a Jinja file instead of the model's own
-        tokenizer = tokenizer.with_chat_template(Path(cfg.chat_template).read_text(encoding="utf-8"), cfg.chat_template)
         logger.info("chat template from %s (instead of the model's)", cfg.chat_template)
     default_sampling = dict(model_config.default_sampling)
     if default_sampling:
@@ -50,7 +49,7 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
     ctx = zmq.Context()
     try:
         max_frame_bytes = max(MIN_CLIENT_FRAME_BYTES, 2 * cfg.max_request_bytes)
-        router, port = bind_client_port(ctx, cfg.host, cfg.port, max_frame_bytes)
+        router, port = bind_client_port(ctx, cfg.host, cfg.zmq_port, max_frame_bytes)
         inbox = pull(ctx, addrs.frontend_inbox, FRONTEND_INBOX)
         to_scheduler = push(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
         launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open: a closed LINGER=0 socket drops its queue

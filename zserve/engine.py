@@ -10,16 +10,22 @@
 It starts `launch_server` (every process) with the keyword arguments as its flags
 (`max_running_requests=32` is `--max-running-requests 32`), on a free client port and without
 HTTP unless asked, waits until it is ready (its log lines go to stderr, so model loading shows
-progress), and talks to it through the Python client. `generate` sends every prompt at once and
-returns the results in the prompts' order; `agenerate` is the asyncio form, `stream` streams one
-prompt. Leaving the block, `shutdown()`, or the interpreter exiting stops every process; nothing
+progress), and talks to it through the Python client. `generate` takes any number of prompts
+(vLLM users pass tens of thousands): it keeps `max_in_flight` requests in flight, below the
+server's queue cap, shows a progress bar (`use_tqdm=False`: none) and returns the results in the
+prompts' order; `agenerate` is the asyncio form, `stream` streams one prompt. Without max_tokens a
+request generates at most 128 tokens (SGLang's native default); `{"max_tokens": None}` asks for up
+to the context. Leaving the block, `shutdown()`, or the interpreter exiting stops every process; nothing
 is left behind, also when the block raises.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import io
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -31,13 +37,18 @@ from dataclasses import fields
 from typing import Any
 
 from zserve.client.async_client import AsyncClient
+from zserve.client.batch_progress import BatchProgress
+from zserve.client.batch_window import arun_window, run_window
 from zserve.client.client import Client
 from zserve.client.types import GenerateResult
 from zserve.common.sampling_params import SamplingParams
 from zserve.common.server_config import ServerConfig
+from zserve.launcher.cli import parse_config
 
 READY_MARK = "zserve ready:"
+READY_PORT = re.compile(r"clients connect to tcp://[^\s;]+:(\d+)")
 STOP_TIMEOUT_S = 30.0
+IN_FLIGHT_PER_SLOT = 4  # requests in flight per request slot: the queue keeps every slot busy
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
 
 
@@ -54,23 +65,24 @@ class Engine:
         ServerConfig names (`tp_size=2`, `disable_radix_cache=True`); `server_args`: more, as on a
         command line. `echo_logs`: copy the server's log lines to stderr."""
         self.argv = [*(["--model", model] if model else []), *_flag_args(flags), *server_args]
-        self.port = _free_port() if not _given(self.argv, "--port") else None
-        if self.port is not None:
-            self.argv += ["--port", str(self.port)]
-        if not _given(self.argv, "--http-port"):
-            self.argv += ["--http-port", "0"]
+        if not _given(self.argv, "--zmq-port"):
+            self.argv += ["--zmq-port", str(_free_port())]
+        self.port: int | None = None  # the ZMQ client port, from the ready line (a given --zmq-port 0 picks one)
+        if not _given(self.argv, "--port") and not _given(self.argv, "--http-port"):
+            self.argv += ["--port", "0"]  # no HTTP server unless asked
         self.log_lines: list[str] = []
         self._echo_logs = echo_logs
         self._ready = threading.Event()
         self._client: Client | None = None
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "launcher", *self.argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [sys.executable, "-m", "zserve.launcher", *self.argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             env=dict(os.environ, PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
         )
         atexit.register(self.shutdown)
         threading.Thread(target=self._read_logs, name="zserve-engine-logs", daemon=True).start()
         try:
             self._wait_ready(startup_timeout_s)
+            self.max_in_flight = _max_in_flight(self.argv)
             self._client = Client(self.address)
         except BaseException:
             self.shutdown()
@@ -84,13 +96,17 @@ class Engine:
 
     def generate(
         self, prompts: Prompts | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
-        messages: Sequence[list[dict]] | None = None,
+        messages: Sequence[list[dict]] | None = None, use_tqdm: bool = True,
     ) -> list[GenerateResult]:
         """One result per prompt (a string, or a list of token ids) or per conversation
         (`messages`), in their order; with `n`, each prompt's n choices in turn (prompt p's choice
-        i at p * n + i). Every request is in flight at once; the server batches them."""
+        i at p * n + i). Any number of prompts: `max_in_flight` requests are in flight at a time
+        (client/batch_window.py), and a progress bar on stderr counts finished prompts unless
+        `use_tqdm=False`. No max_tokens: 128 each; `{"max_tokens": None}`: up to the context."""
         client = self._live_client()
-        return client.results(client.submit_all(_bodies(prompts, messages), **_sampling_dict(sampling)))
+        bodies = _bodies(prompts, messages)
+        with BatchProgress(len(bodies), enabled=use_tqdm) as progress:
+            return run_window(client, bodies, _sampling_dict(sampling), window=self.max_in_flight, progress=progress)
 
     def stream(self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
                messages: list[dict] | None = None) -> Iterator[str]:
@@ -100,13 +116,16 @@ class Engine:
 
     async def agenerate(
         self, prompts: Prompts | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
-        messages: Sequence[list[dict]] | None = None,
+        messages: Sequence[list[dict]] | None = None, use_tqdm: bool = False,
     ) -> list[GenerateResult]:
-        """`generate` for asyncio code (its own AsyncClient for the call)."""
+        """`generate` for asyncio code (its own AsyncClient for the call); no progress bar unless
+        `use_tqdm=True` (several calls may run at once)."""
         self._live_client()
+        bodies = _bodies(prompts, messages)
         options = _sampling_dict(sampling)
         async with AsyncClient(self.address) as client:
-            return await client.results(await client.submit_all(_bodies(prompts, messages), **options))
+            with BatchProgress(len(bodies), enabled=use_tqdm) as progress:
+                return await arun_window(client, bodies, options, window=self.max_in_flight, progress=progress)
 
     async def astream(self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None,
                       *, messages: list[dict] | None = None) -> AsyncIterator[str]:
@@ -159,6 +178,8 @@ class Engine:
             if self._echo_logs:
                 sys.stderr.write(line)
             if READY_MARK in line:
+                found = READY_PORT.search(line)
+                self.port = int(found.group(1)) if found else None
                 self._ready.set()
 
     def _wait_ready(self, timeout_s: float) -> None:
@@ -187,6 +208,14 @@ def _flag_args(flags: dict[str, Any]) -> list[str]:
     return argv
 
 
+def _max_in_flight(argv: list[str]) -> int:
+    """How many requests `generate` keeps in flight: IN_FLIGHT_PER_SLOT per request slot, and never
+    more than the server queues (--max-queued-requests), so the server does not answer busy."""
+    with contextlib.redirect_stderr(io.StringIO()):  # the server printed its warnings about these flags already
+        cfg = parse_config(argv)
+    return max(1, min(cfg.max_queued_requests, IN_FLIGHT_PER_SLOT * cfg.max_running_requests))
+
+
 def _given(argv: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
@@ -204,9 +233,9 @@ def _bodies(prompts: Prompts | None, messages: Sequence[list[dict]] | None) -> l
 def _sampling_dict(sampling: dict[str, Any] | SamplingParams | None) -> dict[str, Any]:
     if sampling is None:
         return {}
-    if isinstance(sampling, SamplingParams):
+    if isinstance(sampling, SamplingParams):  # its max_tokens=None is the field's default: the clients' 128
         return {k: v for k, v in sampling.to_dict().items() if v is not None}
-    return dict(sampling)
+    return dict(sampling)  # {"max_tokens": None} stays: up to the context
 
 
 def _free_port() -> int:

@@ -87,8 +87,9 @@ def test_offline_reports_both_throughputs_and_the_ratio(model_dir, tmp_path):
     ]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
-    assert "zserve / transformers" in proc.stdout
+    assert "zserve / transformers" in proc.stdout and "float32 on both sides" in proc.stdout
     report = json.loads(out.read_text())
+    assert report["dtype"] == "float32" and "--dtype float32" in proc.stderr  # zserve ran the dtype transformers ran
     workload, zserve, hf = report["workload"], report["zserve"], report["transformers"]
     assert zserve["num_completed"] == 6 and zserve["num_output_tokens"] == workload["num_output_tokens"]
     assert 6 * 2 <= workload["num_output_tokens"] <= 6 * 6
@@ -96,6 +97,21 @@ def test_offline_reports_both_throughputs_and_the_ratio(model_dir, tmp_path):
     assert [run["batch_size"] for run in hf["search"]] == [2, 4]
     assert report["ratio_output_throughput"] > 0
     assert report["ratio_output_throughput"] == zserve["output_throughput"] / hf["output_throughput"]
+
+
+def test_bench_engine_generate_runs_a_batch_past_the_queue_cap_in_order(model_dir, tmp_path):
+    out = tmp_path / "engine.json"
+    cmd = [
+        sys.executable, str(REPO / "benchmarks" / "bench_engine_generate.py"), "--model", str(model_dir), "--num-prompts", "30",
+        "--max-tokens", "2", "--server-args", SERVER_ARGS + " --max-queued-requests 4", "--output-json", str(out),
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    assert "30 prompts x 2 tokens" in proc.stdout and "in prompt order: yes" in proc.stdout
+    assert "30/30" in proc.stderr  # the progress bar
+    report = json.loads(out.read_text())
+    assert report["max_in_flight"] == 4 and report["num_output_tokens"] == 60 and report["num_misplaced"] == 0
+    assert report["output_tokens_per_s"] > 0
 
 
 def test_bench_admission_reports_runs_and_compares_outputs(model_dir, tmp_path):

@@ -41,7 +41,7 @@ def test_ctrl_c_stops_the_answer_keeps_the_conversation_and_ctrl_d_exits_0(serve
         single_turn_len = c.generate(messages=[{"role": "user", "content": second_q}], max_tokens=1).usage.prompt_tokens
 
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "zserve.client", "--port", str(server.port), "--max-tokens", str(MAX_TOKENS)]
+    cmd = [sys.executable, "-m", "zserve.client", "--zmq-port", str(server.port), "--max-tokens", str(MAX_TOKENS)]
     with PtySession.spawn(cmd, env) as term:
         at = term.expect("> ")
         term.send(first_q + "\r")

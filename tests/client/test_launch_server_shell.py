@@ -22,7 +22,7 @@ def child_pids(pid: int) -> list[int]:
 
 def test_shell_logs_to_a_file_survives_ctrl_c_and_ctrl_d_stops_everything(model_dir):
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), PYTHONUNBUFFERED="1")
-    cmd = [sys.executable, "-m", "zserve.launcher", "--model", str(model_dir), "--shell", "--port", str(free_port()), "--http-port", "0",
+    cmd = [sys.executable, "-m", "zserve.launcher", "--model", str(model_dir), "--shell", "--zmq-port", str(free_port()), "--port", "0",
            "--dtype", "float32", "--num-threads", "1", "--kv-cache-tokens", "2048"]
     with PtySession.spawn(cmd, env) as term:
         term.expect("server logs go to ")

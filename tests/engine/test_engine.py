@@ -58,10 +58,12 @@ def test_generate_256_prompts_in_order_equal_to_the_servers_outputs_then_stops_e
 
 
 def test_an_exception_in_the_block_still_stops_every_process(model_dir):
-    with pytest.raises(KeyError, match="boom"), zserve.Engine(str(model_dir), echo_logs=False, **FLAGS) as engine:
+    # zmq_port=0: the server picks the port and the Engine reads it from the ready line
+    with pytest.raises(KeyError, match="boom"), zserve.Engine(str(model_dir), echo_logs=False, zmq_port=0, **FLAGS) as engine:
         launcher_pid = engine._proc.pid
         children = child_pids(launcher_pid)
         assert len(children) >= 4
+        assert engine.port and engine.generate(["hi"], {"max_tokens": 1}, use_tqdm=False)[0].usage.completion_tokens == 1
         raise KeyError("boom")
     assert wait_dead([launcher_pid, *children], 10) == []
     with pytest.raises(zserve.EngineError, match="shut down"):

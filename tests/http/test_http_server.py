@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import signal
 import socket
 import threading
@@ -24,6 +25,7 @@ from zserve.client import Client
 
 PROMPT = "The quick brown fox jumps over the lazy dog and then"
 MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+WATCHDOG_S = 10  # short, for the health test; a step of the tiny model takes milliseconds
 
 
 
@@ -33,6 +35,7 @@ def server(model_dir):
     handle = start_server(
         model_dir, "--http-port", str(http_port), "--page-size", "4", "--kv-cache-tokens", "8192",
         "--max-running-requests", "2", "--max-queued-requests", "4", "--num-threads", "1",
+        "--watchdog-timeout", str(WATCHDOG_S),
     )
     handle.http_port = http_port
     assert f"HTTP on http://127.0.0.1:{http_port}" in handle.log()
@@ -177,7 +180,6 @@ BAD = [
     (dict(prompt="hi " * 600), "context"),
     (dict(prompt="hi", temperature=-1), "temperature"),
     (dict(prompt="hi", top_p=0), "top_p"),
-    (dict(prompt="hi", extra_body={"frobnicate": 1}), "frobnicate"),
     (dict(prompt="hi", extra_body={"min_p": 2.0}), "min_p"),
     (dict(prompt="hi", logprobs=21), "logprobs"),
     (dict(prompt="hi", n=1000), "choices"),
@@ -213,6 +215,77 @@ def test_unknown_model_is_404_and_bad_json_is_400(server, oai):
     assert status == 400 and "JSON object" in body["error"]["message"]
     status, _ = http_get(server.http_port, "/v1/nothing")
     assert status == 404
+
+
+def test_unknown_fields_are_ignored_and_logged_once_per_name(server, oai, model_name):
+    """As vLLM: a field a newer SDK sends is no 400; the log names it once, not once per request."""
+    for stream in (False, True):
+        r = oai.completions.create(model=model_name, prompt=PROMPT, max_tokens=3, stream=stream,
+                                   extra_body={"frobnicate": 1, "ignore_eos": True})
+        assert len(list(r) if stream else r.choices[0].text) > 0
+        r = oai.chat.completions.create(model=model_name, max_tokens=3, messages=[{**MESSAGES[0], "reasoning_content": "x"}],
+                                        extra_body={"frobnicate": 1})
+        assert r.choices[0].finish_reason in ("stop", "length")
+    log = server.log()
+    assert log.count("ignoring unknown request field 'frobnicate' in /v1/completions") == 1, log
+    assert log.count("ignoring unknown request field 'frobnicate' in ") == 1  # one per name, whichever route
+    assert log.count("ignoring unknown request field 'messages.reasoning_content' in /v1/chat/completions") == 1
+    with pytest.raises(openai.BadRequestError, match=r"temperature") as info:  # known fields stay strict
+        oai.completions.create(model=model_name, prompt=PROMPT, temperature="hot", extra_body={"frobnicate": 1})
+    assert info.value.status_code == 400
+
+
+def test_malformed_tools_are_a_400_naming_the_field(server, oai, model_name):
+    for tools, path in [([{"type": "function"}], "tools[0].function"), ([{"type": "function", "function": {"description": "x"}}],
+                        "tools[0].function.name"), ([{"type": "function", "function": {"name": "f", "parameters": 1}}],
+                        "tools[0].function.parameters")]:
+        with pytest.raises(openai.BadRequestError, match=re.escape(path)) as info:
+            oai.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=3, tools=tools)
+        assert info.value.status_code == 400 and info.value.body["param"] == path
+
+
+def test_strict_requests_refuses_unknown_fields_with_a_400(model_dir):
+    http_port = free_port()
+    strict = start_server(model_dir, "--http-port", str(http_port), "--num-threads", "1", "--kv-cache-tokens", "2048",
+                          "--strict-requests")
+    try:
+        oai = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="frobnicate: Extra inputs are not permitted") as info:
+            oai.completions.create(model=model_dir.name, prompt=PROMPT, max_tokens=3, extra_body={"frobnicate": 1})
+        assert info.value.body["param"] == "frobnicate"
+        with pytest.raises(openai.BadRequestError, match=re.escape("messages[0].reasoning_content")):
+            oai.chat.completions.create(model=model_dir.name, max_tokens=3, messages=[{**MESSAGES[0], "reasoning_content": "x"}])
+        assert oai.completions.create(model=model_dir.name, prompt=PROMPT, max_tokens=3).choices[0].text is not None
+    finally:
+        assert strict.stop() == 0
+
+
+STREAM_SCHEMA = {
+    "type": "object",
+    "properties": {"color": {"enum": ["red", "green", "blue"]}, "size": {"type": "integer", "minimum": 1, "maximum": 9},
+                   "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 2}},
+    "required": ["color", "size", "tags"],
+    "additionalProperties": False,
+}
+
+
+def test_streamed_structured_output_joins_into_valid_json(oai, model_name):
+    """Streaming an answer under response_format json_schema: the deltas, joined, are the JSON the
+    grammar asked for (valid against the schema), and the last choice chunk carries the
+    finish_reason. (json_object is not bounded: a random model need not close it in max_tokens.)"""
+    import jsonschema
+
+    response_format = {"type": "json_schema", "json_schema": {"name": "thing", "schema": STREAM_SCHEMA, "strict": True}}
+    for seed in range(3):
+        chunks = list(oai.chat.completions.create(
+            model=model_name, messages=[{"role": "user", "content": "A thing, as JSON."}], max_tokens=120, temperature=1.0,
+            seed=seed, stream=True, response_format=response_format))
+        choice_chunks = [c for c in chunks if c.choices]
+        text = "".join(c.choices[0].delta.content or "" for c in choice_chunks)
+        assert sum(1 for c in choice_chunks if c.choices[0].delta.content) > 1  # it streamed, not one chunk at the end
+        assert [c.choices[0].finish_reason for c in choice_chunks[:-1]] == [None] * (len(choice_chunks) - 1)
+        assert choice_chunks[-1].choices[0].finish_reason == "stop", text
+        jsonschema.validate(json.loads(text), STREAM_SCHEMA)
 
 
 def test_full_queue_is_503(server, oai, model_name):
@@ -258,6 +331,39 @@ def test_generate_returns_token_ids_like_the_python_client(server):
     assert sum(len(o["output_ids"]) for o in outputs) == outputs[-1]["usage"]["completion_tokens"]
     status, r = post_raw(server.http_port, "/generate", json.dumps({"prompt": "hi", "bogus": 1}).encode())
     assert status == 400 and "bogus" in r["error"]["message"]
+
+
+def test_generate_reads_and_answers_sglangs_shape(server):
+    """An SGLang client's /generate: text + sampling_params (max_new_tokens, top_k -1, ...) in, text + output_ids
+    + meta_info out; streamed, each chunk holds the text so far; fields that change nothing here are ignored."""
+    with Client(server.port, timeout_s=60) as c:
+        expected = c.generate(PROMPT, max_tokens=6, ignore_eos=True, return_logprob=True)
+    body = {"text": PROMPT, "rid": "abc", "return_logprob": True,
+            "sampling_params": {"max_new_tokens": 6, "temperature": 0, "top_k": -1, "ignore_eos": True, "skip_special_tokens": True}}
+    status, r = post_raw(server.http_port, "/generate", json.dumps(body).encode())
+    assert status == 200, r
+    assert r["text"] == expected.text and r["output_ids"] == expected.output_ids
+    meta = r["meta_info"]
+    assert meta["finish_reason"] == {"type": "length", "length": 6}
+    assert (meta["prompt_tokens"], meta["completion_tokens"]) == (expected.usage.prompt_tokens, 6)
+    assert [t[1] for t in meta["output_token_logprobs"]] == expected.output_ids
+    assert "ignoring unknown request field 'sampling_params.skip_special_tokens' in /generate" in server.log()
+
+    conn = http.client.HTTPConnection("127.0.0.1", server.http_port, timeout=60)
+    conn.request("POST", "/generate", body=json.dumps({**body, "stream": True}), headers={"Content-Type": "application/json"})
+    lines = [line for line in conn.getresponse().read().decode().split("\n\n") if line]
+    conn.close()
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    texts = [c["text"] for c in chunks]
+    assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False)) and texts[-1] == expected.text
+    assert chunks[-1]["output_ids"] == expected.output_ids and chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+
+    status, r = post_raw(server.http_port, "/generate", json.dumps({"text": ["a", "b"]}).encode())
+    assert status == 400 and "one request per prompt" in r["error"]["message"]
+    status, r = post_raw(server.http_port, "/generate", json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 2}}).encode())
+    assert status == 200 and r["meta_info"]["completion_tokens"] <= 2
 
 
 def test_http_client_helper_matches_the_zmq_client(server):
@@ -400,15 +506,24 @@ def wait_health(port: int, status: int, timeout_s: float = 15.0) -> dict:
         time.sleep(0.1)
 
 
-def test_health_is_200_when_serving_and_503_when_the_model_worker_hangs(server):
+def test_health_stays_200_through_a_long_step_and_turns_503_stalled_past_the_watchdog(server):
+    """A stopped model worker is a model step that does not end: the scheduler answers no stats
+    meanwhile. /health stays 200 past the old 5 s answer threshold (a long step is no outage),
+    then turns 503 stalled once --watchdog-timeout passes, and 200 again when the step ends."""
     assert wait_health(server.http_port, 200)["status"] == "ready"
     model_pid = server.child_pid("model_proc")
     os_kill = __import__("os").kill
     os_kill(model_pid, signal.SIGSTOP)
     try:
         with Client(server.port) as c:
-            c.submit(PROMPT, max_tokens=4)  # the scheduler now waits on the stopped worker and answers no stats
-            assert wait_health(server.http_port, 503)["status"] == "broken"
+            c.submit(PROMPT, max_tokens=4)  # the scheduler now waits on the stopped worker
+            stopped_s = time.monotonic()
+            while time.monotonic() - stopped_s < WATCHDOG_S - 3:
+                status, body = http_get(server.http_port, "/health")
+                assert status == 200, body
+                time.sleep(0.2)
+            body = wait_health(server.http_port, 503, timeout_s=10.0)
+            assert body["status"] == "stalled" and "--watchdog-timeout 10s" in body["detail"], body
     finally:
         os_kill(model_pid, signal.SIGCONT)
     wait_health(server.http_port, 200)

@@ -227,3 +227,80 @@ def test_tool_choice_required_and_named_are_enforced_streamed_and_not(model_dir,
                                         tool_choice={"type": "function", "function": {"name": "nope"}})
     finally:
         assert server.stop() == 0
+
+
+TWO_CALLS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+
+
+def test_parallel_tool_calls_false_keeps_only_the_first_call_streamed_and_not():
+    single = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS, parallel_tool_calls=False)
+    parser = single.tool_parser(HERMES)
+    assert parser == HERMES.single_call() and HERMES.parse(TWO_CALLS)[1][1]["function"]["name"] == "add"
+    assert [c["function"]["name"] for c in parser.parse(TWO_CALLS)[1]] == ["get_weather"]
+    assert len(LLAMA.single_call().parse('{"name": "add", "parameters": {}}; {"name": "add", "parameters": {"a": 1}}')[1]) == 1
+    default = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS)
+    assert default.tool_parser(HERMES) == HERMES and default.tool_parser(None) is None
+
+    fmt = OpenAIFormatter(True, "m", tool_parser=parser)
+    [choice] = fmt.body(single.sub_requests(), [result(TWO_CALLS, "stop")])["choices"]
+    assert choice["finish_reason"] == "tool_calls" and [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
+    final = fmt.event_chunk(ChoiceEvent(0, TWO_CALLS, [0], result(TWO_CALLS, "stop")))
+    [delta_calls] = [c["choices"][0]["delta"]["tool_calls"] for c in [json.loads(final[len(b"data: "):])]]
+    assert [c["function"]["name"] for c in delta_calls] == ["get_weather"] and delta_calls[0]["index"] == 0
+
+
+def test_parallel_tool_calls_false_makes_tool_choice_required_one_call():
+    import jsonschema
+
+    single = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS, tool_choice="required",
+                                   parallel_tool_calls=False)
+    schema = json.loads(single.sub_requests()[0].sampling["json_schema"])
+    one, two = [{"name": "add", "parameters": {"a": 1}}], [{"name": "add", "parameters": {"a": 1}}, {"name": "add", "parameters": {}}]
+    jsonschema.validate(one, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(two, schema)
+    jsonschema.validate(two, ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+                                                   tool_choice="required").forced_tool_choice.schema)
+
+
+def regex_of(text: str) -> str:
+    """`text` as a regex that matches it alone (xgrammar's regex: escape the metacharacters only)."""
+    return "".join("\\" + ch if ch in "\\^$.|?*+()[]{}" else ch for ch in text)
+
+
+def test_tool_calls_parse_in_the_chat_template_given_by_flag(model_dir, tmp_path):
+    """--chat-template with a Hermes tool format over a model whose own template has none: the
+    HTTP process parses the calls in the template the prompts were rendered with (it used to
+    load the model's own, so the calls stayed text). A regex makes the random model write two
+    calls; parallel_tool_calls false answers the first only, streamed and not."""
+    import openai
+
+    from testing.server_process import free_port, start_server
+
+    template = tmp_path / "hermes.jinja"
+    template.write_text(HERMES_TEMPLATE.replace("{{ tool | tojson }}", "{{ tool.function.name }}"))
+    http_port = free_port()
+    server = start_server(model_dir, "--http-port", str(http_port), "--num-threads", "1", "--kv-cache-tokens", "4096",
+                          "--chat-template", str(template))
+    try:
+        oai = openai.OpenAI(base_url=f"http://127.0.0.1:{http_port}/v1", api_key="x", max_retries=0)
+        kwargs = dict(model=model_dir.name, messages=[{"role": "user", "content": "Weather in Paris, and 1 + 2?"}], max_tokens=200,
+                      tools=TOOLS, extra_body={"regex": regex_of(TWO_CALLS)})
+        both = oai.chat.completions.create(**kwargs).choices[0]
+        assert both.finish_reason == "tool_calls" and both.message.content is None, both
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in both.message.tool_calls] == [
+            ("get_weather", {"city": "Paris"}), ("add", {"a": 1, "b": 2})]
+        first = oai.chat.completions.create(**kwargs, parallel_tool_calls=False).choices[0]
+        assert first.finish_reason == "tool_calls" and [c.function.name for c in first.message.tool_calls] == ["get_weather"]
+        chunks = list(oai.chat.completions.create(**kwargs, parallel_tool_calls=False, stream=True))
+        streamed = [call for c in chunks if c.choices and c.choices[0].delta.tool_calls for call in c.choices[0].delta.tool_calls]
+        assert [c.function.name for c in streamed] == ["get_weather"] and chunks[-1].choices[0].finish_reason == "tool_calls"
+        assert not any(c.choices[0].delta.content for c in chunks if c.choices)
+
+        forced = dict(kwargs, tools=BOUNDED_TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=1.0, max_tokens=150)
+        del forced["extra_body"]
+        for seed in range(2):
+            r = oai.chat.completions.create(**forced, seed=seed).choices[0]
+            assert r.finish_reason == "tool_calls" and len(r.message.tool_calls) == 1, r
+    finally:
+        assert server.stop() == 0

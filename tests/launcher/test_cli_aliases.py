@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from dataclasses import fields
 
 import pytest
 
 from testing.paths import REPO_ROOT
+from zserve.common.server_config import ServerConfig
 from zserve.launcher.cli import parse_config
 
 ALIASES = [
@@ -17,7 +19,15 @@ ALIASES = [
     (["--tensor-parallel-size", "2"], ["--tp-size", "2"]),
     (["--tp", "2"], ["--tp-size", "2"]),
     (["--max-model-len", "1024"], ["--context-length", "1024"]),
-    (["--mem-fraction-static", "0.5"], ["--kv-memory-fraction", "0.5"]),
+    (["--gpu-memory-utilization", "0.5"], ["--mem-fraction-static", "0.5"]),
+    (["--http-port", "8123"], ["--port", "8123"]),
+    (["--tokenizer-path", "/t"], ["--tokenizer", "/t"]),
+    (["--enable-prefix-caching"], []),
+    (["--no-enable-prefix-caching"], ["--disable-radix-cache"]),
+    (["--disable-log-stats"], ["--log-stats-interval-s", "0"]),
+    (["--block-size", "32"], ["--page-size", "32"]),
+    (["--max-num-seqs", "7"], ["--max-running-requests", "7"]),
+    (["--max-total-tokens", "4096"], ["--kv-cache-tokens", "4096"]),
     (["--max-num-batched-tokens", "256"], ["--chunked-prefill-size", "256"]),
     (["--dtype", "half"], ["--dtype", "float16"]),
     (["--dtype", "float"], ["--dtype", "float32"]),
@@ -63,8 +73,68 @@ def test_bad_value_is_refused_in_one_line_with_exit_2(flags, needle):
 
 def test_defaults_are_fixed_documented_ports():
     cfg = parse_config([])
-    assert (cfg.port, cfg.http_port) == (30000, 8000)
-    assert parse_config(["--http-port", "0"]).http_port == 0  # HTTP off
+    assert (cfg.http_port, cfg.zmq_port) == (8000, 30001)
+    assert parse_config(["--port", "0"]).http_port == 0  # HTTP off
+
+
+@pytest.mark.parametrize(
+    ("argv", "field", "value"),
+    [
+        (["--model-path", "/m", "--port", "30000"], "http_port", 30000),  # SGLang's habit: HTTP on 30000
+        (["/m", "--port", "8001"], "http_port", 8001),  # vLLM's habit
+        (["--zmq-port", "5557"], "zmq_port", 5557),
+        (["--trust-remote-code"], "trust_remote_code", True),
+        (["--tokenizer", "/tok"], "tokenizer_dir", "/tok"),
+        (["--model", "/m"], "tokenizer_dir", "/m"),
+    ],
+    ids=lambda v: " ".join(v) if isinstance(v, list) else str(v),
+)
+def test_peer_command_lines_set_what_they_mean(argv, field, value):
+    assert getattr(parse_config(argv), field) == value
+
+
+def sample_value(f) -> tuple[str | None, object]:
+    """A command-line value for field `f` other than its default, and the value it should set."""
+    meta = f.metadata
+    if f.type in ("bool", bool):
+        return None, not f.default
+    if meta.get("choices"):
+        text = next(c for c in meta["choices"] if c != f.default)
+        return text, parse_config([meta.get("flag", "--" + f.name.replace("_", "-")), text]).__getattribute__(f.name)
+    if f.type in ("str", str):
+        return "/some/path", "/some/path"
+    low = meta.get("min", meta.get("above", 0))
+    if f.type in ("float", float):
+        value = 0.5 if meta.get("below", 2) > 0.5 and low < 0.5 and f.default != 0.5 else low + 1.5
+        return repr(value), value
+    value = max(int(low) + 3, 3)
+    return str(value), value
+
+
+ALL_SPELLINGS = [
+    (f.name, spelling)
+    for f in fields(ServerConfig)
+    for spelling in (*f.metadata.get("aliases", ()), f.metadata.get("flag", "--" + f.name.replace("_", "-")))
+]
+
+
+@pytest.mark.parametrize(("name", "spelling"), ALL_SPELLINGS, ids=[s for _, s in ALL_SPELLINGS])
+def test_every_spelling_in_the_flag_table_sets_its_field(name, spelling):
+    """Each flag and alias the README's table lists sets the value it is given (not only parses)."""
+    f = next(f for f in fields(ServerConfig) if f.name == name)
+    text, value = sample_value(f)
+    cfg = parse_config([spelling] if text is None else [spelling, text])
+    assert getattr(cfg, name) == value and value != f.default
+
+
+SWITCHES = [(f.name, switch, value) for f in fields(ServerConfig) for switch, value in f.metadata.get("switches", {}).items()]
+
+
+@pytest.mark.parametrize(("name", "switch", "value"), SWITCHES, ids=[s for _, s, _ in SWITCHES])
+def test_every_switch_sets_its_value(name, switch, value):
+    f = next(f for f in fields(ServerConfig) if f.name == name)
+    start = [] if isinstance(value, bool) else [f.metadata.get("flag", "--" + name.replace("_", "-")), "3"]
+    assert getattr(parse_config([*start, switch]), name) == value
 
 
 def test_the_readme_flag_table_is_the_generated_one():

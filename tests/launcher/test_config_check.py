@@ -18,7 +18,13 @@ import pytest
 from testing.paths import REPO_ROOT
 from zserve.common.server_config import ServerConfig
 from zserve.launcher.cli import parse_config
-from zserve.launcher.config_check import check_flags, check_model, check_port_free, check_weights
+from zserve.launcher.config_check import (
+    check_flags,
+    check_model,
+    check_port_free,
+    check_weights,
+    resolve_zmq_port,
+)
 from zserve.launcher.demo_model import demo_model_dir, missing_files
 from zserve.launcher.runtime_dir import PREFIX
 
@@ -55,7 +61,7 @@ def run_launcher(args: list[str], tmp_path: Path) -> tuple[subprocess.CompletedP
     runtime_root.mkdir(exist_ok=True)
     env = dict(os.environ, TMPDIR=str(runtime_root), PYTHONPATH=str(REPO_ROOT))
     t0 = time.perf_counter()
-    free_ports = ["--port", "0", "--http-port", "0"]  # the fixed default ports may be taken on a test machine; args override
+    free_ports = ["--port", "0", "--zmq-port", "0"]  # the fixed default ports may be taken on a test machine; args override
     proc = subprocess.run([sys.executable, "-m", "zserve.launcher", *free_ports, *args], capture_output=True, text=True, env=env, timeout=30)
     return proc, time.perf_counter() - t0
 
@@ -92,6 +98,8 @@ def assert_refused(proc: subprocess.CompletedProcess, elapsed_s: float, tmp_path
         (["--nnodes", "2", "--tp-size", "2"], "--nnodes > 1 needs --dist-init-addr"),
         (["--port", "70000"], "--port: must be >= 0 and <= 65535, got 70000"),
         (["--http-port", "-1"], "--http-port: must be >= 0 and <= 65535, got -1"),
+        (["--zmq-port", "65536"], "--zmq-port: must be >= 0 and <= 65535, got 65536"),
+        (["--tokenizer", "/no/such/tokenizer"], "--tokenizer /no/such/tokenizer: "),
         (["--client-timeout-s", "0"], "--client-timeout-s: must be > 0.0"),
         (["--host", "192.0.2.1"], "--host 192.0.2.1: cannot listen there: Cannot assign requested address"),
         (["--no-such-flag"], "unrecognized arguments: --no-such-flag"),
@@ -126,17 +134,32 @@ def test_missing_model_directory_is_refused(tmp_path):
     assert_refused(proc, elapsed_s, tmp_path, "does not exist")
 
 
-@pytest.mark.parametrize("flag", ["--port", "--http-port"])
-def test_port_in_use_is_refused(model_dir, tmp_path, listening_port, flag):
+@pytest.mark.parametrize(("flag", "named"), [("--port", "--port"), ("--http-port", "--port"), ("--zmq-port", "--zmq-port")])
+def test_port_in_use_is_refused(model_dir, tmp_path, listening_port, flag, named):
     proc, elapsed_s = run_launcher(["--model", str(model_dir), flag, str(listening_port)], tmp_path)
-    assert_refused(proc, elapsed_s, tmp_path, f"{flag} {listening_port}: cannot listen on 127.0.0.1:{listening_port}")
+    assert_refused(proc, elapsed_s, tmp_path, f"{named} {listening_port}: cannot listen on 127.0.0.1:{listening_port}")
 
 
-def test_http_port_equal_to_client_port_is_refused(model_dir, tmp_path):
+def test_zmq_port_equal_to_http_port_is_refused(model_dir, tmp_path):
     with socket.create_server(("127.0.0.1", 0)) as sock:
         port = sock.getsockname()[1]
-    proc, elapsed_s = run_launcher(["--model", str(model_dir), "--port", str(port), "--http-port", str(port)], tmp_path)
-    assert_refused(proc, elapsed_s, tmp_path, f"--http-port {port} is also the client port")
+    proc, elapsed_s = run_launcher(["--model", str(model_dir), "--port", str(port), "--zmq-port", str(port)], tmp_path)
+    assert_refused(proc, elapsed_s, tmp_path, f"--zmq-port {port} is also the HTTP port (--port)")
+
+
+def test_the_default_zmq_port_moves_when_taken_or_equal_to_the_http_port(listening_port, monkeypatch, caplog):
+    """A SGLang user's --port 30000 and a second server started with only its own --port both start: the default
+    ZMQ client port, when --port or another process holds it, becomes a free one (0: picked at bind, printed)."""
+    import zserve.launcher.config_check as config_check
+
+    monkeypatch.setattr(config_check, "DEFAULT_CLIENT_PORT", listening_port)
+    taken = ServerConfig(http_port=0, zmq_port=listening_port)
+    with caplog.at_level("WARNING", logger="launcher"):
+        assert resolve_zmq_port(taken).zmq_port == 0
+    assert f"the default ZMQ client port {listening_port} is taken" in caplog.text
+    assert resolve_zmq_port(ServerConfig(http_port=listening_port, zmq_port=listening_port)).zmq_port == 0
+    assert resolve_zmq_port(ServerConfig(zmq_port=12345)).zmq_port == 12345  # a port not the default is never moved
+    check_flags(taken)  # the default is not refused when taken: it moves
 
 
 # ---- in process ------------------------------------------------------------------------------
@@ -150,7 +173,7 @@ def test_a_good_configuration_passes_and_resolves_threads(model_dir):
 
 
 def test_a_node_other_than_0_does_not_check_the_client_ports(listening_port):
-    cfg = ServerConfig(port=listening_port, tp_size=2, nnodes=2, node_rank=1, dist_init_addr="127.0.0.1:29500")
+    cfg = ServerConfig(zmq_port=listening_port, http_port=listening_port, tp_size=2, nnodes=2, node_rank=1, dist_init_addr="127.0.0.1:29500")
     assert not check_flags(cfg).is_head_node
 
 

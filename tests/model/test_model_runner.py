@@ -53,6 +53,28 @@ def test_kv_pool_sized_from_memory(llama_dir):
         make_runner(llama_dir, device="cpu", kv_cache_tokens=0, kv_memory_fraction=1.5)
 
 
+def test_mem_fraction_static_is_a_share_of_all_memory_for_weights_and_kv(llama_dir, monkeypatch, caplog):
+    """SGLang's --mem-fraction-static (vLLM's --gpu-memory-utilization): fraction x total memory holds the weights
+    and the KV pool; the pool gets what the weights leave, capped at 90% of the memory free now."""
+    import zserve.model_proc.kv_pool as kv_pool
+
+    gib = 2**30
+    monkeypatch.setattr(kv_pool, "total_memory_bytes", lambda device: 10 * gib)
+    monkeypatch.setattr(kv_pool, "free_memory_bytes", lambda device: 8 * gib)
+    per_page = 4096 * 16
+    assert KVPool.num_pages_for_static_share(0.5, torch.device("cpu"), 1 * gib, 4096, 16) == 4 * gib // per_page
+    with caplog.at_level("WARNING"):  # 9 GiB - 1 GiB of weights > 90% of the 8 GiB free
+        assert KVPool.num_pages_for_static_share(0.9, torch.device("cpu"), 1 * gib, 4096, 16) == int(8 * gib * 0.9) // per_page
+    assert "only 7.20 GiB are free" in caplog.text
+    with pytest.raises(ValueError, match="does not hold the 2.00 GiB of weights"):
+        KVPool.num_pages_for_static_share(0.1, torch.device("cpu"), 2 * gib, 4096, 16)
+    monkeypatch.setattr(kv_pool, "total_memory_bytes", lambda device: 64 * 2**20)  # the pool is mapped lazily, but keep it small
+    monkeypatch.setattr(kv_pool, "free_memory_bytes", lambda device: 64 * 2**20)
+    runner = make_runner(llama_dir, device="cpu", dtype="float32", page_size=16, kv_cache_tokens=0, mem_fraction_static=0.5)
+    weights = sum(t.numel() * t.element_size() for t in (*runner.model.parameters(), *runner.model.buffers()))
+    assert runner.num_pages_total == (32 * 2**20 - weights) // (KVPool.bytes_per_token(2, 2, 16, torch.float32) * 16)
+
+
 def test_kv_pool_layout():
     pool = KVPool(num_layers=2, num_kv_heads=3, head_dim=8, page_size=4, num_pages=5, dtype=torch.float32, device=torch.device("cpu"))
     assert pool.num_slots == 20 and pool.k[0].shape == (3, 20, 8)

@@ -153,6 +153,30 @@ def test_the_oldest_running_request_is_never_retracted_the_chunked_req_gives_way
     h.assert_drained()
 
 
+@pytest.mark.parametrize("num_top", [0, 2])
+def test_a_chunked_req_that_gives_way_still_sends_its_prompt_logprobs(num_top):
+    """Echo on a ChunkedReq that is retracted mid-prompt: its re-admission scores the whole prompt again (the
+    partial scores of the first admission are dropped), and the first token carries every prompt logprob once."""
+    h = make(num_pages=24, max_prefill_tokens=2, schedule_policy="mixed")
+    h.submit(1, [1, 2], SamplingParams(max_tokens=40))
+    for _ in range(28):
+        h.step()
+    prompt = list(range(10, 20))
+    h.submit(2, prompt, SamplingParams(max_tokens=1, prompt_logprobs=num_top))
+    for _ in range(10):  # nine chunks of one token, then request 2 gives way
+        h.step()
+    assert h.scheduler.stats().num_retracted == 1 and not h.outputs[2]
+    h.run()
+    scores = h.first[2].prompt
+    assert scores is not None, "the retracted ChunkedReq lost its prompt logprobs"
+    expected = [FakeModel.prompt_logprob(t, j) for j, t in enumerate(prompt) if j > 0]
+    assert scores.token_ids.tolist() == prompt
+    np.testing.assert_allclose(scores.logprobs, expected)
+    assert scores.top_ids.tolist() == [t for t in prompt[1:] for _ in range(num_top)]
+    assert h.outputs[2] == oracle(prompt, 1)
+    h.assert_drained()
+
+
 def test_the_victim_is_the_most_recently_admitted_never_the_oldest_and_a_readmission_keeps_its_place():
     h = make(num_pages=64, page_size=1)
     for i in range(3):

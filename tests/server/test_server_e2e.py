@@ -243,7 +243,7 @@ def test_max_tokens_beyond_the_context_is_refused_and_none_runs_up_to_the_contex
         with pytest.raises(ServerError, match=r"maximum context length is 512 tokens\. However, you requested 1400 tokens "
                                               r"\(400 in the prompt, 1000 in the completion\)"):
             c.generate(input_ids=input_ids, max_tokens=1000, ignore_eos=True)
-        result = c.generate(input_ids=input_ids, ignore_eos=True)  # no max_tokens: up to the context
+        result = c.generate(input_ids=input_ids, ignore_eos=True, max_tokens=None)  # None: up to the context
     assert result.finish_reason == "length" and len(result.output_ids) == 512 - 400
 
 
@@ -258,7 +258,7 @@ def test_a_small_pool_retracts_and_every_output_is_still_the_greedy_one(model_di
     try:
         prompts = [f"Story {i}: once upon a time" for i in range(8)]
         with Client(handle.port, timeout_s=120) as c:
-            req_ids = [c.submit(p, ignore_eos=True) for p in prompts]  # no max_tokens: up to the context
+            req_ids = [c.submit(p, ignore_eos=True, max_tokens=None) for p in prompts]  # None: up to the context
             results = [c.result(rid) for rid in req_ids]
             stats = wait_idle(c)
         for prompt, result in zip(prompts, results, strict=True):
@@ -277,7 +277,7 @@ def test_terminal_chat_streams_keeps_the_conversation_and_resets(server, oracle)
     import sys
 
     proc = subprocess.run(
-        [sys.executable, "-m", "zserve.client", "--port", str(server.port), "--max-tokens", "6"],
+        [sys.executable, "-m", "zserve.client", "--zmq-port", str(server.port), "--max-tokens", "6"],
         input="Hello there\nAnd again\n/reset\n/quit\n", capture_output=True, text=True, timeout=120,
     )
     assert proc.returncode == 0, proc.stderr

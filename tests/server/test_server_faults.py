@@ -86,7 +86,7 @@ def test_sigkill_of_launcher_leaves_no_process_behind(model_dir):
 )
 def test_bad_scheduling_flags_are_refused_before_anything_starts(model_dir, flags, needle):
     proc = subprocess.run(
-        [sys.executable, "-m", "zserve.launcher", "--model", str(model_dir), "--port", "0", "--http-port", "0", *flags], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "zserve.launcher", "--model", str(model_dir), "--zmq-port", "0", "--port", "0", *flags], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert needle in proc.stderr

@@ -125,9 +125,9 @@ def test_constrained_requests_survive_retraction_and_abort(model_dir):
     pattern = r"(abc-){200}"  # 800 characters: never complete within the context, so each request runs to it
     try:
         with Client(handle.port, timeout_s=180) as c:
-            aborted = c.submit("Story 99:", regex=pattern, temperature=1.0, seed=99)
+            aborted = c.submit("Story 99:", regex=pattern, temperature=1.0, seed=99, max_tokens=None)
             c.abort(aborted)
-            req_ids = [c.submit(f"Story {i}:", regex=pattern, temperature=1.0, seed=i) for i in range(8)]
+            req_ids = [c.submit(f"Story {i}:", regex=pattern, temperature=1.0, seed=i, max_tokens=None) for i in range(8)]
             results = [c.result(req_id) for req_id in req_ids]
             stats = c.stats()
         for r in results:

@@ -50,5 +50,5 @@ def test_cli_parses_values_and_rejects_bad_choices():
 
 
 def test_config_json_round_trip_is_exact():
-    cfg = ServerConfig(model="/x", port=123, kv_memory_fraction=0.5, disable_radix_cache=True)
+    cfg = ServerConfig(model="/x", zmq_port=123, kv_memory_fraction=0.5, disable_radix_cache=True)
     assert ServerConfig.from_json(cfg.to_json()) == cfg

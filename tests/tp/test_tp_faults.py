@@ -46,7 +46,7 @@ def test_sigkill_of_a_rank_fails_in_flight_requests_and_exits(model_dir, rank):
 )
 def test_impossible_rank_flags_are_refused_before_anything_starts(model_dir, flags, needle):
     proc = subprocess.run(
-        [sys.executable, "-m", "zserve.launcher", "--model", str(model_dir), "--port", "0", "--http-port", "0", *flags], capture_output=True, text=True, timeout=60
+        [sys.executable, "-m", "zserve.launcher", "--model", str(model_dir), "--zmq-port", "0", "--port", "0", *flags], capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert needle in proc.stderr

@@ -1,0 +1,86 @@
+"""SGLang's /generate request and response shape, next to our native one (http_proc/generate_route.py).
+
+An SGLang client posts `{"text": ..., "sampling_params": {"max_new_tokens": 16, ...}, "stream": ...}` and
+reads `{"text", "output_ids", "meta_info": {"finish_reason": {"type": ...}, "prompt_tokens", ...}}`; streamed,
+each `data:` chunk carries the text and ids *so far* (SGLang's default), so the client slices off what it
+printed. A body with `text` or `sampling_params` is read this way: its fields are renamed into ours
+(`max_new_tokens` -> `max_tokens`, `min_new_tokens` -> `min_tokens`, `top_logprobs_num` -> `top_logprobs`,
+`sampling_seed` -> `seed`, `top_k` -1 -> 0) and the fields that change nothing here (`rid`,
+`skip_special_tokens`, `stream_interval`, ...) are ignored as OpenAI's unknown fields are (one warning per
+name; a 400 under --strict-requests). A list of texts (SGLang's batch) is refused: one request per text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zserve.client.types import GenerateResult
+from zserve.http_proc.api_error import ApiError
+
+RENAMED_TOP = {"text": "prompt", "top_logprobs_num": "top_logprobs"}
+KEPT_TOP = ("input_ids", "return_logprob", "stream")
+RENAMED_SAMPLING = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
+KEPT_SAMPLING = (
+    "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "frequency_penalty",
+    "presence_penalty", "repetition_penalty", "json_schema", "regex", "ebnf", "logit_bias", "n",
+)
+
+
+def is_sglang_body(body: dict[str, Any]) -> bool:
+    return "text" in body or "sampling_params" in body
+
+
+def from_sglang_body(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
+    """Our native body for an SGLang one, and the names of the fields it ignores (`sampling_params.x` for those
+    inside it)."""
+    if isinstance(body.get("text"), list) or (body.get("input_ids") and isinstance(body["input_ids"][0], list)):
+        raise ApiError(400, "a batch of prompts in one /generate request is not supported: send one request per "
+                            "prompt (they run batched on the server), or use /v1/completions with a list of prompts",
+                       param="text")
+    params = body.get("sampling_params") or {}
+    if not isinstance(params, dict):
+        raise ApiError(400, "sampling_params must be a JSON object", param="sampling_params")
+    native: dict[str, Any] = {}
+    ignored: list[str] = []
+    for key, value in body.items():
+        if key in RENAMED_TOP:
+            native[RENAMED_TOP[key]] = value
+        elif key in KEPT_TOP:
+            native[key] = value
+        elif key != "sampling_params":
+            ignored.append(key)
+    for key, value in params.items():
+        if key in RENAMED_SAMPLING:
+            native[RENAMED_SAMPLING[key]] = value
+        elif key in KEPT_SAMPLING:
+            native[key] = 0 if key == "top_k" and value == -1 else value  # SGLang's "off" is -1, ours 0
+        else:
+            ignored.append(f"sampling_params.{key}")
+    return native, ignored
+
+
+def sglang_output(result: GenerateResult) -> dict[str, Any]:
+    """SGLang's response for `result` so far: the whole text and ids, with meta_info."""
+    usage = result.usage
+    meta: dict[str, Any] = {
+        "id": str(result.req_id),
+        "finish_reason": finish_reason(result),
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cached_tokens": usage.cached_tokens,
+    }
+    if result.logprobs is not None:  # SGLang's (logprob, token id, text) triples; text only when asked, here never
+        meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(result.logprobs, result.output_ids, strict=False)]
+    if result.top_logprobs is not None:
+        meta["output_top_logprobs"] = [[[lp, tid, None] for tid, lp in top] for top in result.top_logprobs]
+    return {"text": result.text, "output_ids": list(result.output_ids), "meta_info": meta}
+
+
+def finish_reason(result: GenerateResult) -> dict[str, Any] | None:
+    if result.finish_reason is None:
+        return None
+    if result.finish_reason == "length":
+        return {"type": "length", "length": result.usage.completion_tokens}
+    if result.finish_reason == "stop":
+        return {"type": "stop", "matched": None}  # which EOS id or stop string matched is not reported here
+    return {"type": result.finish_reason, "message": None}
