@@ -205,7 +205,7 @@ def test_bench_structured_runs_schema_and_free_at_equal_lengths(model_dir, tmp_p
 
 def test_bench_step_path_breaks_down_a_served_token(model_dir, tmp_path):
     """Step alone, the scheduler's wait and own time per decode step, TPOT through ZMQ and HTTP:
-    all present, positive, and the wait per decode step comes out below a whole served TPOT."""
+    all present, positive, and the wait per decode step comes out about a served TPOT or less."""
     out = tmp_path / "step_path.json"
     cmd = [sys.executable, str(REPO / "benchmarks" / "bench_step_path.py"), "--model", str(model_dir), "--dtype", "float32",
            "--requests", "1", "--repeats", "1", "--input-len", "16", "--output-len", "12", "--output-json", str(out)]
@@ -215,5 +215,18 @@ def test_bench_step_path_breaks_down_a_served_token(model_dir, tmp_path):
     row = report["rows"][0]
     assert row["alone_ms"] > 0 and report["machine"]["cpu_isa"] in ("baseline", "avx2", "avx512", "avx512_bf16")
     for door in ("zmq", "http"):
-        assert 0 < row[door]["wait_ms"] < row[door]["tpot_ms"] and row[door]["schedule_ms"] > 0, row
+        # per decode step, a part of one TPOT: within 2x, as the prefill subtracted from the waits is another
+        # request's (on a loaded machine it came out 1% above a 10 ms TPOT once); a total or a unit slip is 10x off
+        assert 0 < row[door]["wait_ms"] < 2 * row[door]["tpot_ms"] and row[door]["schedule_ms"] > 0, row
     assert "TPOT" in proc.stdout and "step alone" in proc.stdout
+
+
+def test_bench_containment_prints_every_case():
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_containment.py"), "--tries", "1"],
+                          capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    lines = [line for line in proc.stdout.splitlines() if "refused in" in line]
+    assert [line.split("  ")[0] for line in lines] == [
+        "zmq input_ids 1M", "zmq messages 100k", "http /v1/completions 1M ids", "http /generate 1M ids", "http /v1/chat 100k messages",
+    ]
+    assert all("added" in line for line in lines)

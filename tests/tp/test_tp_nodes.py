@@ -47,7 +47,7 @@ def free_port_pair() -> int:
 def spawn_node(model_dir, node_rank: int, dist_init_addr: str, client_port: int) -> tuple[ServerProcess, queue.Queue]:
     env = dict(
         os.environ, PYTHONUNBUFFERED="1", MODEL=str(model_dir), TP="2", NODE_RANK=str(node_rank),
-        DIST_INIT_ADDR=dist_init_addr, PORT=str(client_port),
+        DIST_INIT_ADDR=dist_init_addr, ZMQ_PORT=str(client_port),
     )
     proc = subprocess.Popen(
         ["bash", "scripts/launch_two_nodes.sh", *FLAGS], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
