@@ -11,6 +11,7 @@ native default); `max_tokens=None` asks for up to the context (nothing is sent, 
 
 from __future__ import annotations
 
+import itertools
 import operator
 import secrets
 from typing import Any
@@ -69,13 +70,14 @@ def refuse_copies(sampling: dict[str, Any], method: str) -> None:
 
 def encode_request(msg: GenerateReq) -> bytes:
     """The frame for `msg`, or InvalidRequestError naming the first value the wire cannot carry."""
-    problem = _unsendable(msg.body, "request", 0)
+    problem = _unsendable(msg.body, 0)
     if problem is None:
         try:
             return CLIENT_TO_FRONTEND.encode(msg)
         except (TypeError, ValueError, OverflowError) as exc:
-            problem = f"the request cannot be encoded: {exc}"
-    raise InvalidRequestError(problem, req_id=msg.req_id)
+            raise InvalidRequestError(f"the request cannot be encoded: {exc}", req_id=msg.req_id) from None
+    where, what = problem
+    raise InvalidRequestError("request" + "".join(reversed(where)) + what, req_id=msg.req_id)
 
 
 def _as_int(t: Any) -> Any:
@@ -88,31 +90,50 @@ def _as_int(t: Any) -> Any:
         return t
 
 
-def _unsendable(value: Any, path: str, depth: int) -> str | None:
+# A problem: the path to the value, innermost part first ("[3]", ".messages"), and what is wrong with it. The
+# path is built only on the way back from a problem, so a valid body of a million values costs no strings.
+Problem = tuple[list[str], str]
+
+
+def _unsendable(value: Any, depth: int) -> Problem | None:
     if depth > MAX_DEPTH:
-        return f"{path} is nested more than {MAX_DEPTH} levels deep"
+        return [], f" is nested more than {MAX_DEPTH} levels deep"
     if isinstance(value, bool) or value is None or isinstance(value, (float, bytes)):
         return None
     if isinstance(value, int):
-        return None if -(2**63) <= value < 2**64 else f"{path} = {value} does not fit in 64 bits"
+        return None if -(2**63) <= value < 2**64 else ([], f" = {value} does not fit in 64 bits")
     if isinstance(value, str):
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
-            return f"{path} is not valid Unicode ({exc.reason} at character {exc.start})"
+            return [], f" is not valid Unicode ({exc.reason} at character {exc.start})"
         return None
     if isinstance(value, (list, tuple)):
+        if value and all(type(item) is int for item in value) and -(2**63) <= min(value) and max(value) < 2**64:
+            return None  # token ids: checked at C speed
         for i, item in enumerate(value):
-            problem = _unsendable(item, f"{path}[{i}]", depth + 1)
+            problem = _unsendable(item, depth + 1)
             if problem is not None:
+                problem[0].append(f"[{i}]")
                 return problem
         return None
     if isinstance(value, dict):
+        if all(type(key) is str and type(item) is str for key, item in value.items()):  # a chat message
+            try:
+                "".join(itertools.chain.from_iterable(value.items())).encode("utf-8")
+                return None
+            except UnicodeEncodeError:
+                pass  # the walk below names the string
         for key, item in value.items():
             if not isinstance(key, str):
-                return f"{path} has a key that is not a string: {key!r:.64}"
-            problem = _unsendable(key, f"{path} key", depth + 1) or _unsendable(item, f"{path}.{key[:64]}", depth + 1)
+                return [], f" has a key that is not a string: {key!r:.64}"
+            problem = _unsendable(key, depth + 1)
             if problem is not None:
+                problem[0].append(" key")
+                return problem
+            problem = _unsendable(item, depth + 1)
+            if problem is not None:
+                problem[0].append(f".{key[:64]}")
                 return problem
         return None
-    return f"{path} is a {type(value).__name__}, which a request cannot carry (use str, int, float, bool, list, dict)"
+    return [], f" is a {type(value).__name__}, which a request cannot carry (use str, int, float, bool, list, dict)"

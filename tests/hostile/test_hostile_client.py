@@ -49,6 +49,9 @@ CASES = [
     ("input_ids longer than the context", {"input_ids": [5] * 600}, "the prompt is 600 tokens"),
     ("a 10-million-char prompt", {"prompt": "x" * 10_000_000}, "the prompt is 10000000 characters"),
     ("a lone surrogate", {"prompt": "\ud800 hi"}, "is not valid Unicode"),
+    ("a lone surrogate in a message", {"messages": [{"role": "user", "content": "ok"}, {"role": "user", "content": "\udc00"}]},
+     r"request\.messages\[1\]\.content is not valid Unicode"),
+    ("an id beyond 64 bits", {"input_ids": [5, 2**64]}, r"request\.input_ids\[1\] = 18446744073709551616 does not fit in 64 bits"),
     ("an object as a value", {"prompt": "hi", "top_k": object()}, "which a request cannot carry"),
     # structured output: schemas whose compilation would hold the compile thread for minutes, specs xgrammar refuses
     ("a schema nested 1,500 deep", {"prompt": "hi", "json_schema": '{"type":"object","properties":{"a":' * 1500 + "{}" + "}}" * 1500},
