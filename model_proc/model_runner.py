@@ -28,8 +28,9 @@ from zserve.model_proc.kv_pool import KVPool
 from zserve.model_proc.layers.attention import attention_backend
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
 from zserve.model_proc.layers.gemm import gemm_backend, prepack_weights
+from zserve.model_proc.logits_processors import top_logprobs_of
 from zserve.model_proc.models.registry import build_model
-from zserve.model_proc.sampler import Sampler, top_logprobs_of
+from zserve.model_proc.sampler import Sampler
 from zserve.model_proc.tp_group import min_across_ranks
 
 if TYPE_CHECKING:

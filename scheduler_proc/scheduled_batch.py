@@ -45,6 +45,11 @@ class ScheduledBatch:
     def num_sampled(self) -> int:
         return len(self.decode_reqs) + sum(self.prefill_is_sampled)
 
+    def sampled_req_ids(self) -> list[int]:
+        """The req_ids that get a token, in sampled order (StepResult's rows): decode, then prefill."""
+        prefilled = [r.req_id for r, sampled in zip(self.prefill_reqs, self.prefill_is_sampled, strict=True) if sampled]
+        return [r.req_id for r in self.decode_reqs] + prefilled
+
     def to_forward_batch(self, req_table: ReqTable) -> ForwardBatch:
         """Arrays in batch order: one pass over the requests per field, never one per token."""
         reqs = self.reqs

@@ -24,7 +24,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import numpy as np
 
@@ -32,11 +32,12 @@ from zserve.common.error_code import ErrorCode
 from zserve.common.finish_reason import FinishReason
 from zserve.common.forward_batch import ForwardBatch, StepResult
 from zserve.common.histogram import QUEUE_BOUNDS_S, Histogram
-from zserve.common.messages import NO_TOKEN_IDS, TokenOut
+from zserve.common.messages import NO_TOKEN_IDS, PromptLogprobs, TokenOut
 from zserve.common.sampling_params import SamplingParams
 from zserve.scheduler_proc.admission_policy import AdmissionPolicy
 from zserve.scheduler_proc.cache_manager import CacheManager
 from zserve.scheduler_proc.decode_manager import DecodeManager
+from zserve.scheduler_proc.invariants import check_pages, check_queue, check_reqs
 from zserve.scheduler_proc.kv_reservation import KvReservation
 from zserve.scheduler_proc.prefill_adder import PrefillAdder
 from zserve.scheduler_proc.req import ChunkedReq, PendingReq, Req
@@ -44,6 +45,7 @@ from zserve.scheduler_proc.req_intake import ReqIntake
 from zserve.scheduler_proc.req_table import ReqTable
 from zserve.scheduler_proc.scheduled_batch import ScheduledBatch
 from zserve.scheduler_proc.scheduler_stats import SchedulerStats
+from zserve.scheduler_proc.step_outputs import StepOutputs, gather_prompt_scores, take_prompt_logprobs
 
 __all__ = ["STEP_POLICIES", "Scheduler", "SchedulerStats"]
 
@@ -108,7 +110,6 @@ class Scheduler:
         self._last_step_was_prefill = False
         self._num_admitted = 0  # first admissions so far: the next one's admit_seq
         self._totals = SchedulerStats()
-        self._top = _TopLogprobs(0, None, None)  # the top logprobs of the step being taken in
         self._queued_since_s: dict[int, float] = {}  # waiting for a first admission: since when (monotonic)
         self._queue_time_s = Histogram.of(QUEUE_BOUNDS_S)  # submit -> first admission
 
@@ -195,85 +196,54 @@ class Scheduler:
         batch = self._in_flight
         assert batch is not None and result.step_id == batch.step_id, f"result for step {result.step_id}, in flight: {batch and batch.step_id}"
         self._in_flight = None
-        token_ids = result.next_token_ids
-        logprobs = result.logprobs.tolist()
-        assert len(token_ids) == batch.num_sampled, f"step {batch.step_id}: {len(token_ids)} tokens for {batch.num_sampled} sampled requests"
+        outputs = StepOutputs.of(result)
+        assert len(outputs) == batch.num_sampled, f"step {batch.step_id}: {len(outputs)} tokens for {batch.num_sampled} sampled requests"
         num_decode = len(batch.decode_reqs)
         self._totals.num_decoded_tokens += num_decode
         self._totals.num_prefilled_tokens += batch.num_prefilled_tokens
-        updates: list[TokenOut] = []
-        self._top = _TopLogprobs.of(result)
         if result.prompt_logprobs is not None:
-            self._gather_prompt_scores(batch, result)
-        self._on_decoded(batch.decode_reqs, token_ids[:num_decode], logprobs[:num_decode], updates)
-        self._on_prefilled(batch, token_ids[num_decode:], logprobs[num_decode:], updates, first_sampled=num_decode)
-        self._totals.num_generated_tokens += len(updates)
-        return updates
+            gather_prompt_scores(batch, result)
+        self._on_decoded(batch.decode_reqs, outputs)
+        self._on_prefilled(batch, outputs, first_sampled=num_decode)
+        self._totals.num_generated_tokens += len(outputs.updates)
+        return outputs.updates
 
-    def _on_decoded(self, reqs: list[Req], token_ids: np.ndarray, logprobs: list[float], updates: list[TokenOut]) -> None:
-        """The hot path: one new token for each running request."""
-        for i, (req, token_id, logprob) in enumerate(zip(reqs, token_ids.tolist(), logprobs, strict=True)):
+    def _on_decoded(self, reqs: list[Req], outputs: StepOutputs) -> None:
+        """The hot path: one new token for each running request (sampled rows 0 .. len(reqs) - 1)."""
+        for i, req in enumerate(reqs):
             req.in_flight = False
             req.cached_len += 1
             if req.is_aborted:  # its abort update is sent: drop the token, free it now
                 self._release(req)
                 continue
-            req.output_ids.append(token_id)
-            finish_reason = _finish_reason(req, token_id)
-            updates.append(TokenOut(
-                req_id=req.req_id, token_ids=token_ids[i : i + 1], finish_reason=finish_reason,
-                num_cached_tokens=req.num_cached_tokens, logprobs=[logprob] if req.params.return_logprob else None,
-                **self._top.fields(i, req.params.top_logprobs),
-            ))
-            if finish_reason is not None:
-                self._finish(req, finish_reason)
+            self._take_token(req, outputs, i)
 
-    def _on_prefilled(
-        self, batch: ScheduledBatch, token_ids: np.ndarray, logprobs: list[float], updates: list[TokenOut], first_sampled: int = 0,
-    ) -> None:
-        """Prefill chunks: a finished prompt gives the first token (the request's first update)."""
-        samples = zip(range(len(token_ids)), token_ids.tolist(), logprobs, strict=True)
+    def _on_prefilled(self, batch: ScheduledBatch, outputs: StepOutputs, first_sampled: int) -> None:
+        """Prefill chunks: a finished prompt gives the first token (the request's first update).
+        The sampled ones take the sampled rows from `first_sampled` on, in order."""
+        sampled_idxs = iter(range(first_sampled, len(outputs)))
         for req, extend_len, sampled in zip(batch.prefill_reqs, batch.prefill_extend_lens, batch.prefill_is_sampled, strict=True):
             req.in_flight = False
             req.cached_len += extend_len
-            i, token_id, logprob = next(samples) if sampled else (0, 0, 0.0)
+            i = next(sampled_idxs) if sampled else None
             if req.is_aborted:
                 self._release(req)
-            elif not sampled:  # prompt left: share what is computed so far, say nothing yet
+            elif i is None:  # prompt left: share what is computed so far, say nothing yet
                 self._cache.cache_req(req)
-            else:
-                req.output_ids.append(token_id)
-                finish_reason = _finish_reason(req, token_id)
-                prompt = None
-                if req.prompt_scores is not None:  # the prompt's logprobs go with its first token, once
-                    prompt, req.prompt_scores = req.prompt_scores.message(req.input_ids[: req.num_orig_prompt_tokens]), None
-                updates.append(TokenOut(
-                    req_id=req.req_id, token_ids=token_ids[i : i + 1], finish_reason=finish_reason,
-                    num_cached_tokens=req.num_cached_tokens, logprobs=[logprob] if req.params.return_logprob else None,
-                    **self._top.fields(first_sampled + i, req.params.top_logprobs), prompt=prompt,
-                ))
-                if finish_reason is not None:
-                    self._finish(req, finish_reason)
-                else:
-                    self._cache.cache_req(req)
-                    self._decode.add(req)
+            elif self._take_token(req, outputs, i, prompt=take_prompt_logprobs(req)) is None:
+                self._cache.cache_req(req)
+                self._decode.add(req)
 
-    @staticmethod
-    def _gather_prompt_scores(batch: ScheduledBatch, result: StepResult) -> None:
-        """Hand each request scoring its prompt its slice of the step's prompt logprobs."""
-        asked = batch.prompt_logprob_rows()
-        assert asked is not None, f"step {batch.step_id}: prompt logprobs for a batch that asked none"
-        extend_lens = np.array([1] * len(batch.decode_reqs) + batch.prefill_extend_lens, np.int64)
-        k = asked.num_top
-        offset = 0
-        for row, num in zip(asked.rows.tolist(), asked.num_scored(extend_lens).tolist(), strict=True):
-            req = batch.reqs[row]
-            lo, hi = offset, offset + num
-            offset = hi
-            tops = (result.prompt_top_ids.reshape(-1, k)[lo:hi, : req.prompt_scores.num_top].reshape(-1),
-                    result.prompt_top_logprobs.reshape(-1, k)[lo:hi, : req.prompt_scores.num_top].reshape(-1)) if k else (None, None)
-            req.prompt_scores.add(result.prompt_logprobs[lo:hi], *tops)
-        assert offset == len(result.prompt_logprobs), f"step {batch.step_id}: {len(result.prompt_logprobs)} prompt logprobs for {offset}"
+    def _take_token(self, req: Req, outputs: StepOutputs, sampled_idx: int, prompt: PromptLogprobs | None = None) -> FinishReason | None:
+        """Append the token sampled for `req` to its output and its update to `outputs`; finish
+        it if that token ends it. Returns why it finished, None when it goes on."""
+        token_id = outputs.token_id_list[sampled_idx]
+        req.output_ids.append(token_id)
+        finish_reason = _finish_reason(req, token_id)
+        outputs.add(req, sampled_idx, finish_reason, prompt=prompt)
+        if finish_reason is not None:
+            self._finish(req, finish_reason)
+        return finish_reason
 
     # -- state -------------------------------------------------------------------------------
 
@@ -298,11 +268,7 @@ class Scheduler:
 
     def in_flight_sampled_req_ids(self) -> list[int]:
         """The req_ids of the batch in flight that get a token, in the batch's sampled order."""
-        batch = self._in_flight
-        if batch is None:
-            return []
-        prefilled = [r.req_id for r, sampled in zip(batch.prefill_reqs, batch.prefill_is_sampled, strict=True) if sampled]
-        return [r.req_id for r in batch.decode_reqs] + prefilled
+        return self._in_flight.sampled_req_ids() if self._in_flight is not None else []
 
     def record_step_time(self, wait_s: float, schedule_s: float) -> None:
         """The process loop's timing of one step: waiting for the worker, and the scheduler's own
@@ -315,7 +281,7 @@ class Scheduler:
 
     def check_integrity(self) -> None:
         """Raise AssertionError naming the first broken invariant: every page is free, cached,
-        or owned by one live request; every row is free or owned; reservations add up."""
+        or owned by one live request; every row is free or owned; reservations add up (see invariants.py)."""
         holders = {id(r): r for r in self._live.values() if isinstance(r, Req)}
         if self._in_flight is not None:  # requests aborted in flight hold pages until on_result
             holders.update((id(r), r) for r in self._in_flight.reqs)
@@ -323,39 +289,10 @@ class Scheduler:
         self._cache.check_integrity(reqs)
         self._req_table.check_integrity({r.row_idx: r.req_id for r in reqs})
         self._decode.check_integrity()
-        queued = {p.req_id for p in self._queue}
-        num_new = sum(not p.is_retracted for p in self._queue)  # retracted requests come on top of the cap
-        assert len(queued) == len(self._queue) and num_new <= self.max_queued_requests, "the queue holds a request twice, or too many"
-        assert all(isinstance(self._live.get(i), PendingReq) for i in queued), "a queued request is not live"
-        pending_live = {i for i, e in self._live.items() if isinstance(e, PendingReq)}
-        assert pending_live == queued, f"live waiting requests {sorted(pending_live - queued)} are not queued"
-        never_admitted = {p.req_id for p in self._queue if not p.is_retracted}
-        assert set(self._queued_since_s) == never_admitted, "queue-time clocks do not match the requests never admitted"
-        for req in reqs:
-            if req.in_flight:
-                continue
-            is_running = self._decode.holds(req)
-            assert is_running != req.is_prefilling, (
-                f"request {req.req_id}: running={is_running} with {req.num_prompt_tokens - req.cached_len} prompt tokens left"
-            )
-            assert req.num_pages == -(-req.cached_len // self.page_size), (
-                f"request {req.req_id} holds {req.num_pages} pages for {req.cached_len} tokens"
-            )
-        if self._chunked is not None:
-            assert self._chunked.req.is_prefilling and self._live.get(self._chunked.req.req_id) is self._chunked.req
-        if self._in_flight is None:
-            prefilling = [r for r in reqs if r.is_prefilling]
-            assert prefilling == ([self._chunked.req] if self._chunked else []), "a request is prefilling but not the ChunkedReq"
-        # The ChunkedReq's next chunks always find their pages. Under `full` every reservation is
-        # backed, so nothing is ever retracted; under `estimated` the estimates may exceed what is
-        # left (that is the point), and a decode step retracts when they prove short.
-        available = self._cache.num_available_pages
-        chunk_pages = self._chunked_prompt_pages()
-        assert chunk_pages <= available, f"the ChunkedReq's prompt needs {chunk_pages} more pages, {available} are free or evictable"
-        if self._reservation.is_full:
-            reserved = self._num_reserved_pages()
-            assert reserved <= available, f"{reserved} pages are reserved but only {available} are free or evictable"
-            assert self._totals.num_retracted == 0, "a request was retracted under the full reservation"
+        check_queue(self._queue, self._live, self._queued_since_s, self.max_queued_requests)
+        check_reqs(reqs, self._decode, self._chunked, self._live, page_size=self.page_size, batch_in_flight=self._in_flight is not None)
+        num_reserved_pages = self._num_reserved_pages() if self._reservation.is_full else None
+        check_pages(self._cache.num_available_pages, self._chunked_prompt_pages(), num_reserved_pages, self._totals.num_retracted)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -481,24 +418,3 @@ def _finish_reason(req: Req, token_id: int) -> FinishReason | None:
         return FinishReason.LENGTH
     return None
 
-
-@dataclass(slots=True)
-class _TopLogprobs:
-    """A step's top logprobs (StepResult.top_ids / top_logprobs: K per sampled request)."""
-
-    num_top: int
-    ids: np.ndarray | None  # int32[num_sampled, K]
-    values: np.ndarray | None
-
-    @staticmethod
-    def of(result: StepResult) -> _TopLogprobs:
-        if not result.num_top or result.top_ids is None or result.top_logprobs is None:
-            return _TopLogprobs(0, None, None)
-        k = result.num_top
-        return _TopLogprobs(k, result.top_ids.reshape(-1, k), result.top_logprobs.reshape(-1, k))
-
-    def fields(self, sampled_idx: int, k: int) -> dict:
-        """TokenOut's top_logprob_ids / top_logprobs for the request at `sampled_idx`, which asked for k."""
-        if not k or self.ids is None:
-            return {}
-        return {"top_logprob_ids": self.ids[sampled_idx, :k].tolist(), "top_logprobs": self.values[sampled_idx, :k].tolist()}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from zserve.common.forward_batch import GrammarMasks
-from zserve.model_proc.sampler import apply_grammar
+from zserve.model_proc.logits_processors import apply_grammar
 
 xgrammar = pytest.importorskip("xgrammar")
 
