@@ -24,6 +24,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from zserve.client.types import GenerateResult
+from zserve.common.request_limits import LIMITS
 from zserve.common.sampling_params import DEFAULT_MAX_TOKENS
 from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.disconnect_watch import until_disconnect
@@ -32,7 +33,7 @@ from zserve.http_proc.openai_formatter import SSE_DONE, sse
 from zserve.http_proc.openai_protocol import SubRequest
 from zserve.http_proc.request_group import ChoiceEvent, RequestGroup
 from zserve.http_proc.response_guard import guarded, guarded_stream
-from zserve.http_proc.sglang_generate import from_sglang_body, is_sglang_body, sglang_output
+from zserve.http_proc.sglang_generate import from_sglang_body, is_batch, is_sglang_body, sglang_output
 from zserve.http_proc.sse_response import SseResponse
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
@@ -45,8 +46,9 @@ def generate_routes(state: HttpState) -> list[Route]:
     return [Route("/generate", generate, methods=["POST"])]
 
 
-async def parse_body(state: HttpState, request: Request) -> tuple[SubRequest, bool, bool]:
-    """The request, whether it streams, and whether it came in SGLang's shape (http_proc/sglang_generate.py)."""
+async def parse_body(state: HttpState, request: Request) -> tuple[list[SubRequest], bool, bool]:
+    """The request (several for SGLang's batch: a list of texts or of id lists), whether it streams, and whether
+    it came in SGLang's shape (http_proc/sglang_generate.py)."""
     try:
         body = json.loads(await request.body())
     except ValueError as exc:
@@ -70,15 +72,26 @@ async def parse_body(state: HttpState, request: Request) -> tuple[SubRequest, bo
     if len(prompt) != 1:
         raise ApiError(400, f"a request needs exactly one of prompt, input_ids, messages; got {' and '.join(prompt) or 'none'}")
     body.setdefault("max_tokens", DEFAULT_MAX_TOKENS)  # "max_tokens": null stays: up to the context
-    return SubRequest(0, 0, prompt, body), stream, sglang
+    [(key, value)] = prompt.items()
+    if sglang and is_batch(key, value):
+        if stream:
+            raise ApiError(400, "a batch of prompts cannot stream on /generate: send one streaming request per prompt",
+                           param="stream")
+        if not value or len(value) > LIMITS.max_copies:
+            raise ApiError(400, f"a batch has 1 to {LIMITS.max_copies} prompts, got {len(value)}", param="text")
+        return [SubRequest(i, i, {key: item}, dict(body)) for i, item in enumerate(value)], False, True
+    return [SubRequest(0, 0, prompt, body)], stream, sglang
 
 
 async def serve_generate(state: HttpState, request: Request) -> Response | SseResponse:
-    sub, stream, sglang = await parse_body(state, request)
+    subs, stream, sglang = await parse_body(state, request)
     state.check_accepting()
-    group = RequestGroup(state.client, [sub], state.metrics, state.health)
+    group = RequestGroup(state.client, subs, state.metrics, state.health)
     if not stream:
-        [result] = await until_disconnect(request, group.run())
+        results = await until_disconnect(request, group.run())
+        if len(subs) > 1:  # SGLang's batch: one response per prompt, in order
+            return JSONResponse([sglang_output(r) for r in results], headers=group.headers)
+        [result] = results
         body = sglang_output(result) if sglang else output_body(result.text, result.output_ids, result)
         return JSONResponse(body, headers=group.headers)
     events = group.events()

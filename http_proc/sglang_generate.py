@@ -7,7 +7,8 @@ printed. A body with `text` or `sampling_params` is read this way: its fields ar
 (`max_new_tokens` -> `max_tokens`, `min_new_tokens` -> `min_tokens`, `top_logprobs_num` -> `top_logprobs`,
 `sampling_seed` -> `seed`, `top_k` -1 -> 0) and the fields that change nothing here (`rid`,
 `skip_special_tokens`, `stream_interval`, ...) are ignored as OpenAI's unknown fields are (one warning per
-name; a 400 under --strict-requests). A list of texts (SGLang's batch) is refused: one request per text.
+name; a 400 under --strict-requests). A list of texts or of id lists (SGLang's batch, not streamed) runs as one
+request per prompt and is answered with a list of responses in the prompts' order.
 """
 
 from __future__ import annotations
@@ -33,10 +34,6 @@ def is_sglang_body(body: dict[str, Any]) -> bool:
 def from_sglang_body(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Our native body for an SGLang one, and the names of the fields it ignores (`sampling_params.x` for those
     inside it)."""
-    if isinstance(body.get("text"), list) or (body.get("input_ids") and isinstance(body["input_ids"][0], list)):
-        raise ApiError(400, "a batch of prompts in one /generate request is not supported: send one request per "
-                            "prompt (they run batched on the server), or use /v1/completions with a list of prompts",
-                       param="text")
     params = body.get("sampling_params") or {}
     if not isinstance(params, dict):
         raise ApiError(400, "sampling_params must be a JSON object", param="sampling_params")
@@ -57,6 +54,11 @@ def from_sglang_body(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
         else:
             ignored.append(f"sampling_params.{key}")
     return native, ignored
+
+
+def is_batch(key: str, value: Any) -> bool:
+    """SGLang's batch: `text` as a list of strings, or `input_ids` as a list of id lists."""
+    return isinstance(value, list) and (key == "prompt" or (bool(value) and isinstance(value[0], list)))
 
 
 def sglang_output(result: GenerateResult) -> dict[str, Any]:

@@ -360,8 +360,11 @@ def test_generate_reads_and_answers_sglangs_shape(server):
     assert chunks[-1]["output_ids"] == expected.output_ids and chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
     assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
 
-    status, r = post_raw(server.http_port, "/generate", json.dumps({"text": ["a", "b"]}).encode())
-    assert status == 400 and "one request per prompt" in r["error"]["message"]
+    batch = {"text": ["a", PROMPT, "b"], "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}
+    status, r = post_raw(server.http_port, "/generate", json.dumps(batch).encode())  # SGLang's batch: a list back
+    assert status == 200 and [len(x["output_ids"]) for x in r] == [6, 6, 6] and r[1]["text"] == expected.text, r
+    status, r = post_raw(server.http_port, "/generate", json.dumps({**batch, "stream": True}).encode())
+    assert status == 400 and "cannot stream" in r["error"]["message"]
     status, r = post_raw(server.http_port, "/generate", json.dumps({"text": "hi", "sampling_params": {"max_new_tokens": 2}}).encode())
     assert status == 200 and r["meta_info"]["completion_tokens"] <= 2
 
