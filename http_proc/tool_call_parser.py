@@ -8,7 +8,7 @@ Two formats, picked from the model's chat template:
 
 A block that is not valid JSON with a string `name` stays text: a model that writes something
 else is not made to have called a tool. Streaming holds back text from where a call may begin
-(`pending_text`), so a call is never streamed as content. Under `parallel_tool_calls: false`
+(`safe_prefix_len`), so a call is never streamed as content. Under `parallel_tool_calls: false`
 (`single_call()`) only the first call is kept; the text of the others is dropped with them.
 """
 
