@@ -3,8 +3,9 @@
 Undeclared fields are kept aside, not refused here: UnknownFieldPolicy (unknown_fields.py)
 ignores and logs them, or refuses them under --strict-requests.
 
-Each request becomes a list of `SubRequest`s, one per returned choice: `n` copies of each prompt
-(seed + i for copy i when a seed is given, so copies can differ and still reproduce). Sampling
+Each request becomes a list of `SubRequest`s, one per returned choice: `n` copies of each prompt, all
+with the request's sampling (its seed too): the group sends each prompt once with `n`, and the
+scheduler alone seeds copy i with seed + i (scheduler_process.py). Sampling
 values are checked by the server's own validator (their errors come back as 400s); this module
 checks only the OpenAI shape and refuses, with a 400 that says so, the options zserve cannot honour.
 """
@@ -102,7 +103,7 @@ class SamplingRequest(RequestModel):
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
 
-    def sampling(self, max_tokens: int | None, copy_idx: int) -> dict[str, Any]:
+    def sampling(self, max_tokens: int | None) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
         values = {
             "max_tokens": max_tokens,
@@ -110,7 +111,7 @@ class SamplingRequest(RequestModel):
             "top_p": self.top_p,
             "top_k": self.top_k,
             "min_p": self.min_p,
-            "seed": None if self.seed is None else self.seed + copy_idx,
+            "seed": self.seed,
             "stop": stop or None,
             "stop_token_ids": self.stop_token_ids or None,
             "ignore_eos": self.ignore_eos or None,
@@ -151,7 +152,7 @@ class SamplingRequest(RequestModel):
         if len(prompts) * self.n > MAX_CHOICES:
             raise ApiError(400, f"n x prompts is {len(prompts) * self.n}; at most {MAX_CHOICES} choices per request", param="n")
         return [
-            SubRequest(p_idx * self.n + i, p_idx, prompt, self.sampling(max_tokens, i))
+            SubRequest(p_idx * self.n + i, p_idx, prompt, self.sampling(max_tokens))
             for p_idx, prompt in enumerate(prompts)
             for i in range(self.n)
         ]

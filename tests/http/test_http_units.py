@@ -27,13 +27,15 @@ from zserve.http_proc.request_group import ChoiceEvent
 from zserve.http_proc.server_metrics import ServerMetrics
 
 
-def test_completion_expands_n_and_prompt_lists_with_distinct_seeds():
+def test_completion_expands_n_and_prompt_lists_with_the_requests_seed():
+    """Every copy carries the request's seed: the scheduler alone seeds copy i with seed + i (the group sends each
+    prompt once with n); that the choices differ and reproduce is checked end to end in test_http_server.py."""
     req = CompletionRequest(prompt=["a", "b"], n=3, seed=7, temperature=0.5, stop="x", max_tokens=5)
     subs = req.sub_requests()
     assert [s.choice_idx for s in subs] == list(range(6))
     assert [s.prompt_idx for s in subs] == [0, 0, 0, 1, 1, 1]
     assert [s.prompt for s in subs[:1]] == [{"prompt": "a"}]
-    assert [s.sampling["seed"] for s in subs] == [7, 8, 9, 7, 8, 9]
+    assert [s.sampling["seed"] for s in subs] == [7] * 6
     assert subs[0].sampling == {"max_tokens": 5, "temperature": 0.5, "seed": 7, "stop": ["x"]}
 
 
