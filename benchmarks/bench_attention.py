@@ -112,7 +112,7 @@ def _demo_model_dir() -> str | None:
 
 
 def model_steps(model_dir: str, dtype: str, batch_sizes, repeats: int, context_len: int = 256) -> None:
-    """Whole decode steps on one runner per backend (ZSERVE_ATTENTION is read as a runner starts)."""
+    """Whole decode steps on one runner per backend (--attention-backend, the config's attention_backend)."""
     from dataclasses import replace
 
     from zserve.common.server_config import ServerConfig
@@ -121,14 +121,12 @@ def model_steps(model_dir: str, dtype: str, batch_sizes, repeats: int, context_l
     pages_per_req = -(-(context_len + 1) // PAGE_SIZE)
     runners = []
     for choice in ("kernel", "torch"):
-        os.environ["ZSERVE_ATTENTION"] = choice
-        cfg = replace(ServerConfig(model=model_dir), device="cpu", dtype=dtype, page_size=PAGE_SIZE,
+        cfg = replace(ServerConfig(model=model_dir), attention_backend=choice, device="cpu", dtype=dtype, page_size=PAGE_SIZE,
                       kv_cache_tokens=max(batch_sizes) * pages_per_req * PAGE_SIZE, num_threads=torch.get_num_threads())  # fmt: skip
         runner = ModelRunner.from_server_config(cfg, show_progress=False)
         for cache in runner.kv_pool.k + runner.kv_pool.v:
             cache.normal_()
         runners.append(runner)
-    del os.environ["ZSERVE_ATTENTION"]
     print(f"whole decode steps, {Path(model_dir).name}, context {context_len}, load average {os.getloadavg()[0]:.2f}")
     print(f"{'case':<24}{'kernel_ms':>10}{'torch_ms':>10}{'ratio':>8}")
     for bs in batch_sizes:

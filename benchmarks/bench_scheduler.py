@@ -32,7 +32,7 @@ SYSTEM_PROMPT_LEN = 256  # shared by every request: exercises the radix cache
 
 
 def stub_forward(batch: ForwardBatch) -> StepResult:
-    n = batch.num_sampled
+    n = batch.num_reqs  # one entry per row; the scheduler reads none for an unsampled row
     return StepResult(batch.step_id, np.full(n, 7, np.int32), np.full(n, np.nan, np.float32))
 
 

@@ -5,8 +5,9 @@
         async for delta in c.stream(messages=[{"role": "user", "content": "Hi"}]):
             ...
 
-One reader task files every output by req_id into that request's queue; one heartbeat task
-tells the server this client is alive. Many requests may be in flight at once.
+One reader task files every frame through the ClientCore (client_core.py, shared with Client:
+this file is only the asyncio I/O around it) and wakes the reader of that request; one heartbeat
+task tells the server this client is alive. Many requests may be in flight at once.
 """
 
 from __future__ import annotations
@@ -14,35 +15,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-import uuid
 from collections.abc import AsyncIterator
 
 import zmq
 import zmq.asyncio
 
 from zserve.client.client import client_address
+from zserve.client.client_core import ClientCore
 from zserve.client.connection_watch import ConnectionWatch, lost_message
-from zserve.client.request_body import build_body, encode_request, new_req_id, num_copies, refuse_copies
+from zserve.client.request_body import num_copies, refuse_copies
 from zserve.client.result_builder import ResultBuilder
-from zserve.client.types import (
-    GenerateResult,
-    RequestTimeoutError,
-    ServerError,
-    ServerGoneError,
-    resolve_api_key,
-    stats_or_raise,
-)
-from zserve.common.messages import (
-    CLIENT_TO_FRONTEND,
-    FRONTEND_TO_CLIENT,
-    AbortReq,
-    GenerateReq,
-    Heartbeat,
-    HeartbeatAck,
-    ReqOutput,
-    StatsOut,
-    StatsReq,
-)
+from zserve.client.types import GenerateResult, RequestTimeoutError, ServerGoneError, resolve_api_key
+from zserve.common.messages import StatsOut
 from zserve.common.server_config import DEFAULT_CLIENT_PORT
 
 LOST_GRACE_S = 0.2  # after the connection closes, outputs already received are filed before requests fail
@@ -62,20 +46,19 @@ class AsyncClient:
         self.timeout_s = timeout_s
         self.heartbeat_interval_s = heartbeat_interval_s
         self.server_timeout_s = server_timeout_s
-        self.client_id = client_id or uuid.uuid4().hex
+        self._core = ClientCore(client_id, self.api_key)
+        self.client_id = self._core.client_id
         self._ctx = zmq.asyncio.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._watch = ConnectionWatch(self._sock)  # before connect, so the first CONNECTED event is seen
         self._sock.connect(self.address)
-        self._queues: dict[int, asyncio.Queue[ReqOutput | BaseException]] = {}
-        self._stats: dict[int, asyncio.Future[dict]] = {}
+        self._waiters: dict[int, asyncio.Future[bool]] = {}  # req_id (a request's or a stats request's) -> its reader's wake-up
         self._tasks: list[asyncio.Task] = []
-        self._last_ack_s = time.monotonic()
 
     def _ensure_started(self) -> None:
         if not self._tasks:
-            self._last_ack_s = time.monotonic()
+            self._core.last_ack_s = time.monotonic()
             self._tasks = [asyncio.create_task(self._read_loop()), asyncio.create_task(self._heartbeat_loop()),
                            asyncio.create_task(self._watch_loop())]
 
@@ -89,11 +72,7 @@ class AsyncClient:
         self._ensure_started()
         if self._watch.lost:
             raise ServerGoneError(lost_message(self.address))
-        req_id = new_req_id() if req_id is None else req_id
-        body = build_body(prompt, input_ids, messages, sampling)
-        frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body, api_key=self.api_key))
-        for copy_id in range(req_id, req_id + num_copies(body)):  # n=4: choices req_id .. req_id + 3
-            self._queues[copy_id] = asyncio.Queue()
+        req_id, frame = self._core.submit(prompt, input_ids, messages, req_id, sampling)
         await self._sock.send(frame)
         return req_id
 
@@ -104,8 +83,8 @@ class AsyncClient:
 
     async def result(self, req_id: int) -> GenerateResult:
         """The whole result of a request `submit`ted earlier, once it ends."""
-        self._check_in_flight(req_id)
-        builder = ResultBuilder(req_id)
+        self._core.check_in_flight(req_id)
+        builder = ResultBuilder(req_id, self._core.sent_s(req_id))
         async for _ in self._outputs(req_id, builder):
             pass
         return builder.result
@@ -126,7 +105,7 @@ class AsyncClient:
         except BaseException:
             for req_id in req_ids:
                 await self.abort(req_id)
-                self._queues.pop(req_id, None)
+                self._core.forget(req_id)
             raise
         return req_ids
 
@@ -152,8 +131,8 @@ class AsyncClient:
 
     async def stream_of(self, req_id: int) -> AsyncIterator[str]:
         """The text deltas of a request `submit`ted earlier (outputs that came already first)."""
-        self._check_in_flight(req_id)
-        async with contextlib.aclosing(self._outputs(req_id, ResultBuilder(req_id))) as outputs:
+        self._core.check_in_flight(req_id)
+        async with contextlib.aclosing(self._outputs(req_id, ResultBuilder(req_id, self._core.sent_s(req_id)))) as outputs:
             async for delta in outputs:
                 if delta:
                     yield delta
@@ -161,36 +140,42 @@ class AsyncClient:
     async def stream_outputs(self, /, prompt: str | None = None, **kwargs) -> AsyncIterator[tuple[str, GenerateResult]]:
         """(delta, result so far) pairs, for callers that want ids, usage and timings as they grow."""
         req_id = await self.submit(prompt, **kwargs)
-        builder = ResultBuilder(req_id)
+        builder = ResultBuilder(req_id, self._core.sent_s(req_id))
         async with contextlib.aclosing(self._outputs(req_id, builder)) as outputs:
             async for delta in outputs:
                 yield delta, builder.result
 
     async def stream_outputs_of(self, req_id: int) -> AsyncIterator[tuple[str, GenerateResult]]:
         """(delta, result so far) pairs of a request `submit`ted earlier (a choice of an n > 1 one)."""
-        self._check_in_flight(req_id)
-        builder = ResultBuilder(req_id)
+        self._core.check_in_flight(req_id)
+        builder = ResultBuilder(req_id, self._core.sent_s(req_id))
         async with contextlib.aclosing(self._outputs(req_id, builder)) as outputs:
             async for delta in outputs:
                 yield delta, builder.result
 
     async def abort(self, req_id: int) -> None:
-        await self._send(AbortReq(req_id=req_id))
+        await self._sock.send(self._core.abort(req_id))
 
     async def stats(self) -> dict:
+        return (await self.stats_out()).as_dict()
+
+    async def stats_out(self) -> StatsOut:
+        """The server's stats as typed records (what `stats()` flattens)."""
         self._ensure_started()
-        req_id = new_req_id()
-        fut = self._stats[req_id] = asyncio.get_running_loop().create_future()
-        await self._send(StatsReq(req_id, api_key=self.api_key))
+        req_id, frame = self._core.stats_request()
+        await self._sock.send(frame)
+        deadline = time.monotonic() + (self.timeout_s or 10.0)
         try:
-            return await asyncio.wait_for(fut, self.timeout_s or 10.0)
+            while (stats := self._core.take_stats(req_id)) is None:
+                if not await self._arrival(req_id, deadline):
+                    raise TimeoutError(f"no stats within {self.timeout_s or 10.0}s")
+            return stats
         finally:
-            self._stats.pop(req_id, None)
+            self._core.drop_stats(req_id)
 
     async def close(self) -> None:
-        for req_id in list(self._queues):
-            await self._send(AbortReq(req_id=req_id))
-        self._queues.clear()
+        for frame in self._core.close():
+            await self._sock.send(frame)
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -208,47 +193,47 @@ class AsyncClient:
 
     # ---- plumbing ----------------------------------------------------------------------------
 
-    def _check_in_flight(self, req_id: int) -> None:
-        if req_id not in self._queues:
-            raise ValueError(f"req_id {req_id} is not in flight on this client: never submitted here, or already read to its end")
-
     async def _outputs(self, req_id: int, builder: ResultBuilder) -> AsyncIterator[str]:
-        queue = self._queues[req_id]
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         try:
             while not builder.done:
-                left_s = None if deadline is None else max(0.0, deadline - time.monotonic())
-                try:
-                    item = await asyncio.wait_for(queue.get(), left_s)
-                except asyncio.TimeoutError:
-                    raise RequestTimeoutError(f"request {req_id}: no result within {self.timeout_s}s") from None
-                if isinstance(item, BaseException):
-                    raise item
-                yield builder.add(item)
+                item = self._core.next_output(req_id)  # raises the error fail_all set once the outputs run out
+                if item is None:
+                    if not await self._arrival(req_id, deadline):
+                        raise RequestTimeoutError(f"request {req_id}: no result within {self.timeout_s}s")
+                    continue
+                arrived_s, out = item
+                yield builder.add(out, arrived_s)
         finally:
-            if not builder.done and req_id in self._queues:
+            if not builder.done and self._core.forget(req_id):
                 await self.abort(req_id)
-            self._queues.pop(req_id, None)
 
-    async def _send(self, msg) -> None:
-        await self._sock.send(CLIENT_TO_FRONTEND.encode(msg))
+    async def _arrival(self, req_id: int, deadline: float | None) -> bool:
+        """Wait until the read loop files something for `req_id` (or fails everything): True; False
+        at `deadline`. The waiter is awaited directly, not through asyncio.wait_for, which can
+        swallow a cancellation that comes as the waiter completes (the cancelled read would then
+        go on, and its request would not be aborted)."""
+        loop = asyncio.get_running_loop()
+        waiter = self._waiters[req_id] = loop.create_future()
+        timer = None if deadline is None else loop.call_later(max(0.0, deadline - time.monotonic()), _settle, waiter, False)
+        try:
+            return await waiter
+        finally:
+            if timer is not None:
+                timer.cancel()
+            if self._waiters.get(req_id) is waiter:
+                del self._waiters[req_id]
+
+    def _wake(self, req_id: int) -> None:
+        waiter = self._waiters.pop(req_id, None)
+        if waiter is not None:
+            _settle(waiter, True)
 
     async def _read_loop(self) -> None:
         while True:
-            msg = FRONTEND_TO_CLIENT.decode(await self._sock.recv())
-            if isinstance(msg, ReqOutput):
-                queue = self._queues.get(msg.req_id)
-                if queue is not None:
-                    queue.put_nowait(msg)
-            elif isinstance(msg, StatsOut):
-                fut = self._stats.get(msg.req_id)
-                if fut is not None and not fut.done():
-                    try:
-                        fut.set_result(stats_or_raise(msg))
-                    except ServerError as exc:
-                        fut.set_exception(exc)
-            elif isinstance(msg, HeartbeatAck):
-                self._last_ack_s = time.monotonic()
+            req_id = self._core.receive(await self._sock.recv(), time.perf_counter())
+            if req_id is not None:
+                self._wake(req_id)
 
     async def _watch_loop(self) -> None:
         """Fail every waiting request once the server's end of the connection closes."""
@@ -258,16 +243,19 @@ class AsyncClient:
         self._fail_all(ServerGoneError(lost_message(self.address)))
 
     def _fail_all(self, error: BaseException) -> None:
-        for queue in self._queues.values():
-            queue.put_nowait(error)
-        for fut in self._stats.values():
-            if not fut.done():
-                fut.set_exception(error)
+        self._core.fail_all(error)
+        for req_id in list(self._waiters):
+            self._wake(req_id)
 
     async def _heartbeat_loop(self) -> None:
         while True:
-            await self._send(Heartbeat(self.client_id, self.api_key))
+            await self._sock.send(self._core.heartbeat())
             await asyncio.sleep(self.heartbeat_interval_s)
-            silent_s = time.monotonic() - self._last_ack_s
+            silent_s = self._core.silent_for_s()
             if silent_s > self.server_timeout_s:
                 self._fail_all(ServerGoneError(f"server at {self.address} has not answered for {silent_s:.0f}s"))
+
+
+def _settle(waiter: asyncio.Future[bool], arrived: bool) -> None:
+    if not waiter.done():
+        waiter.set_result(arrived)

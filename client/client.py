@@ -6,8 +6,9 @@
             print(delta, end="", flush=True)
 
 One Client is one ZMQ DEALER socket; it is not thread-safe (use one per thread, or AsyncClient).
-Outputs of several requests in flight are demultiplexed by req_id, so `generate_batch` sends
-everything first and then collects. Timings (`ttft_s`, `latency_s`) run from `submit` to when
+Outputs of several requests in flight are demultiplexed by req_id (client_core.py, shared with
+AsyncClient: this file is only the blocking I/O around it), so `generate_batch` sends everything
+first and then collects. Timings (`ttft_s`, `latency_s`) run from `submit` to when
 this client *receives* an output, which for a sync client is when some call reads the socket:
 measure concurrent requests with AsyncClient, whose reader task receives as outputs arrive.
 """
@@ -15,32 +16,17 @@ measure concurrent requests with AsyncClient, whose reader task receives as outp
 from __future__ import annotations
 
 import time
-import uuid
-from collections import deque
 from collections.abc import Collection, Iterator
 
 import zmq
 
+from zserve.client.client_core import ClientCore
 from zserve.client.connection_watch import ConnectionWatch, lost_message
 from zserve.client.heartbeat import HeartbeatThread
-from zserve.client.request_body import build_body, encode_request, new_req_id, num_copies, refuse_copies
+from zserve.client.request_body import num_copies, refuse_copies
 from zserve.client.result_builder import ResultBuilder
-from zserve.client.types import (
-    GenerateResult,
-    RequestTimeoutError,
-    ServerGoneError,
-    resolve_api_key,
-    stats_or_raise,
-)
-from zserve.common.messages import (
-    CLIENT_TO_FRONTEND,
-    FRONTEND_TO_CLIENT,
-    AbortReq,
-    GenerateReq,
-    ReqOutput,
-    StatsOut,
-    StatsReq,
-)
+from zserve.client.types import GenerateResult, RequestTimeoutError, ServerGoneError, resolve_api_key
+from zserve.common.messages import ReqOutput
 from zserve.common.server_config import DEFAULT_CLIENT_PORT
 
 POLL_MS = 100
@@ -63,16 +49,13 @@ class Client:
         self.api_key = resolve_api_key(api_key)
         self.timeout_s = timeout_s
         self.server_timeout_s = server_timeout_s
-        self.client_id = uuid.uuid4().hex
+        self._core = ClientCore(api_key=self.api_key)
+        self.client_id = self._core.client_id
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.DEALER)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._watch = ConnectionWatch(self._sock)  # before connect, so the first CONNECTED event is seen
         self._sock.connect(self.address)
-        self._outputs: dict[int, deque[tuple[float, ReqOutput]]] = {}  # (arrival perf_counter, output)
-        self._sent_s: dict[int, float] = {}
-        self._finished: set[int] = set()  # in flight, with the last output among their queued ones
-        self._stats: dict[int, StatsOut] = {}
         self._heartbeat = HeartbeatThread(self._ctx, self.address, self.client_id, heartbeat_interval_s, self.api_key)
 
     # ---- requests ----------------------------------------------------------------------------
@@ -84,12 +67,7 @@ class Client:
         """Send a request without waiting; returns its req_id, to read back with `result(req_id)`
         or `stream_of(req_id)` (once: a request's outputs are read by one of them). With `n=4`
         the server answers 4 choices of the prompt, computed once: requests req_id .. req_id + 3."""
-        req_id = new_req_id() if req_id is None else req_id
-        body = build_body(prompt, input_ids, messages, sampling)
-        frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body, api_key=self.api_key))
-        for copy_id in range(req_id, req_id + num_copies(body)):  # n=4: choices req_id .. req_id + 3
-            self._outputs[copy_id] = deque()
-            self._sent_s[copy_id] = time.perf_counter()
+        req_id, frame = self._core.submit(prompt, input_ids, messages, req_id, sampling)
         self._sock.send(frame)
         return req_id
 
@@ -137,7 +115,7 @@ class Client:
         `timeout_s` (then the list may be empty). The client's timeout_s does not apply here."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            done = [req_id for req_id in self._finished if req_id in req_ids]
+            done = self._core.finished(req_ids)
             if done or (deadline is not None and time.monotonic() >= deadline):
                 return done
             self._pump(None)
@@ -146,9 +124,8 @@ class Client:
         """Abort the requests among `req_ids` still in flight and drop their client state (their
         outputs are never read)."""
         for req_id in req_ids:
-            if req_id in self._outputs:
+            if self._core.forget(req_id):
                 self.abort(req_id)
-                self._forget(req_id)
 
     def stream(self, /, prompt: str | None = None, **kwargs) -> TextStream:
         """Text deltas as they come; `.result` holds the whole result once the stream ends."""
@@ -157,13 +134,13 @@ class Client:
 
     def stream_of(self, req_id: int) -> TextStream:
         """The text deltas of a request `submit`ted earlier (outputs that came already first)."""
-        self._check_in_flight(req_id)
+        self._core.check_in_flight(req_id)
         return TextStream(self, req_id)
 
     def result(self, req_id: int) -> GenerateResult:
         """The whole result of a request `submit`ted earlier, once it ends."""
-        self._check_in_flight(req_id)
-        builder = ResultBuilder(req_id, self._sent_s.get(req_id))
+        self._core.check_in_flight(req_id)
+        builder = ResultBuilder(req_id, self._core.sent_s(req_id))
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while not builder.done:
             arrived_s, out = self._next_output(req_id, deadline)
@@ -172,24 +149,24 @@ class Client:
 
     def abort(self, req_id: int) -> None:
         """Ask the server to stop `req_id`; its result ends with finish_reason "abort"."""
-        self._send(AbortReq(req_id=req_id))
+        self._sock.send(self._core.abort(req_id))
 
     def stats(self) -> dict:
         """Server state: waiting, running, KV pages free/cached/used, prefix hit tokens, ..."""
-        req_id = new_req_id()
-        self._send(StatsReq(req_id, api_key=self.api_key))
+        req_id, frame = self._core.stats_request()
+        self._sock.send(frame)
         deadline = time.monotonic() + (self.timeout_s or 10.0)
-        while req_id not in self._stats:
-            self._pump(deadline)
-        return stats_or_raise(self._stats.pop(req_id))
+        try:
+            while (stats := self._core.take_stats(req_id)) is None:
+                self._pump(deadline)
+            return stats.as_dict()
+        finally:
+            self._core.drop_stats(req_id)
 
     def close(self) -> None:
         """Abort what is still in flight, stop the heartbeat, close the socket."""
-        for req_id in list(self._outputs):
-            self._send(AbortReq(req_id=req_id))
-        self._outputs.clear()
-        self._sent_s.clear()
-        self._finished.clear()
+        for frame in self._core.close():
+            self._sock.send(frame)
         self._heartbeat.stop()
         self._watch.close()
         self._sock.close(linger=100)
@@ -203,32 +180,16 @@ class Client:
 
     # ---- plumbing ----------------------------------------------------------------------------
 
-    def _send(self, msg) -> None:
-        self._sock.send(CLIENT_TO_FRONTEND.encode(msg))
-
-    def _check_in_flight(self, req_id: int) -> None:
-        if req_id not in self._outputs:
-            raise ValueError(f"req_id {req_id} is not in flight on this client: never submitted here, or already read to its end")
-
     def _next_output(self, req_id: int, deadline: float | None) -> tuple[float, ReqOutput]:
-        queue = self._outputs[req_id]
-        while not queue:
+        """The next output of `req_id` (the last one ends it), reading the socket until it comes."""
+        while (item := self._core.next_output(req_id)) is None:
             try:
                 self._pump(deadline)
             except RequestTimeoutError:
                 self.abort(req_id)
-                self._forget(req_id)
+                self._core.forget(req_id)
                 raise
-        arrived_s, out = queue.popleft()
-        if out.finish_reason is not None:
-            self._forget(req_id)
-        return arrived_s, out
-
-    def _forget(self, req_id: int) -> None:
-        """Drop a request's client state; later outputs for it are discarded."""
-        self._outputs.pop(req_id, None)
-        self._sent_s.pop(req_id, None)
-        self._finished.discard(req_id)
+        return item
 
     def _pump(self, deadline: float | None) -> None:
         """Receive whatever arrives within one poll interval and file it by req_id."""
@@ -240,13 +201,7 @@ class Client:
             raise ServerGoneError(lost_message(self.address))
         if self._sock.poll(POLL_MS):
             while self._sock.poll(0):
-                msg = FRONTEND_TO_CLIENT.decode(self._sock.recv())
-                if isinstance(msg, ReqOutput) and msg.req_id in self._outputs:
-                    self._outputs[msg.req_id].append((time.perf_counter(), msg))
-                    if msg.finish_reason is not None:
-                        self._finished.add(msg.req_id)
-                elif isinstance(msg, StatsOut):
-                    self._stats[msg.req_id] = msg
+                self._core.receive(self._sock.recv(), time.perf_counter())
         self._watch.poll()
 
 
@@ -266,7 +221,7 @@ class TextStream:
         return next(self._gen)
 
     def _deltas(self) -> Iterator[str]:
-        builder = ResultBuilder(self.req_id, self.client._sent_s.get(self.req_id))
+        builder = ResultBuilder(self.req_id, self.client._core.sent_s(self.req_id))
         deadline = None if self.client.timeout_s is None else time.monotonic() + self.client.timeout_s
         try:
             while not builder.done:
@@ -276,9 +231,8 @@ class TextStream:
                     yield delta
             self.result = builder.result
         finally:
-            if not builder.done and self.req_id in self.client._outputs:
+            if not builder.done and self.client._core.forget(self.req_id):  # later outputs of this request are dropped
                 self.client.abort(self.req_id)
-                self.client._forget(self.req_id)  # later outputs of this request are dropped
 
     def close(self) -> None:
         self._gen.close()

@@ -17,8 +17,8 @@ import secrets
 from typing import Any
 
 from zserve.client.types import InvalidRequestError
+from zserve.common.choices import num_choices
 from zserve.common.messages import CLIENT_TO_FRONTEND, GenerateReq
-from zserve.common.request_limits import LIMITS
 from zserve.common.sampling_params import DEFAULT_MAX_TOKENS
 
 MAX_DEPTH = 32  # deeper nesting than any valid body has: the wire refuses it
@@ -51,10 +51,9 @@ def build_body(prompt: str | None, input_ids: list[int] | None, messages: list[d
 
 
 def num_copies(body: dict[str, Any]) -> int:
-    """How many request ids a body with `n` occupies (req_id .. req_id + n - 1); 1 for an `n` the
-    server will refuse, whose error comes on req_id alone."""
-    n = body.get("n", 1)
-    return n if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= LIMITS.max_copies else 1
+    """How many request ids a body with `n` occupies (req_id .. req_id + n - 1; common/choices.py);
+    1 for an `n` the server will refuse, whose error comes on req_id alone."""
+    return num_choices(body) or 1
 
 
 def refuse_copies(sampling: dict[str, Any], method: str) -> None:

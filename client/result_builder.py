@@ -26,18 +26,27 @@ class ResultBuilder:
         r.output_ids.extend(out.token_ids.tolist())
         if out.logprobs is not None:
             r.logprobs = (r.logprobs or []) + list(out.logprobs)
+        if out.token_texts is not None:
+            r.token_texts = (r.token_texts or []) + out.token_texts
         if out.top_logprob_ids is not None and out.top_logprobs is not None and len(out.token_ids):
             k = len(out.top_logprob_ids) // len(out.token_ids)
             pairs = list(zip(out.top_logprob_ids, out.top_logprobs, strict=True))
-            r.top_logprobs = (r.top_logprobs or []) + [pairs[j * k : (j + 1) * k] for j in range(len(out.token_ids))]
+            r.top_logprobs = (r.top_logprobs or []) + per_token(pairs, k, len(out.token_ids))
+            if out.top_logprob_texts is not None:
+                r.top_logprob_texts = (r.top_logprob_texts or []) + per_token(out.top_logprob_texts, k, len(out.token_ids))
         if out.prompt is not None:  # the first token's output: the prompt's logprobs (none for its first token)
             p = out.prompt
             r.prompt_ids = p.token_ids.tolist()
             r.prompt_logprobs = [None, *p.logprobs.tolist()]
+            r.prompt_token_texts = p.token_texts
             if len(p.top_ids):
                 k = len(p.top_ids) // len(p.logprobs)
                 pairs = list(zip(p.top_ids.tolist(), p.top_logprobs.tolist(), strict=True))
-                r.prompt_top_logprobs = [None, *(pairs[j * k : (j + 1) * k] for j in range(len(p.logprobs)))]
+                r.prompt_top_logprobs = [None, *per_token(pairs, k, len(p.logprobs))]
+                if p.top_texts is not None:
+                    r.prompt_top_logprob_texts = [None, *per_token(p.top_texts, k, len(p.logprobs))]
+        if out.prompt_text is not None:
+            r.prompt_text = out.prompt_text
         r.usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
         if out.finish_reason is not None:
             r.finish_reason = out.finish_reason.text
@@ -49,3 +58,8 @@ class ResultBuilder:
     @property
     def done(self) -> bool:
         return self.result.finish_reason is not None
+
+
+def per_token(flat: list, k: int, num_tokens: int) -> list[list]:
+    """`flat`, K items per token one token after another, as one list per token."""
+    return [flat[j * k : (j + 1) * k] for j in range(num_tokens)]

@@ -81,6 +81,12 @@ class GenerateResult:
     prompt_ids: list[int] | None = None
     prompt_logprobs: list[float | None] | None = None
     prompt_top_logprobs: list[list[tuple[int, float]] | None] | None = None
+    # token text, decoded by the server (no tokenizer needed here): a token's own text is its decoding alone
+    token_texts: list[str] | None = None  # with logprobs: each output token's text
+    top_logprob_texts: list[list[str]] | None = None  # the text of each top_logprobs token
+    prompt_token_texts: list[str] | None = None  # with prompt_logprobs: each prompt token's text
+    prompt_top_logprob_texts: list[list[str] | None] | None = None  # the text of each prompt_top_logprobs token
+    prompt_text: str | None = None  # with return_prompt_text=True: the prompt as text (what an echo shows)
     ttft_s: float | None = None  # first text since send
     latency_s: float | None = None  # last output since send
 
@@ -103,10 +109,10 @@ def raise_for_error(out: ReqOutput) -> None:
         raise server_error(out.error or "unknown server error", out.code or ErrorCode.INTERNAL, out.req_id)
 
 
-def stats_or_raise(out: StatsOut) -> dict:
+def stats_or_raise(out: StatsOut) -> StatsOut:
     if out.code is not None:
         raise server_error(out.error or "stats refused", out.code)
-    return out.as_dict()
+    return out
 
 
 def resolve_api_key(api_key: str | None) -> str:

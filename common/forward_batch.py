@@ -23,25 +23,33 @@ other ranks) and StepResult (worker -> scheduler), with SamplingArrays nested in
 Every array travels as raw little-endian bytes, not a msgpack list: a 4096-id list costs ~0.2 ms
 to pack, raw bytes ~1 us. A decoded array is a read-only view of the frame.
 
-Identical prompts admitted in one round are computed once. The first is the *source*; each other
-one is a *copy* (`copy_of[i] = j`, the source's index, `j < i`): it has the source's cached_len
-and extend_len, sends no input_ids, and is not computed. After the forward the worker copies the
-K/V the source wrote this step into the copy's own slots (positions cached_len ..
-cached_len + extend_len - 1, a partial last page included), and the copy samples its first token,
-with its own parameters and seed, from the source's last-position logits:
+Rows. Every per-request array of ForwardBatch and StepResult has one entry per request, in
+batch order (decode requests first, then prefill): request i is *row* i everywhere, in the
+scheduler, the worker and the sampler (the sampler's logits are float32[num_reqs, vocab]). A
+subset of the requests is a bool mask over rows (`is_sampled`, `is_computed`) or an ascending
+int32 array of rows (the `rows` of PenaltyArrays, GrammarMasks, PromptLogprobRows). The arrays
+not indexed by row are concatenations, in row order: `input_ids` (the computed rows' new tokens),
+`page_ids` (every row's page table), the CSR payloads of the subsets, and StepResult's prompt
+logprobs. A row that is not sampled (the ChunkedReq) gets next_token_id NO_TOKEN.
 
-    request     r0 (source)      r1 (copy_of = 0)        cached_len 8, extend_len 5, page_size 4
+KV sharing: identical prompts admitted in one round are computed once. The first is the *KV
+source*; each other one takes its K/V from it (`kv_source[i] = j`, the source's row, `j < i`;
+`kv_source[i] = i` for a computed row): it has the source's cached_len and extend_len, sends no
+input_ids, and is not computed. After the forward the worker copies the K/V the source wrote
+this step into the sharing row's own slots (positions cached_len .. cached_len + extend_len - 1,
+a partial last page included), and the row samples its first token, with its own parameters
+and seed, from the source's last-position logits:
+
+    request     r0 (KV source)   r1 (kv_source = 0)      cached_len 8, extend_len 5, page_size 4
     pages       [a b | p q ]     [a b | s t ]            a b: the shared prefix (radix cache hit)
     this step   p q computed     p q --slot copy--> s t  r1's logits row = r0's
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from zserve.common.wire import BoolArray, Float32Array, Int32Array, Int64Array, message
+from zserve.common.wire import BoolArray, Float32Array, Int32Array, Int64Array, Message
 
 # Sampling defaults that mean "off".
 GREEDY_TEMPERATURE = 0.0
@@ -49,10 +57,10 @@ TOP_K_OFF = 0
 TOP_P_OFF = 1.0
 MIN_P_OFF = 0.0
 
+NO_TOKEN = -1  # StepResult.next_token_ids of a row that is not sampled
 
-@message()
-@dataclass(slots=True)
-class SamplingArrays:
+
+class SamplingArrays(Message):
     """Per-request sampling parameters of one batch, one entry per request in batch order.
 
     `temperature == 0` means greedy. `seed` is always set: the scheduler draws one for a request
@@ -77,7 +85,7 @@ class SamplingArrays:
         )
 
     def select(self, mask: np.ndarray) -> SamplingArrays:
-        """The rows where `mask` is True (e.g. the sampled requests of a batch)."""
+        """The rows where `mask` is True (e.g. the sampler's non-greedy rows)."""
         return SamplingArrays(self.temperature[mask], self.top_k[mask], self.top_p[mask], self.min_p[mask], self.seed[mask])
 
     @property
@@ -85,12 +93,10 @@ class SamplingArrays:
         return bool((self.temperature == GREEDY_TEMPERATURE).all())
 
 
-@message()
-@dataclass(slots=True)
-class PenaltyArrays:
+class PenaltyArrays(Message):
     """What adjusts the logits of the batch's requests that asked for it (most batches: None).
 
-    Rows index the batch's *sampled* requests. Each penalized row has a CSR slice of the tokens
+    `rows`: the batch rows (sampled ones) that asked. Each has a CSR slice of the tokens
     of its prompt and output (`token_ids`, with `output_counts`: times each is in the output,
     0 for one only in the prompt), of its logit bias, and of the stop tokens `min_tokens` still
     bans. The sampler applies, in this order (vLLM's): the repetition penalty (prompt and
@@ -98,7 +104,7 @@ class PenaltyArrays:
     (output tokens: logit -= count * frequency + presence), the bias (added), the bans (-inf).
     """
 
-    rows: Int32Array  # [m]
+    rows: Int32Array  # [m]: batch rows, ascending
     repetition: Float32Array  # [m]
     frequency: Float32Array  # [m]
     presence: Float32Array  # [m]
@@ -112,27 +118,23 @@ class PenaltyArrays:
     banned_ids: Int32Array
 
 
-@message()
-@dataclass(slots=True)
-class GrammarMasks:
-    """Structured output: for the sampled requests under a grammar (`rows`, indexing the batch's
-    sampled requests), the tokens the grammar allows next, as xgrammar's packed bitmask (bit j of
-    word w allows token 32 w + j). The sampler gives every other token -inf."""
+class GrammarMasks(Message):
+    """Structured output: for the sampled rows under a grammar (`rows`), the tokens the grammar
+    allows next, as xgrammar's packed bitmask (bit j of word w allows token 32 w + j). The sampler
+    gives every other token -inf."""
 
-    rows: Int32Array  # [m]
+    rows: Int32Array  # [m]: batch rows, ascending
     words_per_row: int
     bitmask: Int32Array  # [m * words_per_row]
 
 
-@message()
-@dataclass(slots=True)
-class PromptLogprobRows:
+class PromptLogprobRows(Message):
     """Prompt logprobs (echo): the prefill rows whose chunk's prompt tokens get their logprob.
     Position p of a chunk scores the prompt token after it: the chunk's own next token, and for
     its last position `next_ids` (the first token of the next chunk; -1 when the chunk ends the
     prompt, whose last position predicts the output instead)."""
 
-    rows: Int32Array  # [m]: batch rows, computed (never copies) prefill requests
+    rows: Int32Array  # [m]: batch rows, ascending; computed prefill rows (never a KV-sharing one)
     next_ids: Int32Array  # [m]
     num_top: int  # K: the most likely tokens to report per position (0 = none)
 
@@ -141,23 +143,20 @@ class PromptLogprobRows:
         return extend_lens[self.rows] - 1 + (self.next_ids >= 0)
 
 
-@message(1)
-@dataclass(slots=True)
-class ForwardBatch:
-    """One step's work for the model worker. Arrays are indexed by request in batch order,
-    except `input_ids` (concatenated new tokens) and `page_ids` (concatenated page tables)."""
+class ForwardBatch(Message, tag=1):
+    """One step's work for the model worker: per-request arrays by row (see Rows above)."""
 
     step_id: int
-    input_ids: Int32Array  # [sum(extend_lens)]
+    input_ids: Int32Array  # [sum(extend_lens[is_computed])]: the computed rows' new tokens, row after row
     cached_lens: Int32Array  # [num_reqs]: tokens whose K/V are already in the pool
     extend_lens: Int32Array  # [num_reqs]: tokens computed this step (1 for decode)
-    page_ids: Int32Array  # [sum(num_pages)]
+    page_ids: Int32Array  # [sum(num_pages)]: the rows' page tables, row after row
     num_pages: Int32Array  # [num_reqs]
     is_sampled: BoolArray  # [num_reqs]: False for a ChunkedReq (prompt left after this step)
     return_logprob: BoolArray  # [num_reqs]
-    sampling: SamplingArrays
-    # [num_reqs]: i for a computed request, j < i for a copy of request j; None: no copies (most steps)
-    copy_of: Int32Array | None = None
+    sampling: SamplingArrays  # [num_reqs] each
+    # [num_reqs]: i for a computed row, j < i for a row taking its K/V from row j; None: every row computed (most steps)
+    kv_source: Int32Array | None = None
     penalties: PenaltyArrays | None = None  # penalties, logit bias, min_tokens bans; None: nobody asked
     top_logprobs: Int32Array | None = None  # [num_reqs]: most likely tokens to report (0 = none); None: nobody asked
     grammar: GrammarMasks | None = None  # structured output's allowed tokens; None: no request under a grammar
@@ -169,19 +168,27 @@ class ForwardBatch:
 
     @property
     def num_tokens(self) -> int:
-        """Tokens computed this step (a copy's are not)."""
+        """Tokens computed this step (a KV-sharing row's are not)."""
         return int(self.input_ids.shape[0])
 
     @property
     def is_computed(self) -> np.ndarray:
-        """bool[num_reqs]: False for a copy."""
-        if self.copy_of is None:
+        """bool[num_reqs]: False for a row taking its K/V from its KV source."""
+        if self.kv_source is None:
             return np.ones(self.num_reqs, np.bool_)
-        return self.copy_of == np.arange(self.num_reqs)
+        return self.kv_source == np.arange(self.num_reqs)
+
+    def token_starts(self) -> np.ndarray:
+        """int64[num_reqs]: where each row's new tokens start in `input_ids` (and in the forward's
+        hidden states); a KV-sharing row's are its source's."""
+        extend = np.where(self.is_computed, self.extend_lens, 0) if self.kv_source is not None else self.extend_lens
+        starts = np.cumsum(extend, dtype=np.int64) - extend
+        return starts if self.kv_source is None else starts[self.kv_source]
 
     def computed_part(self) -> ForwardBatch:
-        """The batch without its copies: what the forward runs. The batch itself when it has none."""
-        if self.copy_of is None:
+        """What the forward runs: a batch of its own holding the computed rows, renumbered 0..
+        (only attention sees it). The batch itself when every row is computed."""
+        if self.kv_source is None:
             return self
         keep = self.is_computed
         page_starts = np.cumsum(self.num_pages) - self.num_pages
@@ -198,28 +205,24 @@ class ForwardBatch:
             sampling=self.sampling.select(keep),
         )
 
-    def copied_slots(self, page_size: int) -> tuple[np.ndarray, np.ndarray]:
-        """(source slots, copy slots), int64: where each copy's K/V for this step's positions come
-        from and go to. Empty when the batch has no copies."""
-        if self.copy_of is None:
+    def shared_kv_slots(self, page_size: int) -> tuple[np.ndarray, np.ndarray]:
+        """(source slots, destination slots), int64: where each KV-sharing row's K/V for this
+        step's positions come from and go to. Empty when every row is computed."""
+        if self.kv_source is None:
             return np.zeros(0, np.int64), np.zeros(0, np.int64)
         page_starts = np.cumsum(self.num_pages, dtype=np.int64) - self.num_pages
-        copies = np.flatnonzero(~self.is_computed)
-        sources = self.copy_of[copies].astype(np.int64)
-        extend = self.extend_lens[copies].astype(np.int64)
-        # positions cached_len .. cached_len + extend_len - 1 of every copy, copy after copy
-        which = np.repeat(np.arange(copies.size), extend)
-        positions = self.cached_lens[copies][which] + np.arange(int(extend.sum())) - (np.cumsum(extend) - extend)[which]
+        sharing = np.flatnonzero(~self.is_computed)
+        sources = self.kv_source[sharing].astype(np.int64)
+        extend = self.extend_lens[sharing].astype(np.int64)
+        # positions cached_len .. cached_len + extend_len - 1 of every sharing row, row after row
+        which = np.repeat(np.arange(sharing.size), extend)
+        positions = self.cached_lens[sharing][which] + np.arange(int(extend.sum())) - (np.cumsum(extend) - extend)[which]
 
-        def slots(reqs: np.ndarray) -> np.ndarray:
-            pages = self.page_ids[page_starts[reqs][which] + positions // page_size].astype(np.int64)
+        def slots(rows: np.ndarray) -> np.ndarray:
+            pages = self.page_ids[page_starts[rows][which] + positions // page_size].astype(np.int64)
             return pages * page_size + positions % page_size
 
-        return slots(sources), slots(copies)
-
-    @property
-    def num_sampled(self) -> int:
-        return int(self.is_sampled.sum())
+        return slots(sources), slots(sharing)
 
     @property
     def is_decode_only(self) -> bool:
@@ -233,8 +236,8 @@ class ForwardBatch:
                 raise ValueError(f"ForwardBatch {self.step_id}: {name} has {getattr(self, name).shape[0]} entries, expected {n}")
         if (self.extend_lens < 1).any() or (self.cached_lens < 0).any():
             raise ValueError(f"ForwardBatch {self.step_id}: extend_lens must be >= 1 and cached_lens >= 0")
-        if self.copy_of is not None:
-            self._validate_copies()
+        if self.kv_source is not None:
+            self._validate_kv_sources()
         num_computed = int(self.extend_lens[self.is_computed].sum())
         if num_computed != self.num_tokens:
             raise ValueError(
@@ -257,38 +260,39 @@ class ForwardBatch:
                 f"{int(self.page_ids[j]) * page_size}..{(int(self.page_ids[j]) + 1) * page_size - 1}) is outside the KV pool "
                 f"of {num_pages_total} pages"
             )
+        for name in ("penalties", "grammar", "prompt_logprobs"):
+            part = getattr(self, name)
+            if part is not None and part.rows.size and (part.rows[0] < 0 or part.rows[-1] >= n or (part.rows[1:] <= part.rows[:-1]).any()):
+                raise ValueError(f"ForwardBatch {self.step_id}: {name}.rows must be ascending rows of the batch's {n}")
 
-
-    def _validate_copies(self) -> None:
-        copy_of, n = self.copy_of, self.num_reqs
-        if copy_of.shape[0] != n:
-            raise ValueError(f"ForwardBatch {self.step_id}: copy_of has {copy_of.shape[0]} entries, expected {n}")
-        bad = (copy_of < 0) | (copy_of > np.arange(n))
+    def _validate_kv_sources(self) -> None:
+        kv_source, n = self.kv_source, self.num_reqs
+        if kv_source.shape[0] != n:
+            raise ValueError(f"ForwardBatch {self.step_id}: kv_source has {kv_source.shape[0]} entries, expected {n}")
+        bad = (kv_source < 0) | (kv_source > np.arange(n))
         if bad.any():
             i = int(np.nonzero(bad)[0][0])
-            raise ValueError(f"ForwardBatch {self.step_id}: request {i} is a copy of {int(copy_of[i])}, not an earlier request")
-        for i in np.flatnonzero(copy_of != np.arange(n)).tolist():
-            j = int(copy_of[i])
-            if copy_of[j] != j:
-                raise ValueError(f"ForwardBatch {self.step_id}: request {i} is a copy of {j}, itself a copy")
+            raise ValueError(f"ForwardBatch {self.step_id}: request {i} takes its K/V from {int(kv_source[i])}, not an earlier request")
+        for i in np.flatnonzero(kv_source != np.arange(n)).tolist():
+            j = int(kv_source[i])
+            if kv_source[j] != j:
+                raise ValueError(f"ForwardBatch {self.step_id}: request {i} takes its K/V from {j}, which is not computed")
             if self.cached_lens[i] != self.cached_lens[j] or self.extend_lens[i] != self.extend_lens[j]:
-                raise ValueError(f"ForwardBatch {self.step_id}: request {i} is a copy of {j} with other cached_len or extend_len")
+                raise ValueError(f"ForwardBatch {self.step_id}: request {i} takes its K/V from {j}, with other cached_len or extend_len")
             if not (self.is_sampled[i] and self.is_sampled[j]):
-                raise ValueError(f"ForwardBatch {self.step_id}: request {i} is a copy of {j}, but both must be sampled")
+                raise ValueError(f"ForwardBatch {self.step_id}: request {i} takes its K/V from {j}, but both must be sampled")
 
 
-@message(2)
-@dataclass(slots=True)
-class StepResult:
-    """What rank 0 returns for a ForwardBatch: one token per sampled request, in batch order."""
+class StepResult(Message, tag=2):
+    """What rank 0 returns for a ForwardBatch: one entry per row, like the batch's arrays."""
 
     step_id: int
-    next_token_ids: Int32Array  # [num_sampled]
-    logprobs: Float32Array  # [num_sampled]; NaN where the request did not ask
+    next_token_ids: Int32Array  # [num_reqs]; NO_TOKEN where the row is not sampled
+    logprobs: Float32Array  # [num_reqs]; NaN where the row is not sampled or did not ask
     forward_ms: float = 0.0
-    num_top: int = 0  # K: the most top_logprobs any sampled request asked for (0 = none)
-    top_ids: Int32Array | None = None  # [num_sampled * K], row by row, most likely first
-    top_logprobs: Float32Array | None = None  # [num_sampled * K]
+    num_top: int = 0  # K: the most top_logprobs any row asked for (0 = none)
+    top_ids: Int32Array | None = None  # [num_reqs * K], row by row, most likely first (meaningless where not sampled)
+    top_logprobs: Float32Array | None = None  # [num_reqs * K]
     # ForwardBatch.prompt_logprobs: the scored prompt tokens' logprobs, row after row (num_scored each)
     prompt_logprobs: Float32Array | None = None
     prompt_top_ids: Int32Array | None = None  # [len(prompt_logprobs) * K], K = prompt_logprobs.num_top

@@ -10,10 +10,11 @@ last bound.
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
 from typing import Any
 
-from zserve.common.wire import message
+from msgspec import field
+
+from zserve.common.wire import Message
 
 TTFT_BOUNDS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0)
 ITL_BOUNDS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.5)
@@ -22,9 +23,7 @@ QUEUE_BOUNDS_S = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 TOKENS_BOUNDS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
-@message()
-@dataclass(slots=True)
-class Histogram:
+class Histogram(Message):
     bounds: list[float]  # upper bounds of the buckets, ascending
     counts: list[int] = field(default_factory=list)  # len(bounds) + 1 (the last: above every bound)
     sum: float = 0.0

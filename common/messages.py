@@ -1,10 +1,10 @@
 """Every message on every zserve socket, and the set each socket carries.
 
-Messages are declared with `@message(tag)` (common/wire.py holds the mechanism and the field
-types it understands); `ForwardBatch` and `StepResult` are declared in common/forward_batch.py,
-`SamplingParams` in common/sampling_params.py. Token ids travel as `Int32Array` (raw int32
-bytes). Each socket decodes with its own `Codec` listing exactly the messages it carries (bottom
-of this file).
+Messages are msgspec Structs declared as `class X(Message, tag=N)` (common/wire.py holds the
+base class, the field types it understands and the Codec); `ForwardBatch` and `StepResult` are
+declared in common/forward_batch.py, `SamplingParams` in common/sampling_params.py. Token ids
+travel as `Int32Array` (raw int32 bytes). Each socket decodes with its own `Codec` listing
+exactly the messages it carries (bottom of this file).
 
 Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the client port):
 
@@ -24,28 +24,28 @@ Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the cl
 
 from __future__ import annotations
 
-from dataclasses import field
 from typing import Any
 
 import numpy as np
+from msgspec import field
+from msgspec.structs import asdict
 
-from zserve.common.array_codec import unpack_array
 from zserve.common.error_code import ErrorCode
 from zserve.common.finish_reason import FinishReason
 from zserve.common.forward_batch import ForwardBatch, StepResult
 from zserve.common.histogram import Histogram
 from zserve.common.sampling_params import SamplingParams
-from zserve.common.wire import Codec, Float32Array, Int32Array, message
+from zserve.common.scheduler_stats import SchedulerStats
+from zserve.common.wire import Codec, Float32Array, Int32Array, Message
 
-NO_TOKEN_IDS = unpack_array(b"", np.dtype(np.int32))  # read-only, so one shared empty array is safe
+NO_TOKEN_IDS = np.frombuffer(b"", np.int32)  # read-only, so one shared empty array is safe
 PROBE_CLIENT_PREFIX = "zserve-probe-"  # a client id so named sends health probes: not user traffic (metrics, INFO logs)
 
 
 # ---- client <-> frontend -------------------------------------------------------------------
 
 
-@message(10)
-class GenerateReq:
+class GenerateReq(Message, tag=10):
     """`body` is the client's request exactly as sent: untrusted JSON-like values (str keys; str,
     int, float, bool, None, lists and maps of those), meant to hold exactly one of prompt /
     input_ids / messages plus `sampling` (SamplingParams fields). The frontend's RequestValidator
@@ -57,8 +57,7 @@ class GenerateReq:
     api_key: str = ""  # checked by the frontend when the server has an API key (ErrorCode.UNAUTHORIZED)
 
 
-@message(11)
-class AbortReq:
+class AbortReq(Message, tag=11):
     """Stop a request. `finish_reason` is ABORT, or STOP when the detokenizer matched a stop string
     (a normal finish); the frontend forwards a client's abort as ABORT whatever it said."""
 
@@ -66,41 +65,60 @@ class AbortReq:
     finish_reason: FinishReason = FinishReason.ABORT
 
 
-@message(12)
-class Heartbeat:
+class Heartbeat(Message, tag=12):
     """Keeps the client's requests alive; with a wrong API key it is acknowledged but keeps nothing alive."""
 
     client_id: str
     api_key: str = ""
 
 
-@message(13)
-class HeartbeatAck:
+class HeartbeatAck(Message, tag=13):
     client_id: str
 
 
-@message(14)
-class StatsReq:
+class StatsReq(Message, tag=14):
     req_id: int
     api_key: str = ""  # the frontend checks it and does not forward it
 
 
-@message(15)
-class StatsOut:
+class FrontendStats(Message):
+    """The frontend's part of StatsOut: what is in flight, and how every request ended (any door)."""
+
+    num_in_flight: int
+    is_draining: bool
+    num_finished: dict[FinishReason, int]  # requests ended, by finish reason
+    num_errors: dict[ErrorCode, int]  # of the ERROR ones, by code
+
+
+class StatsOut(Message, tag=15):
+    """The answer to a StatsReq, filled on its way: the scheduler's record, then the
+    detokenizer's count, then the frontend's record, histograms and info."""
+
     req_id: int
-    stats: dict[str, int | float]  # SchedulerStats fields (new_token_ratio is a float), plus what the detokenizer and frontend add
+    scheduler: SchedulerStats | None = None  # None when the frontend refused the StatsReq (`code` says why)
+    num_detokenizer_states: int = 0  # requests the detokenizer holds state for
+    frontend: FrontendStats | None = None
     code: ErrorCode | None = None  # set (with `error`, and no stats) when the frontend refused the StatsReq
     error: str | None = None
     histograms: dict[str, Histogram] = field(default_factory=dict)  # the scheduler's queue time, the frontend's latencies
     info: dict[str, str] = field(default_factory=dict)  # the frontend's: model_path (benchmarks build prompts with its tokenizer)
 
     def as_dict(self) -> dict[str, Any]:
-        """What `stats()` returns: the counters and gauges, `histograms` as plain dicts, and the info."""
-        return {**self.stats, **self.info, "histograms": {name: h.to_dict() for name, h in self.histograms.items()}}
+        """What `stats()` returns, one flat dict: the SchedulerStats fields, `detokenizer_states`,
+        `frontend_in_flight`, `frontend_draining`, `requests_finished_<reason>` and
+        `requests_error_<code>`, the info, and `histograms` as plain dicts."""
+        out: dict[str, Any] = {} if self.scheduler is None else asdict(self.scheduler)
+        if self.scheduler is not None:
+            out["detokenizer_states"] = self.num_detokenizer_states
+        if self.frontend is not None:
+            out["frontend_in_flight"] = self.frontend.num_in_flight
+            out["frontend_draining"] = int(self.frontend.is_draining)
+            out.update({f"requests_finished_{reason.text}": n for reason, n in self.frontend.num_finished.items()})
+            out.update({f"requests_error_{code.text}": n for code, n in self.frontend.num_errors.items()})
+        return {**out, **self.info, "histograms": {name: h.to_dict() for name, h in self.histograms.items()}}
 
 
-@message()
-class PromptLogprobs:
+class PromptLogprobs(Message):
     """A prompt's tokens and the logprob of each but the first (nothing predicts it), with the K
     most likely tokens at each of those positions (K = the request's prompt_logprobs)."""
 
@@ -108,10 +126,11 @@ class PromptLogprobs:
     logprobs: Float32Array  # [P - 1]: of token_ids[1:]
     top_ids: Int32Array  # [(P - 1) * K], position after position, most likely first
     top_logprobs: Float32Array  # [(P - 1) * K]
+    token_texts: list[str] | None = None  # [P]: each token's own text, attached by the detokenizer
+    top_texts: list[str] | None = None  # [(P - 1) * K]: the text of each of top_ids (detokenizer)
 
 
-@message(16)
-class ReqOutput:
+class ReqOutput(Message, tag=16):
     """One streamed piece of a request's result. The last one has `finish_reason` set; when it
     is ERROR, `code` says whose fault it is and `error` is the message for people."""
 
@@ -128,6 +147,10 @@ class ReqOutput:
     top_logprob_ids: list[int] | None = None  # K per token (the request's top_logprobs), most likely first
     top_logprobs: list[float] | None = None
     prompt: PromptLogprobs | None = None  # in the first output, when the request asked for prompt_logprobs
+    # token text, decoded by the detokenizer (the one process that turns ids into text) so that no client needs a tokenizer:
+    token_texts: list[str] | None = None  # with logprobs: each of token_ids' own text (its decoding alone)
+    top_logprob_texts: list[str] | None = None  # the text of each of top_logprob_ids
+    prompt_text: str | None = None  # in the first output, when the request asked for return_prompt_text (echo)
 
     @staticmethod
     def final(
@@ -143,8 +166,7 @@ class ReqOutput:
 # ---- frontend -> scheduler -----------------------------------------------------------------
 
 
-@message(20)
-class TokenizedReq:
+class TokenizedReq(Message, tag=20):
     req_id: int
     input_ids: Int32Array
     params: SamplingParams  # validated by the frontend (RequestValidator); the scheduler trusts it
@@ -154,8 +176,7 @@ class TokenizedReq:
 # ---- scheduler -> detokenizer --------------------------------------------------------------
 
 
-@message(30)
-class DetokRegister:
+class DetokRegister(Message, tag=30):
     """Sent when the scheduler accepts a request, before any of its tokens (same socket, so
     ordered). A refused request is never registered: its one ReqOutput goes through the
     detokenizer as it is, with its prompt count."""
@@ -163,10 +184,10 @@ class DetokRegister:
     req_id: int
     stop: list[str]
     num_prompt_tokens: int
+    prompt_ids: Int32Array | None = None  # the prompt, when the request asked for its text (return_prompt_text)
 
 
-@message()
-class TokenOut:
+class TokenOut(Message):
     """What happened to one request in one step: the scheduler makes one per request per step in
     which something happened to it. A request's last TokenOut is the only one with
     `finish_reason` set, and nothing follows it.
@@ -187,8 +208,7 @@ class TokenOut:
     prompt: PromptLogprobs | None = None  # with the first token, when the request asked for prompt_logprobs
 
 
-@message(31)
-class TokenOutBatch:
+class TokenOutBatch(Message, tag=31):
     """Every TokenOut of one scheduler step (or of one submit / abort), in one frame.
 
     A list of records, not columns: the detokenizer handles requests one by one anyway, most
@@ -200,8 +220,7 @@ class TokenOutBatch:
 # ---- model worker -> scheduler --------------------------------------------------------------
 
 
-@message(40)
-class WorkerReady:
+class WorkerReady(Message, tag=40):
     num_pages: int
     page_size: int
     context_len: int
@@ -209,8 +228,7 @@ class WorkerReady:
     vocab_size: int
 
 
-@message(41)
-class WorkerError:
+class WorkerError(Message, tag=41):
     step_id: int
     message: str
 
@@ -218,15 +236,13 @@ class WorkerError:
 # ---- rank 0 -> other tensor-parallel ranks ---------------------------------------------------
 
 
-@message(60)
-class RankHeartbeat:
+class RankHeartbeat(Message, tag=60):
     """Rank 0 is alive and idle; a follower that hears nothing for a while exits."""
 
     step_id: int  # the last step rank 0 broadcast (0 before the first)
 
 
-@message(61)
-class RankStop:
+class RankStop(Message, tag=61):
     """Rank 0 is stopping: followers exit, with code 0 when `error` is None (the server stopped)."""
 
     error: str | None = None
@@ -235,15 +251,13 @@ class RankStop:
 # ---- control -------------------------------------------------------------------------------
 
 
-@message(50)
-class ProcReady:
+class ProcReady(Message, tag=50):
     name: str
     pid: int
     info: dict[str, int | str | list[int]]  # what the launcher reports or needs: ports, url, the KV pool
 
 
-@message(51)
-class FailAll:
+class FailAll(Message, tag=51):
     """Launcher -> frontend: end every in-flight request with this outcome (ABORT on shutdown,
     ERROR with code GONE when a process died)."""
 
@@ -252,16 +266,14 @@ class FailAll:
     error: str | None = None
 
 
-@message(52)
-class Drain:
+class Drain(Message, tag=52):
     """Launcher -> frontend: stop admitting (new requests get SHUTTING_DOWN) and say DrainDone
     once nothing is in flight."""
 
     timeout_s: float  # how long the launcher waits, for the log
 
 
-@message(53)
-class DrainDone:
+class DrainDone(Message, tag=53):
     """Frontend -> launcher: the drain is complete, nothing is in flight."""
 
     num_drained: int  # requests that were in flight when the drain began

@@ -62,15 +62,18 @@ def child_setup(name: str, log_level: str) -> None:
 
 
 def child_args(argv: list[str] | None = None):
-    """(ServerConfig, Addresses, extra) from a child's command line: --config JSON --addresses JSON [--rank N]."""
+    """(ServerConfig, Addresses, extra) from a child's command line: --config JSON --addresses JSON
+    --model-facts JSON [--rank N]; extra.model_facts is the launcher's ModelFacts."""
     import argparse
 
+    from zserve.common.model_facts import ModelFacts
     from zserve.common.server_config import ServerConfig
     from zserve.common.transport import Addresses
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--config", required=True)
     parser.add_argument("--addresses", required=True)
+    parser.add_argument("--model-facts", required=True, type=ModelFacts.from_json)
     parser.add_argument("--rank", type=int, default=0)
     ns = parser.parse_args(argv)
     return ServerConfig.from_json(ns.config), Addresses.from_json(ns.addresses), ns

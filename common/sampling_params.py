@@ -7,12 +7,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from msgspec import field
+from msgspec.structs import asdict
 
 from zserve.common.json_schema_check import check_json_schema
 from zserve.common.request_limits import INT32_MAX, LIMITS
-from zserve.common.wire import message
+from zserve.common.wire import Message
 
 # What the native API (the Python clients, the Engine, the chat shell, POST /generate) asks for when a
 # request names no max_tokens: SGLang's native default (max_new_tokens=128), so a forgotten limit costs
@@ -21,9 +23,7 @@ from zserve.common.wire import message
 DEFAULT_MAX_TOKENS = 128
 
 
-@message()
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
+class SamplingParams(Message, frozen=True):
     max_tokens: int | None = None  # None: up to the context (prompt + output fill it at most); clients default to DEFAULT_MAX_TOKENS
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
@@ -45,6 +45,7 @@ class SamplingParams:
     json_schema: str | None = None  # structured output: JSON matching this JSON schema (its text)
     regex: str | None = None  # structured output: text matching this regular expression
     ebnf: str | None = None  # structured output: text of this EBNF grammar (GBNF, as xgrammar reads it)
+    return_prompt_text: bool = False  # also the prompt's text (the detokenizer's decoding), in the first output: echo
 
     @property
     def grammar(self) -> tuple[str, str] | None:
@@ -99,6 +100,8 @@ class SamplingParams:
                 raise ValueError(f"stop_token_ids[{i}] must be a token id (an integer >= 0), got {_short(t)}")
         if not isinstance(self.ignore_eos, bool) or not isinstance(self.return_logprob, bool):
             raise ValueError("ignore_eos and return_logprob must be booleans")
+        if not isinstance(self.return_prompt_text, bool):
+            raise ValueError(f"return_prompt_text must be a boolean, got {_short(self.return_prompt_text)}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_number(value) or not -LIMITS.max_penalty <= value <= LIMITS.max_penalty:
@@ -158,7 +161,7 @@ class SamplingParams:
         """Build from client-supplied fields; unknown fields and wrong types raise ValueError."""
         if not isinstance(d, dict):
             raise ValueError(f"sampling params must be a mapping, got {type(d).__name__}")
-        unknown = set(d) - set(SamplingParams.__dataclass_fields__)
+        unknown = set(d) - set(SamplingParams.__struct_fields__)
         if unknown:
             raise ValueError(f"unknown sampling field(s): {_names(unknown)}")
         kw = dict(d)

@@ -1,7 +1,8 @@
 """The one frozen server configuration, built once by the launcher from the CLI.
 
 argparse defaults, choices and ranges are read from the dataclass fields' metadata ("choices",
-"min" / "max" inclusive, "above" / "below" exclusive; launcher/cli.py), and every child process
+"min" / "max" inclusive, "above" / "below" exclusive, "env": a ZSERVE_* variable that sets the
+default, read only by env_defaults; launcher/cli.py), and every child process
 receives the same config as JSON on its command line. Components never take this object: the
 process entry points unpack it into plain values.
 """
@@ -9,8 +10,11 @@ process entry points unpack it into plain values.
 from __future__ import annotations
 
 import json
+import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 
+from zserve.common.cpu_isa_level import CPU_ISA_ENV, LEVELS
 from zserve.common.worker_env import OMP_SPIN_COUNT
 
 DEFAULT_HTTP_PORT = 8000  # --port: vLLM's HTTP port (SGLang's is 30000: users type --port 30000)
@@ -60,6 +64,11 @@ class ServerConfig:
     max_queued_requests: int = field(default=1024, metadata={"help": "waiting requests beyond which new ones are refused with 'server busy'", "min": 1})
     num_threads: int = field(default=0, metadata={"help": "torch threads in the model worker (0 = every core this process may use, shared among a node's ranks)", "min": 0})
     omp_spin_count: int = field(default=OMP_SPIN_COUNT, metadata={"help": "GOMP_SPINCOUNT of the model worker: iterations an idle OpenMP thread spins before it sleeps (0 = sleep at once)", "min": 0})
+    # kernel choices: each flag's default is its environment variable's value when that is set ("env"; env_defaults)
+    cpu_isa: str = field(default="auto", metadata={"help": "instruction level the CPU kernels are built for: auto (the CPU's highest, from /proc/cpuinfo) or a lower one, so one machine runs every path; a level this CPU lacks is refused (common/cpu_isa_level.py); default $ZSERVE_CPU_ISA when set", "choices": ["auto", *LEVELS], "env": CPU_ISA_ENV, "peer_note": "none"})
+    gemm_backend: str = field(default="auto", metadata={"help": "CPU linear layers: auto (zserve's bf16 or widening GEMM where it runs, else oneDNN), zserve_widen, onednn, or torch (torch.mm, the reference); a choice this CPU or dtype cannot run falls back to the next (model_proc/layers/gemm.py); default $ZSERVE_GEMM when set", "choices": ["auto", "zserve_widen", "onednn", "torch"], "env": "ZSERVE_GEMM", "peer_note": "none"})
+    attention_backend: str = field(default="auto", metadata={"help": "attention: auto (flash-attn on CUDA when installed, else zserve's CPU paged-attention kernel where it builds, else torch), torch (the pure-torch path), or kernel (the CPU kernel; refuse to start without it); default $ZSERVE_ATTENTION when set", "choices": ["auto", "torch", "kernel"], "env": "ZSERVE_ATTENTION", "peer_note": "SGLang --attention-backend (its own backends' names)"})
+    fused_ops: str = field(default="auto", metadata={"help": "CPU fused norms, gated activation and rotary + K/V write: auto (where the kernels build) or off (torch's ops, the reference path); default $ZSERVE_FUSED_OPS when set", "choices": ["auto", "off"], "env": "ZSERVE_FUSED_OPS", "peer_note": "none"})
     seed: int = field(default=0, metadata={"help": "seed for per-request seeds drawn when a request gives none", "min": 0})
     client_timeout_s: float = field(default=10.0, metadata={"help": "abort a client's requests when it sends no heartbeat for this long", "above": 0.0})
     startup_timeout_s: float = field(default=600.0, metadata={"help": "how long to wait for every process to be ready", "above": 0.0})
@@ -68,6 +77,7 @@ class ServerConfig:
     log_stats_interval_s: float = field(default=10.0, metadata={"help": "seconds between the scheduler's stats lines while busy (throughput, running/waiting/retracted, KV usage, prefix-cache hits; silent when idle; 0 = off)", "min": 0.0, "peer_note": "vLLM logs every 10 s (--disable-log-stats); SGLang every --decode-log-interval steps", "switches": {"--disable-log-stats": 0.0}})
     log_level: str = field(default="info", metadata={"help": "debug, info, warning, error", "choices": ["debug", "info", "warning", "error"]})
     shell: bool = field(default=False, metadata={"help": "after start, open a terminal chat against the server"})
+    ready_file: str = field(default="", metadata={"help": "once every process is ready, write one JSON record there (launcher/server_ready.py: the launcher's pid, the client and HTTP ports), next to the `zserve ready` log line: for programs that start the server (empty = none)", "peer_note": "none"})
 
     @property
     def tokenizer_dir(self) -> str:
@@ -82,3 +92,15 @@ class ServerConfig:
         data = json.loads(text)
         known = {f.name for f in fields(ServerConfig)}
         return ServerConfig(**{k: v for k, v in data.items() if k in known})
+
+
+def env_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, tuple[str, str]]:
+    """field name -> (variable, value) for each field whose environment variable (metadata "env")
+    is set: the one place those variables are read. They are defaults only: the launcher's
+    command line builds the config with them (launcher/cli.py), a flag given there wins, and the
+    processes take the choice from the config."""
+    return {
+        f.name: (f.metadata["env"], environ[f.metadata["env"]])
+        for f in fields(ServerConfig)
+        if f.metadata.get("env") and environ.get(f.metadata["env"])
+    }

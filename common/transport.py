@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 import zmq
 
-from zserve.common.wire import Codec, WireError, WireMessage
+from zserve.common.wire import Codec, Message, WireError
 
 logger = logging.getLogger(__name__)
 
@@ -72,15 +72,15 @@ class Endpoint:
         self.address = address
         (self.socket.bind if bind else self.socket.connect)(address)
 
-    def send(self, msg: WireMessage) -> None:
+    def send(self, msg: Message) -> None:
         self.socket.send(self.codec.encode(msg), copy=False)
 
-    def recv(self, timeout_ms: int | None = None) -> WireMessage | None:
+    def recv(self, timeout_ms: int | None = None) -> Message | None:
         """The next well-formed message, or None on timeout. Malformed frames are logged and skipped."""
         got = self.recv_frame(timeout_ms)
         return None if got is None else got[1]
 
-    def recv_frame(self, timeout_ms: int | None = None) -> tuple[bytes, WireMessage] | None:
+    def recv_frame(self, timeout_ms: int | None = None) -> tuple[bytes, Message] | None:
         """Like `recv`, with the frame's bytes too (rank 0 re-broadcasts them unchanged)."""
         while True:
             if timeout_ms is not None and not self.socket.poll(timeout_ms):
@@ -91,7 +91,7 @@ class Endpoint:
             except WireError as exc:
                 logger.warning("dropped a malformed frame on %s: %s", self.address, exc)
 
-    def recv_nowait(self) -> WireMessage | None:
+    def recv_nowait(self) -> Message | None:
         return self.recv(timeout_ms=0)
 
     def close(self) -> None:

@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import os
 
+from zserve.common.cpu_isa_level import CPU_ISA_ENV
+
 OMP_SPIN_COUNT = 10_000  # GOMP_SPINCOUNT: iterations an idle OpenMP thread spins before it sleeps
 MALLOC_MMAP_THRESHOLD_BYTES = 1 << 32  # blocks below 4 GiB come from the heap, not fresh mmaps
 MALLOC_TRIM_THRESHOLD_BYTES = 1 << 34  # and freed heap memory is kept for reuse
@@ -55,12 +57,14 @@ def default_num_threads(num_cores: int | None = None) -> int:
     return max(1, num_cores or available_cores())
 
 
-def worker_env(num_threads: int = 0, device: str = "auto", omp_spin_count: int = OMP_SPIN_COUNT) -> dict[str, str]:
+def worker_env(num_threads: int = 0, device: str = "auto", omp_spin_count: int = OMP_SPIN_COUNT, cpu_isa: str = "") -> dict[str, str]:
     """Environment variables the model worker process must be started with.
 
     `num_threads` 0 picks `default_num_threads()`. On CUDA the CPU only launches kernels, so
     a couple of threads are enough whatever the core count. `omp_spin_count`: GOMP_SPINCOUNT
-    (0 = idle threads sleep at once, as OMP_WAIT_POLICY=PASSIVE).
+    (0 = idle threads sleep at once, as OMP_WAIT_POLICY=PASSIVE). `cpu_isa`: the kernels' level,
+    resolved by the launcher from --cpu-isa ("" = none given: the CPU's highest); the kernels are
+    one extension per process, loaded once, so the level comes with the process's start.
     """
     if num_threads < 0:
         raise ValueError(f"num_threads must be >= 0 (0 = automatic), got {num_threads}")
@@ -77,4 +81,5 @@ def worker_env(num_threads: int = 0, device: str = "auto", omp_spin_count: int =
         "MALLOC_TRIM_THRESHOLD_": str(MALLOC_TRIM_THRESHOLD_BYTES),
         "THP_MEM_ALLOC_ENABLE": "1",
         "ZSERVE_NUM_THREADS": threads,
+        **({CPU_ISA_ENV: cpu_isa} if cpu_isa and cpu_isa != "auto" else {}),
     }

@@ -3,11 +3,14 @@
     loop:
         DetokRegister -> start a request's incremental state (stop strings)
         TokenOutBatch -> per request: text delta; a matched stop string finishes it here and
-                         tells the scheduler to stop decoding it; a finish flushes held-back text
+                         tells the scheduler to stop decoding it; a finish flushes held-back text;
+                         with logprobs, each token's own text (TokenTexts), and the prompt's text
+                         in the first output when the request asked (echo)
         ReqOutput     -> pass through (a request the scheduler refused: never registered)
         StatsOut      -> pass through
 
-Per-request state lives from DetokRegister to the request's last output, never longer.
+Per-request state lives from DetokRegister to the request's last output, never longer. This is the
+one process that turns token ids into text: clients (the HTTP process too) load no tokenizer.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from zserve.common.proc_runtime import child_args, child_setup
 from zserve.common.server_config import ServerConfig
 from zserve.common.transport import Addresses, Endpoint, pull, push
 from zserve.detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
+from zserve.detokenizer_proc.token_texts import TokenTexts
 from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 logger = logging.getLogger("detokenizer_proc")
@@ -47,11 +51,13 @@ class DetokState:
     detok: IncrementalDetokenizer
     num_prompt_tokens: int
     num_output_tokens: int = 0
+    prompt_text: str | None = None  # sent with the request's first output, then None
 
 
 class DetokenizerLoop:
     def __init__(self, tokenizer: TextTokenizer, inbox: Endpoint, to_frontend: Endpoint, to_scheduler: Endpoint):
         self.tokenizer = tokenizer
+        self.token_texts = TokenTexts(tokenizer)
         self.inbox = inbox
         self.to_frontend = to_frontend
         self.to_scheduler = to_scheduler
@@ -68,7 +74,7 @@ class DetokenizerLoop:
             elif isinstance(msg, ReqOutput):
                 self.to_frontend.send(msg)
             elif isinstance(msg, StatsOut):
-                msg.stats["detokenizer_states"] = len(self.states)
+                msg.num_detokenizer_states = len(self.states)
                 self.to_frontend.send(msg)
 
     def contained(self, req_id: int, handle, msg) -> None:
@@ -86,14 +92,17 @@ class DetokenizerLoop:
             ))
 
     def register(self, msg: DetokRegister) -> None:
-        self.states[msg.req_id] = DetokState(IncrementalDetokenizer(self.tokenizer, stop=msg.stop), msg.num_prompt_tokens)
+        prompt_text = None if msg.prompt_ids is None else self.token_texts.prompt_text(msg.prompt_ids.tolist())
+        self.states[msg.req_id] = DetokState(IncrementalDetokenizer(self.tokenizer, stop=msg.stop), msg.num_prompt_tokens,
+                                             prompt_text=prompt_text)
 
     def on_tokens(self, out: TokenOut) -> None:
         state = self.states.get(out.req_id)
         if state is None:
             return  # already finished here (stop string matched while a step was in flight)
         state.num_output_tokens += len(out.token_ids)
-        text = state.detok.add_tokens(out.token_ids.tolist())
+        token_ids = out.token_ids.tolist()
+        text = state.detok.add_tokens(token_ids)
         finish_reason, code, error = out.finish_reason, out.code, out.error
         if state.detok.stopped:
             self.to_scheduler.send(AbortReq(req_id=out.req_id, finish_reason=FinishReason.STOP))
@@ -104,12 +113,18 @@ class DetokenizerLoop:
                 finish_reason = FinishReason.STOP
         if not text and finish_reason is None and not len(out.token_ids):
             return
+        texts = self.token_texts
         self.to_frontend.send(ReqOutput(
             req_id=out.req_id, text=text, token_ids=out.token_ids, finish_reason=finish_reason, code=code, error=error,
             prompt_tokens=state.num_prompt_tokens, completion_tokens=state.num_output_tokens,
             cached_tokens=out.num_cached_tokens, logprobs=out.logprobs,
-            top_logprob_ids=out.top_logprob_ids, top_logprobs=out.top_logprobs, prompt=out.prompt,
+            top_logprob_ids=out.top_logprob_ids, top_logprobs=out.top_logprobs,
+            prompt=None if out.prompt is None else texts.with_texts(out.prompt),
+            token_texts=None if out.logprobs is None else texts.texts(token_ids),
+            top_logprob_texts=None if out.top_logprob_ids is None else texts.texts(out.top_logprob_ids),
+            prompt_text=state.prompt_text,
         ))
+        state.prompt_text = None
         if finish_reason is not None:
             del self.states[out.req_id]
 

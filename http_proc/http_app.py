@@ -46,7 +46,7 @@ def build_app(state: HttpState) -> RequestGate:
 
     async def metrics(request: Request) -> Response:
         try:
-            stats = await asyncio.wait_for(state.client.stats(), STATS_TIMEOUT_S)
+            stats = await asyncio.wait_for(state.client.stats_out(), STATS_TIMEOUT_S)
         except Exception:  # rendered without the scheduler's numbers; zserve_scheduler_up says so
             stats = None
         return Response(state.metrics.render(stats), media_type=CONTENT_TYPE_LATEST)

@@ -1,10 +1,13 @@
-"""Entry point of the HTTP process: `python -m zserve.http_proc --config JSON --addresses JSON --client-port N`.
+"""Entry point of the HTTP process: `python -m zserve.http_proc --config JSON --addresses JSON --model-facts JSON --client-port N`.
 
 Started by the launcher with the other processes when the client port is fixed (the default),
 else once the frontend has picked one. It binds --http-port and serves the Starlette app with
 uvicorn (httptools) on a uvloop event loop at once, /health answering 503 "starting" until the
 server answers its stats; then it tells the launcher it is ready, and serves until SIGTERM: then /health turns 503 ("draining"), the listening socket
 closes, and in-flight responses get a few seconds to finish.
+
+It loads no tokenizer: token texts (logprobs, an echoed prompt of ids) come with the results, from
+the detokenizer, and the context and tool-call format come from the launcher's ModelFacts.
 """
 
 from __future__ import annotations
@@ -23,9 +26,8 @@ import uvloop
 import zmq
 
 from zserve.client.async_client import AsyncClient
-from zserve.common.context_limit import served_context_len
 from zserve.common.messages import LAUNCHER_INBOX, PROBE_CLIENT_PREFIX, ProcReady
-from zserve.common.model_config import ModelConfig
+from zserve.common.model_facts import ModelFacts
 from zserve.common.proc_runtime import child_setup
 from zserve.common.server_config import API_KEY_ENV, ServerConfig
 from zserve.common.transport import Addresses, push
@@ -36,7 +38,6 @@ from zserve.http_proc.request_gate import WILDCARD_HOSTS, GatePolicy
 from zserve.http_proc.server_metrics import ServerMetrics
 from zserve.http_proc.tool_call_parser import ToolCallParser
 from zserve.http_proc.unknown_fields import UnknownFieldPolicy
-from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 logger = logging.getLogger("http_proc")
 GRACEFUL_SHUTDOWN_S = 3
@@ -65,8 +66,8 @@ def bind_http_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
-    context_len = served_context_len(ModelConfig.from_model_dir(cfg.model).context_len, cfg.context_length)  # /v1/models
+async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_port: int) -> None:
+    context_len = facts.context_len  # /v1/models
     sock = bind_http_socket(cfg.host, cfg.http_port)
     client_host = "127.0.0.1" if cfg.host in WILDCARD_HOSTS else cfg.host
     ctx = zmq.Context()
@@ -79,11 +80,8 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
             model_path = str(Path(cfg.model).resolve())
             gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes, context_len)
             model_name = cfg.served_model_name or Path(model_path).name
-            # token texts for logprobs, and the tool-call format of the chat template in use (--chat-template's too)
-            tokenizer = TextTokenizer.for_server(cfg.tokenizer_dir, cfg.chat_template)
             state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate,
-                              token_text=lambda token_id: tokenizer.decode([token_id]), detokenize=tokenizer.decode,
-                              tool_parser=ToolCallParser.for_template(tokenizer.chat_template_source),
+                              tool_parser=ToolCallParser.for_format(facts.tool_call_format),  # the chat template's
                               unknown_fields=UnknownFieldPolicy(strict=cfg.strict_requests))
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
@@ -107,19 +105,20 @@ async def serve(cfg: ServerConfig, addrs: Addresses, client_port: int) -> None:
         ctx.destroy(linger=0)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, Addresses, int]:
+def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, Addresses, ModelFacts, int]:
     parser = argparse.ArgumentParser(prog="python -m zserve.http_proc")
     parser.add_argument("--config", required=True)
     parser.add_argument("--addresses", required=True)
+    parser.add_argument("--model-facts", required=True, type=ModelFacts.from_json)
     parser.add_argument("--client-port", type=int, required=True, help="the frontend's ZMQ client port")
     ns = parser.parse_args(argv)
     cfg = ServerConfig.from_json(ns.config)
     if cfg.http_port <= 0:
         parser.error("the config has no http_port")
-    return cfg, Addresses.from_json(ns.addresses), ns.client_port
+    return cfg, Addresses.from_json(ns.addresses), ns.model_facts, ns.client_port
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg, addrs, client_port = parse_args(argv)
+    cfg, addrs, facts, client_port = parse_args(argv)
     child_setup("http", cfg.log_level)
-    uvloop.run(serve(cfg, addrs, client_port))
+    uvloop.run(serve(cfg, addrs, facts, client_port))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from zserve.client.async_client import AsyncClient
@@ -26,9 +25,7 @@ class HttpState:
     metrics: ServerMetrics
     health: HealthMonitor
     gate: GatePolicy
-    token_text: Callable[[int], str] = str  # a token id's text (the model's tokenizer), for logprobs
-    detokenize: Callable[[list[int]], str] = lambda ids: ""  # token ids' text, for an echoed token-id prompt  # noqa: E731
-    tool_parser: ToolCallParser | None = None  # the chat template's tool-call format, when zserve knows it
+    tool_parser: ToolCallParser | None = None  # the chat template's tool-call format (ModelFacts), when zserve knows it
     unknown_fields: UnknownFieldPolicy = field(default_factory=UnknownFieldPolicy)  # ignored and logged, or refused (--strict-requests)
     created_s: int = field(default_factory=lambda: int(time.time()))
 

@@ -1,49 +1,51 @@
-"""Logprobs in the OpenAI response shapes, from a result's token ids, logprobs and top logprobs.
+"""Logprobs in the OpenAI response shapes, from a result's token texts, logprobs and top logprobs.
 
     chat:        {"content": [{"token", "logprob", "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]}],
                   "refusal": None}
     completions: {"tokens": [...], "token_logprobs": [...], "top_logprobs": [{token: logprob}] | None,
                   "text_offset": [...]}
 
-A token's text is its own decoding (a byte-level piece of a character shows as U+FFFD, and its
-`bytes` say what it is). Logprobs are the model's own (raw) distribution, as vLLM reports them.
+A token's text is its own decoding, attached by the detokenizer (a byte-level piece of a character
+shows as U+FFFD, and its `bytes` say what it is). Logprobs are the model's own (raw) distribution,
+as vLLM reports them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-TokenText = Callable[[int], str]
+TextLogprobs = list[tuple[str, float]]  # one position's top tokens: (text, logprob), most likely first
 
 
-def chat_logprobs(
-    ids: list[int], logprobs: list[float], tops: list[list[tuple[int, float]]] | None, token_text: TokenText,
-) -> dict[str, Any]:
-    def entry(token_id: int, logprob: float) -> dict[str, Any]:
-        text = token_text(token_id)
+def with_texts(pairs: list[tuple[int, float]] | None, texts: list[str] | None) -> TextLogprobs | None:
+    """One position's (token id, logprob) pairs as (text, logprob): the ids' texts come from the server."""
+    if pairs is None:
+        return None
+    return [(text, logprob) for text, (_, logprob) in zip(texts or [], pairs, strict=True)]
+
+
+def chat_logprobs(tokens: list[str], logprobs: list[float], tops: list[TextLogprobs] | None) -> dict[str, Any]:
+    def entry(text: str, logprob: float) -> dict[str, Any]:
         return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8", "replace"))}
 
     content = []
-    for j, (token_id, logprob) in enumerate(zip(ids, logprobs, strict=True)):
-        item = entry(token_id, logprob)
+    for j, (text, logprob) in enumerate(zip(tokens, logprobs, strict=True)):
+        item = entry(text, logprob)
         item["top_logprobs"] = [entry(t, lp) for t, lp in tops[j]] if tops else []
         content.append(item)
     return {"content": content, "refusal": None}
 
 
 def completion_logprobs(
-    ids: list[int], logprobs: list[float | None], tops: list[list[tuple[int, float]] | None] | None, token_text: TokenText,
-    text_offset: int = 0,
+    tokens: list[str], logprobs: list[float | None], tops: list[TextLogprobs | None] | None, text_offset: int = 0,
 ) -> dict[str, Any]:
     """(An echoed prompt's first token has None for its logprob and its top logprobs, as in OpenAI's API.)"""
-    tokens = [token_text(t) for t in ids]
     offsets = []
     for text in tokens:
         offsets.append(text_offset)
         text_offset += len(text)
-    top = [None if tops[j] is None else {token_text(t): lp for t, lp in tops[j]} for j in range(len(ids))] if tops else None
-    return {"tokens": tokens, "token_logprobs": list(logprobs), "top_logprobs": top, "text_offset": offsets}
+    top = [None if tops[j] is None else dict(tops[j]) for j in range(len(tokens))] if tops else None
+    return {"tokens": list(tokens), "token_logprobs": list(logprobs), "top_logprobs": top, "text_offset": offsets}
 
 
 def joined_completion_logprobs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:

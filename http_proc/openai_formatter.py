@@ -17,10 +17,10 @@ from typing import Any
 
 from zserve.client.types import GenerateResult
 from zserve.http_proc.logprob_format import (
-    TokenText,
     chat_logprobs,
     completion_logprobs,
     joined_completion_logprobs,
+    with_texts,
 )
 from zserve.http_proc.openai_protocol import SubRequest
 from zserve.http_proc.request_group import ChoiceEvent
@@ -51,16 +51,18 @@ def usage_of(subs: list[SubRequest], results: list[GenerateResult]) -> dict[str,
 class OpenAIFormatter:
     def __init__(
         self, is_chat: bool, model_name: str, include_usage: bool = False, req_id: int | None = None,
-        token_text: TokenText | None = None, tool_parser: ToolCallParser | ForcedToolChoice | None = None,
-        echoes: dict[int, str] | None = None, prompt_only: bool = False,
+        wants_logprobs: bool = False, tool_parser: ToolCallParser | ForcedToolChoice | None = None,
+        echoes: dict[int, str | None] | None = None, prompt_only: bool = False,
     ):
         """`req_id`: the request's id in the server's logs, which the OpenAI `id` then carries.
-        `token_text`: a token id's text, when the request asked for logprobs (None: it did not).
+        `wants_logprobs`: the request asked for logprobs (their token texts come with the results).
+        `echoes`: completions' echo, each choice's prompt text, which its text starts with; None for
+        a prompt of token ids, whose text the server sends (the result's prompt_text).
         `prompt_only`: echo with max_tokens 0; the token generated is dropped from every answer."""
         self.prompt_only = prompt_only
-        self.token_text = token_text
+        self.wants_logprobs = wants_logprobs
         self.tool_parser = tool_parser  # chat with tools: the answer's calls become tool_calls
-        self.echoes = echoes  # completions' echo: each choice's prompt text, which its text starts with
+        self.echoes = echoes
         self._echoed: set[int] = set()  # streamed choices whose prompt went out
         self._streamed: dict[int, int] = {}  # with a tool parser: characters of each choice's text sent as content
         self.is_chat = is_chat
@@ -88,7 +90,7 @@ class OpenAIFormatter:
                 return None
             event = ChoiceEvent(event.choice_idx, "", [], self._shown(event.result))
         finish_reason = event.result.finish_reason
-        if not event.delta and finish_reason is None and not (self.token_text and event.new_ids):
+        if not event.delta and finish_reason is None and not (self.wants_logprobs and event.new_ids):
             return None  # (with logprobs, tokens whose text is held back still get their chunk)
         result = event.result
         start = len(result.output_ids) - len(event.new_ids)
@@ -101,7 +103,7 @@ class OpenAIFormatter:
             return self._chunk([choice])
         text = event.delta
         if self.echoes is not None:  # offsets count the echoed prompt; the prompt goes out in the first chunk
-            echo = self.echoes[event.choice_idx]
+            echo = self._echo(event.choice_idx, result)
             if logprobs is not None:
                 logprobs = {**logprobs, "text_offset": [o + len(echo) for o in logprobs["text_offset"]]}
             if event.choice_idx not in self._echoed:
@@ -130,6 +132,8 @@ class OpenAIFormatter:
             result, text="", output_ids=[], finish_reason="length",
             logprobs=None if result.logprobs is None else [],
             top_logprobs=None if result.top_logprobs is None else [],
+            token_texts=None if result.token_texts is None else [],
+            top_logprob_texts=None if result.top_logprob_texts is None else [],
             usage=dataclasses.replace(result.usage, completion_tokens=0),
         )
 
@@ -154,7 +158,7 @@ class OpenAIFormatter:
                     message = {"role": "assistant", "content": content, "tool_calls": calls}
                     finish_reason = "tool_calls"
             return {"index": idx, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
-        echo = self.echoes[idx] if self.echoes is not None else ""
+        echo = self._echo(idx, result) if self.echoes is not None else ""
         if echo and logprobs is not None:
             logprobs = self._logprobs(result, 0, len(result.output_ids), len(echo))
         prompt = self._prompt_logprobs(result) if self.echoes is not None else None
@@ -164,9 +168,16 @@ class OpenAIFormatter:
 
     def _prompt_logprobs(self, result: GenerateResult) -> dict[str, Any] | None:
         """An echoed prompt's logprobs (completions' shape), when the request asked for logprobs."""
-        if self.token_text is None or result.prompt_logprobs is None:
+        if not self.wants_logprobs or result.prompt_logprobs is None:
             return None
-        return completion_logprobs(result.prompt_ids, result.prompt_logprobs, result.prompt_top_logprobs, self.token_text)
+        tops = result.prompt_top_logprobs
+        text_tops = [with_texts(top, texts) for top, texts in zip(tops, result.prompt_top_logprob_texts, strict=True)] if tops else None
+        return completion_logprobs(result.prompt_token_texts, result.prompt_logprobs, text_tops)
+
+    def _echo(self, idx: int, result: GenerateResult) -> str:
+        """A choice's prompt as its echo shows it: the request's text, or the server's decoding of its ids."""
+        echo = self.echoes[idx]
+        return echo if echo is not None else result.prompt_text or ""
 
     def _tool_chunk(self, idx: int, result: GenerateResult, logprobs: dict[str, Any] | None) -> bytes | None:
         """A streamed chat choice with tools: content as far as no call may begin; at the end the
@@ -195,13 +206,16 @@ class OpenAIFormatter:
 
     def _logprobs(self, result: GenerateResult, start: int, end: int, text_offset: int) -> dict[str, Any] | None:
         """The logprobs of output tokens start..end, when the request asked."""
-        if self.token_text is None or result.logprobs is None:
+        if not self.wants_logprobs or result.logprobs is None:
             return None
-        ids, lps = result.output_ids[start:end], result.logprobs[start:end]
-        tops = result.top_logprobs[start:end] if result.top_logprobs else None
+        texts, lps = result.token_texts[start:end], result.logprobs[start:end]
+        tops = None
+        if result.top_logprobs:
+            tops = [with_texts(top, top_texts) for top, top_texts in
+                    zip(result.top_logprobs[start:end], result.top_logprob_texts[start:end], strict=True)]
         if self.is_chat:
-            return chat_logprobs(ids, lps, tops, self.token_text)
-        return completion_logprobs(ids, lps, tops, self.token_text, text_offset)
+            return chat_logprobs(texts, lps, tops)
+        return completion_logprobs(texts, lps, tops, text_offset)
 
     def _envelope(self, obj: str, choices: list[dict], usage: dict | None) -> dict[str, Any]:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model_name, "choices": choices, "usage": usage}

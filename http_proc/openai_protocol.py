@@ -5,7 +5,7 @@ ignores and logs them, or refuses them under --strict-requests.
 
 Each request becomes a list of `SubRequest`s, one per returned choice: `n` copies of each prompt, all
 with the request's sampling (its seed too): the group sends each prompt once with `n`, and the
-scheduler alone seeds copy i with seed + i (scheduler_process.py). Sampling
+scheduler alone seeds copy i with seed + i (scheduler_proc/req_intake.py). Sampling
 values are checked by the server's own validator (their errors come back as 400s); this module
 checks only the OpenAI shape and refuses, with a 400 that says so, the options zserve cannot honour.
 """

@@ -8,6 +8,7 @@ An error after that arrives as a `data: {"error": ...}` chunk, which the OpenAI 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -55,13 +56,13 @@ async def serve(state: HttpState, request: Request, model: type[CompletionReques
     state.check_accepting()
     is_chat = isinstance(body, ChatCompletionRequest)
     subs = body.sub_requests()
-    group = RequestGroup(state.client, subs, state.metrics, state.health)
-    token_text = state.token_text if body.wants_logprobs else None
-    tool_parser = body.tool_parser(state.tool_parser) if is_chat else None
     echoes = None
     if isinstance(body, CompletionRequest) and body.echo:  # each choice's text starts with its prompt
-        echoes = {s.choice_idx: s.prompt["prompt"] if "prompt" in s.prompt else state.detokenize(s.prompt["input_ids"]) for s in subs}
-    formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id, token_text, tool_parser, echoes,
+        subs = [echoed(s) for s in subs]
+        echoes = {s.choice_idx: s.prompt.get("prompt") for s in subs}
+    group = RequestGroup(state.client, subs, state.metrics, state.health)
+    tool_parser = body.tool_parser(state.tool_parser) if is_chat else None
+    formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id, body.wants_logprobs, tool_parser, echoes,
                                 prompt_only=isinstance(body, CompletionRequest) and body.scores_prompt_only)
     if not body.stream:
         results = await until_disconnect(request, group.run())
@@ -74,6 +75,11 @@ async def serve(state: HttpState, request: Request, model: type[CompletionReques
         raise
     chunks = stream_chunks(state, formatter, subs, group, first, events)
     return SseResponse(chunks, group.headers)
+
+
+def echoed(sub: SubRequest) -> SubRequest:
+    """A choice whose prompt is echoed: a prompt of token ids comes back as text from the server."""
+    return sub if "prompt" in sub.prompt else replace(sub, sampling={**sub.sampling, "return_prompt_text": True})
 
 
 def stream_chunks(

@@ -1,7 +1,7 @@
 """Prometheus metrics of the server, rendered by the HTTP process in its own registry.
 
 Two sources, both labelled `model_name` (the served name, as vLLM's and SGLang's dashboards expect):
-- the server's stats (`AsyncClient.stats()`, fetched at each scrape), which count every request
+- the server's stats (`AsyncClient.stats_out()`, fetched at each scrape), which count every request
   whatever its door (ZMQ clients included): the scheduler's gauges of requests and KV pages, its
   token, outcome and retraction totals and its queue-time histogram; the frontend's latency and
   length histograms (TTFT, inter-token, end to end, prompt and output tokens) and its outcome
@@ -20,9 +20,12 @@ from prometheus_client import CollectorRegistry, Counter, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from zserve.common.messages import StatsOut
+from zserve.common.scheduler_stats import SchedulerStats
+
 PREFIX = "zserve"
 
-# (stats key, metric name, help)
+# (SchedulerStats field, metric name, help)
 STAT_GAUGES = (
     ("num_running", "num_requests_running", "requests prefilled and generating"),
     ("num_waiting", "num_requests_waiting", "requests queued, not yet admitted"),
@@ -44,7 +47,7 @@ STAT_COUNTERS = (
 )
 
 
-HISTOGRAM_HELP = {  # stats histogram name -> help
+HISTOGRAM_HELP = {  # StatsOut histogram name -> help
     "time_to_first_token_seconds": "time from a request's arrival at the frontend to its first output with text or tokens",
     "inter_token_latency_seconds": "gap between consecutive outputs with tokens of one request",
     "e2e_request_latency_seconds": "time from a request's arrival at the frontend to its final output",
@@ -52,10 +55,8 @@ HISTOGRAM_HELP = {  # stats histogram name -> help
     "request_prompt_tokens": "prompt tokens per finished request",
     "request_generation_tokens": "output tokens per finished request",
 }
-OUTCOME_PREFIXES = (  # stats key prefix -> (metric name, label, help)
-    ("requests_finished_", "request_outcomes", "finish_reason", "requests ended at the frontend, by finish reason (every door)"),
-    ("requests_error_", "request_errors", "code", "requests that ended in an error, by error code: invalid and busy are refusals"),
-)
+OUTCOMES_HELP = "requests ended at the frontend, by finish reason (every door)"
+ERRORS_HELP = "requests that ended in an error, by error code: invalid and busy are refusals"
 
 
 class ServerStatsCollector(Collector):
@@ -63,39 +64,42 @@ class ServerStatsCollector(Collector):
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
-        self.stats: dict | None = None
+        self.stats: StatsOut | None = None
 
-    def update(self, stats: dict | None) -> None:
+    def update(self, stats: StatsOut | None) -> None:
         self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
         label = ["model_name"]
         up = GaugeMetricFamily(f"{PREFIX}_scheduler_up", "1 if the scheduler answered this scrape's stats request", labels=label)
-        up.add_metric([self.model_name], 0 if self.stats is None else 1)
+        up.add_metric([self.model_name], 0 if self.stats is None or self.stats.scheduler is None else 1)
         yield up
-        if self.stats is None:
+        if self.stats is None or self.stats.scheduler is None:
             return
-        stats = self.stats
-        for key, name, doc in STAT_GAUGES:
-            yield self._one(GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=label), stats.get(key, 0))
-        for key, name, doc in STAT_COUNTERS:
-            yield self._one(CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=label), stats.get(key, 0))
-        num_prompt = stats.get("num_prompt_tokens", 0)
-        hit_rate = stats.get("num_prefix_hit_tokens", 0) / num_prompt if num_prompt else 0.0
+        sched = self.stats.scheduler
+        for field, name, doc in STAT_GAUGES:
+            yield self._one(GaugeMetricFamily(f"{PREFIX}_{name}", doc, labels=label), getattr(sched, field))
+        for field, name, doc in STAT_COUNTERS:
+            yield self._one(CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=label), getattr(sched, field))
+        hit_rate = sched.num_prefix_hit_tokens / sched.num_prompt_tokens if sched.num_prompt_tokens else 0.0
         yield self._one(GaugeMetricFamily(
             f"{PREFIX}_prefix_cache_hit_rate", "prefix-hit prompt tokens / prompt tokens since start", labels=label), hit_rate)
         yield self._one(GaugeMetricFamily(
             f"{PREFIX}_kv_cache_usage_ratio", "KV pages held by live requests or promised to them, over the pool (0-1)",
-            labels=label), kv_usage_ratio(stats))
-        for prefix, name, key_label, doc in OUTCOME_PREFIXES:
-            family = CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=[*label, key_label])
-            for key, value in stats.items():
-                if key.startswith(prefix):
-                    family.add_metric([self.model_name, key[len(prefix):]], value)
-            yield family
-        for name, h in stats.get("histograms", {}).items():
+            labels=label), kv_usage_ratio(sched))
+        frontend = self.stats.frontend
+        outcomes = CounterMetricFamily(f"{PREFIX}_request_outcomes", OUTCOMES_HELP, labels=[*label, "finish_reason"])
+        errors = CounterMetricFamily(f"{PREFIX}_request_errors", ERRORS_HELP, labels=[*label, "code"])
+        if frontend is not None:
+            for reason, num in frontend.num_finished.items():
+                outcomes.add_metric([self.model_name, reason.text], num)
+            for code, num in frontend.num_errors.items():
+                errors.add_metric([self.model_name, code.text], num)
+        yield outcomes
+        yield errors
+        for name, h in self.stats.histograms.items():
             family = HistogramMetricFamily(f"{PREFIX}_{name}", HISTOGRAM_HELP.get(name, name), labels=label)
-            family.add_metric([self.model_name], buckets=_buckets(h), sum_value=h["sum"])
+            family.add_metric([self.model_name], buckets=h.cumulative(), sum_value=h.sum)
             yield family
 
     def _one(self, family, value: float):
@@ -103,20 +107,12 @@ class ServerStatsCollector(Collector):
         return family
 
 
-def kv_usage_ratio(stats: dict) -> float:
+def kv_usage_ratio(stats: SchedulerStats) -> float:
     """Pages owned by live requests plus those promised to them, over every page of the pool."""
-    num_pages = stats.get("num_free_pages", 0) + stats.get("num_cached_pages", 0) + stats.get("num_used_pages", 0)
+    num_pages = stats.num_free_pages + stats.num_cached_pages + stats.num_used_pages
     if not num_pages:
         return 0.0
-    return min(1.0, (stats.get("num_used_pages", 0) + stats.get("num_reserved_pages", 0)) / num_pages)
-
-
-def _buckets(h: dict) -> list[tuple[str, float]]:
-    total, out = 0, []
-    for bound, num in zip([*(repr(float(b)) for b in h["bounds"]), "+Inf"], h["counts"], strict=True):
-        total += num
-        out.append((bound, total))
-    return out
+    return min(1.0, (stats.num_used_pages + stats.num_reserved_pages) / num_pages)
 
 
 class ServerMetrics:
@@ -148,7 +144,7 @@ class ServerMetrics:
     def count_aborted(self, cause: str) -> None:
         self.aborted.labels(self.model_name, cause).inc()
 
-    def render(self, stats: dict | None) -> bytes:
+    def render(self, stats: StatsOut | None) -> bytes:
         """The Prometheus text exposition, with `stats` (None: the scheduler did not answer)."""
         self.server_stats.update(stats)
         return generate_latest(self.registry)

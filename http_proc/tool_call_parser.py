@@ -33,13 +33,12 @@ class ToolCallParser:
     @staticmethod
     def for_template(source: str | None) -> ToolCallParser | None:
         """The parser a chat template's tool format needs; None when it has no format we know."""
-        if not source:
-            return None
-        if HERMES_OPEN in source:
-            return ToolCallParser("hermes")
-        if PYTHON_TAG in source or ('"parameters"' in source and "tools" in source):
-            return ToolCallParser("llama3_json")
-        return None
+        return ToolCallParser.for_format(template_tool_call_format(source))
+
+    @staticmethod
+    def for_format(kind: str | None) -> ToolCallParser | None:
+        """The parser of a tool-call format (ModelFacts.tool_call_format); None for none."""
+        return None if kind is None else ToolCallParser(kind)
 
     def single_call(self) -> ToolCallParser:
         """This parser keeping only the first call (parallel_tool_calls false)."""
@@ -76,6 +75,18 @@ class ToolCallParser:
             if HERMES_OPEN.startswith(text[-n:]):
                 return len(text) - n
         return len(text)
+
+
+def template_tool_call_format(source: str | None) -> str | None:
+    """How a chat template writes tool calls ("hermes" or "llama3_json"); None when it has no format
+    we know. The launcher asks once (ModelFacts); the HTTP process parses with the answer."""
+    if not source:
+        return None
+    if HERMES_OPEN in source:
+        return "hermes"
+    if PYTHON_TAG in source or ('"parameters"' in source and "tools" in source):
+        return "llama3_json"
+    return None
 
 
 def _call(raw: str, *argument_keys: str) -> dict[str, Any] | None:

@@ -11,11 +11,13 @@ from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
+from zserve.common.cpu_isa_level import resolve_cpu_isa
 from zserve.common.proc_runtime import setup_logging
 from zserve.common.server_config import ServerConfig
 from zserve.launcher.cli import parse_config, refuse
 from zserve.launcher.config_check import check_flags, check_model, resolve_zmq_port
 from zserve.launcher.launcher import Launcher, StartupError
+from zserve.launcher.server_ready import ServerReady
 
 logger = logging.getLogger("launcher")
 
@@ -49,6 +51,14 @@ def ready_line(cfg: ServerConfig, launcher: Launcher, port: int | None) -> str:
     return f"zserve ready: model {cfg.model}; clients connect to tcp://{cfg.host}:{port}{http_note}{tp_note}"
 
 
+def ready_record(cfg: ServerConfig, launcher: Launcher, port: int | None, line: str) -> ServerReady:
+    http = launcher.ready.get("http")
+    return ServerReady(
+        pid=os.getpid(), node_rank=launcher.layout.node_rank, model=cfg.model, host=cfg.host, zmq_port=port or 0,
+        http_port=int(http.info["port"]) if http is not None else 0, ready_line=line,
+    )
+
+
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv)  # refuses a bad flag alone (exit code 2)
     setup_logging("launcher", cfg.log_level)
@@ -57,21 +67,25 @@ def main(argv: list[str] | None = None) -> None:
     try:
         layout = check_flags(cfg)
         cfg = check_model(resolve_model(resolve_zmq_port(cfg) if layout.is_head_node else cfg), layout)
+        cfg = replace(cfg, cpu_isa=resolve_cpu_isa(cfg.cpu_isa))  # once: auto is this CPU's level; one it lacks is refused
     except ValueError as exc:
         refuse(str(exc))
     from zserve.common.worker_env import worker_env
 
     shell = cfg.shell and layout.is_head_node
     log_file = open_shell_log(cfg.log_level) if shell else None  # the chat gets the terminal to itself
-    launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device, cfg.omp_spin_count), layout, log_file)
+    launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device, cfg.omp_spin_count, cfg.cpu_isa), layout, log_file)
     signal.signal(signal.SIGTERM, launcher.on_stop_signal)
     # Ctrl-C: drain, a second one aborts; under --shell it is the chat's (it stops an answer)
     signal.signal(signal.SIGINT, signal.default_int_handler if shell else launcher.on_stop_signal)
     code = 1
     try:
         port = launcher.start()
-        sys.stdout.write(ready_line(cfg, launcher, port) + "\n")  # one write: children share this pipe
+        line = ready_line(cfg, launcher, port)
+        sys.stdout.write(line + "\n")  # one write: children share this pipe
         sys.stdout.flush()
+        if cfg.ready_file:  # after the line: a program that waits for the record finds the line in the log already sent
+            ready_record(cfg, launcher, port, line).write(cfg.ready_file)
         if shell:
             from zserve.client.chat_shell import run_shell
 

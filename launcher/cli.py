@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import NoReturn
 
-from zserve.common.server_config import ServerConfig
+from zserve.common.server_config import ServerConfig, env_defaults
 
 PROG = "launch_server"
 
@@ -87,11 +87,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog=PROG, description="Start a zserve server: tokenizer, scheduler, model worker and detokenizer processes."
     )
+    from_env = env_defaults()  # ZSERVE_* variables that set a flag's default (checked in parse_config)
     for f in fields(ServerConfig):
         meta = f.metadata
         flag = meta.get("flag", "--" + f.name.replace("_", "-"))
         aliases = meta.get("aliases", ())
-        default = f.default if f.default is not MISSING else None
+        default = from_env[f.name][1] if f.name in from_env else f.default if f.default is not MISSING else None
         others = [*aliases, *meta.get("switches", {})]
         help_text = meta.get("help", "") + (f"; also {', '.join(others)}" if others else "")
         for switch, value in meta.get("switches", {}).items():  # a peer's flag that sets one value (--disable-log-stats)
@@ -142,6 +143,10 @@ class _Choices(list):
 def parse_config(argv: list[str] | None = None) -> ServerConfig:
     parser = build_parser()
     ns = vars(parser.parse_args(argv))
+    for name, (variable, value) in env_defaults().items():  # argparse checks choices only on the command line
+        choices = next(f.metadata.get("choices") for f in fields(ServerConfig) if f.name == name)
+        if ns[name] == value and choices is not None and value not in choices:
+            parser.error(f"${variable}={value!r} (the default of --{name.replace('_', '-')}): expected one of {', '.join(choices)}")
     for f in fields(ServerConfig):
         if f.metadata.get("positional"):
             given = ns.pop(f"{f.name}_positional")

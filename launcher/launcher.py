@@ -1,6 +1,7 @@
 """Starts, supervises and stops the processes of one node of the server.
 
-    start:     runtime dir -> this node's model worker ranks, then on node 0 the scheduler,
+    start:     model facts (context, chat template, tool-call format: read once, passed to every
+               child as --model-facts) -> runtime dir -> this node's model worker ranks, then on node 0 the scheduler,
                detokenizer, tokenizer -> wait for each ProcReady
                (and with --http-port, the HTTP process once the tokenizer's client port is known)
     supervise: until SIGINT/SIGTERM or a child dies
@@ -33,6 +34,7 @@ from zserve.common.rank_layout import RankLayout
 from zserve.common.server_config import API_KEY_ENV, ServerConfig
 from zserve.common.transport import Addresses, pull, push
 from zserve.launcher.child_process import ChildProcess
+from zserve.launcher.facts_resolver import resolve_model_facts
 from zserve.launcher.runtime_dir import create_runtime_dir
 
 logger = logging.getLogger("launcher")
@@ -53,6 +55,7 @@ class Launcher:
     ):
         """`log_file`: where the children's output goes (default: the launcher's stdout and stderr)."""
         self.cfg = cfg
+        self.model_facts = resolve_model_facts(cfg)  # once, for every child (--model-facts)
         self.log_file = log_file
         self.layout = layout or RankLayout.from_config(cfg)
         self.worker_env = {**worker_env, **self.layout.rank_env()}
@@ -76,7 +79,8 @@ class Launcher:
         (None on a node other than 0)."""
         # the API key goes to the frontend (tokenizer) and the HTTP process (a client of the frontend) in
         # their environment, never on a command line (ps shows those)
-        args = ["--config", replace(self.cfg, api_key="").to_json(), "--addresses", self.addrs.to_json()]
+        args = ["--config", replace(self.cfg, api_key="").to_json(), "--addresses", self.addrs.to_json(),
+                "--model-facts", self.model_facts.to_json()]
         api_key = self.cfg.api_key or os.environ.get(API_KEY_ENV, "")
         key_env = {API_KEY_ENV: api_key} if api_key else None
         for rank in self.layout.local_ranks:

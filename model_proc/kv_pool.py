@@ -54,7 +54,7 @@ class KVPool:
 
     def copy_slots(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
         """K and V of `src_slots` into `dst_slots` (int64, same length, disjoint), every layer:
-        a copy of an identical prompt takes what its source computed this step."""
+        a row sharing an identical prompt's K/V takes what its KV source computed this step."""
         for cache in (*self.k, *self.v):
             cache.index_copy_(1, dst_slots, cache.index_select(1, src_slots))
 

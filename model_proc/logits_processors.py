@@ -5,8 +5,8 @@
     top_logprobs_of   the K most likely tokens per row and their logprobs (top_logprobs)
 
 None writes into the model's raw logits: logprobs are always reported under the model's own
-distribution. The logits are the sampled requests' rows (float32[num_sampled, vocab]), and so
-are the `rows` of `PenaltyArrays` and `GrammarMasks` (common/forward_batch.py).
+distribution. The logits have one row per request of the batch (float32[num_reqs, vocab]), and
+the `rows` of `PenaltyArrays` and `GrammarMasks` are those batch rows (common/forward_batch.py).
 """
 
 from __future__ import annotations

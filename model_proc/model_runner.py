@@ -1,8 +1,14 @@
 """ModelRunner: weights + KV pool + sampler on one device; runs ForwardBatches.
 
     run(batch):  validate -> attention metadata -> forward (writes K/V of new tokens)
-                 -> copies of identical prompts: K/V slot copy from their source
-                 -> logits at the last token of each sampled request -> sample -> StepResult
+                 -> rows sharing an identical prompt's K/V: slot copy from their KV source
+                 -> logits at every row's last token -> sample -> StepResult
+
+Every array is by batch row (common/forward_batch.py): the logits are float32[num_reqs, vocab],
+and the sampler, the penalties, the grammar masks and the StepResult index them alike. A row
+that is not sampled (the ChunkedReq, at most one a step) is drawn like the others and reported
+as NO_TOKEN: one extra logits row in a step that computes a whole chunk, for no mapping
+between row numberings anywhere.
 
 It keeps no state about requests: which pages a request owns, and how many of its tokens are
 already in them, comes with every batch. It trusts the slot ids only after `batch.validate`.
@@ -18,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from zserve.common.forward_batch import ForwardBatch, StepResult
+from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
 from zserve.common.model_config import ModelConfig
 from zserve.common.worker_env import default_num_threads
 from zserve.model_proc.checkpoint import Checkpoint
@@ -68,12 +74,17 @@ class ModelRunner:
         tp_rank: int = 0,
         show_progress: bool | None = None,
         mem_fraction_static: float = 0.0,
+        gemm: str = "auto",
+        attention: str = "auto",
+        fused_ops: str = "auto",
     ):
         """The knobs come from the server config through `from_server_config` (the one source of
         their defaults). `kv_cache_tokens` > 0 sizes the KV pool in tokens; 0 takes
         `kv_memory_fraction` of the memory free after loading, or, when `mem_fraction_static` > 0, that
         share of the device's whole memory less the weights (SGLang's meaning). `num_threads` 0 =
-        `default_num_threads()` on CPU."""
+        `default_num_threads()` on CPU. `gemm`, `attention`, `fused_ops`: the kernel choices
+        (--gemm-backend, --attention-backend, --fused-ops)."""
+        self.gemm_choice, self.fused_ops_choice = gemm, fused_ops  # read by _load_model
         self.config = ModelConfig.from_model_dir(model_dir)
         self.device = resolve_device(device)
         self.dtype, dtype_reason = resolve_dtype(dtype, self.device)
@@ -108,7 +119,7 @@ class ModelRunner:
                 num_pages = min_across_ranks(num_pages, self.device)
         self.kv_pool = KVPool(self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device)
         logger.info("KV pool: %d pages x %d tokens, %.2f GiB", num_pages, page_size, self.kv_pool.num_bytes / 2**30)
-        self.attention_backend = attention_backend(self.device, self.dtype)
+        self.attention_backend = attention_backend(self.device, self.dtype, attention)
         self.sampler = Sampler(self.device)
 
     @staticmethod
@@ -127,6 +138,9 @@ class ModelRunner:
             tp_size=cfg.tp_size,
             seed=cfg.seed,
             show_progress=show_progress,
+            gemm=cfg.gemm_backend,
+            attention=cfg.attention_backend,
+            fused_ops=cfg.fused_ops,
         )
 
     def _load_model(self, show_progress: bool | None) -> torch.nn.Module:
@@ -143,11 +157,11 @@ class ModelRunner:
             model.load(ckpt)
             missing = ckpt.missing_params(model)
         assert not missing, f"parameters not filled from the checkpoint: {missing}"
-        if fused_ops_available(self.device, self.dtype):  # norms, gated activation, rotary + K/V write: one call each
+        if fused_ops_available(self.device, self.dtype, self.fused_ops_choice):  # norms, gated activation, rotary + K/V write: one call each
             for module in model.modules():
                 if hasattr(module, "use_cpu_kernels"):
                     module.use_cpu_kernels()
-        self.gemm_backend = gemm_backend(self.device, self.dtype)
+        self.gemm_backend = gemm_backend(self.device, self.dtype, self.gemm_choice)
         if self.gemm_backend != "torch":
             t0 = time.perf_counter()
             count = prepack_weights(model, self.gemm_backend)
@@ -172,20 +186,20 @@ class ModelRunner:
     def run(self, batch: ForwardBatch) -> StepResult:
         t0 = time.perf_counter()
         self._validate(batch)
-        sampled = batch.is_sampled.astype(bool)
-        logits, hidden = self._forward(batch, sampled)  # float32[num_sampled, vocab]; every computed token's hidden state
-        positions = torch.from_numpy((batch.cached_lens[sampled] + batch.extend_lens[sampled]).astype(np.int64)).to(self.device)
-        want_logprob = batch.return_logprob[sampled].astype(bool)
-        token_ids, logprobs = self.sampler.sample(logits, batch.sampling.select(sampled), positions, want_logprob, batch.penalties, batch.grammar)
+        logits, hidden = self._forward(batch)  # float32[num_reqs, vocab]; every computed token's hidden state
+        positions = torch.from_numpy((batch.cached_lens + batch.extend_lens).astype(np.int64)).to(self.device)
+        want_logprob = batch.return_logprob & batch.is_sampled
+        token_ids, logprobs = self.sampler.sample(logits, batch.sampling, positions, want_logprob, batch.penalties, batch.grammar)
+        token_ids = token_ids.cpu().numpy()
+        if not batch.is_sampled.all():
+            token_ids[~batch.is_sampled] = NO_TOKEN
         num_top, top_ids, top_logprobs = 0, None, None
-        if batch.top_logprobs is not None and batch.top_logprobs[sampled].any():
-            num_top = int(batch.top_logprobs[sampled].max())
+        if batch.top_logprobs is not None and batch.top_logprobs.any():
+            num_top = int(batch.top_logprobs.max())
             ids, values = top_logprobs_of(logits, num_top)
             top_ids, top_logprobs = ids.reshape(-1), values.reshape(-1)
         result = StepResult(
-            step_id=batch.step_id,
-            next_token_ids=token_ids.to(torch.int32).cpu().numpy(),
-            logprobs=logprobs.to(torch.float32).cpu().numpy(),
+            step_id=batch.step_id, next_token_ids=token_ids, logprobs=logprobs.cpu().numpy(),
             num_top=num_top, top_ids=top_ids, top_logprobs=top_logprobs,
         )
         if batch.prompt_logprobs is not None:
@@ -198,14 +212,12 @@ class ModelRunner:
         them, under the model's own distribution (log_softmax of the raw logits), in slices of
         PROMPT_SCORE_ROWS positions so the [positions, vocab] logits stay small."""
         asked = batch.prompt_logprobs
-        computed = batch.computed_part()
-        starts = np.cumsum(computed.extend_lens, dtype=np.int64) - computed.extend_lens
-        computed_idx = np.cumsum(batch.is_computed) - 1  # batch row -> row of `computed`
+        starts = batch.token_starts()
         k = asked.num_top
         values, top_ids, top_values = [], [], []
         for row, next_id in zip(asked.rows.tolist(), asked.next_ids.tolist(), strict=True):
-            start, extend_len = int(starts[computed_idx[row]]), int(batch.extend_lens[row])
-            targets = computed.input_ids[start + 1 : start + extend_len].astype(np.int64)  # what positions 0..e-2 predict
+            start, extend_len = int(starts[row]), int(batch.extend_lens[row])
+            targets = batch.input_ids[start + 1 : start + extend_len].astype(np.int64)  # what positions 0..e-2 predict
             if next_id >= 0:  # and the last position: the next chunk's first token
                 targets = np.append(targets, next_id)
             num = len(targets)
@@ -225,11 +237,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def last_logits(self, batch: ForwardBatch) -> torch.Tensor:
-        """float32[num_reqs, vocab]: logits at every request's last token (sampled or not; a
-        copy's are its source's), for parity tests. Runs a full forward, so it writes the batch's
-        K/V like `run`."""
+        """float32[num_reqs, vocab]: logits at every row's last token (a KV-sharing row's are its
+        source's), for parity tests. Runs a full forward, so it writes the batch's K/V like `run`."""
         self._validate(batch)
-        return self._forward(batch, np.ones(batch.num_reqs, bool))[0]
+        return self._forward(batch)[0]
 
     def _validate(self, batch: ForwardBatch) -> None:
         batch.validate(self.page_size, self.num_pages_total)
@@ -245,28 +256,24 @@ class ModelRunner:
             bad = batch.input_ids[(batch.input_ids < 0) | (batch.input_ids >= self.config.vocab_size)][0]
             raise ValueError(f"ForwardBatch {batch.step_id}: token id {int(bad)} is outside the vocabulary of {self.config.vocab_size}")
 
-    def _forward(self, batch: ForwardBatch, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-        """Forward the batch's computed requests, then give each copy its source's K/V for this
-        step's positions; logits at the last token of the requests where `rows` is True (a copy's
-        row is its source's, computed once), and the hidden state of every computed token."""
+    def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward the batch's computed rows, then give each KV-sharing row its source's K/V for
+        this step's positions; logits at every row's last token (a sharing row's are its
+        source's, computed once), and the hidden state of every computed token."""
         computed = batch.computed_part()
         meta = AttentionMetadata.build(computed, self.kv_pool, self.dtype, backend=self.attention_backend)
         input_ids = torch.from_numpy(computed.input_ids.astype(np.int64)).to(self.device)
         hidden = self.model(input_ids, meta)  # [T, hidden]
-        last_token_idx = np.cumsum(computed.extend_lens, dtype=np.int64) - 1  # per computed request
+        last_token_idx = batch.token_starts() + batch.extend_lens - 1  # int64[num_reqs], into `hidden`
         expand = None
-        if computed is batch:
-            last_token_idx = last_token_idx[rows]
-        else:
-            src_slots, dst_slots = batch.copied_slots(self.page_size)
+        if batch.kv_source is not None:
+            src_slots, dst_slots = batch.shared_kv_slots(self.page_size)
             self.kv_pool.copy_slots(torch.from_numpy(src_slots).to(self.device), torch.from_numpy(dst_slots).to(self.device))
-            computed_idx = np.cumsum(batch.is_computed) - 1  # request of the batch -> request of `computed`
-            sources, expand = np.unique(computed_idx[batch.copy_of[rows]], return_inverse=True)
-            last_token_idx = last_token_idx[sources]
+            last_token_idx, expand = np.unique(last_token_idx, return_inverse=True)  # a source's logits once
         last_hidden = hidden
         if last_token_idx.size != computed.num_tokens:  # a pure decode batch needs no gather
             last_hidden = hidden.index_select(0, torch.from_numpy(last_token_idx).to(self.device))
         logits = self.model.compute_logits(last_hidden)
-        if expand is not None:  # one row per wanted request, a copy reading its source's
+        if expand is not None:  # one row per request, a sharing row reading its source's
             logits = logits.index_select(0, torch.from_numpy(expand.astype(np.int64)).to(self.device))
         return logits, hidden

@@ -76,7 +76,8 @@ class Sampler:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Choose one token per row. `logits` is read, never written.
 
-        logits: float32[n, vocab]; sampling: exactly the n rows; positions: int64[n], the
+        logits: float32[n, vocab], one row per request of the batch (the rows that `penalties`
+        and `grammar` name); sampling: exactly the n rows; positions: int64[n], the
         position of the token being generated (the draw's counter); want_logprob: bool[n].
 
         Returns (token_ids int32[n], logprobs float32[n]). A logprob is the chosen token's

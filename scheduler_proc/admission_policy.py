@@ -59,7 +59,7 @@ class AdmissionPolicy:
                 admitted.add(i)
             elif outcome in (AddOutcome.REQUEST_CAP, AddOutcome.NO_ROW):
                 break  # nobody else can get in this step
-            # NO_BUDGET: a copy of a prompt computed this step still can (it costs no budget)
+            # NO_BUDGET: a prompt identical to one computed this step still can (sharing its K/V costs no budget)
         if admitted:
             for _ in window:
                 queue.popleft()

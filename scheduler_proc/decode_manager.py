@@ -1,8 +1,18 @@
-"""DecodeManager: the running requests (prefill done, generating), and their pages for each step."""
+"""DecodeManager: the running requests (prefill done, generating), and their pages for each step.
+
+Retraction (preemption by recompute; only under the `estimated` KV reservation): when a decode
+step cannot get a page for every running request while keeping the pages the ChunkedReq's prompt
+still needs, running requests are retracted, the most recently admitted first and never the
+oldest running one (so every request finishes); should the oldest alone still not get its page,
+the ChunkedReq gives way. A retracted request caches what it computed, frees its pages and row,
+and goes back to the head of the queue with prompt + output as its prompt (the Scheduler's
+`_retract`); re-admitted, it computes that (a prefix hit where the cache kept it) and samples its
+next token from the last position, so its client sees one uninterrupted stream.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from zserve.scheduler_proc.cache_manager import CacheManager
 from zserve.scheduler_proc.req import Req
@@ -42,7 +52,19 @@ class DecodeManager:
         oldest = min(self._running.values(), key=lambda r: r.admit_seq)
         return max((r for r in self._running.values() if r is not oldest), key=lambda r: r.admit_seq)
 
-    def schedule_decode(self, cache: CacheManager, num_keep_pages: int) -> list[Req] | None:
+    def schedule_decode(
+        self, cache: CacheManager, num_keep_pages: Callable[[], int], retract: Callable[[Req | None], None],
+    ) -> tuple[list[Req], int]:
+        """Every running request with a page for this step's token, and how many were retracted
+        for it: until the pages fit beside `num_keep_pages()` (the ChunkedReq's prompt), the
+        retraction victim goes through `retract` (None: no victim, the ChunkedReq gives way)."""
+        num_retracted = 0
+        while (reqs := self._alloc_step_pages(cache, num_keep_pages())) is None:
+            retract(self.retraction_victim())
+            num_retracted += 1
+        return reqs, num_retracted
+
+    def _alloc_step_pages(self, cache: CacheManager, num_keep_pages: int) -> list[Req] | None:
         """Every running request, each with a page for the token it writes this step: a request
         whose pages are full gets its next page (one alloc for all). None, with nothing taken,
         when that would leave fewer than `num_keep_pages` pages free or evictable."""

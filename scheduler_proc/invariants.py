@@ -1,33 +1,19 @@
 """The Scheduler's cross-component invariants, as checks that raise AssertionError naming the
 first one broken. Each component checks its own state (`CacheManager`, `ReqTable`,
-`DecodeManager.check_integrity`); these check what holds *between* them, from plain values the
+`DecodeManager.check_integrity`, and the PendingList and ConstrainedReqs theirs against the live
+table); these check what holds *between* them, from plain values the
 Scheduler passes in (`Scheduler.check_integrity` calls them all):
 
-    check_queue   the queue, the live table and the queue-time clocks agree
     check_reqs    each admitted request is running xor prefilling, with pages for what it computed
     check_pages   the ChunkedReq's prompt, and under `full` every reservation, finds its pages
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 
 from zserve.scheduler_proc.decode_manager import DecodeManager
 from zserve.scheduler_proc.req import ChunkedReq, PendingReq, Req
-
-
-def check_queue(
-    queue: Collection[PendingReq], live: Mapping[int, PendingReq | Req], queued_since_s: Mapping[int, float], max_queued_requests: int,
-) -> None:
-    """Every waiting request is queued once and live; the clocks run for those never admitted."""
-    queued = {p.req_id for p in queue}
-    num_new = sum(not p.is_retracted for p in queue)  # retracted requests come on top of the cap
-    assert len(queued) == len(queue) and num_new <= max_queued_requests, "the queue holds a request twice, or too many"
-    assert all(isinstance(live.get(i), PendingReq) for i in queued), "a queued request is not live"
-    pending_live = {i for i, e in live.items() if isinstance(e, PendingReq)}
-    assert pending_live == queued, f"live waiting requests {sorted(pending_live - queued)} are not queued"
-    never_admitted = {p.req_id for p in queue if not p.is_retracted}
-    assert set(queued_since_s) == never_admitted, "queue-time clocks do not match the requests never admitted"
 
 
 def check_reqs(

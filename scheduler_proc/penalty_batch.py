@@ -16,9 +16,9 @@ from zserve.scheduler_proc.req import Req
 
 
 def penalty_arrays(reqs: list[Req], is_sampled: np.ndarray) -> PenaltyArrays | None:
-    """None when no sampled request asks for any adjustment (the usual batch)."""
-    sampled_idx = np.cumsum(is_sampled) - 1
-    picked = [(int(sampled_idx[i]), r) for i, r in enumerate(reqs) if is_sampled[i] and r.params.has_penalties]
+    """None when no sampled request asks for any adjustment (the usual batch). `reqs` and
+    `is_sampled` are the batch's rows, which PenaltyArrays.rows names."""
+    picked = [(i, r) for i, r in enumerate(reqs) if is_sampled[i] and r.params.has_penalties]
     if not picked:
         return None
     tokens, counts, biases, bias_values, banned = [], [], [], [], []

@@ -12,10 +12,10 @@ in free + evictable KV on top of `reserved_size`, what it reserves for the reque
 admitted. Under `full` running requests never wait for memory and are never retracted.
 
 Identical prompts in one round are computed once: a request whose whole prompt equals that of a
-request this step completes (its *source*), with the same cached prefix, is admitted as a *copy*
-(`copy_of`). It gets its own row, pages and reservation like any request, and counts towards the
-request cap, but costs no token budget: the worker copies the source's K/V of this step into its
-pages, and it samples from the source's logits. A prompt that shares only a prefix with one in
+request this step completes, with the same cached prefix, takes its K/V from that one (its *KV
+source*, `kv_source`). It gets its own row, pages and reservation like any request, and counts
+towards the request cap, but costs no token budget: the worker copies the source's K/V of this
+step into its pages, and it samples from the source's logits. A prompt that shares only a prefix with one in
 this step waits for that page instead (WAIT_FOR_PREFIX): next step it is a cache hit.
 """
 
@@ -67,7 +67,7 @@ class PrefillAdder:
         self.wait_for_shared_prefix = wait_for_shared_prefix and cache.enable_radix_cache
         self.reqs: list[Req] = []  # scheduled this step, in order
         self.extend_lens: list[int] = []
-        self.copy_of: list[int | None] = []  # per entry of `reqs`: the index of its source, for a copy
+        self.kv_source: list[int | None] = []  # per entry of `reqs`: the index in `reqs` of its KV source, if it has one
         self._sources: dict[bytes, int] = {}  # prompt bytes -> index in `reqs` of the request completing it now
         self.admitted: list[Req] = []  # the newly admitted subset of `reqs`
         self.chunked: ChunkedReq | None = None  # the request left with prompt after this step
@@ -79,7 +79,7 @@ class PrefillAdder:
         self._schedule(req, min(self.token_budget, req.num_prompt_tokens - req.cached_len))
 
     def try_add(self, pending: PendingReq) -> AddOutcome:
-        # prompt logprobs need every prompt token's logits: computed whole (no prefix hit, no copy), until they
+        # prompt logprobs need every prompt token's logits: computed whole (no prefix hit, no KV source), until they
         # are sent with the first output token (a ChunkedReq retracted mid-prompt scores it all again)
         scores_prompt = pending.params.prompt_logprobs is not None and not pending.output_ids
         source_idx = self._sources.get(pending.input_ids.tobytes()) if self._sources and not scores_prompt else None
@@ -141,7 +141,7 @@ class PrefillAdder:
         if source_idx is None:
             extend_len, how = min(self.token_budget, num_prompt_tokens - match.num_tokens), "computed"
         else:
-            extend_len, how = self.extend_lens[source_idx], f"copied from req {self.reqs[source_idx].req_id}"
+            extend_len, how = self.extend_lens[source_idx], f"K/V shared from req {self.reqs[source_idx].req_id}"
         logger.info(
             "req %d %s: %d prompt tokens, %d cached, %d %s now, row %d",
             req.req_id, "re-admitted after a retraction" if is_retracted else "admitted",
@@ -164,8 +164,8 @@ class PrefillAdder:
         return num_need_pages * self.page_size + self.reserved_size <= self.cache.num_available_pages * self.page_size
 
     def _schedule(self, req: Req, extend_len: int, source_idx: int | None = None) -> None:
-        """Compute `extend_len` more prompt tokens of `req` this step (or, for a copy, take them
-        from `reqs[source_idx]` at no budget); give it the pages they need out of its reservation."""
+        """Compute `extend_len` more prompt tokens of `req` this step (or, with a KV source, take
+        them from `reqs[source_idx]` at no budget); give it the pages they need out of its reservation."""
         end = req.cached_len + extend_len
         num_new_pages = -(-end // self.page_size) - req.num_pages
         if num_new_pages > 0:
@@ -174,7 +174,7 @@ class PrefillAdder:
             self.reserved_size -= num_new_pages * self.page_size
         self.reqs.append(req)
         self.extend_lens.append(extend_len)
-        self.copy_of.append(source_idx)
+        self.kv_source.append(source_idx)
         if source_idx is not None:
             assert end == req.num_prompt_tokens and req.cached_len == self.reqs[source_idx].cached_len
             return
@@ -184,7 +184,7 @@ class PrefillAdder:
             assert self.token_budget == 0
             self.chunked = ChunkedReq(req)
             logger.info("req %d chunked: %d of %d prompt tokens after this step", req.req_id, end, req.num_prompt_tokens)
-        elif req.prompt_scores is None:  # its prompt completes now: an identical one admitted after it is a copy
+        elif req.prompt_scores is None:  # its prompt completes now: an identical one admitted after it shares its K/V
             self._sources.setdefault(req.input_ids.tobytes(), len(self.reqs) - 1)
 
     def _prefix_in_this_step(self, input_ids: np.ndarray, num_matched_tokens: int) -> bool:

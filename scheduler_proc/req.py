@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from zserve.common.finish_reason import FinishReason
 from zserve.common.messages import PromptLogprobs
 from zserve.common.sampling_params import SamplingParams
 from zserve.scheduler_proc.radix_cache import RadixNode
@@ -108,6 +109,15 @@ class Req:
     def is_prefilling(self) -> bool:
         return self.cached_len < self.num_prompt_tokens
 
+    def finish_reason(self) -> FinishReason | None:
+        """Why it ends with the token just appended to its output, or None. The context limit is
+        already in max_tokens (what the context leaves, when the request gave none)."""
+        if self.output_ids[-1] in self.stop_ids:
+            return FinishReason.STOP
+        if len(self.output_ids) >= self.max_tokens:
+            return FinishReason.LENGTH
+        return None
+
     def token_ids(self, num_tokens: int) -> np.ndarray:
         """The first `num_tokens` tokens of its sequence (prompt, then output)."""
         if num_tokens <= self.num_prompt_tokens:
@@ -131,7 +141,7 @@ class Req:
 class PromptScores:
     """Prompt logprobs (echo), gathered chunk by chunk from the worker's StepResults until the
     prompt's last chunk sends them with the first token. A request asking for them is computed
-    whole (no prefix-cache hit, no copy): cached or copied tokens have no logits."""
+    whole (no prefix-cache hit, no KV source): cached or shared tokens have no logits."""
 
     num_top: int  # K most likely tokens per position
     logprobs: list[np.ndarray] = field(default_factory=list)  # float32, chunk after chunk

@@ -15,16 +15,16 @@ from zserve.scheduler_proc.req_table import ReqTable
 @dataclass(slots=True)
 class ScheduledBatch:
     """Decode requests first (one token each, always sampled), then prefill requests (a chunk
-    each; sampled unless prompt is left after it). Pages for this step are already allocated.
-    A prefill request may be a copy of an earlier one with the same prompt (`prefill_copy_of`,
-    an index into `prefill_reqs`): the worker copies that one's K/V and logits instead of
-    computing it (see ForwardBatch)."""
+    each; sampled unless prompt is left after it): `reqs[i]` is ForwardBatch and StepResult row i.
+    Pages for this step are already allocated. A prefill request may take its K/V from an earlier
+    one with the same prompt (`prefill_kv_source`, an index into `prefill_reqs`): the worker
+    copies that one's K/V and logits instead of computing it (see ForwardBatch)."""
 
     step_id: int
     decode_reqs: list[Req]
     prefill_reqs: list[Req]
     prefill_extend_lens: list[int]
-    prefill_copy_of: list[int | None]
+    prefill_kv_source: list[int | None]
     prefill_is_sampled: list[bool] = field(init=False)  # False for the ChunkedReq, if any
 
     def __post_init__(self) -> None:
@@ -34,20 +34,16 @@ class ScheduledBatch:
 
     @property
     def num_prefilled_tokens(self) -> int:
-        """Prompt tokens computed by this step (a copy's are not)."""
-        return sum(n for n, source in zip(self.prefill_extend_lens, self.prefill_copy_of, strict=True) if source is None)
+        """Prompt tokens computed by this step (a KV-sharing request's are not)."""
+        return sum(n for n, source in zip(self.prefill_extend_lens, self.prefill_kv_source, strict=True) if source is None)
 
     @property
     def reqs(self) -> list[Req]:
         return self.decode_reqs + self.prefill_reqs
 
-    @property
-    def num_sampled(self) -> int:
-        return len(self.decode_reqs) + sum(self.prefill_is_sampled)
-
-    def sampled_req_ids(self) -> list[int]:
-        """The req_ids that get a token, in sampled order (StepResult's rows): decode, then prefill."""
-        prefilled = [r.req_id for r, sampled in zip(self.prefill_reqs, self.prefill_is_sampled, strict=True) if sampled]
+    def sampled_req_ids(self) -> list[int | None]:
+        """Per row: the req_id of a request that gets a token this step, None for one that does not."""
+        prefilled = [r.req_id if sampled else None for r, sampled in zip(self.prefill_reqs, self.prefill_is_sampled, strict=True)]
         return [r.req_id for r in self.decode_reqs] + prefilled
 
     def to_forward_batch(self, req_table: ReqTable) -> ForwardBatch:
@@ -58,19 +54,19 @@ class ScheduledBatch:
         input_ids = np.fromiter((r.output_ids[-1] for r in self.decode_reqs), np.int32, num_decode)
         extend_lens = np.ones(n, np.int32)
         is_sampled = np.ones(n, np.bool_)
-        copy_of = None
+        kv_source = None
         if self.prefill_reqs:
             chunks = [
                 r.input_ids[r.cached_len : r.cached_len + e]
-                for r, e, source in zip(self.prefill_reqs, self.prefill_extend_lens, self.prefill_copy_of, strict=True)
+                for r, e, source in zip(self.prefill_reqs, self.prefill_extend_lens, self.prefill_kv_source, strict=True)
                 if source is None
             ]
             input_ids = np.concatenate([input_ids, *chunks])
             extend_lens[num_decode:] = self.prefill_extend_lens
             is_sampled[num_decode:] = self.prefill_is_sampled
-            if any(source is not None for source in self.prefill_copy_of):
-                copy_of = np.arange(n, dtype=np.int32)
-                copy_of[num_decode:] = [num_decode + (i if source is None else source) for i, source in enumerate(self.prefill_copy_of)]
+            if any(source is not None for source in self.prefill_kv_source):
+                kv_source = np.arange(n, dtype=np.int32)
+                kv_source[num_decode:] = [num_decode + (i if source is None else source) for i, source in enumerate(self.prefill_kv_source)]
         sampling, return_logprob = req_table.sampling_columns(np.fromiter((r.row_idx for r in reqs), np.intp, n))
         return ForwardBatch(
             step_id=self.step_id,
@@ -82,7 +78,7 @@ class ScheduledBatch:
             is_sampled=is_sampled,
             return_logprob=return_logprob,
             sampling=sampling,
-            copy_of=copy_of,
+            kv_source=kv_source,
             penalties=penalty_arrays(reqs, is_sampled),
             top_logprobs=_top_logprobs(reqs),
             prompt_logprobs=self.prompt_logprob_rows(),
@@ -96,7 +92,7 @@ class ScheduledBatch:
         num_decode = len(self.decode_reqs)
         next_ids = []
         for i, r in asking:
-            assert self.prefill_copy_of[i] is None, "a request scoring its prompt is never a copy"
+            assert self.prefill_kv_source[i] is None, "a request scoring its prompt computes it: it has no KV source"
             end = r.cached_len + self.prefill_extend_lens[i]
             next_ids.append(int(r.input_ids[end]) if end < r.num_prompt_tokens else -1)
         return PromptLogprobRows(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from zserve.scheduler_proc.scheduler_stats import SchedulerStats
+from zserve.common.scheduler_stats import SchedulerStats
 
 logger = logging.getLogger("scheduler_proc")
 

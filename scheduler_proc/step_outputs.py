@@ -2,10 +2,10 @@
 
 The Scheduler decides what happens to each request of the step (append its token, finish,
 cache, free); this file owns how the worker's arrays become the requests' updates. StepResult's
-per-token arrays have one row per *sampled* request, decode requests first:
+per-token arrays have one entry per row of the batch, decode requests first:
 
-    sampled_idx   0 ... num_decode-1 | num_decode ... num_sampled-1
-    requests      batch.decode_reqs  | batch.prefill_reqs that are sampled (never the ChunkedReq)
+    row           0 ... num_decode-1 | num_decode ... num_reqs-1
+    requests      batch.decode_reqs  | batch.prefill_reqs (the ChunkedReq's row holds NO_TOKEN)
 
 Prompt logprobs (echo) instead come per scored prompt position, row after row of
 `ForwardBatch.prompt_logprobs.rows` (batch rows): `gather_prompt_scores` hands each request its
@@ -27,10 +27,10 @@ from zserve.scheduler_proc.scheduled_batch import ScheduledBatch
 
 @dataclass(slots=True)
 class TopLogprobRows:
-    """A step's top logprobs (StepResult.top_ids / top_logprobs: K per sampled request)."""
+    """A step's top logprobs (StepResult.top_ids / top_logprobs: K per row)."""
 
     num_top: int
-    ids: np.ndarray | None  # int32[num_sampled, K]
+    ids: np.ndarray | None  # int32[num_reqs, K]
     values: np.ndarray | None
 
     @staticmethod
@@ -40,20 +40,20 @@ class TopLogprobRows:
         k = result.num_top
         return TopLogprobRows(k, result.top_ids.reshape(-1, k), result.top_logprobs.reshape(-1, k))
 
-    def fields(self, sampled_idx: int, k: int) -> dict:
-        """TokenOut's top_logprob_ids / top_logprobs for the request at `sampled_idx`, which asked for k."""
+    def fields(self, row: int, k: int) -> dict:
+        """TokenOut's top_logprob_ids / top_logprobs for the request at `row`, which asked for k."""
         if not k or self.ids is None:
             return {}
-        return {"top_logprob_ids": self.ids[sampled_idx, :k].tolist(), "top_logprobs": self.values[sampled_idx, :k].tolist()}
+        return {"top_logprob_ids": self.ids[row, :k].tolist(), "top_logprobs": self.values[row, :k].tolist()}
 
 
 @dataclass(slots=True)
 class StepOutputs:
     """The updates of one step, appended in the order the Scheduler takes its requests in."""
 
-    token_ids: np.ndarray  # int32[num_sampled]: StepResult.next_token_ids; an update gets a 1-token view
+    token_ids: np.ndarray  # int32[num_reqs]: StepResult.next_token_ids; an update gets a 1-token view
     token_id_list: list[int]  # the same, as ints (what a request's output_ids holds)
-    logprobs: list[float]  # [num_sampled]; NaN where the request did not ask
+    logprobs: list[float]  # [num_reqs]; NaN where the request did not ask
     top: TopLogprobRows
     updates: list[TokenOut] = field(default_factory=list)
 
@@ -63,17 +63,17 @@ class StepOutputs:
         return StepOutputs(token_ids, token_ids.tolist(), result.logprobs.tolist(), TopLogprobRows.of(result))
 
     def __len__(self) -> int:
-        """Sampled requests in the step: one token each."""
+        """Rows of the step: one token each (NO_TOKEN where not sampled)."""
         return len(self.token_ids)
 
-    def add(self, req: Req, sampled_idx: int, finish_reason: FinishReason | None, prompt: PromptLogprobs | None = None) -> None:
-        """The update of `req`, whose token at `sampled_idx` is already appended to its output."""
+    def add(self, req: Req, row: int, finish_reason: FinishReason | None, prompt: PromptLogprobs | None = None) -> None:
+        """The update of `req`, whose token at `row` is already appended to its output."""
         params = req.params
         self.updates.append(TokenOut(
-            req_id=req.req_id, token_ids=self.token_ids[sampled_idx : sampled_idx + 1], finish_reason=finish_reason,
+            req_id=req.req_id, token_ids=self.token_ids[row : row + 1], finish_reason=finish_reason,
             num_cached_tokens=req.num_cached_tokens,
-            logprobs=[self.logprobs[sampled_idx]] if params.return_logprob else None,
-            **self.top.fields(sampled_idx, params.top_logprobs), prompt=prompt,
+            logprobs=[self.logprobs[row]] if params.return_logprob else None,
+            **self.top.fields(row, params.top_logprobs), prompt=prompt,
         ))
 
 

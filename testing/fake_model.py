@@ -6,16 +6,17 @@ reused or mixed up gets a different token than its true sequence implies -- the 
 recomputes `next_token(prompt + output so far)` and compares. Freed pages can be poisoned
 (`poison`), and reading a poisoned slot fails at once.
 
-A copy of an identical prompt (`ForwardBatch.copy_of`) is not computed: its slots for this step
-get the source's, and its token is the source's sequence's -- after checking that the sequence
-read back through the copy's own pages is the source's, so a wrong page table still shows.
+A request sharing an identical prompt's K/V (`ForwardBatch.kv_source`) is not computed: its
+slots for this step get its source's, and its token is the source's sequence's -- after checking
+that the sequence read back through its own pages is the source's, so a wrong page table still
+shows.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from zserve.common.forward_batch import ForwardBatch, StepResult
+from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
 
 POISON = -1
 
@@ -44,7 +45,7 @@ class FakeModel:
         ps = self.page_size
         is_computed = batch.is_computed
         page_starts = np.concatenate([[0], np.cumsum(batch.num_pages)])
-        token_starts = np.concatenate([[0], np.cumsum(np.where(is_computed, batch.extend_lens, 0))])
+        token_starts = batch.token_starts()
         slots, reads, writes, seqs = [], [], [], []
         for i in range(batch.num_reqs):
             cached, total = int(batch.cached_lens[i]), int(batch.cached_lens[i] + batch.extend_lens[i])
@@ -55,20 +56,23 @@ class FakeModel:
             assert (cached_ids != POISON).all(), f"step {batch.step_id}: request {i} reads a freed or never-written slot"
             reads.append(slots[i][:cached])
             writes.append(slots[i][cached:])
-            seqs.append(np.concatenate([cached_ids, batch.input_ids[token_starts[i] : token_starts[i + 1]].astype(np.int64)]))
+            new_ids = batch.input_ids[token_starts[i] : token_starts[i] + total - cached] if is_computed[i] else []
+            seqs.append(np.concatenate([cached_ids, np.asarray(new_ids, np.int64)]))
         written = np.concatenate(writes)
         assert len(np.unique(written)) == len(written), f"step {batch.step_id}: two requests write the same slot"
         assert not np.intersect1d(written, np.concatenate(reads)).size, f"step {batch.step_id}: a slot is written while another request reads it"
         self.pool[np.concatenate([w for w, c in zip(writes, is_computed, strict=True) if c])] = batch.input_ids.astype(np.int64)
-        src_slots, copy_slots = batch.copied_slots(ps)
-        self.pool[copy_slots] = self.pool[src_slots]
+        src_slots, dst_slots = batch.shared_kv_slots(ps)
+        self.pool[dst_slots] = self.pool[src_slots]
         for i in np.flatnonzero(~is_computed):
-            source = int(batch.copy_of[i])
+            source = int(batch.kv_source[i])
             seqs[i] = self.pool[slots[i]]
-            assert np.array_equal(seqs[i], seqs[source]), f"step {batch.step_id}: request {i} reads another sequence than its source {source}"
-        sampled = np.flatnonzero(batch.is_sampled)
-        next_ids = np.array([self.next_token(seqs[i], self.vocab_size) for i in sampled], np.int32)
-        logprobs = np.where(batch.return_logprob[sampled], -0.5, np.nan).astype(np.float32)
+            assert np.array_equal(seqs[i], seqs[source]), f"step {batch.step_id}: request {i} reads another sequence than its KV source {source}"
+        next_ids = np.array(
+            [self.next_token(seq, self.vocab_size) if sampled else NO_TOKEN for seq, sampled in zip(seqs, batch.is_sampled, strict=True)],
+            np.int32,
+        )
+        logprobs = np.where(batch.return_logprob & batch.is_sampled, -0.5, np.nan).astype(np.float32)
         return StepResult(batch.step_id, next_ids, logprobs, **self._prompt_scores(batch, seqs))
 
     @staticmethod

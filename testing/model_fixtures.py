@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from zserve.common.forward_batch import ForwardBatch, SamplingArrays
-from zserve.common.server_config import ServerConfig
+from zserve.common.server_config import ServerConfig, env_defaults
 from zserve.model_proc.model_runner import ModelRunner
 
 VOCAB_SIZE = 600  # covers testing.tokenizer_fixtures' byte-level BPE of 600 tokens
@@ -52,9 +52,11 @@ TINY_KINDS: dict[str, tuple[str, dict]] = {
 
 
 def make_runner(model_dir: str | Path, *, tp_rank: int = 0, **overrides: Any) -> ModelRunner:
-    """A ModelRunner with the server's defaults (`ServerConfig()`), except what the test names
-    (`page_size=4, kv_cache_tokens=512, device="cpu"`, ...)."""
-    cfg = replace(ServerConfig(model=str(model_dir)), **overrides)
+    """A ModelRunner with the server's defaults (`ServerConfig()`, with the kernel choices that
+    $ZSERVE_GEMM, $ZSERVE_ATTENTION and $ZSERVE_FUSED_OPS set, as launch_server takes them), except
+    what the test names (`page_size=4, kv_cache_tokens=512, device="cpu"`, ...)."""
+    from_env = {name: value for name, (_, value) in env_defaults().items()}
+    cfg = replace(ServerConfig(model=str(model_dir), **from_env), **overrides)
     return ModelRunner.from_server_config(cfg, tp_rank=tp_rank)
 
 
@@ -115,7 +117,7 @@ class Seq:
     prompt: list[int]
     max_new_tokens: int
     chunk_size: int | None = None  # prompt tokens per step; None = whole prompt at once
-    copy_of: Seq | None = None  # prefilled as a copy of this one (same prompt, same step; ForwardBatch.copy_of)
+    kv_source: Seq | None = None  # prefilled with this one's K/V (same prompt, same step; ForwardBatch.kv_source)
     tokens: list[int] = field(init=False)  # prompt + generated
     cached_len: int = 0  # tokens whose K/V are in the pool
     page_ids: list[int] = field(default_factory=list)
@@ -143,13 +145,13 @@ class GreedyDriver:
 
     def add(
         self, prompt: list[int], max_new_tokens: int, chunk_size: int | None = None, prefix_of: Seq | None = None,
-        prefix_len: int = 0, copy_of: Seq | None = None,
+        prefix_len: int = 0, kv_source: Seq | None = None,
     ) -> Seq:
         """A new request; with `prefix_of`, the first `prefix_len` tokens (rounded down to whole
         pages, and leaving at least one token to compute) reuse that earlier request's pages, as
-        a prefix-cache hit would. With `copy_of`, its prompt is not computed: it must be stepped
-        with that request, in the step that completes both prompts, and copies its K/V and logits."""
-        seq = Seq(prompt, max_new_tokens, chunk_size, copy_of)
+        a prefix-cache hit would. With `kv_source`, its prompt is not computed: it must be stepped
+        with that request, in the step that completes both prompts, and takes its K/V and logits."""
+        seq = Seq(prompt, max_new_tokens, chunk_size, kv_source)
         if prefix_of is not None:
             assert prompt[:prefix_len] == prefix_of.tokens[:prefix_len] and prefix_len <= prefix_of.cached_len
             num_shared = min(prefix_len, len(prompt) - 1) // self.page_size
@@ -165,18 +167,18 @@ class GreedyDriver:
         return ids
 
     def build_batch(self, seqs: list[Seq]) -> ForwardBatch:
-        input_ids, cached, extend, page_ids, num_pages, sampled, copy_of = [], [], [], [], [], [], []
+        input_ids, cached, extend, page_ids, num_pages, sampled, kv_source = [], [], [], [], [], [], []
         for i, seq in enumerate(seqs):
             todo = len(seq.tokens) - seq.cached_len
             n = min(todo, seq.chunk_size) if seq.chunk_size and seq.cached_len < len(seq.prompt) else todo
             need = -(-(seq.cached_len + n) // self.page_size)
             seq.page_ids += self._new_pages(need - len(seq.page_ids))
-            if seq.copy_of is not None and seq.cached_len < len(seq.prompt):
-                source = next(j for j, s in enumerate(seqs) if s is seq.copy_of)
-                assert (seq.cached_len, n) == (cached[source], extend[source]), "a copy has its source's cached_len and extend_len"
-                copy_of.append(source)
+            if seq.kv_source is not None and seq.cached_len < len(seq.prompt):
+                source = next(j for j, s in enumerate(seqs) if s is seq.kv_source)
+                assert (seq.cached_len, n) == (cached[source], extend[source]), "a KV-sharing row has its source's cached_len and extend_len"
+                kv_source.append(source)
             else:
-                copy_of.append(i)
+                kv_source.append(i)
                 input_ids += seq.tokens[seq.cached_len : seq.cached_len + n]
             cached.append(seq.cached_len)
             extend.append(n)
@@ -189,18 +191,17 @@ class GreedyDriver:
             step_id=self.step_id, input_ids=i32(input_ids), cached_lens=i32(cached), extend_lens=i32(extend),
             page_ids=i32(page_ids), num_pages=i32(num_pages), is_sampled=np.asarray(sampled, bool),
             return_logprob=np.zeros(len(seqs), bool), sampling=SamplingArrays.greedy(len(seqs)),
-            copy_of=i32(copy_of) if copy_of != list(range(len(seqs))) else None,
+            kv_source=i32(kv_source) if kv_source != list(range(len(seqs))) else None,
         )
 
     def step(self, seqs: list[Seq]) -> ForwardBatch:
         """One forward over `seqs` (each contributes its next chunk, or its last token); the batch it ran."""
         batch = self.build_batch(seqs)
         result = self.runner.run(batch)
-        next_ids = iter(result.next_token_ids.tolist())
-        for seq, n, sampled in zip(seqs, batch.extend_lens, batch.is_sampled, strict=True):
+        for seq, n, sampled, token_id in zip(seqs, batch.extend_lens, batch.is_sampled, result.next_token_ids.tolist(), strict=True):
             seq.cached_len += int(n)
             if sampled:
-                seq.tokens.append(next(next_ids))
+                seq.tokens.append(token_id)
         return batch
 
     def generate(self, seqs: list[Seq]) -> list[list[int]]:

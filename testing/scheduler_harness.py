@@ -2,7 +2,8 @@
 
 For tests and benchmarks only. After every call it checks:
   - every sampled token equals `FakeModel.next_token(prompt + output so far)`, so a request that
-    read a freed, reused or foreign page is caught (freed pages are also poisoned);
+    read a freed, reused or foreign page is caught (freed pages are also poisoned); for a request
+    under a grammar (a FakeGrammarSource's), that token under the grammar's mask;
   - one update per request per step, a finish reason exactly when one is due, nothing after it;
   - `Scheduler.check_integrity()`.
 """
@@ -14,19 +15,21 @@ from typing import Any
 
 import numpy as np
 
+from testing.fake_grammar import FakeGrammarSource, apply_grammar_masks, masked_token
 from testing.fake_model import FakeModel
 from zserve.common.finish_reason import FinishReason
 from zserve.common.forward_batch import ForwardBatch
 from zserve.common.messages import TokenOut
 from zserve.common.sampling_params import SamplingParams
 from zserve.common.server_config import ServerConfig
+from zserve.scheduler_proc.grammar_source import GrammarSource
 from zserve.scheduler_proc.scheduler import Scheduler
 from zserve.scheduler_proc.scheduler_knobs import scheduler_knobs
 
 
 def make_scheduler(
     *, num_pages: int, page_size: int, context_len: int, eos_token_ids: Sequence[int],
-    on_pages_freed: Callable[[np.ndarray], None] | None = None, **knobs: Any,
+    on_pages_freed: Callable[[np.ndarray], None] | None = None, grammar_source: GrammarSource | None = None, **knobs: Any,
 ) -> Scheduler:
     """A Scheduler with the server's default policy knobs (`ServerConfig()`), except those named."""
     defaults = scheduler_knobs(ServerConfig())
@@ -35,22 +38,24 @@ def make_scheduler(
         raise TypeError(f"not a scheduler knob: {', '.join(sorted(unknown))}")
     return Scheduler(
         num_pages=num_pages, page_size=page_size, context_len=context_len, eos_token_ids=eos_token_ids,
-        on_pages_freed=on_pages_freed, **{**defaults, **knobs},
+        on_pages_freed=on_pages_freed, grammar_source=grammar_source, **{**defaults, **knobs},
     )
 
 
 class SchedulerHarness:
     """Builds its Scheduler over `model`'s pool (server defaults, except the knobs named) and poisons
-    every page the scheduler frees, through the CacheManager's `on_pages_freed` hook."""
+    every page the scheduler frees, through the CacheManager's `on_pages_freed` hook. With a
+    `grammar_source`, constrained requests are sampled under their masks (apply_grammar_masks)."""
 
     def __init__(
         self, model: FakeModel, *, context_len: int, eos_token_ids: Sequence[int], check_integrity: bool = True,
-        **knobs: Any,
+        grammar_source: FakeGrammarSource | None = None, **knobs: Any,
     ):
         self.model = model
+        self.grammar_source = grammar_source
         self.scheduler = make_scheduler(
             num_pages=model.num_pages, page_size=model.page_size, context_len=context_len, eos_token_ids=eos_token_ids,
-            on_pages_freed=model.poison, **knobs,
+            on_pages_freed=model.poison, grammar_source=grammar_source, **knobs,
         )
         self.check = check_integrity
         self.prompts: dict[int, list[int]] = {}
@@ -60,11 +65,13 @@ class SchedulerHarness:
         self.first: dict[int, TokenOut] = {}
         self.batches: list[ForwardBatch] = []
 
-    def submit(self, req_id: int, prompt: Sequence[int], params: SamplingParams | None = None) -> list[TokenOut]:
+    def submit(self, req_id: int, prompt: Sequence[int], params: SamplingParams | None = None, num_copies: int = 1) -> list[TokenOut]:
+        """Submit a request (n copies of it: req_ids req_id .. req_id + num_copies - 1)."""
         params = params or SamplingParams()
-        assert req_id not in self.prompts, f"the harness needs unique req_ids ({req_id})"
-        self.prompts[req_id], self.params[req_id], self.outputs[req_id] = list(prompt), params, []
-        updates = self.scheduler.submit(req_id, prompt, params)
+        for copy_id in range(req_id, req_id + num_copies):
+            assert copy_id not in self.prompts, f"the harness needs unique req_ids ({copy_id})"
+            self.prompts[copy_id], self.params[copy_id], self.outputs[copy_id] = list(prompt), params, []
+        updates = self.scheduler.submit(req_id, prompt, params, num_copies)
         self._record(updates, expect_final=True)
         return updates
 
@@ -74,15 +81,19 @@ class SchedulerHarness:
         return updates
 
     def step(self, abort_in_flight: Iterable[int] = ()) -> list[TokenOut] | None:
-        """One step (None when there was nothing to run). `abort_in_flight`: ids aborted while
-        the batch is with the worker."""
+        """One step, after polling the grammars (None when there was nothing to run).
+        `abort_in_flight`: ids aborted while the batch is with the worker."""
+        self._record(self.scheduler.poll_grammars(), expect_final=True)
         batch = self.scheduler.next_batch()
         if batch is None:
             return None
         self.batches.append(batch)
         for req_id in abort_in_flight:
             self.abort(req_id)
-        updates = self.scheduler.on_result(self.model.forward(batch))
+        result = self.model.forward(batch)
+        if batch.grammar is not None:
+            apply_grammar_masks(result, batch.grammar)
+        updates = self.scheduler.on_result(result)
         self._record(updates)
         return updates
 
@@ -91,7 +102,8 @@ class SchedulerHarness:
         for num_steps in range(max_steps):
             if not self.scheduler.has_work:
                 return num_steps
-            assert self.step() is not None, "the scheduler has work but built no batch"
+            if self.step() is None:  # fine while only grammars are being built (or the last one just failed)
+                assert not self.scheduler.has_work or self.scheduler.waits_for_grammars_only, "the scheduler has work but built no batch"
         raise AssertionError(f"still working after {max_steps} steps")
 
     def assert_drained(self) -> None:
@@ -104,6 +116,7 @@ class SchedulerHarness:
         assert stats.num_evictable_pages == stats.num_cached_pages, stats
         assert stats.num_free_pages + stats.num_cached_pages == s._cache.num_pages, stats
         assert s._req_table.num_free_rows == s._req_table.num_rows
+        assert self.grammar_source is None or not self.grammar_source.held_req_ids(), "a grammar outlived its request"
         s.check_integrity()
 
     def _record(self, updates: list[TokenOut], expect_final: bool = False) -> None:
@@ -128,6 +141,8 @@ class SchedulerHarness:
     def _check_token(self, u: TokenOut, token_id: int) -> None:
         prompt, output, params = self.prompts[u.req_id], self.outputs[u.req_id], self.params[u.req_id]
         expected = FakeModel.next_token(prompt + output, self.model.vocab_size)
+        if params.grammar is not None:
+            expected = masked_token(expected, self.grammar_source.allowed(params.grammar, len(output)))
         assert token_id == expected, f"request {u.req_id} got token {token_id} at output {len(output)}, its sequence gives {expected}"
         output.append(token_id)
         max_tokens = params.max_tokens

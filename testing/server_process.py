@@ -4,29 +4,24 @@
     with ServerProcess.start(model_dir, ["--chunked-prefill-size", "64"]) as server:   # benchmarks
         ... Client(server.port) / AsyncClient(server.address) ...
 
-or `spawn` several and `wait_ready` each, so they load at the same time. The client port is
-picked here, not parsed from the ready line: children log to the same pipe, and a log line can
-land between the printed port and its newline. Everything the server prints is kept (`log()`)
-and, when `log_path` is given, written there as it comes.
+or `spawn` several and `wait_ready` each, so they load at the same time. Starting and readiness
+are launcher/server_subprocess.py's (the launcher's typed ready record, not its log); everything
+the server prints is kept (`log()`) and, when `log_path` is given, written there as it comes.
 """
 
 from __future__ import annotations
 
 import os
-import queue
 import signal
 import socket
 import subprocess
-import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from testing.paths import REPO_ROOT
-from zserve.common.server_config import DEFAULT_CLIENT_PORT
-
-READY_MARK = "zserve ready:"
+from zserve.launcher.server_ready import ServerReady
+from zserve.launcher.server_subprocess import ServerSubprocess
 
 
 @dataclass
@@ -35,7 +30,8 @@ class ServerProcess:
     port: int
     startup_s: float = 0.0
     log_lines: list[str] = field(default_factory=list)
-    http_port: int = 0  # set by tests that start one with --http-port
+    http_port: int = 0  # the HTTP port, from the ready record (0: none; tests that start their own set it)
+    ready: ServerReady | None = None  # None for a server not started through ServerSubprocess
 
     @staticmethod
     def start(
@@ -49,25 +45,22 @@ class ServerProcess:
         model_dir: str | Path, flags: list[str], *, log_path: Path | None = None, env: dict[str, str] | None = None
     ) -> PendingServer:
         """Start launch_server without waiting; several servers can then load at the same time."""
-        port = free_port()
         no_http = [] if {"--port", "--http-port"} & set(flags) else ["--port", "0"]  # the default HTTP port is one per machine
-        cmd = [sys.executable, "-m", "zserve.launcher", "--model", str(model_dir), *no_http, *flags, "--zmq-port", str(port)]
-        return ServerProcess._spawn_cmd(cmd, port, log_path, env)
+        return ServerProcess.spawn_argv(
+            ["--model", str(model_dir), *no_http, *flags, "--zmq-port", str(free_port())], log_path=log_path, env=env,
+        )
 
     @staticmethod
     def spawn_with_defaults(flags: list[str], *, env: dict[str, str] | None = None) -> PendingServer:
         """`launch_server FLAGS` as a user types it: the default model and ports unless `flags` say."""
-        return ServerProcess._spawn_cmd([sys.executable, "-m", "zserve.launcher", *flags], DEFAULT_CLIENT_PORT, None, env)
+        return ServerProcess.spawn_argv(flags, env=env)
 
     @staticmethod
-    def _spawn_cmd(cmd: list[str], port: int, log_path: Path | None, env: dict[str, str] | None) -> PendingServer:
-        proc_env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
+    def spawn_argv(argv: list[str], *, log_path: Path | None = None, env: dict[str, str] | None = None) -> PendingServer:
+        """`launch_server ARGV`, exactly (no port or model added), without waiting."""
+        proc_env = dict(os.environ, **(env or {}))
         proc_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), proc_env.get("PYTHONPATH")) if p)
-        started_s = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=proc_env)
-        pending = PendingServer(proc, port, started_s)
-        threading.Thread(target=_read_output, args=(proc, pending.log_lines, pending.ready, log_path), daemon=True).start()
-        return pending
+        return PendingServer(ServerSubprocess.start(argv, env=proc_env, log_path=log_path))
 
     @property
     def address(self) -> str:
@@ -135,31 +128,25 @@ class ServerProcess:
 class PendingServer:
     """A launch_server that has been started and may not be ready yet."""
 
-    proc: subprocess.Popen
-    port: int
-    started_s: float
-    log_lines: list[str] = field(default_factory=list)
-    ready: queue.Queue[bool] = field(default_factory=queue.Queue)
+    server: ServerSubprocess
+
+    @property
+    def proc(self) -> subprocess.Popen:
+        return self.server.proc
+
+    @property
+    def log_lines(self) -> list[str]:
+        return self.server.log_lines
 
     def wait_ready(self, timeout_s: float = 600.0) -> ServerProcess:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            try:
-                self.ready.get(timeout=0.2)
-                return ServerProcess(self.proc, self.port, time.perf_counter() - self.started_s, self.log_lines)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    time.sleep(0.2)  # let the reader take the last lines
-                    raise RuntimeError(
-                        f"launch_server exited with {self.proc.returncode} before ready:\n{''.join(self.log_lines[-200:])}"
-                    ) from None
-        self.kill()
-        raise RuntimeError(f"launch_server not ready within {timeout_s:.0f}s:\n{''.join(self.log_lines[-200:])}")
+        """The ServerProcess once it is ready; RuntimeError (ServerStartError) naming why not, with its log."""
+        ready = self.server.wait_ready(timeout_s)
+        return ServerProcess(
+            self.server.proc, ready.zmq_port, self.server.startup_s, self.server.log_lines, ready.http_port, ready,
+        )
 
     def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
+        self.server.kill()
 
 
 def start_server(model_dir: str | Path, *flags: str, timeout_s: float = 120.0, env: dict[str, str] | None = None) -> ServerProcess:
@@ -197,19 +184,3 @@ def free_port() -> int:
 def _cmdline(pid: int) -> list[bytes]:
     with open(f"/proc/{pid}/cmdline", "rb") as f:
         return f.read().split(b"\0")
-
-
-def _read_output(proc: subprocess.Popen, lines: list[str], ready: queue.Queue[bool], log_path: Path | None) -> None:
-    assert proc.stdout is not None
-    log_file = open(log_path, "a") if log_path is not None else None  # noqa: SIM115 (closed below)
-    try:
-        for line in proc.stdout:
-            lines.append(line)
-            if log_file is not None:
-                log_file.write(line)
-                log_file.flush()
-            if READY_MARK in line:
-                ready.put(True)
-    finally:
-        if log_file is not None:
-            log_file.close()

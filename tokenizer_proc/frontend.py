@@ -39,6 +39,7 @@ from zserve.common.messages import (
     Drain,
     DrainDone,
     FailAll,
+    FrontendStats,
     GenerateReq,
     Heartbeat,
     HeartbeatAck,
@@ -48,7 +49,7 @@ from zserve.common.messages import (
     TokenizedReq,
 )
 from zserve.common.transport import Endpoint
-from zserve.common.wire import WireError
+from zserve.common.wire import WireError, tag_of
 from zserve.tokenizer_proc.client_registry import ClientRegistry
 from zserve.tokenizer_proc.request_metrics import RequestMetrics
 from zserve.tokenizer_proc.request_validator import RequestValidator
@@ -116,7 +117,7 @@ class Frontend:
             fields = msgpack.unpackb(frame, raw=False, strict_map_key=False)
         except (ValueError, TypeError, msgpack.ExtraData, RecursionError):
             return
-        if isinstance(fields, list) and len(fields) >= 2 and fields[0] == GenerateReq.TAG and isinstance(fields[1], int):
+        if isinstance(fields, list) and len(fields) >= 2 and fields[0] == tag_of(GenerateReq) and isinstance(fields[1], int):
             req_id = fields[1]
             if -(2**63) <= req_id < 2**64 and self.registry.identity_of(req_id) is None:
                 self.refuse(identity, req_id, ErrorCode.INVALID, f"malformed request: {exc}")
@@ -146,7 +147,7 @@ class Frontend:
             logger.info("req %d refused: missing or wrong API key", msg.req_id)
             self.refuse(identity, msg.req_id, ErrorCode.UNAUTHORIZED, error)
         elif isinstance(msg, StatsReq):
-            self.send_to(identity, StatsOut(req_id=msg.req_id, stats={}, code=ErrorCode.UNAUTHORIZED, error=error))
+            self.send_to(identity, StatsOut(req_id=msg.req_id, code=ErrorCode.UNAUTHORIZED, error=error))
         else:  # a Heartbeat: answered, so the client's liveness check holds, but not counted
             self.send_to(identity, HeartbeatAck(client_id=msg.client_id))
 
@@ -214,10 +215,10 @@ class Frontend:
             msg = self.inbox.recv_nowait()
 
     def add_frontend_stats(self, msg: StatsOut) -> None:
-        msg.stats["frontend_in_flight"] = self.registry.num_in_flight
-        msg.stats["frontend_draining"] = int(self.draining is not None)
-        msg.stats.update({f"requests_finished_{reason}": n for reason, n in self.metrics.finished.items()})
-        msg.stats.update({f"requests_error_{code}": n for code, n in self.metrics.errors.items()})
+        msg.frontend = FrontendStats(
+            num_in_flight=self.registry.num_in_flight, is_draining=self.draining is not None,
+            num_finished=dict(self.metrics.finished), num_errors=dict(self.metrics.errors),
+        )
         msg.histograms.update(self.metrics.histograms)
         msg.info.update(self.server_info)
 

@@ -44,8 +44,8 @@ class RequestMetrics:
         "request_prompt_tokens": Histogram.of(TOKENS_BOUNDS),
         "request_generation_tokens": Histogram.of(TOKENS_BOUNDS),
     })
-    finished: dict[str, int] = field(default_factory=dict)  # finish reason -> requests
-    errors: dict[str, int] = field(default_factory=dict)  # error code -> requests that ended in an error
+    finished: dict[FinishReason, int] = field(default_factory=dict)  # requests ended, by finish reason
+    errors: dict[ErrorCode, int] = field(default_factory=dict)  # requests that ended in an error, by code
     timings: dict[int, RequestTiming] = field(default_factory=dict)  # req_id -> its timing, while in flight
 
     def on_admitted(self, req_id: int, client_id: str, now_s: float) -> None:
@@ -88,6 +88,6 @@ class RequestMetrics:
         self._count_outcome(out.finish_reason, out.code)
 
     def _count_outcome(self, finish_reason: FinishReason, code: ErrorCode | None) -> None:
-        self.finished[finish_reason.text] = self.finished.get(finish_reason.text, 0) + 1
+        self.finished[finish_reason] = self.finished.get(finish_reason, 0) + 1
         if code is not None:
-            self.errors[code.text] = self.errors.get(code.text, 0) + 1
+            self.errors[code] = self.errors.get(code, 0) + 1

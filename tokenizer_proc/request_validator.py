@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from zserve.common.choices import bad_n_error, num_choices
 from zserve.common.context_limit import over_context_error
 from zserve.common.request_limits import LIMITS
 from zserve.common.sampling_params import SamplingParams
@@ -52,9 +53,9 @@ class RequestValidator:
 
     def num_copies(self, body: dict) -> int:
         """`n`: how many choices of the prompt the request wants (1 when it does not say)."""
-        n = body.get("n", 1)
-        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= LIMITS.max_copies:
-            raise ValueError(f"n must be an integer in [1, {LIMITS.max_copies}], got {n!r:.64}")
+        n = num_choices(body)
+        if n is None:
+            raise ValueError(bad_n_error(body))
         return n
 
     def validate(self, body: Any) -> tuple[list[int], SamplingParams]:

@@ -88,16 +88,6 @@ class TextTokenizer:
             name=str(files.model_dir),
         )
 
-    @staticmethod
-    def for_server(tokenizer_dir: str | Path, chat_template_file: str = "") -> TextTokenizer:
-        """The tokenizer every process of a server loads: the model's, with the Jinja file
-        `chat_template_file` (--chat-template) as its default chat template when one is given.
-        One loader, so the HTTP process parses tool calls in the template the prompts use."""
-        tokenizer = TextTokenizer.from_model_dir(tokenizer_dir)
-        if not chat_template_file:
-            return tokenizer
-        return tokenizer.with_chat_template(Path(chat_template_file).read_text(encoding="utf-8"), chat_template_file)
-
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Same ids as transformers' `tokenizer(text)["input_ids"]` (BOS included if the
         tokenizer adds one); special-token text in `text` becomes the special token."""

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import zmq
 
-from zserve.common.context_limit import served_context_len
 from zserve.common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, SCHEDULER_INBOX, ProcReady
 from zserve.common.model_config import ModelConfig
+from zserve.common.model_facts import ModelFacts
 from zserve.common.proc_runtime import child_args, child_setup
 from zserve.common.server_config import API_KEY_ENV, ServerConfig
 from zserve.common.transport import Addresses, pull, push
@@ -36,12 +36,14 @@ def bind_client_port(ctx: zmq.Context, host: str, port: int, max_frame_bytes: in
     return router, port
 
 
-def serve(cfg: ServerConfig, addrs: Addresses) -> None:
-    model_config = ModelConfig.from_model_dir(cfg.model)
-    context_len = served_context_len(model_config.context_len, cfg.context_length)
-    tokenizer = TextTokenizer.for_server(cfg.tokenizer_dir, cfg.chat_template)
-    if cfg.chat_template:  # --chat-template: a Jinja file instead of the model's own
-        logger.info("chat template from %s (instead of the model's)", cfg.chat_template)
+def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts) -> None:
+    model_config = ModelConfig.from_model_dir(cfg.model)  # the vocabulary and generation_config.json's defaults
+    context_len = facts.context_len
+    tokenizer = TextTokenizer.from_model_dir(cfg.tokenizer_dir)
+    if facts.chat_template is not None and facts.chat_template != tokenizer.chat_template_source:
+        # --chat-template: a Jinja file instead of the model's own (the launcher read it, for every process)
+        logger.info("chat template from %s (instead of the model's)", facts.chat_template_origin)
+        tokenizer = tokenizer.with_chat_template(facts.chat_template, facts.chat_template_origin)
     default_sampling = dict(model_config.default_sampling)
     if default_sampling:
         logger.info("sampling defaults from generation_config.json: %s", ", ".join(f"{k}={v}" for k, v in default_sampling.items()))
@@ -63,6 +65,6 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
 
 
 def main() -> None:
-    cfg, addrs, _ = child_args()
+    cfg, addrs, extra = child_args()
     child_setup("tokenizer", cfg.log_level)
-    serve(cfg, addrs)
+    serve(cfg, addrs, extra.model_facts)

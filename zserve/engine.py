@@ -9,8 +9,8 @@
 
 It starts `launch_server` (every process) with the keyword arguments as its flags
 (`max_running_requests=32` is `--max-running-requests 32`), on a free client port and without
-HTTP unless asked, waits until it is ready (its log lines go to stderr, so model loading shows
-progress), and talks to it through the Python client. `generate` takes any number of prompts
+HTTP unless asked, waits until it is ready (launcher/server_subprocess.py: the launcher's typed
+ready record; its log lines go to stderr, so model loading shows progress), and talks to it through the Python client. `generate` takes any number of prompts
 (vLLM users pass tens of thousands): it keeps `max_in_flight` requests in flight, below the
 server's queue cap, shows a progress bar (`use_tqdm=False`: none) and returns the results in the
 prompts' order; `agenerate` is the asyncio form, `stream` streams one prompt. Without max_tokens a
@@ -24,14 +24,8 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
-import os
-import re
-import signal
 import socket
 import subprocess
-import sys
-import threading
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import fields
 from typing import Any
@@ -44,9 +38,8 @@ from zserve.client.types import GenerateResult
 from zserve.common.sampling_params import SamplingParams
 from zserve.common.server_config import ServerConfig
 from zserve.launcher.cli import parse_config
+from zserve.launcher.server_subprocess import ServerStartError, ServerSubprocess
 
-READY_MARK = "zserve ready:"
-READY_PORT = re.compile(r"clients connect to tcp://[^\s;]+:(\d+)")
 STOP_TIMEOUT_S = 30.0
 IN_FLIGHT_PER_SLOT = 4  # requests in flight per request slot: the queue keeps every slot busy
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
@@ -67,21 +60,19 @@ class Engine:
         self.argv = [*(["--model", model] if model else []), *_flag_args(flags), *server_args]
         if not _given(self.argv, "--zmq-port"):
             self.argv += ["--zmq-port", str(_free_port())]
-        self.port: int | None = None  # the ZMQ client port, from the ready line (a given --zmq-port 0 picks one)
+        self.port: int | None = None  # the ZMQ client port, from the ready record (a given --zmq-port 0 picks one)
         if not _given(self.argv, "--port") and not _given(self.argv, "--http-port"):
             self.argv += ["--port", "0"]  # no HTTP server unless asked
-        self.log_lines: list[str] = []
-        self._echo_logs = echo_logs
-        self._ready = threading.Event()
         self._client: Client | None = None
-        self._proc = subprocess.Popen(
-            [sys.executable, "-m", "zserve.launcher", *self.argv], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"), stdin=subprocess.DEVNULL,
-        )
+        self._server = ServerSubprocess.start(self.argv, echo_logs=echo_logs, max_log_lines=1000)
+        self._proc = self._server.proc
+        self.log_lines = self._server.log_lines  # the server's output, the newest 1000 lines or more
         atexit.register(self.shutdown)
-        threading.Thread(target=self._read_logs, name="zserve-engine-logs", daemon=True).start()
         try:
-            self._wait_ready(startup_timeout_s)
+            try:
+                self.port = self._server.wait_ready(startup_timeout_s).zmq_port
+            except ServerStartError as exc:
+                raise EngineError(str(exc)) from None
             self.max_in_flight = _max_in_flight(self.argv)
             self._client = Client(self.address)
         except BaseException:
@@ -146,14 +137,10 @@ class Engine:
         if self._client is not None:
             self._client.close()
             self._client = None
-        if self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGTERM)
-            self._proc.send_signal(signal.SIGTERM)  # the second signal skips the drain: nobody waits for those answers
-            try:
-                self._proc.wait(timeout=STOP_TIMEOUT_S)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()  # its children die with it (PR_SET_PDEATHSIG)
-                self._proc.wait()
+        try:
+            self._server.stop(timeout_s=STOP_TIMEOUT_S, drain=False)  # nobody waits for the in-flight answers
+        except subprocess.TimeoutExpired:
+            self._server.kill()  # its children die with it (PR_SET_PDEATHSIG)
 
     def __enter__(self) -> Engine:
         return self
@@ -167,29 +154,8 @@ class Engine:
         if self._client is None:
             raise EngineError("the engine is shut down")
         if self._proc.poll() is not None:
-            raise EngineError(f"the server exited with code {self._proc.returncode}:\n{''.join(self.log_lines[-30:])}")
+            raise EngineError(f"the server exited with code {self._proc.returncode}:\n{self._server.log_tail(30)}")
         return self._client
-
-    def _read_logs(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            self.log_lines.append(line)
-            del self.log_lines[:-1000]
-            if self._echo_logs:
-                sys.stderr.write(line)
-            if READY_MARK in line:
-                found = READY_PORT.search(line)
-                self.port = int(found.group(1)) if found else None
-                self._ready.set()
-
-    def _wait_ready(self, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while not self._ready.wait(0.1):
-            if self._proc.poll() is not None:
-                time.sleep(0.2)  # let the log reader take the last lines
-                raise EngineError(f"launch_server exited with code {self._proc.returncode}:\n{''.join(self.log_lines[-30:])}")
-            if time.monotonic() > deadline:
-                raise EngineError(f"launch_server not ready within {timeout_s:.0f}s:\n{''.join(self.log_lines[-30:])}")
 
 
 def _flag_args(flags: dict[str, Any]) -> list[str]:

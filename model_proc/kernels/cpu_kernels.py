@@ -4,10 +4,15 @@ weights widened in registers, AVX2 or AVX-512), gemm_bf16.cpp (zserve::gemm_bf16
 AVX512-BF16) and fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store).
 
 The instruction set is cpu_isa.py's: the CPU's highest level, or a lower one forced with
-$ZSERVE_CPU_ISA. The build is cached under ~/.cache/zserve/kernels (or
+--cpu-isa. The build is cached under ~/.cache/zserve/kernels (or
 $XDG_CACHE_HOME/zserve/kernels), in a folder keyed by the level, the source, the compile flags,
-torch's version and the CPU's flags, so a new torch, a forced level or a copied home directory
-never loads a stale or foreign build. scripts/setup.sh builds it
+torch's version and install path, the interpreter and the CPU's flags, so a new torch, a forced
+level or a copied home directory never loads a stale or foreign build, and two virtual
+environments (a CI clone beside a working tree) do not rebuild each other's folder in turn: the
+compile command names torch's and Python's include folders, and ninja rebuilds when it changes.
+A build holds an flock on `<folder>.flock` (released by the kernel when its process dies), so a
+lock file left by torch's builder in a killed build is known stale and removed, instead of every
+later worker waiting on it forever. scripts/setup.sh builds it
 (`python -m zserve.model_proc.kernels.cpu_kernels`); a worker that finds no build compiles it on
 first use (about a minute on 2 cores) and waits. When it cannot be built (no compiler, no ninja,
 an error), `load_cpu_kernels()` logs one line and returns False: attention runs the pure-torch
@@ -20,6 +25,7 @@ AVX-512 machine holds no AVX-512 instruction.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
@@ -59,7 +65,8 @@ def build_key(level: str) -> str:
     digest = hashlib.sha256()
     for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
-    for part in (level, " ".join(compile_flags(level) + LDFLAGS), torch.__version__, platform.machine(), " ".join(sorted(cpu_flags()))):
+    install = (str(Path(torch.__file__).resolve().parent), sys.prefix, platform.python_version())
+    for part in (level, " ".join(compile_flags(level) + LDFLAGS), torch.__version__, *install, platform.machine(), " ".join(sorted(cpu_flags()))):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
@@ -84,6 +91,23 @@ def _ninja_on_path() -> Iterator[None]:
         os.environ["PATH"] = old
 
 
+@contextlib.contextmanager
+def _build_lock(build_dir: Path) -> Iterator[None]:
+    """One builder per folder at a time, by an flock the kernel drops when its holder dies. Whoever
+    holds it knows torch's own `lock` file in the folder (torch waits on it forever) was left by a
+    build that died, and removes it."""
+    with open(build_dir.with_name(build_dir.name + ".flock"), "a+b") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        stale = build_dir / "lock"
+        if stale.exists():
+            logger.warning("removing %s, left by a kernel build that did not finish", stale)
+            stale.unlink(missing_ok=True)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def build(verbose: bool = False) -> Path:
     """Compile (or find the cached build of) the kernel and load it into this process; returns
     the build folder. Raises on failure."""
@@ -95,7 +119,7 @@ def build(verbose: bool = False) -> Path:
         return build_dir
     build_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    with _ninja_on_path():
+    with _build_lock(build_dir), _ninja_on_path():
         cpp_extension.load(
             name=f"zserve_cpu_kernels_{level}",
             sources=[str(source) for source in SOURCES],
@@ -127,15 +151,11 @@ def load_paged_attention() -> Callable | None:
     return torch.ops.zserve.paged_attention if load_cpu_kernels() else None
 
 
-FUSED_OPS_ENV = "ZSERVE_FUSED_OPS"  # auto (default: where they build) | off (torch's ops, the reference path)
-
-
-def fused_ops_available(device: torch.device, dtype: torch.dtype) -> bool:
+def fused_ops_available(device: torch.device, dtype: torch.dtype, choice: str = "auto") -> bool:
     """Whether the fused elementwise ops (fused_ops.cpp) run here: CPU, float32 or bfloat16,
-    built, and not turned off by $ZSERVE_FUSED_OPS."""
-    choice = os.environ.get(FUSED_OPS_ENV) or "auto"
+    built, and not turned off by `choice` (a server's --fused-ops: auto, or off for torch's ops)."""
     if choice not in ("auto", "off"):
-        raise ValueError(f"{FUSED_OPS_ENV}={choice!r}: expected auto or off")
+        raise ValueError(f"--fused-ops {choice!r}: expected auto or off")
     return choice == "auto" and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and load_cpu_kernels()
 
 

@@ -6,7 +6,7 @@ Paths (`attention_backend` picks one per ModelRunner):
     the whole batch (decode, chunks, cached-prefix and new prompts), walking each request's
     pages in place, OpenMP over requests x kv heads x blocks of 16 new tokens.
   - torch (CPU fallback, the test oracle, and CUDA without flash-attn): decode rows batched over
-    a padded page gather + mask, longer rows one SDPA call each. ZSERVE_ATTENTION=torch forces it.
+    a padded page gather + mask, longer rows one SDPA call each. --attention-backend torch forces it.
   - flash-attn varlen (CUDA, fp16/bf16, flash_attn importable): one call for the whole batch over
     slot-gathered K/V; its causal mask is bottom-right aligned, which is what a cached prefix needs.
 """
@@ -14,7 +14,6 @@ Paths (`attention_backend` picks one per ModelRunner):
 from __future__ import annotations
 
 import importlib.util
-import os
 
 import torch
 import torch.nn.functional as F
@@ -24,29 +23,26 @@ from zserve.model_proc.kernels.cpu_kernels import load_paged_attention
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
 from zserve.model_proc.layers.rotary import apply_rotary
 
-BACKEND_ENV = "ZSERVE_ATTENTION"  # auto (default) | torch (force the pure-torch path) | kernel (fail if it cannot load)
-
 
 def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and importlib.util.find_spec("flash_attn") is not None
 
 
-def attention_backend(device: torch.device, dtype: torch.dtype, choice: str | None = None) -> str:
-    """"flash_varlen", "cpu_kernel" or "torch", for AttentionMetadata.build. `choice` (default:
-    $ZSERVE_ATTENTION, else "auto") is "auto", "torch" or "kernel"."""
-    choice = choice or os.environ.get(BACKEND_ENV) or "auto"
+def attention_backend(device: torch.device, dtype: torch.dtype, choice: str = "auto") -> str:
+    """"flash_varlen", "cpu_kernel" or "torch", for AttentionMetadata.build. `choice` (a server's
+    --attention-backend) is "auto", "torch" (force the pure-torch path) or "kernel" (fail if it cannot load)."""
     if choice not in ("auto", "torch", "kernel"):
-        raise ValueError(f"{BACKEND_ENV}={choice!r}: expected auto, torch or kernel")
+        raise ValueError(f"--attention-backend {choice!r}: expected auto, torch or kernel")
     if flash_attn_available(device, dtype) and choice == "auto":
         return "flash_varlen"
     if choice == "torch" or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         if choice == "kernel":
-            raise ValueError(f"{BACKEND_ENV}=kernel: the CPU kernel runs float32/bfloat16 on CPU, not {dtype} on {device}")
+            raise ValueError(f"--attention-backend kernel: the CPU kernel runs float32/bfloat16 on CPU, not {dtype} on {device}")
         return "torch"
     if load_paged_attention() is not None:
         return "cpu_kernel"
     if choice == "kernel":
-        raise RuntimeError(f"{BACKEND_ENV}=kernel, but the CPU paged-attention kernel could not be built (see the log line above)")
+        raise RuntimeError("--attention-backend kernel, but the CPU paged-attention kernel could not be built (see the log line above)")
     return "torch"
 
 

@@ -12,7 +12,7 @@ each one to the GEMM that runs it, in the layout that GEMM reads best, and frees
   - "onednn" (CPU, fp32; bf16 only where oneDNN has native bf16, i.e. AVX-512 BW/VL/DQ or
     AVX-NE-CONVERT): oneDNN's linear on a weight reordered into its blocked layout
     (torch.ops.mkldnn._reorder_linear_weight, which raises for bf16 on an AVX2-only CPU);
-  - "torch" (CUDA, other dtypes, ZSERVE_GEMM=torch): torch.mm on the plain tensor.
+  - "torch" (CUDA, other dtypes, --gemm-backend torch): torch.mm on the plain tensor.
 
 Measured (SmolLM2-135M's 30 layers of linear weights plus its LM head, 269 MB in bf16, streamed
 from memory as in a decode step, 2 threads, this machine, one process, interleaved):
@@ -38,14 +38,11 @@ adds 57 MB in bf16.
 
 from __future__ import annotations
 
-import os
-
 import torch
 from torch import nn
 
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
 
-GEMM_ENV = "ZSERVE_GEMM"  # auto (default) | zserve_widen | onednn | torch
 GEMM_CHOICES = ("auto", "zserve_widen", "onednn", "torch")
 BLOCK_COLS = 16  # zserve_bf16 and zserve_widen: output columns per packed block
 WIDEN_DTYPES = (torch.bfloat16, torch.float16)
@@ -61,12 +58,11 @@ def onednn_supports(dtype: torch.dtype) -> bool:
     return dtype == torch.bfloat16 and bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
-def gemm_backend(device: torch.device, dtype: torch.dtype, choice: str | None = None) -> str:
-    """"zserve_bf16", "zserve_widen", "onednn" or "torch" (see the top); `choice` defaults to
-    $ZSERVE_GEMM. A choice this CPU or dtype cannot run falls back to the next that can."""
-    choice = choice or os.environ.get(GEMM_ENV) or "auto"
+def gemm_backend(device: torch.device, dtype: torch.dtype, choice: str = "auto") -> str:
+    """"zserve_bf16", "zserve_widen", "onednn" or "torch" (see the top) for `choice` (a server's
+    --gemm-backend). A choice this CPU or dtype cannot run falls back to the next that can."""
     if choice not in GEMM_CHOICES:
-        raise ValueError(f"{GEMM_ENV}={choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
+        raise ValueError(f"--gemm-backend {choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
     if choice == "torch" or device.type != "cpu":
         return "torch"
     if choice == "auto" and dtype == torch.bfloat16 and load_gemm_bf16() is not None:

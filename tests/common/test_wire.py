@@ -5,6 +5,7 @@ from enum import IntEnum
 from typing import Any
 
 import msgpack
+import msgspec
 import numpy as np
 import pytest
 
@@ -19,21 +20,42 @@ from zserve.client.types import (
 )
 from zserve.common.error_code import ErrorCode
 from zserve.common.finish_reason import FinishReason
-from zserve.common.forward_batch import ForwardBatch, SamplingArrays, StepResult
+from zserve.common.forward_batch import (
+    ForwardBatch,
+    GrammarMasks,
+    PromptLogprobRows,
+    SamplingArrays,
+    StepResult,
+)
+from zserve.common.histogram import Histogram
 from zserve.common.messages import (
+    CLIENT_TO_FRONTEND,
     DETOK_INBOX,
     FRONTEND_INBOX,
+    FRONTEND_TO_CLIENT,
     NO_TOKEN_IDS,
     SCHEDULER_INBOX,
     FailAll,
+    FrontendStats,
     GenerateReq,
     ReqOutput,
+    StatsOut,
     TokenizedReq,
     TokenOut,
     TokenOutBatch,
 )
 from zserve.common.sampling_params import SamplingParams
-from zserve.common.wire import BoolArray, Codec, Float32Array, Int32Array, Int64Array, WireError, message
+from zserve.common.scheduler_stats import SchedulerStats
+from zserve.common.wire import (
+    BoolArray,
+    Codec,
+    Float32Array,
+    Int32Array,
+    Int64Array,
+    Message,
+    WireError,
+    tag_of,
+)
 from zserve.http_proc.api_error import ApiError, error_code_of
 
 
@@ -77,7 +99,7 @@ def test_ids_travel_as_raw_bytes_not_lists():
     batch.extend_lens = np.array([4095, 1], np.int32)
     frame = codec.encode(batch)
     fields = msgpack.unpackb(frame)
-    assert isinstance(fields[2], bytes) and len(fields[2]) == 4096 * 4
+    assert fields[2] == msgpack.ExtType(Int32Array.ext_code, batch.input_ids.tobytes()) and len(fields[2].data) == 4096 * 4
 
 
 def test_step_result_round_trip():
@@ -111,8 +133,8 @@ def test_validate_rejects_wrong_page_count():
         batch.validate(page_size=2, num_pages_total=50)
 
 
-def _batch_with_copies() -> ForwardBatch:
-    """A decode row, then a source (cached 4, extend 6) and two copies of it; page_size 4."""
+def _batch_with_kv_sharing() -> ForwardBatch:
+    """A decode row, then a KV source (cached 4, extend 6) and two rows taking its K/V; page_size 4."""
     return ForwardBatch(
         step_id=8,
         input_ids=np.array([9, 1, 2, 3, 4, 5, 6], np.int32),  # the decode token, then the source's 6 only
@@ -123,51 +145,67 @@ def _batch_with_copies() -> ForwardBatch:
         is_sampled=np.ones(4, bool),
         return_logprob=np.array([False, False, True, False]),
         sampling=SamplingArrays.greedy(4),
-        copy_of=np.array([0, 1, 1, 1], np.int32),
+        kv_source=np.array([0, 1, 1, 1], np.int32),
     )
 
 
-def test_copies_round_trip_and_no_copies_travel_as_nil():
+def test_kv_sources_round_trip_and_none_travel_as_nil():
     codec = Codec(ForwardBatch)
-    got = codec.decode(codec.encode(_batch_with_copies()))
-    assert got.copy_of.tolist() == [0, 1, 1, 1] and got.num_tokens == 7
+    got = codec.decode(codec.encode(_batch_with_kv_sharing()))
+    assert got.kv_source.tolist() == [0, 1, 1, 1] and got.num_tokens == 7
     got.validate(page_size=4, num_pages_total=10)
     plain = codec.decode(codec.encode(_batch()))
-    assert plain.copy_of is None and plain.is_computed.tolist() == [True, True] and plain.computed_part() is plain
+    assert plain.kv_source is None and plain.is_computed.tolist() == [True, True] and plain.computed_part() is plain
 
 
-def test_computed_part_drops_the_copies_and_copied_slots_cover_their_positions():
-    batch = _batch_with_copies()
+def test_computed_part_drops_the_kv_sharing_rows_and_shared_slots_cover_their_positions():
+    batch = _batch_with_kv_sharing()
     assert batch.is_computed.tolist() == [True, True, False, False]
     part = batch.computed_part()
-    assert part.copy_of is None and part.extend_lens.tolist() == [1, 6] and part.cached_lens.tolist() == [10, 4]
+    assert part.kv_source is None and part.extend_lens.tolist() == [1, 6] and part.cached_lens.tolist() == [10, 4]
     assert part.page_ids.tolist() == [0, 1, 2, 3, 4, 5] and part.return_logprob.tolist() == [False, False]
     part.validate(page_size=4, num_pages_total=10)
-    src, dst = batch.copied_slots(page_size=4)
-    # positions 4..9: source pages 4, 5 (slots 16..23); copy 1 pages 6, 7; copy 2 pages 8, 9
+    src, dst = batch.shared_kv_slots(page_size=4)
+    # positions 4..9: source pages 4, 5 (slots 16..23); row 2 pages 6, 7; row 3 pages 8, 9
     assert src.tolist() == [16, 17, 18, 19, 20, 21] * 2
     assert dst.tolist() == [24, 25, 26, 27, 28, 29, 32, 33, 34, 35, 36, 37]
+
+
+def test_token_starts_are_by_row_and_a_sharing_row_points_at_its_source():
+    assert _batch_with_kv_sharing().token_starts().tolist() == [0, 1, 1, 1]
+    batch = _batch_with_kv_sharing()
+    batch.kv_source = None
+    batch.input_ids = np.arange(19, dtype=np.int32)
+    assert batch.token_starts().tolist() == [0, 1, 7, 13]
 
 
 @pytest.mark.parametrize(
     ("edit", "message"),
     [
-        (lambda b: setattr(b, "copy_of", np.array([0, 1, 1], np.int32)), "copy_of has 3 entries, expected 4"),
-        (lambda b: setattr(b, "copy_of", np.array([0, 1, 3, 1], np.int32)), "request 2 is a copy of 3, not an earlier request"),
-        (lambda b: setattr(b, "copy_of", np.array([0, 1, 1, 2], np.int32)), "request 3 is a copy of 2, itself a copy"),
-        (lambda b: setattr(b, "copy_of", np.array([0, 0, 1, 1], np.int32)), "request 1 is a copy of 0 with other cached_len"),
-        (lambda b: b.is_sampled.__setitem__(1, False), "request 2 is a copy of 1, but both must be sampled"),
+        (lambda b: setattr(b, "kv_source", np.array([0, 1, 1], np.int32)), "kv_source has 3 entries, expected 4"),
+        (lambda b: setattr(b, "kv_source", np.array([0, 1, 3, 1], np.int32)), "request 2 takes its K/V from 3, not an earlier request"),
+        (lambda b: setattr(b, "kv_source", np.array([0, 1, 1, 2], np.int32)), "request 3 takes its K/V from 2, which is not computed"),
+        (lambda b: setattr(b, "kv_source", np.array([0, 0, 1, 1], np.int32)), "request 1 takes its K/V from 0, with other cached_len"),
+        (lambda b: b.is_sampled.__setitem__(1, False), "request 2 takes its K/V from 1, but both must be sampled"),
         (lambda b: setattr(b, "input_ids", np.arange(13, dtype=np.int32)), "the computed requests=7 != len(input_ids)=13"),
+        (
+            lambda b: setattr(b, "prompt_logprobs", PromptLogprobRows(np.array([1, 4], np.int32), np.array([-1, -1], np.int32), 0)),
+            "prompt_logprobs.rows must be ascending rows of the batch's 4",
+        ),
+        (
+            lambda b: setattr(b, "grammar", GrammarMasks(np.array([2, 1], np.int32), 1, np.zeros(2, np.int32))),
+            "grammar.rows must be ascending rows of the batch's 4",
+        ),
     ],
 )
-def test_validate_refuses_bad_copies(edit, message):
-    batch = _batch_with_copies()
+def test_validate_refuses_bad_kv_sources_and_rows(edit, message):
+    batch = _batch_with_kv_sharing()
     edit(batch)
     with pytest.raises(ValueError, match=re.escape(message)):
         batch.validate(page_size=4, num_pages_total=10)
 
 
-# ---- the @message decorator ---------------------------------------------------------------------
+# ---- declaring messages ---------------------------------------------------------------------------
 
 
 class Color(IntEnum):
@@ -175,14 +213,12 @@ class Color(IntEnum):
     BLUE = 2
 
 
-@message()
-class Point:
+class Point(Message):
     x: int
     y: float
 
 
-@message(90)
-class Shape:
+class Shape(Message, tag=90):
     name: str
     corners: list[Point]
     center: Point | None
@@ -193,8 +229,7 @@ class Shape:
     color: Color | None = None
 
 
-@message(91)
-class Arrays:
+class Arrays(Message, tag=91):
     i32: Int32Array
     i64: Int64Array
     f32: Float32Array
@@ -202,13 +237,13 @@ class Arrays:
     maybe: Int32Array | None = None
 
 
-@message(92)
-class Loose:
+class Loose(Message, tag=92):
     body: dict[str, Any]
     info: dict[str, int | str | list[int]]
 
 
-SHAPES = Codec(Shape, Arrays, Loose)
+SHAPES = Codec(Shape, Arrays)
+LOOSE = Codec(Loose)  # Any fields travel on a socket without arrays
 
 
 def _shape() -> Shape:
@@ -232,34 +267,48 @@ def test_an_int_travels_into_a_float_field_as_a_float():
 
 def _forged(values_by_field: dict[str, Any]) -> bytes:
     """A frame of `_shape()` with some fields' wire values replaced."""
-    names = list(Shape.__dataclass_fields__)
-    values = _shape().to_wire()
+    names = list(Shape.__struct_fields__)
+    tag, *values = msgpack.unpackb(SHAPES.encode(_shape()))
     for name, value in values_by_field.items():
         values[names.index(name)] = value
-    return msgpack.packb([Shape.TAG, *values], use_bin_type=True)
+    return msgpack.packb([tag, *values], use_bin_type=True)
 
 
 @pytest.mark.parametrize(
     ("forged", "where"),
     [
-        ({"ids": [1, "2"]}, "Shape.ids: expected int, got str"),
-        ({"ids": [1, True]}, "Shape.ids: expected int, got bool"),
-        ({"ids": "12"}, "Shape.ids: expected a list"),
-        ({"tags": [b"a"]}, "Shape.tags"),
-        ({"weights": ["0.5"]}, "Shape.weights"),
-        ({"attrs": {1: 3}}, "Shape.attrs: map keys must be strings"),
-        ({"attrs": {"n": "3"}}, "Shape.attrs"),
-        ({"corners": [[0, 0.0, 9]]}, "Shape.corners: Point takes 2 fields, got 3"),
-        ({"corners": [[0, "y"]]}, "Shape.corners: Point.y: expected float, got str"),
-        ({"center": 5}, "Shape.center"),
-        ({"color": 3}, "Shape.color: 3 is not a Color"),
-        ({"color": True}, "Shape.color: expected Color, got bool"),
-        ({"name": None}, "Shape.name: expected str, got NoneType"),
+        ({"ids": [1, "2"]}, "Shape.ids[1]: Expected `int`, got `str`"),
+        ({"ids": [1, True]}, "Shape.ids[1]: Expected `int`, got `bool`"),
+        ({"ids": "12"}, "Shape.ids: Expected `list`, got `str`"),
+        ({"tags": [b"a"]}, "Shape.tags[0]: Expected `str`, got `bytes`"),
+        ({"weights": ["0.5"]}, "Shape.weights[0]: Expected `float`, got `str`"),
+        ({"attrs": {1: 3}}, "Shape.attrs (a key): Expected `str`, got `int`"),
+        ({"attrs": {"n": "3"}}, "Shape.attrs[...]: Expected `int`, got `str`"),
+        ({"corners": [[0, 0.0, 9]]}, "Shape.corners[0]: Expected `list` of at most length 2, got 3"),
+        ({"corners": [[0, "y"]]}, "Shape.corners[0].y: Expected `float`, got `str`"),
+        ({"center": 5}, "Shape.center: Expected `list | None`, got `int`"),
+        ({"color": 3}, "Shape.color: Invalid enum value 3"),
+        ({"color": True}, "Shape.color: Expected `int | None`, got `bool`"),
+        ({"name": None}, "Shape.name: Expected `str`, got `None`"),
     ],
 )
 def test_forged_fields_raise_wire_error_naming_the_field(forged, where):
-    with pytest.raises(WireError, match=where):
+    with pytest.raises(WireError, match=re.escape(where)):
         SHAPES.decode(_forged(forged))
+
+
+@pytest.mark.parametrize(
+    ("num_fields", "error"),
+    [
+        (6, "malformed Shape: Expected `list` of at least length 8, got 7"),  # the tag and 7 fields without a default
+        (9, "malformed Shape: Expected `list` of at most length"),  # 8 fields, 9 sent
+    ],
+)
+def test_a_frame_with_missing_or_extra_fields_raises_wire_error(num_fields, error):
+    tag, *values = msgpack.unpackb(SHAPES.encode(_shape()))
+    frame = msgpack.packb([tag, *values, None][: num_fields + 1])
+    with pytest.raises(WireError, match=re.escape(error)):
+        SHAPES.decode(frame)
 
 
 def test_array_fields_round_trip_with_their_dtype_as_read_only_views():
@@ -267,45 +316,119 @@ def test_array_fields_round_trip_with_their_dtype_as_read_only_views():
         i32=np.array([1, -2], np.int32), i64=np.array([2**40], np.int64), f32=np.array([0.5, 1.5], np.float32),
         flags=np.array([True, False]),
     )
-    got = SHAPES.decode(SHAPES.encode(msg))
+    frame = SHAPES.encode(msg)
+    got = SHAPES.decode(frame)
     for name, dtype in (("i32", np.int32), ("i64", np.int64), ("f32", np.float32), ("flags", np.bool_)):
         arr = getattr(got, name)
         assert arr.dtype == dtype and arr.tolist() == getattr(msg, name).tolist() and not arr.flags.writeable
+        assert arr.base.obj is frame  # a view of the frame itself: no copy
     assert got.maybe is None
     with_ids = SHAPES.decode(SHAPES.encode(Arrays(msg.i32, msg.i64, msg.f32, msg.flags, maybe=np.arange(3, dtype=np.int32))))
     assert with_ids.maybe.tolist() == [0, 1, 2]
 
 
-def test_an_array_is_converted_to_its_declared_dtype_when_sent():
-    got = SHAPES.decode(SHAPES.encode(Arrays(np.array([1, 2], np.int64), [5], np.array([1.0]), [1, 0])))  # type: ignore[arg-type]
-    assert got.i32.dtype == np.int32 and got.i32.tolist() == [1, 2] and got.i64.tolist() == [5] and got.flags.tolist() == [True, False]
+def _arrays(**changes: Any) -> Arrays:
+    fields = {
+        "i32": np.array([1, 2], np.int32), "i64": np.array([5], np.int64), "f32": np.array([1.0], np.float32),
+        "flags": np.array([True, False]),
+    }
+    return Arrays(**{**fields, **changes})
 
 
-@pytest.mark.parametrize("raw", [b"\x00\x01\x02", "text", [1, 2]])
-def test_forged_array_bytes_raise_wire_error(raw):
-    frame = msgpack.packb([Arrays.TAG, raw, b"", b"", b"", None], use_bin_type=True)
-    with pytest.raises(WireError, match="Arrays.i32"):
+@pytest.mark.parametrize(
+    ("changes", "error"),
+    [
+        ({"i32": np.array([1, 2], np.int64)}, "Arrays.i32: Expected `Int32Array`, got `numpy.ndarray`"),
+        ({"i64": [5]}, "Arrays.i64: Expected `Int64Array`, got `list`"),
+        ({"flags": np.array([1, 0], np.int32)}, "Arrays.flags: Expected `BoolArray`, got `numpy.ndarray`"),
+    ],
+)
+def test_an_array_of_another_dtype_than_declared_is_refused_by_the_receiver(changes, error):
+    frame = SHAPES.encode(_arrays(**changes))  # the sender does not convert: it sends what it has
+    with pytest.raises(WireError, match=re.escape(error)):
+        SHAPES.decode(frame)
+
+
+@pytest.mark.parametrize("array", [np.array([1.0]), np.array([1], ">i4")])
+def test_an_array_of_no_wire_dtype_cannot_be_sent(array):
+    with pytest.raises(TypeError, match="a wire array is int32, int64, float32 or bool"):
+        SHAPES.encode(_arrays(f32=array))
+
+
+def test_a_2d_array_travels_flattened():
+    assert SHAPES.decode(SHAPES.encode(_arrays(i32=np.arange(4, dtype=np.int32).reshape(2, 2)))).i32.tolist() == [0, 1, 2, 3]
+
+
+def test_a_strided_array_travels_as_its_elements():
+    got = SHAPES.decode(SHAPES.encode(_arrays(i32=np.arange(6, dtype=np.int32)[::2])))
+    assert got.i32.tolist() == [0, 2, 4]
+
+
+@pytest.mark.parametrize(
+    ("raw", "error"),
+    [
+        (b"\x00\x01\x02", "Arrays.i32: Expected `Int32Array`, got `bytes`"),
+        ("text", "Arrays.i32: Expected `Int32Array`, got `str`"),
+        ([1, 2], "Arrays.i32: Expected `Int32Array`, got `list`"),
+        (msgpack.ExtType(2, b"\x00" * 8), "Arrays.i32: Expected `Int32Array`, got `numpy.ndarray`"),  # an int64 array
+        (msgpack.ExtType(1, b"\x00\x01\x02"), "malformed Arrays: an array's buffer size must be a multiple of element size"),
+        (msgpack.ExtType(9, b"\x00\x01\x02\x03"), "malformed Arrays: unknown ext type 9"),
+    ],
+)
+def test_forged_array_bytes_raise_wire_error(raw, error):
+    empty = [msgpack.ExtType(code, b"") for code in (2, 3, 4)]
+    frame = msgpack.packb([tag_of(Arrays), raw, *empty, None], use_bin_type=True)
+    with pytest.raises(WireError, match=re.escape(error)):
         SHAPES.decode(frame)
 
 
 def test_any_and_union_fields_take_json_like_values():
     msg = Loose(body={"prompt": "hi", "sampling": {"stop": ["x"], "seed": None}}, info={"port": 1, "url": "u", "ids": [1]})
-    assert SHAPES.decode(SHAPES.encode(msg)) == msg
-    with pytest.raises(WireError, match=re.escape("Loose.info: expected int | str | list, got float")):
-        SHAPES.decode(msgpack.packb([Loose.TAG, {}, {"port": 1.5}]))
+    assert LOOSE.decode(LOOSE.encode(msg)) == msg
+    with pytest.raises(WireError, match=re.escape("Loose.info[...]: Expected `int | str | list`, got `float`")):
+        LOOSE.decode(msgpack.packb([tag_of(Loose), {}, {"port": 1.5}]))
 
 
-def test_a_field_without_an_element_type_is_refused_at_declaration():
-    with pytest.raises(TypeError, match="Bad.items"):
+class BareInner(Message):
+    stuff: list
 
-        @message(93)
-        class Bad:
-            items: list
+
+class Bare(Message, tag=93):
+    inner: list[BareInner] | None
+
+
+class BareMap(Message, tag=94):
+    attrs: dict
+
+
+@pytest.mark.parametrize(("cls", "where"), [(Bare, "BareInner.stuff: list"), (BareMap, "BareMap.attrs: dict")])
+def test_a_field_without_an_element_type_is_refused_by_the_codec(cls, where):
+    with pytest.raises(TypeError, match=f"{where} has no element type"):
+        Codec(cls)
 
 
 def test_a_nested_only_message_cannot_be_carried_by_itself():
-    with pytest.raises(ValueError, match="no tag"):
+    with pytest.raises(ValueError, match="no int tag"):
         Codec(Point)
+
+
+def test_an_ext_value_inside_an_any_field_stays_an_ext_not_an_array():
+    frame = msgpack.packb([tag_of(GenerateReq), 1, "c", {"input_ids": msgpack.ExtType(1, b"\x01\x00\x00\x00")}, ""])
+    got = CLIENT_TO_FRONTEND.decode(frame)
+    assert type(got.body["input_ids"]) is msgspec.msgpack.Ext  # the frontend's validator refuses it
+
+
+def test_any_fields_and_array_fields_cannot_share_a_socket():
+    with pytest.raises(ValueError, match="Any fields or array fields, not both"):
+        Codec(Loose, Arrays)
+
+
+def test_two_messages_with_one_tag_cannot_share_a_socket():
+    class Other(Message, tag=90):
+        x: int
+
+    with pytest.raises(ValueError, match="tag 90 used by both Shape and Other"):
+        Codec(Shape, Other)
 
 
 def test_sampling_params_travel_typed_inside_a_tokenized_request():
@@ -313,10 +436,10 @@ def test_sampling_params_travel_typed_inside_a_tokenized_request():
     req = TokenizedReq(req_id=1, input_ids=np.array([5, 6], np.int32), params=params)
     got = SCHEDULER_INBOX.decode(SCHEDULER_INBOX.encode(req))
     assert got.params == params and got.input_ids.tolist() == [5, 6]
-    values = req.to_wire()
-    values[2][1] = "hot"  # temperature
-    with pytest.raises(WireError, match="TokenizedReq.params: SamplingParams.temperature"):
-        SCHEDULER_INBOX.decode(msgpack.packb([TokenizedReq.TAG, *values], use_bin_type=True))
+    values = msgpack.unpackb(SCHEDULER_INBOX.encode(req))
+    values[3][1] = "hot"  # temperature
+    with pytest.raises(WireError, match=re.escape("TokenizedReq.params.temperature: Expected `float`, got `str`")):
+        SCHEDULER_INBOX.decode(msgpack.packb(values, use_bin_type=True))
 
 
 def test_token_outs_travel_as_records():
@@ -332,8 +455,6 @@ def test_token_outs_travel_as_records():
 
 def test_generate_req_body_is_carried_as_sent_and_fail_all_is_typed():
     req = GenerateReq(req_id=1, client_id="c", body={"prompt": "x", "sampling": {"max_tokens": "many"}})
-    from zserve.common.messages import CLIENT_TO_FRONTEND
-
     assert CLIENT_TO_FRONTEND.decode(CLIENT_TO_FRONTEND.encode(req)) == req  # validated by the frontend, not here
     fail = FailAll(finish_reason=FinishReason.ERROR, code=ErrorCode.GONE, error="server failure: x")
     got = FRONTEND_INBOX.decode(FRONTEND_INBOX.encode(fail))
@@ -395,14 +516,33 @@ def test_http_error_responses_map_back_by_status_when_the_code_is_not_ours():
     assert error_code_of(500, None) is ErrorCode.INTERNAL
 
 
-def test_stats_out_carries_every_scheduler_stats_field():
-    """The scheduler sends asdict(SchedulerStats()) as StatsOut: every field's type must pass the
-    socket's decoder, or the stats frame is dropped and clients time out waiting for it."""
-    from dataclasses import asdict, replace
+def test_stats_out_carries_typed_records_and_flattens_to_the_keys_users_see():
+    """Each process adds its typed record on the way back; `as_dict()` (what `stats()` returns)
+    keeps the flat keys: SchedulerStats fields, detokenizer_states, frontend_*, requests_finished_*
+    by finish reason, requests_error_* by code, the info and the histograms."""
+    sched = SchedulerStats(num_running=3, new_token_ratio=0.55)
+    out = StatsOut(req_id=7, scheduler=sched, histograms={"queue_time_seconds": Histogram.of((0.1, 1.0))})
+    got = DETOK_INBOX.decode(DETOK_INBOX.encode(out))
+    assert got.scheduler == sched and type(got.scheduler.new_token_ratio) is float
+    got.num_detokenizer_states = 2
+    got.frontend = FrontendStats(
+        num_in_flight=1, is_draining=False, num_finished={FinishReason.LENGTH: 5, FinishReason.ERROR: 2},
+        num_errors={ErrorCode.INVALID: 2},
+    )
+    got.info["model_path"] = "/m"
+    final = FRONTEND_TO_CLIENT.decode(FRONTEND_TO_CLIENT.encode(got))
+    assert final.frontend.num_finished == {FinishReason.LENGTH: 5, FinishReason.ERROR: 2}
+    assert type(next(iter(final.frontend.num_errors))) is ErrorCode
+    assert final.as_dict() == {
+        **msgspec.structs.asdict(sched), "detokenizer_states": 2, "frontend_in_flight": 1, "frontend_draining": 0,
+        "requests_finished_length": 5, "requests_finished_error": 2, "requests_error_invalid": 2, "model_path": "/m",
+        "histograms": {"queue_time_seconds": {"bounds": [0.1, 1.0], "counts": [0, 0, 0], "sum": 0.0, "count": 0}},
+    }
+    refused = StatsOut(req_id=8, code=ErrorCode.UNAUTHORIZED, error="bad key")
+    assert FRONTEND_TO_CLIENT.decode(FRONTEND_TO_CLIENT.encode(refused)).as_dict() == {"histograms": {}}
 
-    from zserve.common.messages import DETOK_INBOX, StatsOut
-    from zserve.scheduler_proc.scheduler_stats import SchedulerStats
 
-    stats = asdict(replace(SchedulerStats(), num_running=3, new_token_ratio=0.55))
-    got = DETOK_INBOX.decode(DETOK_INBOX.encode(StatsOut(req_id=7, stats=stats)))
-    assert got.stats == stats
+def test_a_forged_outcome_key_is_refused():
+    frame = msgpack.packb([tag_of(StatsOut), 1, None, 0, [1, False, {99: 1}, {}]])
+    with pytest.raises(WireError, match=re.escape("StatsOut.frontend.num_finished (a key): Invalid enum value 99")):
+        FRONTEND_TO_CLIENT.decode(frame)

@@ -16,8 +16,9 @@ from zserve.client import Client
 from zserve.common.error_code import ErrorCode
 from zserve.common.finish_reason import FinishReason
 from zserve.common.messages import CLIENT_TO_FRONTEND, FRONTEND_TO_CLIENT, AbortReq, GenerateReq, ReqOutput
+from zserve.common.wire import tag_of
 
-TAG = GenerateReq.TAG
+TAG = tag_of(GenerateReq)
 REQ_ID = 4242
 
 
@@ -31,13 +32,13 @@ def gen(body, req_id: int = REQ_ID) -> bytes:
 
 
 ANSWERED = [
-    ("body key not a string", gen({1: "x"}), "malformed request.*map keys must be strings"),
+    ("body key not a string", gen({1: "x"}), r"malformed request: GenerateReq.body \(a key\): Expected `str`, got `int`"),
     ("sampling key not a string", gen({"prompt": "x", "sampling": {1: 2}}), "unknown sampling field.*1"),
     ("client_id not a string", frame(TAG, REQ_ID, 12345, {"prompt": "x"}, ""), "malformed request"),
     ("fields missing", frame(TAG, REQ_ID), "malformed request"),
     ("fields extra", frame(TAG, REQ_ID, "c", {"prompt": "x"}, "", 1, 2, 3), "malformed request"),
-    ("body a list", gen([1, 2, 3]), "malformed request.*expected a map, got list"),
-    ("body a string", gen("prompt"), "malformed request.*expected a map, got str"),
+    ("body a list", gen([1, 2, 3]), "malformed request: GenerateReq.body: Expected `map`, got `list`"),
+    ("body a string", gen("prompt"), "malformed request: GenerateReq.body: Expected `map`, got `str`"),
     ("top_k = 2**64 - 1", gen({"prompt": "x", "sampling": {"top_k": 2**64 - 1}}), "top_k must be an integer in"),
     ("max_tokens = -2**63", gen({"prompt": "x", "sampling": {"max_tokens": -(2**63)}}), "max_tokens must be"),
     ("input_ids a string", gen({"input_ids": "abc"}), "input_ids must be a list of integers"),

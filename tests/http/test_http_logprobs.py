@@ -10,6 +10,7 @@ import torch
 
 from testing.e2e_fixtures import GreedyOracle
 from testing.server_process import free_port, start_server
+from zserve.client import Client
 
 PROMPT = "The quick brown fox jumps over"
 NUM_TOKENS = 5
@@ -195,3 +196,17 @@ def test_completion_echo_with_max_tokens_zero_scores_the_prompt_only(server, oai
     assert usage.prompt_tokens == len(ids) and usage.completion_tokens == 0
     with pytest.raises(openai.BadRequestError, match="max_tokens"):
         oai.completions.create(model=model_dir.name, prompt=PROMPT, max_tokens=0)
+
+
+def test_python_client_gets_token_texts_ready_made(server, oracle):
+    """The detokenizer attaches every text the answers above show: the Python client gets them too
+    (each output and top token's own text, the prompt tokens', and the prompt of ids as text)."""
+    ids = oracle.encode(PROMPT)
+    with Client(server.port) as client:
+        r = client.generate(input_ids=ids, max_tokens=NUM_TOKENS, top_logprobs=TOP, prompt_logprobs=2, return_prompt_text=True)
+    assert r.token_texts == [oracle.tokenizer.decode([i]) for i in r.output_ids]
+    assert r.top_logprob_texts == [[oracle.tokenizer.decode([i]) for i, _ in top] for top in r.top_logprobs]
+    assert r.prompt_token_texts == [oracle.tokenizer.decode([i]) for i in ids]
+    assert r.prompt_top_logprob_texts[0] is None
+    assert r.prompt_top_logprob_texts[1:] == [[oracle.tokenizer.decode([i]) for i, _ in top] for top in r.prompt_top_logprobs[1:]]
+    assert r.prompt_text == oracle.tokenizer.decode(ids)

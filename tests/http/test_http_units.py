@@ -18,7 +18,10 @@ from zserve.client.types import (
     Usage,
 )
 from zserve.common.error_code import ErrorCode
+from zserve.common.finish_reason import FinishReason
 from zserve.common.histogram import TTFT_BOUNDS_S, Histogram
+from zserve.common.messages import FrontendStats, StatsOut
+from zserve.common.scheduler_stats import SchedulerStats
 from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.health_monitor import HealthMonitor
 from zserve.http_proc.openai_formatter import OpenAIFormatter, usage_of
@@ -265,10 +268,12 @@ def test_metrics_render_parses_with_and_without_stats():
     ttft = Histogram.of(TTFT_BOUNDS_S)
     ttft.observe(0.01)
     ttft.observe(100.0)
-    stats = {"num_running": 2, "num_waiting": 1, "num_prompt_tokens": 10, "num_prefix_hit_tokens": 4, "num_generated_tokens": 7,
-             "num_retracted": 3, "num_free_pages": 6, "num_cached_pages": 0, "num_used_pages": 3, "num_reserved_pages": 1,
-             "requests_finished_length": 5, "requests_error_invalid": 2,
-             "histograms": {"time_to_first_token_seconds": ttft.to_dict()}}
+    scheduler = SchedulerStats(
+        num_running=2, num_waiting=1, num_prompt_tokens=10, num_prefix_hit_tokens=4, num_generated_tokens=7, num_retracted=3,
+        num_free_pages=6, num_cached_pages=0, num_used_pages=3, num_reserved_pages=1,
+    )
+    frontend = FrontendStats(num_in_flight=0, is_draining=False, num_finished={FinishReason.LENGTH: 5}, num_errors={ErrorCode.INVALID: 2})
+    stats = StatsOut(req_id=1, scheduler=scheduler, frontend=frontend, histograms={"time_to_first_token_seconds": ttft})
     text = metrics.render(stats).decode()
     assert "_created" not in text
     samples = {s.name: s for f in text_string_to_metric_families(text) for s in f.samples}

@@ -4,7 +4,6 @@ habit) and `launch_server M --port P` (vLLM's) answer HTTP on P; the Python clie
 from __future__ import annotations
 
 import json
-import sys
 import urllib.request
 
 import pytest
@@ -24,10 +23,11 @@ def http_json(url: str) -> dict:
 def test_port_serves_http_and_zmq_port_serves_the_client(model_dir, model_flag):
     http_port, zmq_port = free_port(), free_port()
     model = [str(model_dir)] if model_flag == "positional" else [model_flag, str(model_dir)]
-    cmd = [sys.executable, "-m", "zserve.launcher", *model, "--port", str(http_port), "--zmq-port", str(zmq_port), *FLAGS]
-    server = ServerProcess._spawn_cmd(cmd, zmq_port, None, None).wait_ready(120)
+    argv = [*model, "--port", str(http_port), "--zmq-port", str(zmq_port), *FLAGS]
+    server = ServerProcess.spawn_argv(argv).wait_ready(120)
     try:
-        assert f"HTTP on http://127.0.0.1:{http_port}" in server.log()
+        assert (server.ready.zmq_port, server.ready.http_port) == (zmq_port, http_port)  # the typed ready record
+        assert f"HTTP on http://127.0.0.1:{http_port}" in server.log()  # and the human line, before it
         models = http_json(f"http://127.0.0.1:{http_port}/v1/models")
         assert [m["id"] for m in models["data"]] == [model_dir.name]
         with Client(zmq_port, timeout_s=60) as client:
@@ -38,15 +38,14 @@ def test_port_serves_http_and_zmq_port_serves_the_client(model_dir, model_flag):
 
 def test_tokenizer_flag_serves_a_model_directory_without_tokenizer_files(model_dir, tmp_path):
     """vLLM's --tokenizer (SGLang's --tokenizer-path): every process that tokenizes (frontend, detokenizer,
-    HTTP, the scheduler's grammars) reads the tokenizer from there."""
+    the scheduler's grammars) and the launcher's model facts (the chat template) read the tokenizer from there."""
     weights_only = tmp_path / "weights"
     weights_only.mkdir()
     for name in ("config.json", "generation_config.json", "model.safetensors"):
         (weights_only / name).symlink_to(model_dir / name)
     http_port, zmq_port = free_port(), free_port()
-    cmd = [sys.executable, "-m", "zserve.launcher", str(weights_only), "--tokenizer", str(model_dir),
-           "--port", str(http_port), "--zmq-port", str(zmq_port), *FLAGS]
-    server = ServerProcess._spawn_cmd(cmd, zmq_port, None, None).wait_ready(120)
+    argv = [str(weights_only), "--tokenizer", str(model_dir), "--port", str(http_port), "--zmq-port", str(zmq_port), *FLAGS]
+    server = ServerProcess.spawn_argv(argv).wait_ready(120)
     try:
         with Client(zmq_port, timeout_s=60) as client:
             plain = client.generate(messages=[{"role": "user", "content": "Hi"}], max_tokens=4, ignore_eos=True)
@@ -58,6 +57,6 @@ def test_tokenizer_flag_serves_a_model_directory_without_tokenizer_files(model_d
                                          headers={"Content-Type": "application/json"})
         with urllib.request.urlopen(request, timeout=60) as resp:
             choice = json.loads(resp.read())["choices"][0]
-        assert len(choice["logprobs"]["tokens"]) == 2  # token texts come from the HTTP process's tokenizer
+        assert len(choice["logprobs"]["tokens"]) == 2  # token texts come from the detokenizer's tokenizer
     finally:
         assert server.stop() == 0, server.log_tail()

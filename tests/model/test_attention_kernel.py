@@ -158,10 +158,9 @@ def test_layer_matches_the_torch_path(op, page_size, dtype):
     torch.testing.assert_close(outs[0], outs[1], **TOLERANCE[dtype])
 
 
-def test_backend_choice(monkeypatch):
+def test_backend_choice():
     cpu = torch.device("cpu")
-    monkeypatch.setenv("ZSERVE_ATTENTION", "torch")
-    assert attention_backend(cpu, torch.float32) == "torch"
+    assert attention_backend(cpu, torch.float32, "torch") == "torch"
     assert attention_backend(cpu, torch.float16, "auto") == "torch"  # the kernel runs fp32 and bf16 only
     with pytest.raises(ValueError, match="expected auto, torch or kernel"):
         attention_backend(cpu, torch.float32, "fast")

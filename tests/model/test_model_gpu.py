@@ -48,7 +48,7 @@ def test_cuda_bf16_greedy_starts_like_transformers(tmp_path, kind):
         assert out[:4] == ref.generate(prompt, NEW_TOKENS)[:4]
 
 
-def test_cuda_copies_of_an_identical_prompt_get_its_kv_and_logits(tmp_path):
+def test_cuda_identical_prompts_share_the_kv_and_logits_of_the_first(tmp_path):
     """The slot copy and the shared logits row on CUDA (the varlen path where flash-attn is installed)."""
     model_dir = make_tiny_checkpoint(tmp_path / "llama", "llama")
     ref = HfReference(model_dir)
@@ -56,10 +56,10 @@ def test_cuda_copies_of_an_identical_prompt_get_its_kv_and_logits(tmp_path):
     driver = GreedyDriver(runner)
     prompt = random_prompt(37, seed=4)
     source = driver.add(prompt, NEW_TOKENS)
-    seqs = [source, *(driver.add(prompt, NEW_TOKENS, copy_of=source) for _ in range(2))]
+    seqs = [source, *(driver.add(prompt, NEW_TOKENS, kv_source=source) for _ in range(2))]
     batch = driver.step(seqs)
-    assert batch.copy_of.tolist() == [0, 0, 0]
-    src_slots, dst_slots = (torch.from_numpy(s).cuda() for s in batch.copied_slots(16))
+    assert batch.kv_source.tolist() == [0, 0, 0]
+    src_slots, dst_slots = (torch.from_numpy(s).cuda() for s in batch.shared_kv_slots(16))
     for cache in (*runner.kv_pool.k, *runner.kv_pool.v):
         assert torch.equal(cache[:, dst_slots], cache[:, src_slots])
     outputs = driver.generate(seqs)  # bf16 rounding may flip a near-tie late in a run: the first tokens agree

@@ -21,7 +21,7 @@ from testing.model_fixtures import (
     make_tiny_checkpoint,
     random_prompt,
 )
-from zserve.common.forward_batch import SamplingArrays
+from zserve.common.forward_batch import NO_TOKEN, SamplingArrays
 from zserve.model_proc.kernels.cpu_kernels import load_paged_attention
 from zserve.model_proc.layers import attention_metadata
 from zserve.model_proc.model_runner import ModelRunner
@@ -178,17 +178,19 @@ def test_unsampled_chunk_returns_no_token(checkpoints):
     model_dir, _ = checkpoints("llama")
     driver = GreedyDriver(parity_runner(model_dir))
     seq = driver.add(random_prompt(10, seed=1), 1, chunk_size=4)
-    result = driver.runner.run(driver.build_batch([seq]))
-    assert result.next_token_ids.shape == (0,) and result.logprobs.shape == (0,)
+    batch = driver.build_batch([seq])
+    batch.return_logprob = np.ones(1, bool)
+    result = driver.runner.run(batch)
+    assert result.next_token_ids.tolist() == [NO_TOKEN] and np.isnan(result.logprobs).all()
     assert np.isfinite(result.forward_ms)
 
 
 @pytest.mark.parametrize("page_size", [1, 4, 16])
 @pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "mistral"])
-def test_copies_of_an_identical_prompt_get_its_kv(checkpoints, name, page_size):
-    """A source and two copies after a prefix hit, in one batch with a decode and a fresh prefill:
-    the copies' slots hold exactly the source's K/V (a partial last page included), and every
-    copy decodes on to transformers' greedy tokens."""
+def test_identical_prompts_share_the_kv_of_the_first(checkpoints, name, page_size):
+    """A KV source and two rows sharing its K/V after a prefix hit, in one batch with a decode and
+    a fresh prefill: the sharers' slots hold exactly the source's K/V (a partial last page
+    included), and each decodes on to transformers' greedy tokens."""
     model_dir, ref = checkpoints(name)
     runner = parity_runner(model_dir, page_size)
     driver = GreedyDriver(runner)
@@ -197,37 +199,37 @@ def test_copies_of_an_identical_prompt_get_its_kv(checkpoints, name, page_size):
     driver.step([a])
     same = a_prompt[:20] + random_prompt(13, seed=8)
     source = driver.add(same, NEW_TOKENS, prefix_of=a, prefix_len=20)
-    copies = [driver.add(same, NEW_TOKENS, prefix_of=a, prefix_len=20, copy_of=source) for _ in range(2)]
+    sharers = [driver.add(same, NEW_TOKENS, prefix_of=a, prefix_len=20, kv_source=source) for _ in range(2)]
     other = driver.add(random_prompt(9, seed=2), NEW_TOKENS)
-    batch = driver.step([a, source, *copies, other])
+    batch = driver.step([a, source, *sharers, other])
     cached = 20 // page_size * page_size
-    assert batch.copy_of.tolist() == [0, 1, 1, 1, 4] and batch.cached_lens.tolist() == [40, cached, cached, cached, 0]
+    assert batch.kv_source.tolist() == [0, 1, 1, 1, 4] and batch.cached_lens.tolist() == [40, cached, cached, cached, 0]
     assert batch.num_tokens == 1 + (33 - cached) + 9
-    src_slots, dst_slots = (torch.from_numpy(s) for s in batch.copied_slots(page_size))
+    src_slots, dst_slots = (torch.from_numpy(s) for s in batch.shared_kv_slots(page_size))
     assert len(dst_slots) == 2 * (33 - cached) and not set(dst_slots.tolist()) & set(src_slots.tolist())
     for cache in (*runner.kv_pool.k, *runner.kv_pool.v):
         assert torch.equal(cache[:, dst_slots], cache[:, src_slots])
-    assert source.tokens[33:] == copies[0].tokens[33:] == copies[1].tokens[33:]  # the same first token
-    driver.generate([a, source, *copies, other])
+    assert source.tokens[33:] == sharers[0].tokens[33:] == sharers[1].tokens[33:]  # the same first token
+    driver.generate([a, source, *sharers, other])
     assert a.output_ids == ref.greedy(a_prompt) and other.output_ids == ref.greedy(other.prompt)
-    for seq in (source, *copies):
+    for seq in (source, *sharers):
         assert seq.output_ids == ref.greedy(same)
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2"])
-def test_copies_read_the_source_logits_and_sample_with_their_own_parameters(checkpoints, name):
+def test_kv_sharers_read_the_source_logits_and_sample_with_their_own_parameters(checkpoints, name):
     model_dir, ref = checkpoints(name)
     runner = parity_runner(model_dir)
     driver = GreedyDriver(runner)
     prompt = random_prompt(23, seed=3)
     source = driver.add(prompt, 1)
-    batch = driver.build_batch([source, *(driver.add(prompt, 1, copy_of=source) for _ in range(3))])
-    assert batch.copy_of.tolist() == [0, 0, 0, 0] and batch.num_tokens == 23
+    batch = driver.build_batch([source, *(driver.add(prompt, 1, kv_source=source) for _ in range(3))])
+    assert batch.kv_source.tolist() == [0, 0, 0, 0] and batch.num_tokens == 23
     logits = runner.last_logits(batch)
     assert all(torch.equal(logits[i], logits[0]) for i in (1, 2, 3))
     torch.testing.assert_close(logits[0], ref.ref.last_logits(prompt), atol=LOGITS_ATOL, rtol=0)
     each = driver.build_batch([driver.add(prompt, 1) for _ in range(4)])  # the same four, each computed
-    assert each.copy_of is None and each.num_tokens == 4 * 23
+    assert each.kv_source is None and each.num_tokens == 4 * 23
     torch.testing.assert_close(runner.last_logits(each), logits, atol=LOGITS_ATOL, rtol=0)
 
     sampling = SamplingArrays(
@@ -237,7 +239,7 @@ def test_copies_read_the_source_logits_and_sample_with_their_own_parameters(chec
     )
     batch.sampling, batch.return_logprob = sampling, np.ones(4, bool)
     result = runner.run(batch)
-    for i in range(4):  # each copy draws what it would draw computed alone, with its own parameters and seed
+    for i in range(4):  # each row draws what it would draw computed alone, with its own parameters and seed
         alone = driver.build_batch([driver.add(prompt, 1)])
         alone.sampling, alone.return_logprob = sampling.select(np.arange(4) == i), np.ones(1, bool)
         expected = runner.run(alone)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from testing.model_fixtures import GreedyDriver, HfReference, make_runner, random_prompt
-from zserve.common.forward_batch import SamplingArrays
+from zserve.common.forward_batch import NO_TOKEN, GrammarMasks, PenaltyArrays, SamplingArrays
 from zserve.common.worker_env import OMP_SPIN_COUNT, default_num_threads, worker_env
 from zserve.model_proc.compute_dtype import resolve_dtype
 from zserve.model_proc.kv_pool import KVPool, free_memory_bytes
@@ -42,6 +42,37 @@ def test_logprobs_and_sampling_through_run(llama_dir):
     assert result.next_token_ids[0] == int(expected.argmax())
     assert abs(result.logprobs[0] - float(expected.max())) < 1e-4
     assert result.forward_ms > 0
+
+
+def test_every_array_is_by_batch_row_with_an_unsampled_chunk_first(llama_dir):
+    """An unsampled chunk in row 0: the logit bias names row 1, the grammar mask and top
+    logprobs row 2, and StepResult has one entry per row (NO_TOKEN and NaN for the chunk)."""
+    i32 = lambda xs: np.array(xs, np.int32)  # noqa: E731
+    runner = make_runner(llama_dir, device="cpu", dtype="float32", page_size=4, kv_cache_tokens=256)
+    driver = GreedyDriver(runner)
+    seqs = [driver.add(random_prompt(12, seed=1), 1, chunk_size=5), driver.add(random_prompt(6, seed=2), 1),
+            driver.add(random_prompt(7, seed=3), 1)]
+    batch = driver.build_batch(seqs)
+    assert batch.is_sampled.tolist() == [False, True, True]
+    raw = runner.last_logits(batch)
+    batch.return_logprob = np.ones(3, bool)
+    batch.top_logprobs = i32([0, 0, 3])
+    batch.penalties = PenaltyArrays(
+        rows=i32([1]), repetition=np.ones(1, np.float32), frequency=np.zeros(1, np.float32), presence=np.zeros(1, np.float32),
+        token_offsets=i32([0, 0]), token_ids=i32([]), output_counts=i32([]),
+        bias_offsets=i32([0, 1]), bias_ids=i32([17]), bias_values=np.array([1e4], np.float32),
+        banned_offsets=i32([0, 0]), banned_ids=i32([]),
+    )
+    words = np.zeros(-(-600 // 32), np.int32)
+    words[0] = 1 << 23  # token 23 only
+    batch.grammar = GrammarMasks(rows=i32([2]), words_per_row=words.size, bitmask=words)
+    result = runner.run(batch)
+    assert result.next_token_ids.tolist() == [NO_TOKEN, 17, 23]
+    assert np.isnan(result.logprobs[0]) and not np.isnan(result.logprobs[1:]).any()
+    expected = torch.log_softmax(raw, -1)  # logprobs and top logprobs are the raw logits'
+    np.testing.assert_allclose(result.logprobs[1:], [float(expected[1, 17]), float(expected[2, 23])], atol=1e-5)
+    assert result.num_top == 3 and result.top_ids.shape == (3 * 3,)
+    assert result.top_ids.reshape(3, 3)[2].tolist() == torch.topk(expected[2], 3).indices.tolist()
 
 
 def test_kv_pool_sized_from_memory(llama_dir):

@@ -22,15 +22,15 @@ NEW_TOKENS = 12
 
 def run_and_record(runner: ModelRunner) -> dict:
     """Greedy tokens for two prompts run together, and the last logits of a mixed batch; then an
-    identical prompt twice, the second a copy of the first (every rank copies its K/V shard)."""
+    identical prompt twice, the second taking its K/V from the first (every rank copies its K/V shard)."""
     driver = GreedyDriver(runner)
     seqs = [driver.add(random_prompt(n, seed=n), NEW_TOKENS, chunk_size=8) for n in PROMPT_LENS]
     outputs = driver.generate(seqs)
     fresh = driver.add(random_prompt(6, seed=99), 1)
     logits = runner.last_logits(driver.build_batch(seqs + [fresh]))
     source = driver.add(random_prompt(7, seed=5), NEW_TOKENS)
-    copy_outputs = driver.generate([source, driver.add(source.prompt, NEW_TOKENS, copy_of=source)])
-    return {"outputs": outputs + copy_outputs, "logits": logits.tolist()}
+    shared_outputs = driver.generate([source, driver.add(source.prompt, NEW_TOKENS, kv_source=source)])
+    return {"outputs": outputs + shared_outputs, "logits": logits.tolist()}
 
 
 KINDS = {"llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}}  # gpt2: an odd vocab, padded on the last rank
@@ -62,7 +62,7 @@ def test_two_ranks_match_one(tmp_path):
         vocab = overrides.get("vocab_size", 600)
         assert sharded[kind]["shard_rows"] == -(-vocab // TP_SIZE), kind  # each rank holds half the vocab
         assert sharded[kind]["outputs"] == single["outputs"], kind
-        assert single["outputs"][-1] == single["outputs"][-2], kind  # the copy decodes as its source
+        assert single["outputs"][-1] == single["outputs"][-2], kind  # the KV-sharing one decodes as its source
         np.testing.assert_allclose(np.array(sharded[kind]["logits"]), np.array(single["logits"]), atol=1e-4, rtol=0, err_msg=kind)
 
 

@@ -115,24 +115,24 @@ def test_pack_skips_what_does_not_fit_and_keeps_queue_order_of_the_rest():
     assert [r.req_id for r in a.reqs] == [4, 2] and [p.req_id for p in queue] == [1, 3]
 
 
-def test_an_identical_prompt_is_a_copy_and_a_shared_prefix_waits_for_its_page():
+def test_an_identical_prompt_shares_its_kv_and_a_shared_prefix_waits_for_its_page():
     cache, table = make(page_size=2)
     a = adder(cache, table, token_budget=64)
     assert a.try_add(pending(1, [1, 2, 3, 4, 5], page_size=2)) is AddOutcome.ADMITTED
-    assert a.try_add(pending(2, [1, 2, 3, 4, 5], page_size=2)) is AddOutcome.ADMITTED  # a copy of 1
+    assert a.try_add(pending(2, [1, 2, 3, 4, 5], page_size=2)) is AddOutcome.ADMITTED  # takes 1's K/V
     assert a.try_add(pending(3, [1, 2, 7, 7, 7], page_size=2)) is AddOutcome.WAIT_FOR_PREFIX  # shares page [1, 2]
     assert a.try_add(pending(4, [1, 9, 3], page_size=2)) is AddOutcome.ADMITTED  # shares no whole page
     assert a.try_add(pending(5, [1, 2], page_size=2)) is AddOutcome.ADMITTED  # cannot match its only page anyway
-    assert a.try_add(pending(6, [1, 2, 3, 4, 5], page_size=2)) is AddOutcome.ADMITTED  # another copy of 1
+    assert a.try_add(pending(6, [1, 2, 3, 4, 5], page_size=2)) is AddOutcome.ADMITTED  # takes 1's K/V too
     assert [r.req_id for r in a.reqs] == [1, 2, 4, 5, 6] and a.extend_lens == [5, 5, 3, 2, 5]
-    assert a.copy_of == [None, 0, None, None, 0]
-    assert a.token_budget == 64 - 5 - 3 - 2  # copies cost no budget
+    assert a.kv_source == [None, 0, None, None, 0]
+    assert a.token_budget == 64 - 5 - 3 - 2  # a KV-sharing request costs no budget
     assert a.reqs[1].page_table[:3].tolist() == [3, 4, 5]  # its own pages (the worker copies into them) ...
     assert (a.reqs[1].num_pages, a.reqs[1].max_num_pages) == (3, 4)  # ... and its reservation (full: all it may write)
     assert a.reserved_size == 2 * sum(r.max_num_pages - r.num_pages for r in a.reqs)
 
 
-def test_copies_need_no_budget_but_rows_and_memory():
+def test_kv_sharing_needs_no_budget_but_rows_and_memory():
     same = list(range(50, 60))  # 10 tokens, the whole budget; 4 pages of 4 with max_tokens 4
     cache, table = make(num_pages=64, page_size=4, rows=3)
     a = adder(cache, table, token_budget=10)
@@ -141,7 +141,7 @@ def test_copies_need_no_budget_but_rows_and_memory():
     assert a.try_add(pending(3, same, page_size=4)) is AddOutcome.ADMITTED
     assert a.try_add(pending(4, same, page_size=4)) is AddOutcome.ADMITTED
     assert a.try_add(pending(5, same, page_size=4)) is AddOutcome.NO_ROW
-    assert a.copy_of == [None, 0, 0] and a.extend_lens == [10, 10, 10] and a.chunked is None
+    assert a.kv_source == [None, 0, 0] and a.extend_lens == [10, 10, 10] and a.chunked is None
     cache, table = make(num_pages=11, page_size=4)
     a = adder(cache, table, token_budget=10)
     assert a.try_add(pending(1, same, page_size=4)) is AddOutcome.ADMITTED
@@ -150,11 +150,11 @@ def test_copies_need_no_budget_but_rows_and_memory():
     cache, table = make(num_pages=64, page_size=4)
     a = adder(cache, table, token_budget=10, max_new_reqs=2)
     assert [a.try_add(pending(i, same, page_size=4)) for i in (1, 2, 3)] == [
-        AddOutcome.ADMITTED, AddOutcome.ADMITTED, AddOutcome.REQUEST_CAP,  # a copy is a request admitted
+        AddOutcome.ADMITTED, AddOutcome.ADMITTED, AddOutcome.REQUEST_CAP,  # a KV-sharing request is a request admitted
     ]
 
 
-def test_a_chunked_source_makes_copies_wait_for_its_pages():
+def test_a_chunked_prompt_makes_identical_ones_wait_for_its_pages():
     cache, table = make(page_size=4)
     same = list(range(30, 50))
     a = adder(cache, table, token_budget=8)
@@ -162,10 +162,10 @@ def test_a_chunked_source_makes_copies_wait_for_its_pages():
     assert a.try_add(pending(2, same, page_size=4)) is AddOutcome.NO_BUDGET
     b = adder(cache, table, token_budget=30)
     assert b.try_add(pending(2, same, page_size=4)) is AddOutcome.ADMITTED  # nothing computes it now
-    assert b.try_add(pending(3, same, page_size=4)) is AddOutcome.ADMITTED and b.copy_of == [None, 0]
+    assert b.try_add(pending(3, same, page_size=4)) is AddOutcome.ADMITTED and b.kv_source == [None, 0]
 
 
-def test_the_last_chunk_of_a_chunked_req_is_a_source_when_it_starts_where_a_copy_would():
+def test_the_last_chunk_of_a_chunked_req_is_a_kv_source_when_it_starts_where_a_sharer_would():
     cache, table = make(page_size=4)
     same = np.arange(30, 50, dtype=np.int32)
     a = adder(cache, table, token_budget=8)
@@ -176,24 +176,24 @@ def test_the_last_chunk_of_a_chunked_req_is_a_source_when_it_starts_where_a_copy
     b = adder(cache, table, token_budget=12)
     b.add_chunked(chunked)  # its last 12 tokens, from 8 (page-aligned)
     assert b.try_add(pending(2, same, page_size=4)) is AddOutcome.ADMITTED
-    assert b.copy_of == [None, 0] and b.extend_lens == [12, 12] and b.reqs[1].cached_len == 8
-    chunked.req.cached_len = 6  # had its last chunk started mid-page, a copy could match only 4 tokens
+    assert b.kv_source == [None, 0] and b.extend_lens == [12, 12] and b.reqs[1].cached_len == 8
+    chunked.req.cached_len = 6  # had its last chunk started mid-page, an identical prompt could match only 4 tokens
     c = adder(cache, table, token_budget=14)
     c.add_chunked(chunked)
     assert c.try_add(pending(3, same, page_size=4)) is AddOutcome.NO_BUDGET
 
 
-def test_pack_admits_copies_past_a_request_the_budget_stops():
+def test_pack_admits_kv_sharing_requests_past_a_request_the_budget_stops():
     cache, table = make(num_pages=128)
     same = list(range(10, 16))
     queue = deque([pending(1, same), pending(2, list(range(70, 76))), pending(3, same), pending(4, 2)])
     a = adder(cache, table, token_budget=8)
     AdmissionPolicy("pack", 64, 8).admit(a, queue)  # offered 4, 1, 2, 3: 2 finds no budget left
-    assert [r.req_id for r in a.reqs] == [4, 1, 3] and a.copy_of == [None, None, 1]
+    assert [r.req_id for r in a.reqs] == [4, 1, 3] and a.kv_source == [None, None, 1]
     assert a.extend_lens == [2, 6, 6] and [p.req_id for p in queue] == [2]
     queue = deque([pending(5, same), pending(6, same)])
     b = adder(cache, table, token_budget=4)
-    AdmissionPolicy("pack", 64, 8).admit(b, queue)  # 5 is chunked: 6 is no copy of it
+    AdmissionPolicy("pack", 64, 8).admit(b, queue)  # 5 is chunked: 6 cannot take its K/V
     assert [r.req_id for r in b.reqs] == [5] and [p.req_id for p in queue] == [6]
 
 

@@ -1,5 +1,6 @@
-"""Property tests: random arrivals, shared prefixes, identical prompts, aborts at random moments,
-and pools small enough that the estimated KV reservation must retract.
+"""Property tests: random arrivals, shared prefixes, identical prompts, n copies, requests under a
+grammar (built at once, late, or never), aborts at random moments, and pools small enough that the
+estimated KV reservation must retract.
 
 The harness checks after every call that integrity holds, that every token is what the request's
 true sequence gives (so no request ever read a freed or foreign page, and a retracted request
@@ -12,6 +13,7 @@ import random
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
+from testing.fake_grammar import FakeGrammar, FakeGrammarSource
 from testing.fake_model import FakeModel
 from testing.scheduler_harness import SchedulerHarness
 from zserve.common.sampling_params import SamplingParams
@@ -38,6 +40,18 @@ configs = st.fixed_dictionaries(
     }
 )
 
+GRAMMARS = {  # by spec text: what a constrained submit names
+    "now": FakeGrammar(frozenset({5, 6, 7}), num_tokens=3),
+    "late": FakeGrammar(frozenset({8, 9}), num_tokens=2, build_polls=3),
+    "long": FakeGrammar(frozenset(range(10, 30)), num_tokens=60),
+    "bad": FakeGrammar(frozenset(), build_polls=1, error="regex cannot be used: bad"),
+}
+
+
+def grammar_source() -> FakeGrammarSource:
+    return FakeGrammarSource(GRAMMARS, stop_ids=frozenset(EOS), vocab_size=VOCAB)
+
+
 tokens = st.integers(2, VOCAB - 1)
 prefixes = st.lists(st.lists(tokens, min_size=1, max_size=12), min_size=1, max_size=3)
 submits = st.tuples(
@@ -48,10 +62,18 @@ submits = st.tuples(
     st.booleans(),  # ignore_eos
     st.lists(tokens, max_size=1),  # stop_token_ids
 )
+constrained_submits = st.tuples(
+    st.just("submit_constrained"),
+    st.integers(0, 2),  # which shared prefix
+    st.lists(tokens, max_size=6),  # own suffix
+    st.sampled_from(sorted(GRAMMARS)),
+    st.integers(1, 3),  # n copies
+)
 actions = st.lists(
     st.one_of(
         submits,
         submits,
+        constrained_submits,
         st.tuples(st.just("step")),
         st.tuples(st.just("step"), st.just("step"), st.just("step")),
         st.tuples(st.just("abort"), st.integers(0, 30)),
@@ -67,7 +89,9 @@ actions = st.lists(
 def test_random_traffic_keeps_every_invariant_and_drains_clean(config, shared, script, repeat):
     model_keys = ("num_pages", "page_size")
     knobs = {k: v for k, v in config.items() if k not in model_keys}
-    h = SchedulerHarness(FakeModel(config["num_pages"], config["page_size"], VOCAB), eos_token_ids=EOS, seed=1, **knobs)
+    h = SchedulerHarness(
+        FakeModel(config["num_pages"], config["page_size"], VOCAB), eos_token_ids=EOS, seed=1, grammar_source=grammar_source(), **knobs,
+    )
     play(h, shared, script, repeat)
 
 
@@ -80,11 +104,14 @@ def play(h: SchedulerHarness, shared: list[list[int]], script: list[tuple], repe
             _, which, suffix, max_tokens, ignore_eos, stop = action
             if which < len(shared) or not prompts:
                 prompt = shared[which % len(shared)] + suffix
-            else:  # an identical prompt, maybe while the first copy is still in the system
+            else:  # an identical prompt, maybe while the first one is still in the system
                 prompt = prompts[repeat % len(prompts)]
             prompts.append(prompt)
             params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=tuple(stop))
             h.submit(len(h.prompts), prompt, params)
+        elif action[0] == "submit_constrained":
+            _, which, suffix, grammar, num_copies = action
+            h.submit(len(h.prompts), shared[which % len(shared)] + suffix, SamplingParams(regex=grammar), num_copies)
         elif action[0] == "step":
             for _ in action:
                 h.step()
@@ -97,11 +124,15 @@ def play(h: SchedulerHarness, shared: list[list[int]], script: list[tuple], repe
     stats = scheduler.stats()
     assert stats.num_finished + stats.num_aborted + stats.num_refused == len(h.prompts)
     assert stats.num_retracted == 0 or scheduler._reservation.mode == "estimated"
+    if h.grammar_source is not None:  # every grammar started (not refused at submit) went with its request, once
+        constrained = [i for i, p in h.params.items() if p.grammar is not None]
+        started = [i for i in constrained if h.final[i].code is None or h.final[i].error == GRAMMARS["bad"].error]
+        assert sorted(h.grammar_source.released) == started
 
 
 @settings(max_examples=60, deadline=None)
 @given(
-    num_copies=st.integers(2, 6),
+    num_identical=st.integers(2, 6),
     prompt=st.lists(tokens, min_size=1, max_size=30),
     page_size=st.sampled_from([1, 2, 4, 8]),
     budget=st.integers(1, 64),
@@ -110,29 +141,29 @@ def play(h: SchedulerHarness, shared: list[list[int]], script: list[tuple], repe
     enable_radix_cache=st.booleans(),
 )
 def test_identical_prompts_together_are_computed_once_and_never_wrongly(
-    num_copies, prompt, page_size, budget, policy, admission, enable_radix_cache
+    num_identical, prompt, page_size, budget, policy, admission, enable_radix_cache
 ):
     h = SchedulerHarness(FakeModel(256, page_size, VOCAB), context_len=64, eos_token_ids=[], max_running_requests=8,
                          max_prefill_tokens=budget, schedule_policy=policy, admission_policy=admission,
                          enable_radix_cache=enable_radix_cache)
     scheduler = h.scheduler
-    for i in range(num_copies):
+    for i in range(num_identical):
         h.submit(i, prompt, SamplingParams(max_tokens=3, temperature=0.5 * i, seed=i))
     first_step = h.step()
     h.run()
     h.assert_drained()
-    assert all(h.outputs[i] == h.outputs[0] for i in range(num_copies))
+    assert all(h.outputs[i] == h.outputs[0] for i in range(num_identical))
     computed = scheduler.stats().num_prefilled_tokens
-    if len(prompt) <= budget:  # the first copy completes in the first round: the others copy it
+    if len(prompt) <= budget:  # the first completes in the first round: the others take its K/V
         assert computed == len(prompt), computed
-        assert {u.req_id for u in first_step} == set(range(num_copies))
+        assert {u.req_id for u in first_step} == set(range(num_identical))
         return
-    # chunked: the copies wait for its pages, then compute the tail a cache hit cannot serve
+    # chunked: the others wait for its pages, then compute the tail a cache hit cannot serve
     # (everything, with the cache off)
     reusable = (len(prompt) - 1) // page_size * page_size if enable_radix_cache else 0
     tail = len(prompt) - reusable
     assert computed >= len(prompt) and (computed - len(prompt)) % tail == 0, computed
-    assert computed <= len(prompt) + (num_copies - 1) * tail, computed
+    assert computed <= len(prompt) + (num_identical - 1) * tail, computed
 
 
 # Small pools, long outputs, bursts of arrivals: the estimated reservation admits more than fits
@@ -161,6 +192,7 @@ long_submits = st.tuples(
 small_pool_actions = st.lists(
     st.one_of(
         *[long_submits] * 6,
+        constrained_submits,
         st.tuples(st.just("step")),
         st.tuples(st.just("step")),
         st.tuples(st.just("abort"), st.integers(0, 30)),
@@ -176,7 +208,7 @@ def small_pool_harness(config: dict) -> SchedulerHarness:
     context_len = config["num_pages"] * config["page_size"] // config["context_share"]
     return SchedulerHarness(
         FakeModel(config["num_pages"], config["page_size"], VOCAB), eos_token_ids=EOS, seed=1,
-        context_len=context_len, max_queued_requests=50, **knobs,
+        context_len=context_len, max_queued_requests=50, grammar_source=grammar_source(), **knobs,
     )
 
 

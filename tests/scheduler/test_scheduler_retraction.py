@@ -60,7 +60,7 @@ def test_a_decode_step_short_of_pages_retracts_the_newest_which_resumes_as_a_pre
     stats = s.stats()
     assert (stats.num_retracted, stats.num_running, stats.num_waiting, stats.num_free_pages) == (1, 1, 1, 0)
     assert stats.new_token_ratio == pytest.approx(0.7)  # back up to where it started
-    (pending,) = s._queue
+    (pending,) = s._pending.ready
     assert isinstance(pending, PendingReq) and pending.req_id == 2
     assert pending.input_ids.tolist() == LONG + oracle(LONG, 7) and pending.output_ids == oracle(LONG, 7)
     assert (pending.num_orig_prompt_tokens, pending.max_tokens, pending.seed) == (4, 8, 5)
@@ -188,7 +188,7 @@ def test_the_victim_is_the_most_recently_admitted_never_the_oldest_and_a_readmis
     assert decode.retraction_victim().req_id == 1
     h.scheduler._retract(decode.retraction_victim())
     assert decode.retraction_victim() is None  # request 0 is the oldest: it always runs
-    assert [p.req_id for p in h.scheduler._queue] == [1, 2]  # retracted newest first, so the older waits in front
+    assert [p.req_id for p in h.scheduler._pending.ready] == [1, 2]  # retracted newest first, so the older waits in front
     h.step()  # both come back, in that order, keeping their places in the admission order
     assert [(r.req_id, r.admit_seq) for r in decode.reqs] == [(0, 0), (1, 1), (2, 2)]
     assert decode.retraction_victim().req_id == 2

@@ -111,15 +111,15 @@ def test_identical_prompts_arriving_together_are_computed_once(schedule_policy, 
         h.submit(i, same, p(max_tokens=3, temperature=0.1 * i, seed=100 + i))
     first = h.step()
     b = h.batches[0]
-    assert shape(b) == ([18] * 8, [0] * 8, [True] * 8)  # 8 copies, all in the first step
-    assert b.copy_of.tolist() == [0] * 8 and b.input_ids.tolist() == same  # computed once ...
+    assert shape(b) == ([18] * 8, [0] * 8, [True] * 8)  # 8 identical prompts, all in the first step
+    assert b.kv_source.tolist() == [0] * 8 and b.input_ids.tolist() == same  # computed once ...
     assert b.page_ids.tolist() == list(range(40))  # ... into 5 pages each
     assert b.sampling.seed.tolist() == [100 + i for i in range(8)]  # each samples its own
     assert b.sampling.temperature.tolist() == pytest.approx([0.1 * i for i in range(8)])
     assert sorted(u.req_id for u in first) == list(range(8))  # every first token now
     stats = h.scheduler.stats()
     assert stats.num_prefilled_tokens == 18 and stats.num_prompt_tokens == 8 * 18 and stats.num_prefix_hit_tokens == 0
-    if enable_radix_cache:  # the copies share the source's 4 full pages, and own their partial page
+    if enable_radix_cache:  # the sharers hold the source's 4 full pages, and own their partial page
         assert (stats.num_cached_pages, stats.num_used_pages) == (4, 8)
     else:
         assert (stats.num_cached_pages, stats.num_used_pages) == (0, 40)
@@ -141,7 +141,7 @@ def test_identical_prompts_after_a_prefix_hit_and_next_to_running_requests_in_a_
     h.step()
     b = h.batches[1]
     assert shape(b) == ([1, 3, 3, 3, 1], [10, 8, 8, 8, 8], [True] * 5)  # 0 decodes; 1, 2, 3 after the hit
-    assert b.copy_of.tolist() == [0, 1, 1, 1, 4] and b.input_ids.tolist() == [h.outputs[0][0], 50, 51, 52, 60]
+    assert b.kv_source.tolist() == [0, 1, 1, 1, 4] and b.input_ids.tolist() == [h.outputs[0][0], 50, 51, 52, 60]
     assert b.page_ids.tolist() == [0, 1, 2] + [0, 1, 3] + [0, 1, 4] + [0, 1, 5] + [0, 1, 6]
     assert h.scheduler.stats().num_prefilled_tokens == 10 + 3 + 1
     h.run()
@@ -156,20 +156,20 @@ def test_a_prompt_that_shares_only_a_prefix_waits_for_the_page_computed_in_this_
     h.step()
     assert shape(h.batches[0]) == ([18], [0], [True])  # 2 waits one step for the cache ...
     h.step()
-    assert shape(h.batches[1]) == ([2], [16], [True]) and h.batches[1].copy_of is None  # ... then hits 16
+    assert shape(h.batches[1]) == ([2], [16], [True]) and h.batches[1].kv_source is None  # ... then hits 16
     h.run()
     assert h.outputs[2] == oracle(prompt(7, 17) + [60], 2)
     h.assert_drained()
 
 
 @pytest.mark.parametrize("enable_radix_cache", [True, False])
-def test_a_copy_aborted_in_flight_is_freed_and_the_others_go_on(enable_radix_cache):
+def test_a_kv_sharer_aborted_in_flight_is_freed_and_the_others_go_on(enable_radix_cache):
     h = make(page_size=4, max_prefill_tokens=32, enable_radix_cache=enable_radix_cache, **PREFILL_FIRST_FIFO)
     same = prompt(7, 10)
     for i in range(3):
         h.submit(i, same, p(max_tokens=4))
     updates = h.step(abort_in_flight=[1])
-    assert h.batches[0].copy_of.tolist() == [0, 0, 0] and sorted(u.req_id for u in updates) == [0, 2]
+    assert h.batches[0].kv_source.tolist() == [0, 0, 0] and sorted(u.req_id for u in updates) == [0, 2]
     assert h.final[1].finish_reason == FinishReason.ABORT and h.outputs[1] == []
     assert h.scheduler.stats().num_used_pages == (2 if enable_radix_cache else 6)  # 1's 3 pages are free
     h.run()
@@ -178,15 +178,15 @@ def test_a_copy_aborted_in_flight_is_freed_and_the_others_go_on(enable_radix_cac
 
 
 @pytest.mark.parametrize("enable_radix_cache", [True, False])
-def test_a_source_aborted_in_flight_still_gives_its_copies_their_kv_and_first_token(enable_radix_cache):
+def test_a_kv_source_aborted_in_flight_still_gives_its_sharers_their_kv_and_first_token(enable_radix_cache):
     """The worker runs the whole batch anyway; the source's pages are freed only in on_result, after
-    the copies got theirs, and with the cache on its full pages stay in the tree for the copies."""
+    the sharers got theirs, and with the cache on its full pages stay in the tree for them."""
     h = make(page_size=4, max_prefill_tokens=32, enable_radix_cache=enable_radix_cache, **PREFILL_FIRST_FIFO)
     same = prompt(7, 10)
     for i in range(3):
         h.submit(i, same, p(max_tokens=4))
     updates = h.step(abort_in_flight=[0])
-    assert h.batches[0].copy_of.tolist() == [0, 0, 0] and sorted(u.req_id for u in updates) == [1, 2]
+    assert h.batches[0].kv_source.tolist() == [0, 0, 0] and sorted(u.req_id for u in updates) == [1, 2]
     assert h.final[0].finish_reason == FinishReason.ABORT and h.outputs[0] == []
     stats = h.scheduler.stats()
     assert (stats.num_cached_pages, stats.num_used_pages) == ((2, 2) if enable_radix_cache else (0, 6))

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from msgspec.structs import replace
 
-from zserve.scheduler_proc.scheduler_stats import SchedulerStats
+from zserve.common.scheduler_stats import SchedulerStats
 from zserve.scheduler_proc.stats_logger import StatsLogger
 
 

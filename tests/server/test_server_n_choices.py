@@ -56,7 +56,7 @@ def test_batches_return_every_choice_in_turn_and_one_choice_methods_refuse_n(ser
             with pytest.raises(InvalidRequestError, match=r"answers one choice but n=2"):
                 method(prompts[0], n=2)
         assert wait_idle(c)["num_submitted"] == before["num_submitted"]  # nothing was sent
-        assert not c._outputs  # nor is anything waiting to be read
+        assert not c._core.requests  # nor is anything waiting to be read
     assert [r.output_ids for r in results] == [s.output_ids for s in singles]
 
     async def async_batch():
@@ -80,12 +80,12 @@ def test_a_failed_batch_aborts_the_rest_and_leaves_nothing_queued(server):
         c.abort(req_ids[0])  # the first ends at once; the second is refused; the third runs until it is aborted
         with pytest.raises(InvalidRequestError, match="vocabulary"):
             c.results(req_ids)
-        assert not c._outputs
+        assert not c._core.requests
         after = wait_idle(c)
         assert after["num_aborted"] - before["num_aborted"] == 2
         with pytest.raises(InvalidRequestError, match="surrogate"):  # msgpack cannot carry it: refused in the client
             c.submit_all([{"prompt": "sent first"}, {"prompt": "lone \ud800"}], max_tokens=400, ignore_eos=True)
-        assert not c._outputs
+        assert not c._core.requests
         assert wait_idle(c)["num_aborted"] - after["num_aborted"] == 1
 
 
@@ -101,10 +101,10 @@ def test_a_failed_async_batch_cancels_the_other_reads_and_aborts_them(server):
             req_ids = await ac.submit_all([{"prompt": "long one"}, {"input_ids": [10**6]}], max_tokens=400, ignore_eos=True)
             with pytest.raises(InvalidRequestError, match="vocabulary"):
                 await ac.results(req_ids)
-            assert not ac._queues
+            assert not ac._core.requests
             with pytest.raises(InvalidRequestError, match="surrogate"):
                 await ac.submit_all([{"prompt": "sent first"}, {"prompt": "lone \ud800"}], max_tokens=400, ignore_eos=True)
-            assert not ac._queues
+            assert not ac._core.requests
 
     with Client(server.port, timeout_s=60) as c:
         before = wait_idle(c)

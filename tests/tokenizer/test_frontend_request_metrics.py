@@ -29,7 +29,7 @@ def test_a_request_moves_ttft_itl_e2e_and_lengths_and_logs_one_finished_line(cap
     assert h["inter_token_latency_seconds"].count == 2 and h["inter_token_latency_seconds"].sum == 0.75
     assert h["e2e_request_latency_seconds"].sum == 1.0
     assert h["request_prompt_tokens"].sum == 12 and h["request_generation_tokens"].sum == 4
-    assert metrics.finished == {"length": 1} and metrics.errors == {} and metrics.timings == {}
+    assert metrics.finished == {FinishReason.LENGTH: 1} and metrics.errors == {} and metrics.timings == {}
     assert caplog.messages == ["req 7 finished (length): 12 prompt tokens (8 cached), 4 output tokens; TTFT 250 ms, E2E 1000 ms"]
 
 
@@ -38,7 +38,7 @@ def test_refusals_and_errors_are_counted_by_code():
     metrics.on_refused(ErrorCode.INVALID)
     metrics.on_admitted(1, "c", now_s=0.0)
     metrics.on_output(output(1, [], FinishReason.ERROR, code=ErrorCode.BUSY), now_s=0.1)
-    assert metrics.finished == {"error": 2} and metrics.errors == {"invalid": 1, "busy": 1}
+    assert metrics.finished == {FinishReason.ERROR: 2} and metrics.errors == {ErrorCode.INVALID: 1, ErrorCode.BUSY: 1}
     assert metrics.histograms["time_to_first_token_seconds"].count == 0  # no output ever came
 
 

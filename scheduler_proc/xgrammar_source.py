@@ -1,17 +1,13 @@
-"""GrammarManager: structured output's state in the scheduler process, with xgrammar.
+"""XGrammarSource: the GrammarSource of the server, with xgrammar.
 
-    submit:  a request under a grammar (json_object, json_schema, regex, ebnf) is compiled in a
-             background thread (compiled grammars cached by their spec), and queued only once it
-             is ready; a spec xgrammar refuses fails the request (INVALID, naming its message)
-    step:    for the sampled requests under a grammar, the bitmask of tokens allowed next
-             (GrammarMasks in the ForwardBatch; the sampler gives the others -inf)
-    result:  each new token is accepted by its request's matcher; a finished grammar allows only
-             the stop tokens, so the request ends; the matcher goes with the request's end
+    start      the request's grammar (json_object, json_schema, regex, ebnf) is compiled in a
+               background thread, compiled grammars cached by their spec
+    is_ready   compiled: the request gets its own matcher, at the grammar's start
+    failure    a spec xgrammar refuses is INVALID (naming xgrammar's message); anything else INTERNAL
+    fill_bitmask / accept / is_terminated / release: the request's matcher
 
-The matcher lives here because the scheduler sees every request's tokens in order: a retracted
-request keeps its matcher (its output is still its output), an aborted one drops it. xgrammar
-(and transformers, for the tokenizer's vocabulary) are imported in the background thread,
-which `warm_up` starts at startup; `--grammar-backend none` builds no GrammarManager at all.
+xgrammar (and transformers, for the tokenizer's vocabulary) are imported in the background
+thread, which `warm_up` starts at startup; `--grammar-backend none` builds no source at all.
 """
 
 from __future__ import annotations
@@ -26,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from zserve.common.forward_batch import GrammarMasks
+from zserve.common.error_code import ErrorCode
 
 logger = logging.getLogger("scheduler_proc")
 
@@ -36,11 +32,12 @@ class GrammarError(ValueError):
 
 
 @dataclass
-class GrammarManager:
+class XGrammarSource:
     model_dir: str
     vocab_size: int
     stop_token_ids: list[int]
-    matchers: dict[int, Any] = field(default_factory=dict)  # req_id -> xgrammar.GrammarMatcher
+    _building: dict[int, Future] = field(default_factory=dict)  # req_id -> its compiled grammar, to come
+    _matchers: dict[int, Any] = field(default_factory=dict)  # req_id -> xgrammar.GrammarMatcher
     _executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="grammar"))
     _compiled: dict[tuple[str, str], Future] = field(default_factory=dict)
     _compiler: Any = None
@@ -56,43 +53,47 @@ class GrammarManager:
         if future.exception() is not None:
             logger.error("structured output unavailable: %s: %s", type(future.exception()).__name__, future.exception())
 
-    def compile(self, key: tuple[str, str]) -> Future:
-        """The compiled grammar of (kind, spec), in the background; cached by the spec."""
-        future = self._compiled.get(key)
+    def start(self, req_id: int, spec: tuple[str, str]) -> None:
+        future = self._compiled.get(spec)
         if future is None:
-            future = self._compiled[key] = self._executor.submit(self._compile, key)
-        return future
+            future = self._compiled[spec] = self._executor.submit(self._compile, spec)
+        self._building[req_id] = future
 
-    def start(self, req_id: int, compiled: Any) -> None:
+    def is_ready(self, req_id: int) -> bool:
+        if req_id in self._matchers:
+            return True
+        future = self._building[req_id]
+        if not future.done() or future.exception() is not None:
+            return False
         import xgrammar
 
-        self.matchers[req_id] = xgrammar.GrammarMatcher(compiled)
+        self._matchers[req_id] = xgrammar.GrammarMatcher(future.result())
+        del self._building[req_id]
+        return True
 
-    def masks(self, sampled_req_ids: list[int]) -> GrammarMasks | None:
-        """The allowed-token bitmask of each sampled request under a grammar (rows index `sampled_req_ids`)."""
-        rows = [i for i, req_id in enumerate(sampled_req_ids) if req_id in self.matchers]
-        if not rows:
+    def failure(self, req_id: int) -> tuple[ErrorCode, str] | None:
+        future = self._building.get(req_id)
+        error = future.exception() if future is not None and future.done() else None
+        if error is None:
             return None
-        import xgrammar
+        return (ErrorCode.INVALID if isinstance(error, GrammarError) else ErrorCode.INTERNAL), str(error)
 
-        bitmask = xgrammar.allocate_token_bitmask(len(rows), self.vocab_size)
-        for j, i in enumerate(rows):
-            self.matchers[sampled_req_ids[i]].fill_next_token_bitmask(bitmask, j)
-        words = bitmask.numpy().astype(np.int32, copy=False)
-        return GrammarMasks(rows=np.array(rows, np.int32), words_per_row=int(words.shape[1]), bitmask=words.reshape(-1))
+    def fill_bitmask(self, req_id: int, bitmask: np.ndarray, row: int) -> None:
+        self._matchers[req_id].fill_next_token_bitmask(bitmask, row)  # numpy through DLPack: written in place
 
-    def accept(self, req_id: int, token_ids: list[int], finished: bool) -> None:
-        matcher = self.matchers.get(req_id)
-        if matcher is None:
-            return
-        for token_id in token_ids:
-            if not matcher.is_terminated() and not matcher.accept_token(token_id):
-                logger.warning("req %d: the grammar refused token %d it allowed", req_id, token_id)
-        if finished:
-            del self.matchers[req_id]
+    def accept(self, req_id: int, token_id: int) -> None:
+        if not self._matchers[req_id].accept_token(token_id):
+            logger.warning("req %d: the grammar refused token %d it allowed", req_id, token_id)
 
-    def drop(self, req_id: int) -> None:
-        self.matchers.pop(req_id, None)
+    def is_terminated(self, req_id: int) -> bool:
+        return self._matchers[req_id].is_terminated()
+
+    def release(self, req_id: int) -> None:
+        self._building.pop(req_id, None)
+        self._matchers.pop(req_id, None)
+
+    def held_req_ids(self) -> set[int]:
+        return set(self._building) | set(self._matchers)
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)

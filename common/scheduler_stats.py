@@ -1,12 +1,14 @@
-"""SchedulerStats: a snapshot of the scheduler's gauges and running totals."""
+"""SchedulerStats: a snapshot of the scheduler's gauges and running totals.
+
+The scheduler owns and updates it; StatsOut carries a copy to whoever asked (`Client.stats()`,
+`/metrics`), so it is a wire message (nested, no tag)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from zserve.common.wire import Message
 
 
-@dataclass(slots=True)
-class SchedulerStats:
+class SchedulerStats(Message):
     # gauges, now
     num_waiting: int = 0  # queued, not admitted
     num_prefilling: int = 0  # admitted with prompt left (a ChunkedReq between chunks)

@@ -1,0 +1,35 @@
+"""What the server's processes must agree on about the model, resolved once by the launcher.
+
+The launcher reads the model directory and the flags once (launcher/facts_resolver.py) and passes
+this record, as JSON next to the config, to every child (`--model-facts`): no child works these
+out again, so they cannot disagree (the context /v1/models reports is the one the frontend checks
+prompts against and the scheduler stops requests at).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+
+TOOL_CALL_FORMATS = ("hermes", "llama3_json")
+
+
+@dataclass(frozen=True, slots=True)
+class ModelFacts:
+    context_len: int  # tokens of prompt + output: the model's maximum, or less with --context-length
+    chat_template: str | None = None  # the default chat template's Jinja source: --chat-template's, else the tokenizer's
+    chat_template_origin: str = ""  # where it came from (a file), for error messages
+    tool_call_format: str | None = None  # how the chat template writes tool calls (TOOL_CALL_FORMATS); None: not one we parse
+
+    def __post_init__(self) -> None:
+        if self.context_len < 2:
+            raise ValueError(f"context_len must be >= 2, got {self.context_len}")
+        if self.tool_call_format is not None and self.tool_call_format not in TOOL_CALL_FORMATS:
+            raise ValueError(f"tool_call_format must be one of {TOOL_CALL_FORMATS} or None, got {self.tool_call_format!r}")
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> ModelFacts:
+        return ModelFacts(**json.loads(text))

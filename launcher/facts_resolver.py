@@ -1,0 +1,24 @@
+"""The launcher's one reading of the model facts every child needs (common/model_facts.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zserve.common.context_limit import served_context_len
+from zserve.common.model_config import ModelConfig
+from zserve.common.model_facts import ModelFacts
+from zserve.common.server_config import ServerConfig
+from zserve.http_proc.tool_call_parser import template_tool_call_format
+from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
+
+
+def resolve_model_facts(cfg: ServerConfig) -> ModelFacts:
+    """The served context (the model's maximum, or --context-length), the default chat template
+    (--chat-template's file, else the tokenizer's) and its tool-call format. The flags were checked
+    before (launcher/config_check.py)."""
+    context_len = served_context_len(ModelConfig.from_model_dir(cfg.model).context_len, cfg.context_length)
+    if cfg.chat_template:
+        source, origin = Path(cfg.chat_template).read_text(encoding="utf-8"), cfg.chat_template
+    else:
+        source, origin = TokenizerFiles.read(cfg.tokenizer_dir).chat_templates.get("default", (None, ""))
+    return ModelFacts(context_len, source, origin, template_tool_call_format(source))

@@ -1,0 +1,90 @@
+"""ConstrainedReqs: which live requests are under a grammar (structured output), and the
+GrammarSource calls of their lifecycle, made by the scheduler core alone:
+
+    submit    refusal: structured output is off (no source); else start the request's grammar
+    waiting   is_ready / failure: the PendingList holds the request back until its grammar is built
+    step      masks: for the sampled requests under a grammar, the tokens each allows next
+    result    accept: each sampled token, in order (none once the grammar has terminated)
+    end       release: finish, abort, or a grammar that failed to build
+
+A retracted request keeps its grammar where its output left it: its output is still its output,
+and its re-admission samples the next token of that same output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from zserve.common.error_code import ErrorCode
+from zserve.common.forward_batch import GrammarMasks
+from zserve.common.sampling_params import SamplingParams
+from zserve.scheduler_proc.grammar_source import GrammarSource
+from zserve.scheduler_proc.req import PendingReq, Req
+
+GRAMMAR_OFF = "structured output is off on this server (--grammar-backend none)"
+
+
+class ConstrainedReqs:
+    def __init__(self, source: GrammarSource | None):
+        self.source = source  # None: structured output is off, constrained requests are refused
+        self._req_ids: set[int] = set()  # live requests under a grammar, waiting or admitted
+
+    def __contains__(self, req_id: int) -> bool:
+        return req_id in self._req_ids
+
+    def __len__(self) -> int:
+        return len(self._req_ids)
+
+    def refusal(self, params: SamplingParams) -> str | None:
+        return GRAMMAR_OFF if params.grammar is not None and self.source is None else None
+
+    def start(self, req_id: int, params: SamplingParams) -> None:
+        """Start building `req_id`'s grammar, if it asked for one."""
+        spec = params.grammar
+        if spec is not None:
+            self.source.start(req_id, spec)
+            self._req_ids.add(req_id)
+
+    def is_ready(self, req_id: int) -> bool:
+        return self.source.is_ready(req_id)
+
+    def failure(self, req_id: int) -> tuple[ErrorCode, str] | None:
+        return self.source.failure(req_id)
+
+    def masks(self, sampled_req_ids: list[int | None]) -> GrammarMasks | None:
+        """The allowed-token bitmask of each sampled request under a grammar; None when none is.
+        `sampled_req_ids` has one entry per batch row (None: not sampled this step), and
+        GrammarMasks.rows index it: they are batch rows."""
+        if not self._req_ids:
+            return None
+        rows = [i for i, req_id in enumerate(sampled_req_ids) if req_id in self._req_ids]
+        if not rows:
+            return None
+        words_per_row = -(-self.source.vocab_size // 32)
+        bitmask = np.zeros((len(rows), words_per_row), np.int32)
+        for row, i in enumerate(rows):
+            self.source.fill_bitmask(sampled_req_ids[i], bitmask, row)
+        return GrammarMasks(rows=np.array(rows, np.int32), words_per_row=words_per_row, bitmask=bitmask.reshape(-1))
+
+    def accept(self, req_id: int, token_id: int) -> None:
+        """`req_id` sampled `token_id` (a no-op for a free request: the hot path asks for every token)."""
+        if req_id in self._req_ids and not self.source.is_terminated(req_id):
+            self.source.accept(req_id, token_id)
+
+    def release(self, req_id: int) -> None:
+        """`req_id` ended: its grammar goes (a no-op for a free request)."""
+        if req_id in self._req_ids:
+            self._req_ids.remove(req_id)
+            self.source.release(req_id)
+
+    def check_integrity(self, live: Mapping[int, PendingReq | Req]) -> None:
+        """Every live request under a grammar is known here, and its grammar is held; no other is."""
+        live_constrained = {req_id for req_id, entry in live.items() if entry.params.grammar is not None}
+        assert live_constrained == self._req_ids, (
+            f"live constrained requests {sorted(live_constrained)}, grammars started for {sorted(self._req_ids)}"
+        )
+        if self.source is not None:
+            held = self.source.held_req_ids()
+            assert held == self._req_ids, f"grammars held for {sorted(held - self._req_ids)} leaked, for {sorted(self._req_ids - held)} lost"

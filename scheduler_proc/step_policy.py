@@ -1,0 +1,47 @@
+"""StepPolicy: what one step runs, the prefill part, the decode part, or both (`--schedule-policy`).
+
+- prefill-first: prefill when anything can be prefilled, else decode.
+- decode-first: a decode step between prefill steps while requests run.
+- mixed: decode tokens and a prefill chunk share one token budget in one forward.
+
+The parts are built by the Scheduler's callbacks (`prefill(token_budget)`: the PrefillAdder, or
+None when nothing can be prefilled; `decode()`: the running requests with their pages, after any
+retraction), so the policy only decides the order and the budget.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from zserve.scheduler_proc.prefill_adder import PrefillAdder
+from zserve.scheduler_proc.req import Req
+
+STEP_POLICIES = ("prefill-first", "decode-first", "mixed")
+
+
+class StepPolicy:
+    def __init__(self, name: str, max_prefill_tokens: int):
+        if name not in STEP_POLICIES:
+            raise ValueError(f"schedule policy must be one of {STEP_POLICIES}, got {name!r}")
+        self.name = name
+        self.max_prefill_tokens = max_prefill_tokens  # the token budget of a step
+        self._last_step_was_prefill = False
+
+    def choose(
+        self, num_running: int, prefill: Callable[[int], PrefillAdder | None], decode: Callable[[], list[Req]],
+    ) -> tuple[list[Req], PrefillAdder | None]:
+        """This step's decode requests and prefill part; both empty when nothing can run."""
+        decode_reqs: list[Req] = []
+        adder: PrefillAdder | None = None
+        if self.name == "mixed":
+            decode_reqs = decode()
+            adder = prefill(self.max_prefill_tokens - len(decode_reqs))
+        elif self.name == "decode-first" and num_running and self._last_step_was_prefill:
+            decode_reqs = decode()
+        else:
+            adder = prefill(self.max_prefill_tokens)
+            if adder is None:
+                decode_reqs = decode()
+        if adder is not None or decode_reqs:  # a step runs
+            self._last_step_was_prefill = adder is not None
+        return decode_reqs, adder

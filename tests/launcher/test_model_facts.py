@@ -1,0 +1,50 @@
+"""The launcher resolves the model facts once (served context, chat template, tool-call format) and
+every child reads them from its command line instead of working them out again."""
+
+from __future__ import annotations
+
+import pytest
+
+from zserve.common.model_facts import ModelFacts
+from zserve.common.proc_runtime import child_args
+from zserve.common.server_config import ServerConfig
+from zserve.common.transport import Addresses
+from zserve.http_proc.http_process import parse_args as http_args
+from zserve.launcher.facts_resolver import resolve_model_facts
+from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
+
+HERMES_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<tool_call>{% endif %}"
+
+
+def test_context_is_the_models_or_the_flags(model_dir):
+    assert resolve_model_facts(ServerConfig(model=str(model_dir))).context_len == 512  # the tiny model's maximum
+    assert resolve_model_facts(ServerConfig(model=str(model_dir), context_length=64)).context_len == 64
+
+
+def test_chat_template_is_the_tokenizers_unless_the_flag_names_a_file(model_dir, tmp_path):
+    facts = resolve_model_facts(ServerConfig(model=str(model_dir)))
+    source, _ = TokenizerFiles.read(model_dir).chat_templates.get("default", (None, ""))
+    assert facts.chat_template == source
+    path = tmp_path / "tools.jinja"
+    path.write_text(HERMES_TEMPLATE)
+    facts = resolve_model_facts(ServerConfig(model=str(model_dir), chat_template=str(path)))
+    assert (facts.chat_template, facts.chat_template_origin, facts.tool_call_format) == (HERMES_TEMPLATE, str(path), "hermes")
+
+
+def test_children_read_the_facts_from_their_command_line():
+    facts = ModelFacts(context_len=300, chat_template="{{ x }}\n<|python_tag|>", chat_template_origin="t.jinja",
+                       tool_call_format="llama3_json")
+    base = ["--config", ServerConfig(model="m", http_port=8000).to_json(), "--addresses", Addresses.in_dir("/tmp/x", "tcp://h:1").to_json()]
+    _, _, extra = child_args([*base, "--model-facts", facts.to_json()])
+    assert extra.model_facts == facts
+    _, _, http_facts, port = http_args([*base, "--model-facts", facts.to_json(), "--client-port", "5"])
+    assert http_facts == facts and port == 5
+    with pytest.raises(SystemExit):  # a child started without them refuses to start
+        child_args(base)
+
+
+def test_facts_refuse_what_no_child_could_use():
+    with pytest.raises(ValueError, match="tool_call_format"):
+        ModelFacts(context_len=300, tool_call_format="xml")
+    with pytest.raises(ValueError, match="context_len"):
+        ModelFacts(context_len=1)

@@ -1,0 +1,56 @@
+"""The kernel build's cache folder: keyed by the install that compiles it, and never stuck on a
+lock file left by a build that was killed."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+
+from zserve.model_proc.kernels import cpu_kernels
+
+
+def test_a_lock_file_left_by_a_killed_build_is_removed(tmp_path):
+    build_dir = tmp_path / "cpu_kernels-avx2-0123"
+    build_dir.mkdir()
+    (build_dir / "lock").write_text("")  # torch's FileBaton waits on this forever
+    with cpu_kernels._build_lock(build_dir):
+        assert not (build_dir / "lock").exists()
+    assert (tmp_path / "cpu_kernels-avx2-0123.flock").exists()
+
+
+def _hold_then_report(path, started, done):
+    with cpu_kernels._build_lock(path):
+        started.set()
+        done.wait(10)
+
+
+def test_a_second_builder_waits_for_the_first(tmp_path):
+    build_dir = tmp_path / "cpu_kernels-avx2-4567"
+    build_dir.mkdir()
+    ctx = multiprocessing.get_context("fork")
+    started, done = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=_hold_then_report, args=(build_dir, started, done))
+    holder.start()
+    try:
+        assert started.wait(10)
+        (build_dir / "lock").write_text("")  # the holder's build is running: its lock is not stale
+        waiter_done = ctx.Event()
+        waiter_done.set()  # the waiter lets go as soon as it holds the lock
+        waiter = ctx.Process(target=_hold_then_report, args=(build_dir, ctx.Event(), waiter_done))
+        waiter.start()
+        waiter.join(0.5)
+        assert waiter.is_alive() and (build_dir / "lock").exists()
+        done.set()
+        holder.join(10)
+        waiter.join(15)
+        assert waiter.exitcode == 0 and not (build_dir / "lock").exists()
+    finally:
+        done.set()
+        holder.join(10)
+
+
+def test_two_environments_with_one_torch_get_two_build_folders(monkeypatch):
+    level = "baseline"
+    here = cpu_kernels.build_key(level)
+    monkeypatch.setattr(sys, "prefix", sys.prefix + "-another-venv")
+    assert cpu_kernels.build_key(level) != here
