@@ -9,38 +9,11 @@ The design's top-level folders (client/, common/, launcher/, ...) are this packa
 """
 
 
-from zserve.client.async_client import AsyncClient
-from zserve.client.client import Client, TextStream
-from zserve.client.types import (
-    GenerateResult,
-    InvalidRequestError,
-    RequestTimeoutError,
-    ServerBusyError,
-    ServerError,
-    ServerGoneError,
-    ServerShuttingDownError,
-    UnauthorizedError,
-    Usage,
-)
-from zserve.common.error_code import ErrorCode
-from zserve.common.sampling_params import SamplingParams
-from zserve.engine import Engine, EngineError
+from zserve import client as _client
+from zserve.client import *  # noqa: F403  (the client's public names, listed once in zserve/client/__init__.py)
+from zserve.common.error_code import ErrorCode as ErrorCode
+from zserve.common.sampling_params import SamplingParams as SamplingParams
+from zserve.engine import Engine as Engine
+from zserve.engine import EngineError as EngineError
 
-__all__ = [
-    "AsyncClient",
-    "Client",
-    "Engine",
-    "EngineError",
-    "ErrorCode",
-    "GenerateResult",
-    "InvalidRequestError",
-    "RequestTimeoutError",
-    "SamplingParams",
-    "ServerBusyError",
-    "ServerError",
-    "ServerGoneError",
-    "ServerShuttingDownError",
-    "TextStream",
-    "UnauthorizedError",
-    "Usage",
-]
+__all__ = sorted([*_client.__all__, "Engine", "EngineError", "ErrorCode", "SamplingParams"])

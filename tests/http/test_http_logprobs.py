@@ -18,11 +18,6 @@ TOP = 3
 
 
 @pytest.fixture(scope="module")
-def oracle(model_dir):
-    return GreedyOracle(model_dir)
-
-
-@pytest.fixture(scope="module")
 def server(model_dir):
     http_port = free_port()
     handle = start_server(model_dir, "--http-port", str(http_port), "--dtype", "float32", "--num-threads", "1",

@@ -15,17 +15,11 @@ import time
 import pytest
 import zmq
 
-from testing.e2e_fixtures import GreedyOracle
 from testing.server_process import start_server, wait_idle
 from zserve.client import Client, ServerBusyError, ServerError
 
 BUDGET = 16  # --chunked-prefill-size: small, so ordinary prompts are chunked
 LONG_PREFIX = "The quick brown fox jumps over the lazy dog. " * 4
-
-
-@pytest.fixture(scope="module")
-def oracle(model_dir):
-    return GreedyOracle(model_dir)
 
 
 @pytest.fixture(scope="module")

@@ -16,11 +16,6 @@ NUM_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def oracle(model_dir):
-    return GreedyOracle(model_dir)
-
-
-@pytest.fixture(scope="module")
 def server(model_dir):
     handle = start_server(model_dir, "--dtype", "float32", "--num-threads", "1", "--kv-cache-tokens", "4096")
     yield handle

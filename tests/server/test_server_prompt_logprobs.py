@@ -16,11 +16,6 @@ TOP = 3
 
 
 @pytest.fixture(scope="module")
-def oracle(model_dir):
-    return GreedyOracle(model_dir)
-
-
-@pytest.fixture(scope="module")
 def server(model_dir):
     # a 32-token prefill budget: a 100-token prompt takes 4 chunks
     handle = start_server(model_dir, "--dtype", "float32", "--num-threads", "1", "--kv-cache-tokens", "4096",
