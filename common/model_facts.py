@@ -9,7 +9,7 @@ prompts against and the scheduler stops requests at).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 TOOL_CALL_FORMATS = ("hermes", "llama3_json")
 
@@ -20,6 +20,8 @@ class ModelFacts:
     chat_template: str | None = None  # the default chat template's Jinja source: --chat-template's, else the tokenizer's
     chat_template_origin: str = ""  # where it came from (a file), for error messages
     tool_call_format: str | None = None  # how the chat template writes tool calls (TOOL_CALL_FORMATS); None: not one we parse
+    vocab_size: int | None = None  # ids the model has rows for (config.json); a prompt id at or above it is refused
+    default_sampling: dict[str, float] = field(default_factory=dict)  # generation_config.json's sampling (when it samples)
 
     def __post_init__(self) -> None:
         if self.context_len < 2:

@@ -9,7 +9,6 @@ from pathlib import Path
 import zmq
 
 from zserve.common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, SCHEDULER_INBOX, ProcReady
-from zserve.common.model_config import ModelConfig
 from zserve.common.model_facts import ModelFacts
 from zserve.common.proc_runtime import child_args, child_setup
 from zserve.common.server_config import API_KEY_ENV, ServerConfig
@@ -37,17 +36,16 @@ def bind_client_port(ctx: zmq.Context, host: str, port: int, max_frame_bytes: in
 
 
 def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts) -> None:
-    model_config = ModelConfig.from_model_dir(cfg.model)  # the vocabulary and generation_config.json's defaults
     context_len = facts.context_len
     tokenizer = TextTokenizer.from_model_dir(cfg.tokenizer_dir)
     if facts.chat_template is not None and facts.chat_template != tokenizer.chat_template_source:
         # --chat-template: a Jinja file instead of the model's own (the launcher read it, for every process)
         logger.info("chat template from %s (instead of the model's)", facts.chat_template_origin)
         tokenizer = tokenizer.with_chat_template(facts.chat_template, facts.chat_template_origin)
-    default_sampling = dict(model_config.default_sampling)
+    default_sampling = dict(facts.default_sampling)
     if default_sampling:
         logger.info("sampling defaults from generation_config.json: %s", ", ".join(f"{k}={v}" for k, v in default_sampling.items()))
-    validator = RequestValidator(tokenizer, context_len, model_config.vocab_size, default_sampling)
+    validator = RequestValidator(tokenizer, context_len, facts.vocab_size, default_sampling)
     ctx = zmq.Context()
     try:
         max_frame_bytes = max(MIN_CLIENT_FRAME_BYTES, 2 * cfg.max_request_bytes)

@@ -21,6 +21,20 @@ def test_context_is_the_models_or_the_flags(model_dir):
     assert resolve_model_facts(ServerConfig(model=str(model_dir), context_length=64)).context_len == 64
 
 
+def test_vocabulary_and_sampling_defaults_come_from_the_model_files(model_dir, tmp_path):
+    import json
+    import shutil
+
+    facts = resolve_model_facts(ServerConfig(model=str(model_dir)))
+    assert facts.vocab_size == json.loads((model_dir / "config.json").read_text())["vocab_size"]
+    sampling_dir = tmp_path / "sampling-model"
+    shutil.copytree(model_dir, sampling_dir)
+    (sampling_dir / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.6, "top_p": 0.9}))
+    facts = resolve_model_facts(ServerConfig(model=str(sampling_dir)))
+    assert facts.default_sampling == {"temperature": 0.6, "top_p": 0.9}
+    assert ModelFacts.from_json(facts.to_json()) == facts
+
+
 def test_chat_template_is_the_tokenizers_unless_the_flag_names_a_file(model_dir, tmp_path):
     facts = resolve_model_facts(ServerConfig(model=str(model_dir)))
     source, _ = TokenizerFiles.read(model_dir).chat_templates.get("default", (None, ""))
