@@ -26,7 +26,7 @@ API_KEY_ENV = "ZSERVE_API_KEY"  # the HTTP API key: read when --api-key is empty
 
 @dataclass(frozen=True)
 class ServerConfig:
-    model: str = field(default="", metadata={"help": "model directory (config.json + safetensors + tokenizer); default: the SmolLM2-135M-Instruct demo model, fetched on first use", "aliases": ["--model-path"], "positional": True})
+    model: str = field(default="", metadata={"help": "model directory (config.json + safetensors + tokenizer), or a Llama/Qwen2/Qwen3 .gguf file (or a directory holding one); default: the SmolLM2-135M-Instruct demo model, fetched on first use", "aliases": ["--model-path"], "positional": True})
     served_model_name: str = field(default="", metadata={"help": "the model's name in the OpenAI API (/v1/models, the request's model) and the metrics' model_name label (empty = the model directory's name)"})
     tokenizer: str = field(default="", metadata={"help": "a directory with the tokenizer files (tokenizer.json, tokenizer_config.json), when they are not in --model (empty = --model's)", "aliases": ["--tokenizer-path"], "peer_note": "vLLM --tokenizer, SGLang --tokenizer-path"})
     chat_template: str = field(default="", metadata={"help": "a Jinja chat template file used instead of the model's (empty = the model's own)"})

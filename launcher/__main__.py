@@ -23,8 +23,18 @@ logger = logging.getLogger("launcher")
 
 
 def resolve_model(cfg: ServerConfig) -> ServerConfig:
+    """The demo model when --model is empty; a GGUF file becomes a directory of its metadata
+    (launcher/gguf_model_dir.py) whose weights stay in the file."""
     if cfg.model:
-        return cfg
+        from zserve.launcher.gguf_model_dir import gguf_file_of, gguf_model_dir
+
+        gguf_file = gguf_file_of(cfg.model)
+        if gguf_file is None:
+            return cfg
+        model_dir = gguf_model_dir(gguf_file, with_tokenizer=not cfg.tokenizer)
+        logger.info("--model %s: metadata in %s, weights read from the GGUF file", gguf_file, model_dir)
+        # the API's model name is the file's, not the cache directory's
+        return replace(cfg, model=str(model_dir), served_model_name=cfg.served_model_name or gguf_file.name)
     from zserve.launcher.demo_model import ensure_demo_model
 
     return replace(cfg, model=str(ensure_demo_model(progress=True)))

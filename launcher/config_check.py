@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from zserve.common.context_limit import context_length_error
+from zserve.common.gguf_source import GGUF_SOURCE_FILE, gguf_source
 from zserve.common.model_config import ModelConfig
 from zserve.common.rank_layout import RankLayout
 from zserve.common.server_config import DEFAULT_CLIENT_PORT, ServerConfig
@@ -120,7 +121,13 @@ def check_port_free(flag: str, host: str, port: int) -> None:
 
 
 def check_weights(model_dir: Path) -> None:
-    """model.safetensors, or every file model.safetensors.index.json lists, present with a readable header."""
+    """model.safetensors, or every file model.safetensors.index.json lists, present with a readable header;
+    or the GGUF file a directory made by launcher/gguf_model_dir.py points at."""
+    source = gguf_source(model_dir)
+    if source is not None:
+        if not source.is_file():
+            raise FileNotFoundError(f"{source} not found ({model_dir / GGUF_SOURCE_FILE} points at it)")
+        return
     index_path = model_dir / WEIGHTS_INDEX_FILE
     if index_path.is_file():
         try:

@@ -136,7 +136,7 @@ def _convert(gguf_path: Path, out_dir: Path, say) -> None:
     from transformers import AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    _split_digits(tokenizer)
+    split_digits(tokenizer)
     model = _load_gguf_model(gguf_path)
     tokenizer.model_max_length = model.config.max_position_embeddings
     model.generation_config = GenerationConfig(
@@ -145,7 +145,7 @@ def _convert(gguf_path: Path, out_dir: Path, say) -> None:
     say(f"[4/4] saving safetensors and tokenizer to {out_dir}")
     model.save_pretrained(out_dir, safe_serialization=True)
     tokenizer.save_pretrained(out_dir)
-    _ensure_chat_template(out_dir, _gguf_chat_template(gguf_path))
+    ensure_chat_template(out_dir, _gguf_chat_template(gguf_path))
 
 
 def _load_gguf_model(gguf_path: Path):
@@ -175,7 +175,7 @@ def _load_gguf_model(gguf_path: Path):
     return model.eval()
 
 
-def _split_digits(tokenizer) -> None:
+def split_digits(tokenizer) -> None:
     """Split every digit into its own pre-token, as the GGUF's pre-tokenizer ("smollm") says.
 
     llama.cpp's "smollm" pre-tokenizer splits `\\p{N}` before the byte-level regex, but
@@ -201,7 +201,7 @@ def _gguf_chat_template(gguf_path: Path) -> str:
     return str(field.contents())
 
 
-def _ensure_chat_template(model_dir: Path, chat_template: str) -> None:
+def ensure_chat_template(model_dir: Path, chat_template: str) -> None:
     """Make tokenizer_config.json carry the chat template.
 
     transformers may save the template as a separate chat_template.jinja file; tools that read

@@ -27,8 +27,8 @@ import torch
 from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
 from zserve.common.model_config import ModelConfig
 from zserve.common.worker_env import default_num_threads
-from zserve.model_proc.checkpoint import Checkpoint
 from zserve.model_proc.compute_dtype import resolve_dtype
+from zserve.model_proc.gguf_checkpoint import open_checkpoint
 from zserve.model_proc.kernels.cpu_kernels import fused_ops_available
 from zserve.model_proc.kv_pool import KVPool
 from zserve.model_proc.layers.attention import attention_backend
@@ -153,7 +153,7 @@ class ModelRunner:
                 model = build_model(self.config, self.tp_rank, self.tp_size)
         finally:
             torch.set_default_dtype(previous_dtype)
-        with Checkpoint(self.config.model_dir, show_progress=show_progress) as ckpt:
+        with open_checkpoint(self.config.model_dir, show_progress=show_progress) as ckpt:
             model.load(ckpt)
             missing = ckpt.missing_params(model)
         assert not missing, f"parameters not filled from the checkpoint: {missing}"

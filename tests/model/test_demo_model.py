@@ -216,7 +216,7 @@ def test_stale_partial_directories_are_removed(tmp_path):
 
 def test_chat_template_goes_into_tokenizer_config(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
-    demo_model._ensure_chat_template(tmp_path, "{{ messages }}")
+    demo_model.ensure_chat_template(tmp_path, "{{ messages }}")
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert config == {"eos_token": "<|im_end|>", "chat_template": "{{ messages }}"}
 

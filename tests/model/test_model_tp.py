@@ -10,8 +10,10 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from testing.gguf_fixtures import write_gguf
 from testing.model_fixtures import GreedyDriver, make_runner, make_tiny_checkpoint, random_prompt
 from testing.server_process import free_port
+from zserve.launcher.gguf_model_dir import gguf_model_dir
 from zserve.model_proc.model_runner import ModelRunner
 
 TP_SIZE = 2
@@ -51,9 +53,13 @@ def rank_main(rank: int, model_dirs: dict[str, str], port: int, out_path: str) -
         torch.distributed.destroy_process_group()
 
 
-def test_two_ranks_match_one(tmp_path):
-    """One pair of rank processes runs every kind (process start-up dominates the cost)."""
+def test_two_ranks_match_one(tmp_path, monkeypatch):
+    """One pair of rank processes runs every kind (process start-up dominates the cost), and the llama
+    as an F16 GGUF file (each rank dequantizes whole tensors and keeps its rows)."""
     model_dirs = {kind: str(make_tiny_checkpoint(tmp_path / kind, kind, **overrides)) for kind, overrides in KINDS.items()}
+    monkeypatch.setenv("ZSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    gguf_file = write_gguf(model_dirs["llama"], tmp_path / "llama.gguf", "F16")
+    model_dirs["llama_gguf"] = str(gguf_model_dir(gguf_file, with_tokenizer=False))
     out_path = tmp_path / "rank0.json"
     mp.start_processes(rank_main, args=(model_dirs, free_port(), str(out_path)), nprocs=TP_SIZE, start_method="spawn")
     sharded = json.loads(out_path.read_text())
@@ -64,6 +70,9 @@ def test_two_ranks_match_one(tmp_path):
         assert sharded[kind]["outputs"] == single["outputs"], kind
         assert single["outputs"][-1] == single["outputs"][-2], kind  # the KV-sharing one decodes as its source
         np.testing.assert_allclose(np.array(sharded[kind]["logits"]), np.array(single["logits"]), atol=1e-4, rtol=0, err_msg=kind)
+    single = run_and_record(make_runner(model_dirs["llama_gguf"], device="cpu", dtype="float32", page_size=4, kv_cache_tokens=512))
+    assert sharded["llama_gguf"]["outputs"] == single["outputs"]
+    np.testing.assert_allclose(np.array(sharded["llama_gguf"]["logits"]), np.array(single["logits"]), atol=1e-4, rtol=0)
 
 
 def test_heads_must_split(tmp_path):

