@@ -28,7 +28,10 @@ from zserve.launcher.config_check import (
 from zserve.launcher.demo_model import demo_model_dir, missing_files
 from zserve.launcher.runtime_dir import PREFIX
 
-REFUSE_WITHIN_S = 1.0  # the whole `python -m zserve.launcher` run, interpreter start included
+# The whole `python -m zserve.launcher` run, interpreter start included: ~0.5 s on an idle 2-vCPU
+# machine, up to ~2.6 s seen at load 8. The bound only catches a refusal that waited on something
+# (a child's start, a timeout); that no child started is checked by the runtime directory below.
+REFUSE_WITHIN_S = 10.0
 
 
 @pytest.fixture
