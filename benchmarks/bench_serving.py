@@ -41,6 +41,7 @@ from benchmarks.workloads import (  # noqa: E402
     DEFAULT_BASE_PROMPT,
     BenchRequest,
     LengthRange,
+    echo_workload,
     parse_counts,
     random_workload,
     repeats_workload,
@@ -71,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     g.add_argument("--server-log", type=Path, default=None, help="append every started server's output to this file")
 
     g = p.add_argument_group("workload")
-    g.add_argument("--workload", choices=("repeats", "random", "shared-prefix"), default="repeats")
+    g.add_argument("--workload", choices=("repeats", "random", "shared-prefix", "echo"), default="repeats",
+                   help="echo: chat requests whose answers copy the prompt (speculative decoding's workload; pair with --no-ignore-eos)")
     g.add_argument("--num-requests", type=int, default=32, help="requests per run (repeats and random workloads)")
     g.add_argument("--max-tokens", type=int, default=32, help="tokens to generate per request (repeats and shared-prefix)")
     g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
@@ -125,6 +127,9 @@ def build_workload(args: argparse.Namespace, model_dir: str, repeat: int) -> tup
         salt = f"Run {repeat + 1}. "
         requests = repeats_workload(args.base_prompt, counts, args.num_requests, args.max_tokens, unique, salt)
         return requests, f"repeats {args.prompt_repeats} of {args.base_prompt!r}, unique={unique}, max_tokens={args.max_tokens}"
+    if args.workload == "echo":
+        requests = echo_workload(args.num_requests, args.max_tokens, args.seed, salt=repeat)
+        return requests, f"echo (fix typos / repeat / rename in code, chat), max_tokens={args.max_tokens}"
     token_ids = sampleable_token_ids(model_dir)
     if args.workload == "random":
         in_lens = LengthRange.from_ratio(args.input_len, args.range_ratio, args.min_input_len)

@@ -26,6 +26,17 @@ turn, repeats interleaved (zserve, vLLM, zserve, vLLM, ...):
 Before measuring, every server answers the demo question through /v1/chat/completions (greedy),
 and the answers are printed and saved: a fast wrong answer is not a win.
 
+Variants: a peer may be named `zserve:NAME` (zserve started with the flags of `--zserve-variant
+NAME=FLAGS`, e.g. `int8=--quantization int8`) or `llamacpp:WEIGHTS` (`smollm2-WEIGHTS.gguf`, e.g.
+`llamacpp:q8_0`), several of each in one run, so one run interleaves what it compares:
+
+    .venv/bin/python benchmarks/bench_vs_peers.py --peers zserve,zserve:int8,llamacpp:q8_0 \
+        --zserve-variant "int8=--quantization int8" --scenarios single --num-single 16 --repeats 3
+
+`--workload echo` sends burst and single the input-echoing chat requests of benchmarks/workloads.py
+(answers end at the model's own EOS, at most --output-len tokens), the workload of speculative
+decoding. The ratios compare every server with the first one of `--peers`.
+
 Only one server computes at a time: the others are paused (SIGSTOP of their whole process group,
 SIGCONT before their turn), because vLLM's engine busy-polls even when idle and would take CPU from
 the others' runs. The load average at each run's start is printed with it, and the CPU (model,
@@ -53,7 +64,7 @@ from benchmarks.json_report import write_json  # noqa: E402
 from benchmarks.load_driver import LoadOptions, drive  # noqa: E402
 from benchmarks.machine_info import load_average, machine_info  # noqa: E402
 from benchmarks.metrics import RunMetrics  # noqa: E402
-from benchmarks.workloads import LengthRange, random_workload, sampleable_token_ids  # noqa: E402
+from benchmarks.workloads import LengthRange, echo_workload, random_workload, sampleable_token_ids  # noqa: E402
 from testing.server_process import free_port, resolve_model_dir  # noqa: E402
 
 DEMO_QUESTION = "What is the capital of France?"
@@ -132,6 +143,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--llamacpp-dir", type=Path, default=DEFAULT_LLAMACPP_DIR, help="llama_cpp_setup.sh's folder")
     p.add_argument("--llamacpp-weights", default="f16", help="which smollm2-<weights>.gguf llama-server loads (f32, f16, bf16, q4_1)")
     p.add_argument("--zserve-args", default="--log-level warning", help="extra launch_server flags")
+    p.add_argument("--zserve-variant", action="append", default=[], metavar="NAME=FLAGS",
+                   help="launch_server flags of the peer named zserve:NAME (added to --zserve-args); repeatable")
+    p.add_argument("--workload", default="random", choices=("random", "echo"), help="burst and single: random token ids, or the input-echoing chats")
     p.add_argument("--vllm-args", default="--max-model-len 2048", help="extra vLLM api_server flags")
     p.add_argument("--vllm-kv-gib", default="4", help="VLLM_CPU_KVCACHE_SPACE")
     p.add_argument("--num-requests", type=int, default=64, help="burst: requests sent at once")
@@ -147,14 +161,18 @@ def parse_args() -> argparse.Namespace:
 
 
 def run_scenario(peer: Peer, model: str, scenario: str, args: argparse.Namespace, repeat: int) -> dict:
-    token_ids = sampleable_token_ids(model)
     num = args.num_single if scenario == "single" else args.num_requests
-    if scenario == "mixed":
-        lengths_in, lengths_out = LengthRange(32, 512), LengthRange(32, 256)
+    echo = args.workload == "echo" and scenario != "mixed"
+    if echo:
+        requests = echo_workload(num, args.output_len, seed=0, salt=repeat)
     else:
-        lengths_in, lengths_out = LengthRange(args.input_len, args.input_len), LengthRange(args.output_len, args.output_len)
-    requests = random_workload(token_ids, num, lengths_in, lengths_out, seed=repeat, salt=repeat)
-    options = LoadOptions(progress_desc=f"{peer.name} {scenario}", model=model, num_warmup_requests=1)
+        token_ids = sampleable_token_ids(model)
+        if scenario == "mixed":
+            lengths_in, lengths_out = LengthRange(32, 512), LengthRange(32, 256)
+        else:
+            lengths_in, lengths_out = LengthRange(args.input_len, args.input_len), LengthRange(args.output_len, args.output_len)
+        requests = random_workload(token_ids, num, lengths_in, lengths_out, seed=repeat, salt=repeat)
+    options = LoadOptions(ignore_eos=not echo, progress_desc=f"{peer.name} {scenario}", model=model, num_warmup_requests=1)
     load = load_average()[0]
     if scenario in ("burst", "mixed"):
         run = drive(peer.base_url, requests, [0.0] * num, options)
@@ -174,14 +192,19 @@ def start_peers(args: argparse.Namespace, model: str) -> tuple[list[Peer], dict[
     from zserve.model_proc.kernels.cpu_isa import cpu_flags
 
     peers, settings, timeouts = [], {}, {}
+    variants = dict(v.split("=", 1) for v in args.zserve_variant)
     for name in args.peers.split(","):
         port = free_port()
-        if name == "zserve":
+        kind, _, variant = name.partition(":")
+        if kind == "zserve":
+            if variant and variant not in variants:
+                raise SystemExit(f"peer {name!r}: no --zserve-variant {variant}=FLAGS")
+            extra = shlex.split(variants.get(variant, ""))
             cmd = [sys.executable, "-m", "zserve.launcher", "--model", model, "--dtype", args.dtype, "--port", str(port),
-                   "--zmq-port", str(free_port()), *shlex.split(args.zserve_args)]
+                   "--zmq-port", str(free_port()), *shlex.split(args.zserve_args), *extra]
             peers.append(Peer.start(name, cmd, port, args.log_dir))
-            settings[name], timeouts[name] = f"--dtype {args.dtype}", 180.0
-        elif name == "vllm":
+            settings[name], timeouts[name] = shlex.join(["--dtype", args.dtype, *extra]), 180.0
+        elif kind == "vllm":
             python = args.vllm_venv / "bin" / "python"
             if not python.exists():
                 print(f"[bench_vs_peers] vLLM is not installed at {args.vllm_venv} (../shared/peers/vllm_cpu_setup.sh): left out", file=sys.stderr)
@@ -195,8 +218,8 @@ def start_peers(args: argparse.Namespace, model: str) -> tuple[list[Peer], dict[
             peers.append(Peer.start(name, cmd, port, args.log_dir, env=env))
             settings[name] = f"--dtype {dtype}, VLLM_CPU_OMP_THREADS_BIND={env.get('VLLM_CPU_OMP_THREADS_BIND', 'auto')}"
             timeouts[name] = args.vllm_start_timeout_s
-        elif name == "llamacpp":
-            server, gguf = args.llamacpp_dir / "llama-server", args.llamacpp_dir / f"smollm2-{args.llamacpp_weights}.gguf"
+        elif kind == "llamacpp":
+            server, gguf = args.llamacpp_dir / "llama-server", args.llamacpp_dir / f"smollm2-{variant or args.llamacpp_weights}.gguf"
             if not (server.exists() and gguf.exists()):
                 print(f"[bench_vs_peers] llama.cpp is not built in {args.llamacpp_dir} (../shared/peers/llama_cpp_setup.sh): left out", file=sys.stderr)
                 continue
@@ -205,7 +228,7 @@ def start_peers(args: argparse.Namespace, model: str) -> tuple[list[Peer], dict[
             peers.append(Peer.start(name, cmd, port, args.log_dir))
             settings[name], timeouts[name] = f"{gguf.name}, -np 64 -c 32768 -t {threads} -tb {threads}", 120.0
         else:
-            raise SystemExit(f"unknown peer {name!r}: expected zserve, vllm or llamacpp")
+            raise SystemExit(f"unknown peer {name!r}: expected zserve[:VARIANT], vllm or llamacpp[:WEIGHTS]")
     startup = {}
     try:
         for peer in peers:  # all start at once; vLLM's compile dominates
@@ -248,14 +271,15 @@ def main() -> None:
         figures = " | ".join(f"{row.get(key, float('nan')):.1f}" for _, key, _ in FIGURES)
         print(f"| {row['scenario']} | {row['repeat']} | {row['server']} | {row['load_average']:.1f} | "
               f"{row['num_completed']}/{row['num_failed']} | {figures} |")
-    print("\nzserve / peer (same scenario and repeat; > 1 means zserve's figure is higher):")
+    base = peers[0].name if peers else ""
+    print(f"\n{base} / each other server (same scenario and repeat; > 1 means {base}'s figure is higher):")
     by_run: dict[tuple[str, int], dict[str, dict]] = {}
     for row in rows:
         by_run.setdefault((row["scenario"], row["repeat"]), {})[row["server"]] = row
     for (scenario, repeat), servers in by_run.items():
-        z = servers.get("zserve")
+        z = servers.get(base)
         for name, other in servers.items():
-            if z is None or name == "zserve":
+            if z is None or name == base:
                 continue
             ratios = ", ".join(f"{f} {z[key] / other[key]:.2f}x" for f, key, _ in FIGURES if other.get(key))
             print(f"  {scenario} #{repeat} vs {name}: {ratios}")

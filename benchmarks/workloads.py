@@ -12,6 +12,9 @@ Three families:
 - shared prefix: SGLang's generated-shared-prefix set: `num_groups` long system prompts, each
   followed by `prompts_per_group` short distinct questions; requests are interleaved across
   groups so the cache must hold every group's prefix at once.
+- echo: chat requests whose answers copy long spans of the prompt (fix the typos in a paragraph,
+  rewrite it with one word changed, rename a variable in a function): the workload n-gram
+  speculative decoding is for (texts in benchmarks/echo_corpus.py).
 """
 
 from __future__ import annotations
@@ -122,6 +125,41 @@ def shared_prefix_workload(
             question = rng.choice(token_ids, size=question_len)
             ids = tuple(int(t) for t in np.concatenate([system, question]))
             requests.append(BenchRequest(max_tokens, input_ids=ids))
+    return requests
+
+
+def with_typos(text: str, rng: np.random.Generator, rate: float = 0.08) -> str:
+    """`text` with about `rate` of its words of 4+ letters given one typo (two neighbouring letters swapped)."""
+    words = text.split(" ")
+    for i, word in enumerate(words):
+        if len(word) >= 4 and word.isalpha() and rng.random() < rate:
+            j = int(rng.integers(1, len(word) - 2))
+            words[i] = word[:j] + word[j + 1] + word[j] + word[j + 2 :]
+    return " ".join(words)
+
+
+def echo_workload(num_requests: int, max_tokens: int, seed: int, salt: int = 0) -> list[BenchRequest]:
+    """Chat requests whose answer is mostly a copy of the prompt, cycling over three tasks: fix the
+    typos of a paragraph, repeat a paragraph word for word, rename a variable
+    in a function. `salt` (one per repeat) tags each prompt so a repeat finds no earlier repeat's
+    prompts in the prefix cache; `max_tokens` caps each answer (the model usually stops earlier)."""
+    from benchmarks.echo_corpus import CODE, CODE_RENAMES, PROSE
+
+    rng = np.random.default_rng([seed, salt])
+    requests = []
+    for i in range(num_requests):
+        task = i % 3
+        tag = f"(Task {salt}-{i}.) "
+        if task == 0:
+            text = with_typos(PROSE[i % len(PROSE)], rng)
+            content = f"{tag}Fix the spelling mistakes in the following text. Reply with the corrected text only.\n\n{text}"
+        elif task == 1:
+            content = f"{tag}Repeat the following text exactly, word for word.\n\n{PROSE[(i + 3) % len(PROSE)]}"
+        else:
+            k = i % len(CODE)
+            old, new = CODE_RENAMES[k]
+            content = f"{tag}Rename the variable `{old}` to `{new}` in this Python function and reply with the whole function.\n\n```python\n{CODE[k]}```"
+        requests.append(BenchRequest(max_tokens, messages=(("user", content),)))
     return requests
 
 

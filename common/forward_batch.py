@@ -43,6 +43,22 @@ and seed, from the source's last-position logits:
     request     r0 (KV source)   r1 (kv_source = 0)      cached_len 8, extend_len 5, page_size 4
     pages       [a b | p q ]     [a b | s t ]            a b: the shared prefix (radix cache hit)
     this step   p q computed     p q --slot copy--> s t  r1's logits row = r0's
+
+Drafts (speculative decoding): a decoding row with `d = draft_lens[i] > 0` computes its last
+sampled token and then d draft tokens guessed by the scheduler, so `extend_len = 1 + d` and its
+pages cover all of them. The worker scores the row at each of those 1 + d positions, accepts the
+longest prefix of drafts the model agrees with (greedy: equal to the argmax; sampled: the
+speculative-sampling rule, which leaves the distribution unchanged) and samples one more token
+after it. StepResult then says, per row, `num_accepted[i]` (0..d) and `next_token_ids[i]` (the
+token after the accepted drafts): the row's new tokens are `drafts[:num_accepted] +
+[next_token_id]`. The K/V written at the rejected positions is garbage the scheduler gives back
+(it shortens the row's sequence to cached_len + 1 + num_accepted). A row with drafts is
+sampled, computed (no kv_source), already past its prompt (cached_len > 0), and asks for no
+logprobs, top logprobs, penalties, grammar or prompt logprobs.
+
+    row i: cached_len 7, last sampled t, drafts a b c      input_ids (row i) = t a b c
+    positions scored    7   8   9   10                      argmax      a   b   x   .
+    accepted: a b (num_accepted 2); next_token_id x; new tokens a b x; K/V of 9 and 10 dropped
 """
 
 from __future__ import annotations
@@ -161,6 +177,8 @@ class ForwardBatch(Message, tag=1):
     top_logprobs: Int32Array | None = None  # [num_reqs]: most likely tokens to report (0 = none); None: nobody asked
     grammar: GrammarMasks | None = None  # structured output's allowed tokens; None: no request under a grammar
     prompt_logprobs: PromptLogprobRows | None = None  # rows scoring their prompt (echo); None: nobody asked
+    # [num_reqs]: speculative draft tokens at the end of each row's new tokens (0 = none; see Drafts above); None: no drafts
+    draft_lens: Int32Array | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -264,6 +282,31 @@ class ForwardBatch(Message, tag=1):
             part = getattr(self, name)
             if part is not None and part.rows.size and (part.rows[0] < 0 or part.rows[-1] >= n or (part.rows[1:] <= part.rows[:-1]).any()):
                 raise ValueError(f"ForwardBatch {self.step_id}: {name}.rows must be ascending rows of the batch's {n}")
+        if self.draft_lens is not None:
+            self._validate_drafts()
+
+    def _validate_drafts(self) -> None:
+        drafts, n = self.draft_lens, self.num_reqs
+        if drafts.shape[0] != n:
+            raise ValueError(f"ForwardBatch {self.step_id}: draft_lens has {drafts.shape[0]} entries, expected {n}")
+        if (drafts < 0).any() or (drafts > self.extend_lens - 1).any():
+            raise ValueError(f"ForwardBatch {self.step_id}: draft_lens must be in 0 .. extend_len - 1")
+        has = drafts > 0
+        if not has.any():
+            return
+        barred = ~self.is_sampled | ~self.is_computed | (self.cached_lens == 0) | self.return_logprob
+        if self.top_logprobs is not None:
+            barred |= self.top_logprobs > 0
+        for name in ("penalties", "grammar", "prompt_logprobs"):
+            part = getattr(self, name)
+            if part is not None:
+                barred[part.rows] = True
+        if (has & barred).any():
+            i = int(np.flatnonzero(has & barred)[0])
+            raise ValueError(
+                f"ForwardBatch {self.step_id}: request {i} has drafts but is not a plain decoding row "
+                "(unsampled, KV-sharing, prefilling, or asks for logprobs, penalties, a grammar or prompt logprobs)"
+            )
 
     def _validate_kv_sources(self) -> None:
         kv_source, n = self.kv_source, self.num_reqs
@@ -297,3 +340,6 @@ class StepResult(Message, tag=2):
     prompt_logprobs: Float32Array | None = None
     prompt_top_ids: Int32Array | None = None  # [len(prompt_logprobs) * K], K = prompt_logprobs.num_top
     prompt_top_logprobs: Float32Array | None = None
+    # [num_reqs]: drafts accepted per row (0 .. ForwardBatch.draft_lens); None when the batch had no drafts.
+    # A row's new tokens are its first num_accepted drafts, then next_token_ids[row] (see Drafts above).
+    num_accepted: Int32Array | None = None

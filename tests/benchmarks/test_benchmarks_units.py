@@ -16,6 +16,7 @@ from benchmarks.metrics import Distribution, RequestRecord, RunMetrics
 from benchmarks.results_table import render_table
 from benchmarks.workloads import (
     LengthRange,
+    echo_workload,
     parse_counts,
     random_workload,
     repeats_workload,
@@ -34,6 +35,19 @@ def test_repeats_cycle_and_uniqueness():
     assert parse_counts("1,1,1,64") == [1, 1, 1, 64]
     with pytest.raises(ValueError):
         parse_counts("1,0")
+
+
+def test_echo_workload_asks_for_copies_of_its_own_text():
+    from benchmarks.echo_corpus import CODE, PROSE
+
+    reqs = echo_workload(6, max_tokens=200, seed=0, salt=1)
+    assert [r.max_tokens for r in reqs] == [200] * 6 and all(r.messages and r.messages[0][0] == "user" for r in reqs)
+    texts = [r.messages[0][1] for r in reqs]
+    assert "spelling" in texts[0] and "word for word" in texts[1] and "```python" in texts[2]
+    assert PROSE[4] in texts[1] and CODE[2] in texts[2]  # the text to copy is in the prompt as it is
+    fixed = texts[0].split("\n\n", 1)[1]
+    assert fixed != PROSE[0] and len(fixed) == len(PROSE[0])  # typos: neighbouring letters swapped
+    assert len(set(texts)) == 6 and echo_workload(6, 200, 0, salt=1) == reqs and echo_workload(6, 200, 0, salt=2) != reqs
 
 
 def test_random_lengths_follow_the_convention_and_salt_changes_only_ids():
