@@ -1,6 +1,7 @@
 """Our forward vs transformers' forward on the same weights, same machine, same run.
 
     .venv/bin/python benchmarks/bench_model.py [--model DIR] [--threads N] [--repeats R] [--dtype float32,bfloat16]
+                                               [--quantization int8]
 
 Cases: one decode step at batch 1, 8, 32 and 64 with 256 tokens of context per request, and a
 512-token prefill. Each line prints both times and ours/transformers (< 1 is faster), and the
@@ -19,6 +20,11 @@ K/V contents do not change the cost of a step, so both sides get 256 tokens of r
 instead of a real prefill (which would take minutes). `--dtype` takes one dtype or several
 (comma-separated): each runs ours and transformers in that dtype, in turn, in the same process;
 with two, a last table gives our bfloat16 / float32 time per case.
+
+`--quantization int8` adds, for each dtype, our runner with int8 weights (--quantization int8),
+timed in turn with the plain one in the same loop (ours, ours int8, transformers, bound): its
+column `int8_ms`, and `int8/ours` the ratio of the two (< 1: int8 is faster). The weight bytes
+of both are printed.
 
 Everything runs in one process started with the model worker's environment
 (common/worker_env.py: thread count, OpenMP wait policy, malloc thresholds; the script
@@ -226,6 +232,7 @@ def main() -> None:
     parser.add_argument("--batch-sizes", default=",".join(map(str, DECODE_BATCH_SIZES)), help="decode cases, comma-separated")
     parser.add_argument("--no-prefill", action="store_true", help="skip the prefill case")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, or both comma-separated (each in turn, same process)")
+    parser.add_argument("--quantization", default="none", choices=["none", "int8"], help="int8: also time our runner with int8 weights, interleaved")
     args = parser.parse_args()
     dtypes = [d for d in args.dtype.split(",") if d]
     if not dtypes or set(dtypes) - set(DTYPES):
@@ -259,24 +266,35 @@ def bench_dtype(model_dir: str, dtype: torch.dtype, batch_sizes: list[int], args
     max_tokens = max(max([1, *batch_sizes]) * pages_per_req * PAGE_SIZE, PREFILL_LEN)
     log(f"{dtype}: loading {model_dir} (ours, then transformers), {num_threads} thread(s)")
     ours = make_runner(model_dir, device="cpu", dtype=dtype, page_size=PAGE_SIZE, kv_cache_tokens=max_tokens, num_threads=num_threads)
+    quantized = None
+    if args.quantization != "none":
+        quantized = make_runner(model_dir, device="cpu", dtype=dtype, page_size=PAGE_SIZE, kv_cache_tokens=max_tokens,
+                                num_threads=num_threads, quantization=args.quantization)
     hf = HfSide(model_dir, dtype)
     gemm = GemmBound(ours, dtype)
     copier = CopyBandwidth()
     weight_bytes = gemm_weight_bytes(ours.model, dtype)  # read once per decode step (norms and the few embedding rows left out)
-    for k in ours.kv_pool.k + ours.kv_pool.v:  # random context, as on the transformers side
+    for k in ours.kv_pool.k + ours.kv_pool.v + (quantized.kv_pool.k + quantized.kv_pool.v if quantized else []):  # random context, as on the transformers side
         k.normal_()
 
     peak, peak_how = fma_peak_gflops(num_threads, ours.gemm_backend)
     print(f"\n{dtype}: {weight_bytes / 1e6:.0f} MB of weights, {ours.gemm_backend} GEMM; FMA peak {peak:.0f} GFLOP/s ({peak_how}); "
           f"load average {load_average()}")
-    print(f"{'case':<22}{'ours_ms':>10}{'hf_ms':>10}{'ratio':>8}{'bound_ms':>10}{'ours/bound':>11}  bound")
+    q_cols = ""
+    if quantized is not None:
+        print(f"{dtype} + {args.quantization}: {gemm_weight_bytes(quantized.model, dtype) / 1e6:.0f} MB of weights, {quantized.gemm_backend} GEMM")
+        q_cols = f"{'int8_ms':>10}{'int8/ours':>10}"
+    print(f"{'case':<22}{'ours_ms':>10}{'hf_ms':>10}{'ratio':>8}{'bound_ms':>10}{'ours/bound':>11}{q_cols}  bound")
     results: dict[str, float] = {}
     num_cases = len(batch_sizes) + (not args.no_prefill)
     for i, batch_size in enumerate(batch_sizes):
         log(f"{dtype}: decode batch {batch_size} ({i + 1}/{num_cases})")
         batch = decode_batch(batch_size, CONTEXT_LEN, step_id=i)
         bound_fn = copier.copy if batch_size == 1 else gemm.fn(batch_size, batch_size)
-        ours_ms, hf_ms, bound_fn_ms = timed_alternately([lambda b=batch: ours.run(b), hf.decode_fn(batch_size, CONTEXT_LEN), bound_fn], args.repeats)
+        fns = [lambda b=batch: ours.run(b), hf.decode_fn(batch_size, CONTEXT_LEN), bound_fn]
+        if quantized is not None:
+            fns.append(lambda b=batch: quantized.run(b))
+        ours_ms, hf_ms, bound_fn_ms, *int8_ms = timed_alternately(fns, args.repeats)
         if batch_size == 1:
             bandwidth = copier.gbs(bound_fn_ms)
             bound_ms, what = weight_bytes / (bandwidth * 1e9) * 1e3, f"weights / copy bandwidth {bandwidth:.1f} GB/s"
@@ -286,17 +304,22 @@ def bench_dtype(model_dir: str, dtype: torch.dtype, batch_sizes: list[int], args
             what = (f"GEMM at {rate:.0f} GFLOP/s ({rate / peak:.0%} of peak); the step's linear FLOPs at "
                     f"{gemm.flops(batch_size, batch_size) / ours_ms / 1e6:.0f} GFLOP/s")
         case = f"decode_bs{batch_size}_ctx{CONTEXT_LEN}"
-        print(f"{case:<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}{bound_ms:>10.2f}{ours_ms / bound_ms:>11.2f}  {what}", flush=True)
+        q_cols = f"{int8_ms[0]:>10.2f}{int8_ms[0] / ours_ms:>10.2f}" if int8_ms else ""
+        print(f"{case:<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}{bound_ms:>10.2f}{ours_ms / bound_ms:>11.2f}{q_cols}  {what}", flush=True)
         results[case] = ours_ms
 
     if not args.no_prefill:
         log(f"{dtype}: prefill {PREFILL_LEN} tokens ({num_cases}/{num_cases})")
         batch = prefill_batch(PREFILL_LEN, step_id=100)
         repeats = max(3, args.repeats // 2)
-        ours_ms, hf_ms, bound_ms = timed_alternately([lambda: ours.run(batch), hf.prefill_fn(PREFILL_LEN), gemm.fn(PREFILL_LEN, 1)], repeats, warmup=1)
+        fns = [lambda: ours.run(batch), hf.prefill_fn(PREFILL_LEN), gemm.fn(PREFILL_LEN, 1)]
+        if quantized is not None:
+            fns.append(lambda: quantized.run(batch))
+        ours_ms, hf_ms, bound_ms, *int8_ms = timed_alternately(fns, repeats, warmup=1)
         case = f"prefill_{PREFILL_LEN}"
+        q_cols = f"{int8_ms[0]:>10.2f}{int8_ms[0] / ours_ms:>10.2f}" if int8_ms else ""
         print(
-            f"{case:<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}{bound_ms:>10.2f}{ours_ms / bound_ms:>11.2f}"
+            f"{case:<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}{bound_ms:>10.2f}{ours_ms / bound_ms:>11.2f}{q_cols}"
             f"  GEMM at {gemm.flops(PREFILL_LEN, 1) / bound_ms / 1e6:.0f} GFLOP/s ({gemm.flops(PREFILL_LEN, 1) / bound_ms / 1e6 / peak:.0%} of peak)"
             f" ({PREFILL_LEN / ours_ms * 1e3:.0f} vs {PREFILL_LEN / hf_ms * 1e3:.0f} tokens/s)",
             flush=True,

@@ -34,3 +34,13 @@ class SchedulerStats(Message):
     num_generated_tokens: int = 0  # tokens sampled and sent
     step_wait_s: float = 0.0  # seconds the process loop waited for the model worker's results (sent -> received)
     schedule_s: float = 0.0  # seconds from a result to the next batch sent, between back-to-back steps (the worker idles)
+    # speculative decoding (--speculative-algorithm ngram); all 0 when off
+    num_drafts: int = 0  # decode rows that carried drafts (one per request per step)
+    num_draft_tokens: int = 0  # draft tokens the worker verified
+    num_accepted_tokens: int = 0  # of those, accepted (each is a token generated without a step of its own)
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens a drafted row gains per step: 1 + accepted drafts per drafted row (vLLM's mean
+        acceptance length; 0 before any draft)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0

@@ -3,7 +3,9 @@
     loop:
         DetokRegister -> start a request's incremental state (stop strings)
         TokenOutBatch -> per request: text delta; a matched stop string finishes it here and
-                         tells the scheduler to stop decoding it; a finish flushes held-back text;
+                         tells the scheduler to stop decoding it (several tokens of one step,
+                         from speculative drafts, end at the one completing it); a finish flushes
+                         held-back text;
                          with logprobs, each token's own text (TokenTexts), and the prompt's text
                          in the first output when the request asked (echo)
         ReqOutput     -> pass through (a request the scheduler refused: never registered)
@@ -20,6 +22,7 @@ import os
 from dataclasses import dataclass
 
 import zmq
+from msgspec.structs import replace
 
 from zserve.common.error_code import ErrorCode
 from zserve.common.finish_reason import FinishReason
@@ -100,9 +103,12 @@ class DetokenizerLoop:
         state = self.states.get(out.req_id)
         if state is None:
             return  # already finished here (stop string matched while a step was in flight)
-        state.num_output_tokens += len(out.token_ids)
         token_ids = out.token_ids.tolist()
-        text = state.detok.add_tokens(token_ids)
+        text, num_taken = state.detok.add_tokens_until_stop(token_ids)
+        if num_taken < len(token_ids):  # a stop string ended inside a step's several tokens: drop those after it
+            out = _first_tokens(out, num_taken)
+            token_ids = token_ids[:num_taken]
+        state.num_output_tokens += len(token_ids)
         finish_reason, code, error = out.finish_reason, out.code, out.error
         if state.detok.stopped:
             self.to_scheduler.send(AbortReq(req_id=out.req_id, finish_reason=FinishReason.STOP))
@@ -127,6 +133,17 @@ class DetokenizerLoop:
         state.prompt_text = None
         if finish_reason is not None:
             del self.states[out.req_id]
+
+
+def _first_tokens(out: TokenOut, num_tokens: int) -> TokenOut:
+    """`out` with its first `num_tokens` tokens only (and their logprobs)."""
+    k = len(out.top_logprob_ids) // len(out.token_ids) if out.top_logprob_ids is not None else 0
+    return replace(
+        out, token_ids=out.token_ids[:num_tokens],
+        logprobs=None if out.logprobs is None else out.logprobs[:num_tokens],
+        top_logprob_ids=None if out.top_logprob_ids is None else out.top_logprob_ids[: k * num_tokens],
+        top_logprobs=None if out.top_logprobs is None else out.top_logprobs[: k * num_tokens],
+    )
 
 
 def serve(cfg: ServerConfig, addrs: Addresses) -> None:

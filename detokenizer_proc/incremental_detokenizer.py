@@ -73,6 +73,19 @@ class IncrementalDetokenizer:
         self.token_ids.extend(token_ids)
         return self._through_stop(self._decode_window(final=False))
 
+    def add_tokens_until_stop(self, token_ids: Sequence[int]) -> tuple[str, int]:
+        """Several tokens of one step (speculative drafts), fed one by one so a stop string ends
+        the output at the token that completes it, as one-token steps would: returns the text and
+        how many of `token_ids` were taken (all, unless a stop string matched)."""
+        if self._stop_matcher is None or len(token_ids) < 2:
+            return self.add_tokens(token_ids), len(token_ids)
+        text = ""
+        for k, token_id in enumerate(token_ids):
+            text += self.add_tokens([token_id])
+            if self.stopped:
+                return text, k + 1
+        return text, len(token_ids)
+
     def flush(self) -> str:
         """The request ended (length, stop token, abort): return all text still held back."""
         if self.stop_matched is not None:

@@ -44,6 +44,10 @@ STAT_COUNTERS = (
     ("num_refused", "scheduler_requests_refused", "requests the scheduler refused at submit (busy, cannot fit)"),
     ("num_retracted", "scheduler_retracted_requests", "retractions: running requests sent back to the queue to free KV pages (they resume)"),
     ("num_steps", "scheduler_steps", "scheduler steps run"),
+    # speculative decoding (vLLM's vllm:spec_decode_* names); 0 while --speculative-algorithm is none
+    ("num_drafts", "spec_decode_num_drafts", "decode rows that carried speculative drafts (one per request per step)"),
+    ("num_draft_tokens", "spec_decode_num_draft_tokens", "speculative draft tokens verified by the model"),
+    ("num_accepted_tokens", "spec_decode_num_accepted_tokens", "speculative draft tokens accepted"),
 )
 
 

@@ -14,6 +14,7 @@ from typing import IO
 from zserve.common.cpu_isa_level import resolve_cpu_isa
 from zserve.common.proc_runtime import setup_logging
 from zserve.common.server_config import ServerConfig
+from zserve.common.speculative_settings import resolve_speculative_config
 from zserve.launcher.cli import parse_config, refuse
 from zserve.launcher.config_check import check_flags, check_model, resolve_zmq_port
 from zserve.launcher.launcher import Launcher, StartupError
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     if cfg.trust_remote_code:
         logger.info("--trust-remote-code has no effect: zserve runs its own model code, never code from the model directory")
     try:
+        cfg = resolve_speculative_config(cfg)  # vLLM's --speculative-config JSON into the --speculative-* flags
         layout = check_flags(cfg)
         cfg = check_model(resolve_model(resolve_zmq_port(cfg) if layout.is_head_node else cfg), layout)
         cfg = replace(cfg, cpu_isa=resolve_cpu_isa(cfg.cpu_isa))  # once: auto is this CPU's level; one it lacks is refused

@@ -28,12 +28,13 @@ from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
 from zserve.common.model_config import ModelConfig
 from zserve.common.worker_env import default_num_threads
 from zserve.model_proc.compute_dtype import resolve_dtype
+from zserve.model_proc.draft_verifier import DraftVerifier
 from zserve.model_proc.gguf_checkpoint import open_checkpoint
 from zserve.model_proc.kernels.cpu_kernels import fused_ops_available
 from zserve.model_proc.kv_pool import KVPool
 from zserve.model_proc.layers.attention import attention_backend
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
-from zserve.model_proc.layers.gemm import gemm_backend, prepack_weights
+from zserve.model_proc.layers.gemm import gemm_backend, gemm_weight_bytes, prepack_weights
 from zserve.model_proc.logits_processors import top_logprobs_of
 from zserve.model_proc.models.registry import build_model
 from zserve.model_proc.sampler import Sampler
@@ -75,6 +76,7 @@ class ModelRunner:
         show_progress: bool | None = None,
         mem_fraction_static: float = 0.0,
         gemm: str = "auto",
+        quantization: str = "none",
         attention: str = "auto",
         fused_ops: str = "auto",
     ):
@@ -85,6 +87,7 @@ class ModelRunner:
         `default_num_threads()` on CPU. `gemm`, `attention`, `fused_ops`: the kernel choices
         (--gemm-backend, --attention-backend, --fused-ops)."""
         self.gemm_choice, self.fused_ops_choice = gemm, fused_ops  # read by _load_model
+        self.quantization = quantization  # --quantization: none or int8 (read by _load_model)
         self.config = ModelConfig.from_model_dir(model_dir)
         self.device = resolve_device(device)
         self.dtype, dtype_reason = resolve_dtype(dtype, self.device)
@@ -139,6 +142,7 @@ class ModelRunner:
             seed=cfg.seed,
             show_progress=show_progress,
             gemm=cfg.gemm_backend,
+            quantization=cfg.quantization,
             attention=cfg.attention_backend,
             fused_ops=cfg.fused_ops,
         )
@@ -153,7 +157,7 @@ class ModelRunner:
                 model = build_model(self.config, self.tp_rank, self.tp_size)
         finally:
             torch.set_default_dtype(previous_dtype)
-        with open_checkpoint(self.config.model_dir, show_progress=show_progress) as ckpt:
+        with open_checkpoint(self.config.model_dir, show_progress=show_progress, keep_int8=self.quantization == "int8") as ckpt:
             model.load(ckpt)
             missing = ckpt.missing_params(model)
         assert not missing, f"parameters not filled from the checkpoint: {missing}"
@@ -161,11 +165,15 @@ class ModelRunner:
             for module in model.modules():
                 if hasattr(module, "use_cpu_kernels"):
                     module.use_cpu_kernels()
-        self.gemm_backend = gemm_backend(self.device, self.dtype, self.gemm_choice)
+        self.gemm_backend = gemm_backend(self.device, self.dtype, self.gemm_choice, self.quantization)
+        plain_bytes = gemm_weight_bytes(model, self.dtype)
         if self.gemm_backend != "torch":
             t0 = time.perf_counter()
             count = prepack_weights(model, self.gemm_backend)
             logger.info("packed %d weight matrices for the %s GEMM in %.1fs", count, self.gemm_backend, time.perf_counter() - t0)
+        if self.quantization != "none":
+            logger.info("--quantization %s: %.1f MB of linear and LM-head weights in %s, %.1f MB quantized",
+                        self.quantization, plain_bytes / 1e6, str(self.dtype).removeprefix("torch."), gemm_weight_bytes(model, self.dtype) / 1e6)
         return model.eval()
 
     @property
@@ -186,13 +194,17 @@ class ModelRunner:
     def run(self, batch: ForwardBatch) -> StepResult:
         t0 = time.perf_counter()
         self._validate(batch)
-        logits, hidden = self._forward(batch)  # float32[num_reqs, vocab]; every computed token's hidden state
+        # float32[num_reqs, vocab]; every computed token's hidden state; logits at the drafts (None: no drafts)
+        logits, hidden, draft_logits = self._forward(batch)
         positions = torch.from_numpy((batch.cached_lens + batch.extend_lens).astype(np.int64)).to(self.device)
         want_logprob = batch.return_logprob & batch.is_sampled
         token_ids, logprobs = self.sampler.sample(logits, batch.sampling, positions, want_logprob, batch.penalties, batch.grammar)
         token_ids = token_ids.cpu().numpy()
         if not batch.is_sampled.all():
             token_ids[~batch.is_sampled] = NO_TOKEN
+        num_accepted = None
+        if batch.draft_lens is not None:  # a drafted row's token above is the bonus, kept if every draft is accepted
+            num_accepted = DraftVerifier(self.sampler).verify(draft_logits, batch, token_ids)
         num_top, top_ids, top_logprobs = 0, None, None
         if batch.top_logprobs is not None and batch.top_logprobs.any():
             num_top = int(batch.top_logprobs.max())
@@ -200,7 +212,7 @@ class ModelRunner:
             top_ids, top_logprobs = ids.reshape(-1), values.reshape(-1)
         result = StepResult(
             step_id=batch.step_id, next_token_ids=token_ids, logprobs=logprobs.cpu().numpy(),
-            num_top=num_top, top_ids=top_ids, top_logprobs=top_logprobs,
+            num_top=num_top, top_ids=top_ids, top_logprobs=top_logprobs, num_accepted=num_accepted,
         )
         if batch.prompt_logprobs is not None:
             self._score_prompts(batch, hidden, result)
@@ -238,7 +250,8 @@ class ModelRunner:
     @torch.inference_mode()
     def last_logits(self, batch: ForwardBatch) -> torch.Tensor:
         """float32[num_reqs, vocab]: logits at every row's last token (a KV-sharing row's are its
-        source's), for parity tests. Runs a full forward, so it writes the batch's K/V like `run`."""
+        source's; a drafted row's, at its last draft), for parity tests. Runs a full forward, so it
+        writes the batch's K/V like `run`."""
         self._validate(batch)
         return self._forward(batch)[0]
 
@@ -256,10 +269,12 @@ class ModelRunner:
             bad = batch.input_ids[(batch.input_ids < 0) | (batch.input_ids >= self.config.vocab_size)][0]
             raise ValueError(f"ForwardBatch {batch.step_id}: token id {int(bad)} is outside the vocabulary of {self.config.vocab_size}")
 
-    def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Forward the batch's computed rows, then give each KV-sharing row its source's K/V for
         this step's positions; logits at every row's last token (a sharing row's are its
-        source's, computed once), and the hidden state of every computed token."""
+        source's, computed once), the hidden state of every computed token, and the logits at
+        each drafted row's first d tokens (float32[sum(draft_lens), vocab], DraftVerifier's input;
+        None without drafts), from the same compute_logits call."""
         computed = batch.computed_part()
         meta = AttentionMetadata.build(computed, self.kv_pool, self.dtype, backend=self.attention_backend)
         input_ids = torch.from_numpy(computed.input_ids.astype(np.int64)).to(self.device)
@@ -270,10 +285,17 @@ class ModelRunner:
             src_slots, dst_slots = batch.shared_kv_slots(self.page_size)
             self.kv_pool.copy_slots(torch.from_numpy(src_slots).to(self.device), torch.from_numpy(dst_slots).to(self.device))
             last_token_idx, expand = np.unique(last_token_idx, return_inverse=True)  # a source's logits once
+        num_last = last_token_idx.size
+        draft_token_idx = DraftVerifier.draft_token_idx(batch)  # None: no drafts (most steps)
+        if draft_token_idx is not None:  # scored rows: [the rows' last tokens | the drafted rows' first d]
+            last_token_idx = np.concatenate([last_token_idx, draft_token_idx])
         last_hidden = hidden
-        if last_token_idx.size != computed.num_tokens:  # a pure decode batch needs no gather
+        if draft_token_idx is not None or num_last != computed.num_tokens:  # a pure decode batch needs no gather
             last_hidden = hidden.index_select(0, torch.from_numpy(last_token_idx).to(self.device))
         logits = self.model.compute_logits(last_hidden)
+        draft_logits = None
+        if draft_token_idx is not None:
+            logits, draft_logits = logits[:num_last], logits[num_last:]
         if expand is not None:  # one row per request, a sharing row reading its source's
             logits = logits.index_select(0, torch.from_numpy(expand.astype(np.int64)).to(self.device))
-        return logits, hidden
+        return logits, hidden, draft_logits

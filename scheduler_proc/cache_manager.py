@@ -105,6 +105,16 @@ class CacheManager:
         req.num_tree_pages = num_full_pages
         self._free(duplicates)  # ... then free
 
+    def trim_req(self, req: Req) -> None:
+        """After a step with speculative drafts: the request's own pages wholly past its computed
+        tokens (`cached_len`; the K/V of rejected drafts there is garbage) go back to the free list.
+        A partly used last page stays: the request overwrites its rejected slots next step."""
+        num_pages = -(-req.cached_len // self.page_size)
+        assert num_pages >= req.num_tree_pages, f"request {req.req_id}: trimming into its tree-owned pages"
+        if num_pages < req.num_pages:
+            self._free(req.page_table[num_pages : req.num_pages].copy())
+            req.num_pages = num_pages
+
     def release_req(self, req: Req) -> None:
         """A request's end: cache what it computed, free its own pages, drop its lock."""
         self.cache_req(req)

@@ -20,6 +20,12 @@ wrong), goes back to its start when nothing runs, and after a step with retracti
 its start, or, when it is already at or above its start (the estimate keeps proving short),
 halfway to 1 (the `full` reservation, clipped). SGLang's defaults: 0.7, 0.1 (~0.098), 600 steps,
 4096 tokens.
+
+Speculative drafts (NgramDrafter) need no reservation of their own: a request's drafts stop at
+max_tokens - 1 output tokens, so its K/V never passes `num_kv_tokens`, the end of its `full`
+reservation (and of its page table). Their pages are taken only when free or evictable (a request
+keeps fewer drafts rather than retract anyone) and those of rejected drafts are freed after the
+step, so `check_pages` holds as before.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from zserve.scheduler_proc.req_table import ReqTable
 
 @dataclass(slots=True)
 class ScheduledBatch:
-    """Decode requests first (one token each, always sampled), then prefill requests (a chunk
+    """Decode requests first (their last token and its drafts, if any; always sampled), then prefill requests (a chunk
     each; sampled unless prompt is left after it): `reqs[i]` is ForwardBatch and StepResult row i.
     Pages for this step are already allocated. A prefill request may take its K/V from an earlier
     one with the same prompt (`prefill_kv_source`, an index into `prefill_reqs`): the worker
@@ -26,8 +26,10 @@ class ScheduledBatch:
     prefill_extend_lens: list[int]
     prefill_kv_source: list[int | None]
     prefill_is_sampled: list[bool] = field(init=False)  # False for the ChunkedReq, if any
+    num_draft_tokens: int = field(init=False)  # the decode requests' speculative drafts (Req.drafts), in all
 
     def __post_init__(self) -> None:
+        self.num_draft_tokens = sum(len(r.drafts) for r in self.decode_reqs)
         self.prefill_is_sampled = [
             r.cached_len + n == r.num_prompt_tokens for r, n in zip(self.prefill_reqs, self.prefill_extend_lens, strict=True)
         ]
@@ -51,8 +53,19 @@ class ScheduledBatch:
         reqs = self.reqs
         n = len(reqs)
         num_decode = len(self.decode_reqs)
-        input_ids = np.fromiter((r.output_ids[-1] for r in self.decode_reqs), np.int32, num_decode)
         extend_lens = np.ones(n, np.int32)
+        draft_lens = None
+        if self.num_draft_tokens:  # speculative decoding: each decode row's last token, then its drafts
+            ids: list[int] = []
+            for r in self.decode_reqs:
+                ids.append(r.output_ids[-1])
+                ids.extend(r.drafts)
+            input_ids = np.array(ids, np.int32)
+            draft_lens = np.zeros(n, np.int32)
+            draft_lens[:num_decode] = [len(r.drafts) for r in self.decode_reqs]
+            extend_lens += draft_lens
+        else:
+            input_ids = np.fromiter((r.output_ids[-1] for r in self.decode_reqs), np.int32, num_decode)
         is_sampled = np.ones(n, np.bool_)
         kv_source = None
         if self.prefill_reqs:
@@ -82,6 +95,7 @@ class ScheduledBatch:
             penalties=penalty_arrays(reqs, is_sampled),
             top_logprobs=_top_logprobs(reqs),
             prompt_logprobs=self.prompt_logprob_rows(),
+            draft_lens=draft_lens,
         )
 
     def prompt_logprob_rows(self) -> PromptLogprobRows | None:

@@ -11,10 +11,20 @@ once but freed by on_result, after the worker is done with its pages, and gets n
 its abort update. A request under a grammar (structured output) waits in the queue until its
 grammar is built, and is sampled under its mask (ConstrainedReqs, GrammarSource).
 
+Speculative decoding (`speculative_algorithm="ngram"`): a decode row may carry draft tokens found
+by the NgramDrafter (see it for who is drafted, the back-off and the per-step cap), d of them:
+d <= max_tokens - 1 - its output so far (so its K/V stays within its page table and its
+reservation), and only as many as free pages allow (drafts never retract anyone). Its row
+computes 1 + d tokens. In on_result its new tokens, the accepted drafts and then the sampled
+one, go through the finish checks one by one (tokens after a finishing one are dropped); its
+cached_len counts the K/V of the tokens kept only, and its pages past that go back to the free
+list, so the radix cache only ever holds K/V of real tokens.
+
 What stands alone lives beside it: a request's way in, n copies and seeds (ReqIntake), who waits
 and each step's prefill part (PendingList), what a step runs (StepPolicy), the running requests
-and retraction (DecodeManager), structured output (ConstrainedReqs), updates (StepOutputs). What
-stays here (~370 lines) is a request's life across them: admitted, stepped, finished or aborted.
+and retraction (DecodeManager), structured output (ConstrainedReqs), updates (StepOutputs), draft
+tokens (NgramDrafter). What
+stays here (~460 lines) is a request's life across them: admitted, stepped, finished or aborted.
 """
 
 from __future__ import annotations
@@ -39,6 +49,7 @@ from zserve.scheduler_proc.decode_manager import DecodeManager
 from zserve.scheduler_proc.grammar_source import GrammarSource
 from zserve.scheduler_proc.invariants import check_pages, check_reqs
 from zserve.scheduler_proc.kv_reservation import KvReservation
+from zserve.scheduler_proc.ngram_drafter import SPECULATIVE_ALGORITHMS, NgramDrafter
 from zserve.scheduler_proc.pending_list import PendingList
 from zserve.scheduler_proc.prefill_adder import PrefillAdder
 from zserve.scheduler_proc.req import PendingReq, Req
@@ -75,6 +86,10 @@ class Scheduler:
         seed: int,
         grammar_source: GrammarSource | None = None,
         on_pages_freed: Callable[[np.ndarray], None] | None = None,
+        speculative_algorithm: str = "none",
+        speculative_num_draft_tokens: int = 5,
+        speculative_ngram_min_window: int = 1,
+        speculative_ngram_max_window: int = 3,
     ):
         """The sizes come from the model worker (`WorkerReady`); the policy knobs from the server
         config through `scheduler_knobs` (the one source of their defaults). Without a
@@ -107,6 +122,11 @@ class Scheduler:
         self._live: dict[int, PendingReq | Req] = {}  # every request that has not had its final update
         self._in_flight: ScheduledBatch | None = None
         self._totals = SchedulerStats()
+        if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+            raise ValueError(f"speculative algorithm must be one of {SPECULATIVE_ALGORITHMS}, got {speculative_algorithm!r}")
+        self._drafter = NgramDrafter(speculative_num_draft_tokens, speculative_ngram_min_window, speculative_ngram_max_window) \
+            if speculative_algorithm == "ngram" else None
+        self._max_verify_tokens = max_prefill_tokens // 2  # decode rows + drafts per step (NgramDrafter: batch cap)
 
     # -- requests in and out -----------------------------------------------------------------
 
@@ -188,20 +208,57 @@ class Scheduler:
         self._totals.num_prefilled_tokens += batch.num_prefilled_tokens
         if result.prompt_logprobs is not None:
             gather_prompt_scores(batch, result)
-        self._on_decoded(batch.decode_reqs, outputs)
+        if batch.num_draft_tokens:
+            assert result.num_accepted is not None, f"step {batch.step_id}: drafts sent, no num_accepted back"
+            self._on_decoded(batch.decode_reqs, outputs, result.num_accepted.tolist())
+        else:
+            self._on_decoded(batch.decode_reqs, outputs)
         self._on_prefilled(batch, outputs, first_row=num_decode)
-        self._totals.num_generated_tokens += len(outputs.updates)
+        self._totals.num_generated_tokens += len(outputs.updates) + outputs.num_extra_tokens
         return outputs.updates
 
-    def _on_decoded(self, reqs: list[Req], outputs: StepOutputs) -> None:
-        """The hot path: one new token for each running request (rows 0 .. len(reqs) - 1)."""
+    def _on_decoded(self, reqs: list[Req], outputs: StepOutputs, num_accepted: list[int] | None = None) -> None:
+        """The hot path: one new token for each running request (rows 0 .. len(reqs) - 1), more
+        for one with drafts (`num_accepted` per row then)."""
         for i, req in enumerate(reqs):
             req.in_flight = False
+            if req.drafts:
+                self._on_drafted(req, outputs, i, num_accepted[i])
+                continue
             req.cached_len += 1
             if req.is_aborted:  # its abort update is sent: drop the token, free it now
                 self._release(req)
                 continue
             self._take_token(req, outputs, i)
+
+    def _on_drafted(self, req: Req, outputs: StepOutputs, row: int, num_accepted: int) -> None:
+        """A decode row with drafts: its first `num_accepted` drafts and then the row's token are its
+        new tokens, each through the finish checks (those after a finishing one are dropped); the
+        K/V of what is kept stays, the pages wholly past it go back."""
+        drafts, req.drafts = req.drafts, ()
+        if req.is_aborted:
+            req.cached_len += 1  # its last token's K/V is real; the drafts' pages go with the rest
+            self._release(req)
+            return
+        assert 0 <= num_accepted <= len(drafts), f"req {req.req_id}: {num_accepted} of {len(drafts)} drafts accepted"
+        totals = self._totals
+        totals.num_drafts += 1
+        totals.num_draft_tokens += len(drafts)
+        totals.num_accepted_tokens += num_accepted
+        self._drafter.on_verified(req.req_id, len(drafts), num_accepted)
+        new_ids = [*drafts[:num_accepted], outputs.token_id_list[row]]
+        finish_reason = None
+        num_taken = 0
+        for token_id in new_ids:
+            req.output_ids.append(token_id)
+            num_taken += 1
+            if (finish_reason := req.finish_reason()) is not None:
+                break
+        req.cached_len += num_taken  # the last token and the accepted drafts kept (the new last token has no K/V yet)
+        self._cache.trim_req(req)
+        outputs.add_tokens(req, new_ids[:num_taken], finish_reason)
+        if finish_reason is not None:
+            self._finish(req, finish_reason)
 
     def _on_prefilled(self, batch: ScheduledBatch, outputs: StepOutputs, first_row: int) -> None:
         """Prefill chunks, rows `first_row` on: a finished prompt gives the first token (the
@@ -280,6 +337,8 @@ class Scheduler:
         self._decode.check_integrity()
         self._pending.check_integrity(self._live)
         self._constrained.check_integrity(self._live)
+        if self._drafter is not None:
+            assert self._drafter.req_ids <= set(self._live), "the drafter keeps an index of a request that ended"
         check_reqs(reqs, self._decode, self._pending.chunked, self._live, page_size=self.page_size, batch_in_flight=self._in_flight is not None)
         num_reserved_pages = self._num_reserved_pages() if self._reservation.is_full else None
         check_pages(self._cache.num_available_pages, self._pending.num_chunk_pages, num_reserved_pages, self._totals.num_retracted)
@@ -312,7 +371,37 @@ class Scheduler:
             self._reservation.on_retracted()
         else:
             self._reservation.on_decode_step()
+        if self._drafter is not None:
+            self._plan_drafts(reqs)
         return reqs
+
+    def _plan_drafts(self, reqs: list[Req]) -> None:
+        """Give the decode rows their drafts (`Req.drafts`) and the pages for them: at most up to
+        max_tokens - 1 output tokens each, all within the step's verify-token cap, the requests
+        with the best recent acceptance first when the cap binds (NgramDrafter)."""
+        cap = self._max_verify_tokens - len(reqs)
+        if cap <= 0:
+            return
+        drafter = self._drafter
+        planned: list[tuple[Req, list[int]]] = []
+        num_found = 0
+        for req in reqs:
+            drafts = drafter.propose(req, req.max_tokens - 1 - len(req.output_ids))
+            if drafts:
+                planned.append((req, drafts))
+                num_found += len(drafts)
+        if not planned:
+            return
+        if num_found > cap:
+            planned.sort(key=lambda p: -drafter.accept_rate(p[0].req_id))
+        drafted = []
+        for req, drafts in planned:
+            if cap <= 0:
+                break
+            req.drafts = drafts[:cap]
+            cap -= len(req.drafts)
+            drafted.append(req)
+        self._decode.alloc_draft_pages(self._cache, drafted, self._pending.num_chunk_pages)
 
     def _retract(self, req: Req | None) -> None:
         """Put `req` back at the head of the queue; what it computed stays in the radix cache.
@@ -349,6 +438,8 @@ class Scheduler:
         """`req_id` has had (or is given now) its final update: it leaves the live table, and its grammar goes."""
         del self._live[req_id]
         self._constrained.release(req_id)
+        if self._drafter is not None:
+            self._drafter.release(req_id)
 
     def _detach(self, req: Req) -> None:
         """Take `req` out of the running set or the ChunkedReq place; it keeps its pages."""

@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from zserve.common.server_config import ServerConfig
+from zserve.common.speculative_settings import SpeculativeSettings
 
 
 def scheduler_knobs(cfg: ServerConfig) -> dict[str, Any]:
+    spec = SpeculativeSettings.of(cfg)  # --speculative-config folded in (the launcher already did)
     return {
         "max_running_requests": cfg.max_running_requests,
         "max_prefill_tokens": cfg.max_prefill_tokens,
@@ -28,4 +30,8 @@ def scheduler_knobs(cfg: ServerConfig) -> dict[str, Any]:
         "schedule_conservativeness": cfg.schedule_conservativeness,
         "prefill_max_requests": cfg.prefill_max_requests,
         "seed": cfg.seed,
+        "speculative_algorithm": spec.algorithm,
+        "speculative_num_draft_tokens": spec.num_draft_tokens,
+        "speculative_ngram_min_window": spec.min_window,
+        "speculative_ngram_max_window": spec.max_window,
     }

@@ -203,6 +203,13 @@ def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts) -> None:
             ready.num_pages, ready.page_size, context_len, cfg.schedule_policy, cfg.admission_policy, cfg.max_prefill_tokens,
             cfg.kv_reservation,
         )
+        knobs = scheduler_knobs(cfg)
+        if knobs["speculative_algorithm"] != "none":
+            logger.info(
+                "speculative decoding: %s drafts, up to %d per request per step, match windows %d..%d tokens",
+                knobs["speculative_algorithm"], knobs["speculative_num_draft_tokens"], knobs["speculative_ngram_min_window"],
+                knobs["speculative_ngram_max_window"],
+            )
         pool_tokens = ready.num_pages * ready.page_size
         if pool_tokens < context_len:
             logger.warning(

@@ -7,6 +7,9 @@ per-token arrays have one entry per row of the batch, decode requests first:
     row           0 ... num_decode-1 | num_decode ... num_reqs-1
     requests      batch.decode_reqs  | batch.prefill_reqs (the ChunkedReq's row holds NO_TOKEN)
 
+A decode row that carried speculative drafts gives its accepted drafts and then its row's token,
+in one update (`add_tokens`): TokenOut.token_ids holds every new token of the step.
+
 Prompt logprobs (echo) instead come per scored prompt position, row after row of
 `ForwardBatch.prompt_logprobs.rows` (batch rows): `gather_prompt_scores` hands each request its
 slice, and its first sampled token's update carries them all (`take_prompt_logprobs`).
@@ -56,6 +59,7 @@ class StepOutputs:
     logprobs: list[float]  # [num_reqs]; NaN where the request did not ask
     top: TopLogprobRows
     updates: list[TokenOut] = field(default_factory=list)
+    num_extra_tokens: int = 0  # tokens beyond one per update (accepted speculative drafts)
 
     @staticmethod
     def of(result: StepResult) -> StepOutputs:
@@ -74,6 +78,16 @@ class StepOutputs:
             num_cached_tokens=req.num_cached_tokens,
             logprobs=[self.logprobs[row]] if params.return_logprob else None,
             **self.top.fields(row, params.top_logprobs), prompt=prompt,
+        ))
+
+
+    def add_tokens(self, req: Req, token_ids: list[int], finish_reason: FinishReason | None) -> None:
+        """The update of a drafted `req` (no logprobs asked), whose accepted drafts and next token,
+        `token_ids`, are already appended to its output."""
+        self.num_extra_tokens += len(token_ids) - 1
+        self.updates.append(TokenOut(
+            req_id=req.req_id, token_ids=np.array(token_ids, np.int32), finish_reason=finish_reason,
+            num_cached_tokens=req.num_cached_tokens,
         ))
 
 

@@ -10,6 +10,17 @@ A request sharing an identical prompt's K/V (`ForwardBatch.kv_source`) is not co
 slots for this step get its source's, and its token is the source's sequence's -- after checking
 that the sequence read back through its own pages is the source's, so a wrong page table still
 shows.
+
+Drafts (speculative decoding, `ForwardBatch.draft_lens`) are verified as the worker does under
+greedy sampling: the true next token at each of the row's positions is `true_next_token` of the
+sequence up to there; drafts are accepted while equal, and the row's token is the true one after
+the accepted ones. The slots of the rejected positions are poisoned, so a scheduler that counts
+them as computed later reads a poisoned slot and fails at once.
+
+`echo_period` (0 = off) makes the stream repetitive, so n-gram drafts get accepted: the true next
+token repeats the token `echo_period` back, except where a hash of the sequence says to break
+the pattern (one position in `echo_break`, then the plain hash token). Off, the tokens are the
+hash's, which no n-gram predicts (acceptance ~0).
 """
 
 from __future__ import annotations
@@ -22,10 +33,12 @@ POISON = -1
 
 
 class FakeModel:
-    def __init__(self, num_pages: int, page_size: int, vocab_size: int = 64):
+    def __init__(self, num_pages: int, page_size: int, vocab_size: int = 64, echo_period: int = 0, echo_break: int = 16):
         self.num_pages = num_pages
         self.page_size = page_size
         self.vocab_size = vocab_size
+        self.echo_period = echo_period
+        self.echo_break = echo_break
         self.pool = np.full(num_pages * page_size, POISON, np.int64)  # token id per slot
 
     @staticmethod
@@ -33,6 +46,15 @@ class FakeModel:
         seq = np.asarray(seq, np.int64) % 65521
         weights = (np.arange(1, len(seq) + 1, dtype=np.int64) * 40503) % 65521
         return int((seq * weights).sum() % 1_000_003) % vocab_size
+
+    def true_next_token(self, seq: np.ndarray | list[int]) -> int:
+        """The token this model puts after `seq` (what the harness checks every token against)."""
+        if self.echo_period and len(seq) >= self.echo_period:
+            raw = FakeModel.next_token(seq, 1_000_003)
+            if (raw // 7) % self.echo_break:
+                return int(seq[len(seq) - self.echo_period])
+            return raw % self.vocab_size
+        return self.next_token(seq, self.vocab_size)
 
     def poison(self, page_ids: np.ndarray) -> None:
         """Mark freed pages: a later read of them before a write is a use-after-free."""
@@ -68,12 +90,27 @@ class FakeModel:
             source = int(batch.kv_source[i])
             seqs[i] = self.pool[slots[i]]
             assert np.array_equal(seqs[i], seqs[source]), f"step {batch.step_id}: request {i} reads another sequence than its KV source {source}"
+        num_accepted = None if batch.draft_lens is None else np.zeros(batch.num_reqs, np.int32)
+        for i in np.flatnonzero(batch.draft_lens) if batch.draft_lens is not None else ():
+            num_accepted[i] = self._verify(seqs, slots, i, int(batch.cached_lens[i]), int(batch.draft_lens[i]))
         next_ids = np.array(
-            [self.next_token(seq, self.vocab_size) if sampled else NO_TOKEN for seq, sampled in zip(seqs, batch.is_sampled, strict=True)],
+            [self.true_next_token(seq) if sampled else NO_TOKEN for seq, sampled in zip(seqs, batch.is_sampled, strict=True)],
             np.int32,
         )
         logprobs = np.where(batch.return_logprob & batch.is_sampled, -0.5, np.nan).astype(np.float32)
-        return StepResult(batch.step_id, next_ids, logprobs, **self._prompt_scores(batch, seqs))
+        return StepResult(batch.step_id, next_ids, logprobs, **self._prompt_scores(batch, seqs), num_accepted=num_accepted)
+
+    def _verify(self, seqs: list[np.ndarray], slots: list[np.ndarray], i: int, cached: int, num_drafts: int) -> int:
+        """Row i's accepted drafts; cuts its sequence after them (so its token is the true one there)
+        and poisons the slots of the rejected positions."""
+        seq = seqs[i]
+        num_accepted = 0
+        while num_accepted < num_drafts and int(seq[cached + 1 + num_accepted]) == self.true_next_token(seq[: cached + 1 + num_accepted]):
+            num_accepted += 1
+        end = cached + 1 + num_accepted
+        self.pool[slots[i][end:]] = POISON
+        seqs[i] = seq[:end]
+        return num_accepted
 
     @staticmethod
     def prompt_logprob(token_id: int, position: int) -> float:

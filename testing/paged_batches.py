@@ -27,3 +27,16 @@ def shuffled_page_batch(
         return_logprob=np.zeros(n, bool),
         sampling=SamplingArrays.greedy(n),
     )
+
+
+def drafted_decode_batch(
+    rng: np.random.Generator, cached_lens: list[int], last_ids: list[int], drafts: list[list[int]], page_size: int,
+    num_pages_total: int,
+) -> ForwardBatch:
+    """Greedy decoding rows with speculative drafts (ForwardBatch's Drafts paragraph): row i
+    computes `last_ids[i]` (its last sampled token) then `drafts[i]` (none: a plain decode row),
+    over shuffled pages like `shuffled_page_batch`."""
+    batch = shuffled_page_batch(rng, cached_lens, [1 + len(d) for d in drafts], page_size, num_pages_total)
+    batch.input_ids = np.array([t for last, d in zip(last_ids, drafts, strict=True) for t in (last, *d)], np.int32)
+    batch.draft_lens = np.array([len(d) for d in drafts], np.int32)
+    return batch

@@ -1,10 +1,12 @@
 """SchedulerHarness: drives a Scheduler against a FakeModel and checks what a client would see.
 
 For tests and benchmarks only. After every call it checks:
-  - every sampled token equals `FakeModel.next_token(prompt + output so far)`, so a request that
-    read a freed, reused or foreign page is caught (freed pages are also poisoned); for a request
-    under a grammar (a FakeGrammarSource's), that token under the grammar's mask;
-  - one update per request per step, a finish reason exactly when one is due, nothing after it;
+  - every sampled token equals `model.true_next_token(prompt + output so far)`, so a request that
+    read a freed, reused or foreign page is caught (freed pages are also poisoned, and so are the
+    slots of rejected speculative drafts); for a request under a grammar (a FakeGrammarSource's),
+    that token under the grammar's mask;
+  - one update per request per step (several tokens in it only for a row with drafts), a finish
+    reason exactly when one is due (with the update's last token), nothing after it;
   - `Scheduler.check_integrity()`.
 """
 
@@ -131,16 +133,17 @@ class SchedulerHarness:
             assert u.num_cached_tokens == first.num_cached_tokens, f"request {u.req_id}'s reported prefix hit changed: {u}"
             if expect_final:
                 assert u.finish_reason is not None and len(u.token_ids) == 0, u
-            for token_id in u.token_ids.tolist():
-                self._check_token(u, token_id)
+            token_ids = u.token_ids.tolist()
+            for k, token_id in enumerate(token_ids):
+                self._check_token(u, token_id, is_last=k == len(token_ids) - 1)
             if u.finish_reason is not None:
                 self.final[u.req_id] = u
         if self.check:
             self.scheduler.check_integrity()
 
-    def _check_token(self, u: TokenOut, token_id: int) -> None:
+    def _check_token(self, u: TokenOut, token_id: int, is_last: bool = True) -> None:
         prompt, output, params = self.prompts[u.req_id], self.outputs[u.req_id], self.params[u.req_id]
-        expected = FakeModel.next_token(prompt + output, self.model.vocab_size)
+        expected = self.model.true_next_token(prompt + output)
         if params.grammar is not None:
             expected = masked_token(expected, self.grammar_source.allowed(params.grammar, len(output)))
         assert token_id == expected, f"request {u.req_id} got token {token_id} at output {len(output)}, its sequence gives {expected}"
@@ -151,6 +154,6 @@ class SchedulerHarness:
             max_tokens = min(self.scheduler.context_len - len(prompt), pool_tokens - len(prompt) + 1)
         stop_ids = set(params.stop_token_ids) | (set() if params.ignore_eos else set(self.scheduler.eos_token_ids))
         due = FinishReason.STOP if token_id in stop_ids else FinishReason.LENGTH if len(output) == max_tokens else None
-        assert u.finish_reason == due, f"request {u.req_id}: finish_reason {u.finish_reason!r}, expected {due!r}"
+        assert (u.finish_reason if is_last else None) == due, f"request {u.req_id}: finish_reason {u.finish_reason!r}, expected {due!r}"
         assert len(output) <= max_tokens
-        assert (u.logprobs is not None) == params.return_logprob and (u.logprobs is None or len(u.logprobs) == 1), u
+        assert (u.logprobs is not None) == params.return_logprob and (u.logprobs is None or len(u.logprobs) == len(u.token_ids)), u

@@ -1,6 +1,7 @@
 """Builds and loads the CPU kernels, once per machine and instruction set: one torch extension
 from paged_attention.cpp (zserve::paged_attention), gemm_widen.cpp (zserve::gemm_widen: 16-bit
-weights widened in registers, AVX2 or AVX-512), gemm_bf16.cpp (zserve::gemm_bf16, with
+weights widened in registers, AVX2 or AVX-512), gemm_int8.cpp (zserve::gemm_int8: int8 weights
+and scales, --quantization int8; its drivers and tiles shared with gemm_widen in cpu_gemm.h), gemm_bf16.cpp (zserve::gemm_bf16, with
 AVX512-BF16) and fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store).
 
 The instruction set is cpu_isa.py's: the CPU's highest level, or a lower one forced with
@@ -43,8 +44,8 @@ from zserve.model_proc.kernels.cpu_isa import cpu_flags, cpu_isa, march_flags
 
 logger = logging.getLogger(__name__)
 
-HEADERS = (Path(__file__).with_name("cpu_math.h"),)  # included by the sources; part of the build key
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cpp", "gemm_widen.cpp", "gemm_bf16.cpp", "fused_ops.cpp"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_math.h", "cpu_gemm.h"))  # included by the sources; part of the build key
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_bf16.cpp", "fused_ops.cpp"))
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
 # adds); finite-math stays on (the kernel never makes inf or NaN, but must pass them through), and
 # no -ffast-math anywhere: linked, it would set flush-to-zero for the whole process.
@@ -175,11 +176,25 @@ def load_gemm_widen() -> Callable | None:
     return torch.ops.zserve.gemm_widen
 
 
+def load_gemm_int8() -> Callable | None:
+    """torch.ops.zserve.gemm_int8 (int8 weights widened in registers), or None when the kernels
+    cannot be built here or the level has no AVX2 + FMA + F16C (`baseline`: gemm.py then
+    dequantizes on the fly for torch.mm)."""
+    if not load_cpu_kernels() or not torch.ops.zserve.gemm_int8_supported():
+        return None
+    return torch.ops.zserve.gemm_int8
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     t0 = time.perf_counter()
     build_dir = build(verbose="-v" in sys.argv)
-    gemms = [name for name, ok in (("gemm_widen", torch.ops.zserve.gemm_widen_supported()), ("gemm_bf16", torch.ops.zserve.gemm_bf16_supported())) if ok]
+    supported = (
+        ("gemm_widen", torch.ops.zserve.gemm_widen_supported()),
+        ("gemm_int8", torch.ops.zserve.gemm_int8_supported()),
+        ("gemm_bf16", torch.ops.zserve.gemm_bf16_supported()),
+    )
+    gemms = [name for name, ok in supported if ok]
     print(f"[setup] CPU kernels for {cpu_isa()} ready in {build_dir}, GEMMs: {', '.join(gemms) or 'none'} ({time.perf_counter() - t0:.1f}s)")
 
 

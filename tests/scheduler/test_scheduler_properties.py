@@ -1,6 +1,7 @@
 """Property tests: random arrivals, shared prefixes, identical prompts, n copies, requests under a
 grammar (built at once, late, or never), aborts at random moments, and pools small enough that the
-estimated KV reservation must retract.
+estimated KV reservation must retract; with speculative decoding (n-gram drafts) on or off, on a
+model whose stream repeats itself (drafts accepted) or not (`echo_period`).
 
 The harness checks after every call that integrity holds, that every token is what the request's
 true sequence gives (so no request ever read a freed or foreign page, and a retracted request
@@ -10,6 +11,7 @@ retraction); at the end every request has ended exactly once and the pool is fre
 
 import random
 
+import pytest
 from hypothesis import HealthCheck, given, settings, target
 from hypothesis import strategies as st
 
@@ -37,6 +39,9 @@ configs = st.fixed_dictionaries(
         "max_queued_requests": st.integers(1, 30),
         "kv_reservation": st.sampled_from(["estimated", "full"]),
         "prefill_max_requests": st.integers(0, 3),
+        "speculative_algorithm": st.sampled_from(["none", "ngram", "ngram"]),
+        "speculative_num_draft_tokens": st.integers(1, 6),
+        "echo_period": st.sampled_from([0, 3, 5]),
     }
 )
 
@@ -87,10 +92,11 @@ actions = st.lists(
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(config=configs, shared=prefixes, script=actions, repeat=st.integers(0, 1000))
 def test_random_traffic_keeps_every_invariant_and_drains_clean(config, shared, script, repeat):
-    model_keys = ("num_pages", "page_size")
+    model_keys = ("num_pages", "page_size", "echo_period")
     knobs = {k: v for k, v in config.items() if k not in model_keys}
     h = SchedulerHarness(
-        FakeModel(config["num_pages"], config["page_size"], VOCAB), eos_token_ids=EOS, seed=1, grammar_source=grammar_source(), **knobs,
+        FakeModel(config["num_pages"], config["page_size"], VOCAB, echo_period=config["echo_period"]), eos_token_ids=EOS, seed=1,
+        grammar_source=grammar_source(), **knobs,
     )
     play(h, shared, script, repeat)
 
@@ -179,6 +185,8 @@ small_pools = st.fixed_dictionaries(
         "admission_policy": st.sampled_from(["fifo", "pack"]),
         "enable_radix_cache": st.booleans(),
         "prefill_max_requests": st.integers(0, 2),
+        "speculative_algorithm": st.sampled_from(["none", "ngram"]),
+        "echo_period": st.sampled_from([0, 4]),
     }
 )
 long_submits = st.tuples(
@@ -204,10 +212,10 @@ small_pool_actions = st.lists(
 
 
 def small_pool_harness(config: dict) -> SchedulerHarness:
-    knobs = {k: v for k, v in config.items() if k not in ("num_pages", "page_size", "context_share")}
+    knobs = {k: v for k, v in config.items() if k not in ("num_pages", "page_size", "context_share", "echo_period")}
     context_len = config["num_pages"] * config["page_size"] // config["context_share"]
     return SchedulerHarness(
-        FakeModel(config["num_pages"], config["page_size"], VOCAB), eos_token_ids=EOS, seed=1,
+        FakeModel(config["num_pages"], config["page_size"], VOCAB, echo_period=config.get("echo_period", 0)), eos_token_ids=EOS, seed=1,
         context_len=context_len, max_queued_requests=50, grammar_source=grammar_source(), **knobs,
     )
 
@@ -220,10 +228,12 @@ def test_random_traffic_on_a_small_pool_retracts_and_keeps_every_invariant(confi
     target(float(h.scheduler.stats().num_retracted), label="retractions")
 
 
-def test_the_small_pool_traffic_really_retracts():
+@pytest.mark.parametrize("speculative", [False, True])
+def test_the_small_pool_traffic_really_retracts(speculative):
     """The property test above would prove little if it never retracted: the same kind of traffic,
-    drawn from fixed seeds, retracts in a good share of runs (and keeps every check)."""
-    num_retracting = 0
+    drawn from fixed seeds, retracts in a good share of runs (and keeps every check), also while
+    rows carry drafts that get accepted."""
+    num_retracting = num_accepting = 0
     for seed in range(40):
         rng = random.Random(seed)
         config = {
@@ -232,6 +242,8 @@ def test_the_small_pool_traffic_really_retracts():
             "schedule_policy": rng.choice(STEP_POLICIES), "admission_policy": rng.choice(["fifo", "pack"]),
             "enable_radix_cache": rng.random() < 0.5, "prefill_max_requests": rng.randint(0, 2),
         }
+        if speculative:
+            config.update(speculative_algorithm="ngram", echo_period=4)
         shared = [[rng.randint(2, VOCAB - 1) for _ in range(rng.randint(1, 12))] for _ in range(rng.randint(1, 3))]
         script: list[tuple] = []
         for _ in range(rng.randint(10, 50)):
@@ -247,4 +259,6 @@ def test_the_small_pool_traffic_really_retracts():
         h = small_pool_harness(config)
         play(h, shared, script, rng.randint(0, 1000))
         num_retracting += h.scheduler.stats().num_retracted > 0
+        num_accepting += h.scheduler.stats().num_accepted_tokens > 0
     assert num_retracting >= 8, f"only {num_retracting} of 40 runs retracted"
+    assert num_accepting >= 20 * speculative, f"only {num_accepting} of 40 runs accepted drafts"
