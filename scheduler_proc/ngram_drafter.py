@@ -32,8 +32,10 @@ stream with nothing to copy from costs little scheduler time either.
 
 Batch cap. The verify tokens of a step (one per decoding row plus the drafts) stay within half
 the step's token budget (--chunked-prefill-size): past that a forward is compute-bound and a
-rejected draft costs as much as a prompt token, and in a mixed step the other half stays for
-prefill. When the drafts found exceed the cap, the requests with the best recent acceptance
+rejected draft costs as much as a prompt token. And the drafts come after the step's prefill
+part: they take only what prompts left of the budget, so a burst of new requests is prefilled
+(its TTFT) before anyone speculates (measured on a 64-request echo burst: with drafts taking the
+budget first, TTFT p50 rose 1.25x and throughput fell). When the drafts found exceed the cap, the requests with the best recent acceptance
 rate keep theirs (each request's drafts are cut, never reordered).
 
 Who gets drafts: a decoding request asking for no logprobs or top logprobs, no penalties, logit

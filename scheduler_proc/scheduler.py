@@ -127,6 +127,7 @@ class Scheduler:
         self._drafter = NgramDrafter(speculative_num_draft_tokens, speculative_ngram_min_window, speculative_ngram_max_window) \
             if speculative_algorithm == "ngram" else None
         self._max_verify_tokens = max_prefill_tokens // 2  # decode rows + drafts per step (NgramDrafter: batch cap)
+        self._token_budget = max_prefill_tokens  # a step's tokens: prefill first, then drafts from what is left
 
     # -- requests in and out -----------------------------------------------------------------
 
@@ -178,6 +179,8 @@ class Scheduler:
         if not len(self._decode):
             self._reservation.on_idle()
         decode_reqs, adder = self._step_policy.choose(len(self._decode), self._schedule_prefill, self._schedule_decode)
+        if self._drafter is not None and decode_reqs:  # after the prefill part: prompts come first
+            self._plan_drafts(decode_reqs, num_prefill_tokens=sum(adder.extend_lens) if adder else 0)
         if adder is None and not decode_reqs:
             assert not self._pending.ready and self._pending.chunked is None, "scheduler stalled: requests wait while nothing runs"
             return None
@@ -371,15 +374,15 @@ class Scheduler:
             self._reservation.on_retracted()
         else:
             self._reservation.on_decode_step()
-        if self._drafter is not None:
-            self._plan_drafts(reqs)
         return reqs
 
-    def _plan_drafts(self, reqs: list[Req]) -> None:
+    def _plan_drafts(self, reqs: list[Req], num_prefill_tokens: int) -> None:
         """Give the decode rows their drafts (`Req.drafts`) and the pages for them: at most up to
-        max_tokens - 1 output tokens each, all within the step's verify-token cap, the requests
-        with the best recent acceptance first when the cap binds (NgramDrafter)."""
-        cap = self._max_verify_tokens - len(reqs)
+        max_tokens - 1 output tokens each, all within the step's verify-token cap and what the
+        step's prefill part left of the token budget (a waiting prompt's TTFT goes before
+        speculation), the requests with the best recent acceptance first when the cap binds
+        (NgramDrafter)."""
+        cap = min(self._max_verify_tokens, self._token_budget - num_prefill_tokens) - len(reqs)
         if cap <= 0:
             return
         drafter = self._drafter

@@ -3,7 +3,8 @@
 - prefill-first: prefill when anything can be prefilled, else decode.
 - decode-first: a decode step between prefill steps while requests run.
 - mixed: decode tokens and a prefill chunk share one token budget in one forward (a decoding
-  row's speculative drafts are decode tokens too: they come out of the same budget).
+  row's speculative drafts, planned by the Scheduler after this, take only what the prefill part
+  left of it).
 
 The parts are built by the Scheduler's callbacks (`prefill(token_budget)`: the PrefillAdder, or
 None when nothing can be prefilled; `decode()`: the running requests with their pages, after any
@@ -36,7 +37,7 @@ class StepPolicy:
         adder: PrefillAdder | None = None
         if self.name == "mixed":
             decode_reqs = decode()
-            adder = prefill(self.max_prefill_tokens - len(decode_reqs) - sum(len(r.drafts) for r in decode_reqs))
+            adder = prefill(self.max_prefill_tokens - len(decode_reqs))
         elif self.name == "decode-first" and num_running and self._last_step_was_prefill:
             decode_reqs = decode()
         else:

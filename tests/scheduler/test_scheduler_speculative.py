@@ -216,7 +216,7 @@ def _num_decode(batch) -> int:
     return n
 
 
-def test_verify_tokens_of_a_step_stay_within_half_the_token_budget():
+def test_verify_tokens_stay_within_half_the_budget_and_what_prefill_left():
     h = harness(True, max_prefill_tokens=20, max_running_requests=16, num_pages=400, context_len=128)
     scheduler, num_decode = h.scheduler, {}
     schedule_decode = scheduler._schedule_decode
@@ -229,15 +229,24 @@ def test_verify_tokens_of_a_step_stay_within_half_the_token_budget():
     scheduler._schedule_decode = recorded
     for i in range(16):
         h.submit(i, [2 + i, 3 + i, 4 + i] * 4, SamplingParams(max_tokens=40, ignore_eos=True))
+    for _ in range(12):  # some run, then a long prompt arrives: it is chunked, and prefilled before anyone drafts
+        h.step()
+    h.submit(99, list(range(2, 47)), SamplingParams(max_tokens=4, ignore_eos=True))
     h.run()
     h.assert_drained()
-    capped = 0
+    capped = num_prefill_steps = 0
     for batch, _ in h.model.steps:
-        if batch.draft_lens is not None:
-            rows = num_decode[batch.step_id]
-            assert int(batch.draft_lens.sum()) <= max(0, 10 - rows) and not batch.draft_lens[rows:].any()
-            capped += int(batch.draft_lens.sum()) == 10 - rows
-    assert capped > 0
+        rows = num_decode[batch.step_id]
+        num_prefill_tokens = int(batch.extend_lens[rows:].sum())
+        num_drafts = int(batch.draft_lens.sum()) if batch.draft_lens is not None else 0
+        # the verify cap, and only what the prefill part left of the budget of 20
+        assert num_drafts <= max(0, min(10, 20 - num_prefill_tokens) - rows), (batch.step_id, rows, num_prefill_tokens, num_drafts)
+        assert batch.draft_lens is None or not batch.draft_lens[rows:].any()
+        capped += num_drafts == 10 - rows
+        if rows and not batch.is_sampled.all():  # a chunk of the waiting prompt next to decode rows: it took the rest, no drafts
+            assert num_prefill_tokens == 20 - rows and num_drafts == 0, (batch.step_id, rows, num_prefill_tokens, num_drafts)
+            num_prefill_steps += 1
+    assert capped > 0 and num_prefill_steps > 0
 
 
 def test_drafting_backs_off_on_an_unpredictable_stream():
