@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from zserve.common.server_config import ServerConfig
 
-JSON_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max")
+JSON_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size")
 MAX_DRAFT_TOKENS = 64
 
 
@@ -26,6 +26,7 @@ class SpeculativeSettings:
     num_draft_tokens: int
     min_window: int
     max_window: int
+    disable_by_batch_size: int = 0  # no drafts in a step with at least this many decoding requests (0: never off)
 
     @property
     def enabled(self) -> bool:
@@ -37,6 +38,7 @@ class SpeculativeSettings:
         settings = SpeculativeSettings(
             cfg.speculative_algorithm.lower(), cfg.speculative_num_draft_tokens,
             cfg.speculative_ngram_min_match_window_size, cfg.speculative_ngram_max_match_window_size,
+            cfg.speculative_disable_by_batch_size,
         )
         if cfg.speculative_config.strip():
             settings = settings._with_json(cfg.speculative_config)
@@ -65,9 +67,9 @@ class SpeculativeSettings:
         if not isinstance(method, str) or method.lower() != "ngram":
             raise ValueError(f"--speculative-config: method must be \"ngram\" (the only one zserve runs), got {method!r}")
         for key in JSON_KEYS[1:]:
-            value = spec.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-                raise ValueError(f"--speculative-config: {key} must be an integer >= 1, got {value!r}")
+            value, least = spec.get(key), 0 if key == "disable_by_batch_size" else 1
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):
+                raise ValueError(f"--speculative-config: {key} must be an integer >= {least}, got {value!r}")
         lo, hi = spec.get("prompt_lookup_min"), spec.get("prompt_lookup_max")
         if lo is None and hi is not None:
             lo = min(hi, self.min_window)
@@ -76,6 +78,7 @@ class SpeculativeSettings:
         return SpeculativeSettings(
             "ngram", spec.get("num_speculative_tokens") or self.num_draft_tokens,
             lo if lo is not None else self.min_window, hi if hi is not None else self.max_window,
+            spec.get("disable_by_batch_size", self.disable_by_batch_size),
         )
 
 
@@ -86,5 +89,5 @@ def resolve_speculative_config(cfg: ServerConfig) -> ServerConfig:
     return replace(
         cfg, speculative_algorithm=s.algorithm, speculative_num_draft_tokens=s.num_draft_tokens,
         speculative_ngram_min_match_window_size=s.min_window, speculative_ngram_max_match_window_size=s.max_window,
-        speculative_config="",
+        speculative_disable_by_batch_size=s.disable_by_batch_size, speculative_config="",
     )

@@ -90,6 +90,7 @@ class Scheduler:
         speculative_num_draft_tokens: int = 5,
         speculative_ngram_min_window: int = 1,
         speculative_ngram_max_window: int = 3,
+        speculative_disable_by_batch_size: int = 0,
     ):
         """The sizes come from the model worker (`WorkerReady`); the policy knobs from the server
         config through `scheduler_knobs` (the one source of their defaults). Without a
@@ -128,6 +129,7 @@ class Scheduler:
             if speculative_algorithm == "ngram" else None
         self._max_verify_tokens = max_prefill_tokens // 2  # decode rows + drafts per step (NgramDrafter: batch cap)
         self._token_budget = max_prefill_tokens  # a step's tokens: prefill first, then drafts from what is left
+        self._spec_off_from_rows = speculative_disable_by_batch_size  # decode rows from which a step has no drafts (0: never)
 
     # -- requests in and out -----------------------------------------------------------------
 
@@ -381,7 +383,9 @@ class Scheduler:
         max_tokens - 1 output tokens each, all within the step's verify-token cap and what the
         step's prefill part left of the token budget (a waiting prompt's TTFT goes before
         speculation), the requests with the best recent acceptance first when the cap binds
-        (NgramDrafter)."""
+        (NgramDrafter). None from --speculative-disable-by-batch-size decode rows on."""
+        if 0 < self._spec_off_from_rows <= len(reqs):
+            return
         cap = min(self._max_verify_tokens, self._token_budget - num_prefill_tokens) - len(reqs)
         if cap <= 0:
             return

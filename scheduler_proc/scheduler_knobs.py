@@ -34,4 +34,5 @@ def scheduler_knobs(cfg: ServerConfig) -> dict[str, Any]:
         "speculative_num_draft_tokens": spec.num_draft_tokens,
         "speculative_ngram_min_window": spec.min_window,
         "speculative_ngram_max_window": spec.max_window,
+        "speculative_disable_by_batch_size": spec.disable_by_batch_size,
     }

@@ -206,9 +206,10 @@ def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts) -> None:
         knobs = scheduler_knobs(cfg)
         if knobs["speculative_algorithm"] != "none":
             logger.info(
-                "speculative decoding: %s drafts, up to %d per request per step, match windows %d..%d tokens",
+                "speculative decoding: %s drafts, up to %d per request per step, match windows %d..%d tokens, "
+                "none in steps of %s decoding requests",
                 knobs["speculative_algorithm"], knobs["speculative_num_draft_tokens"], knobs["speculative_ngram_min_window"],
-                knobs["speculative_ngram_max_window"],
+                knobs["speculative_ngram_max_window"], f"{knobs['speculative_disable_by_batch_size']}+" if knobs["speculative_disable_by_batch_size"] else "no count of",
             )
         pool_tokens = ready.num_pages * ready.page_size
         if pool_tokens < context_len:

@@ -249,6 +249,22 @@ def test_verify_tokens_stay_within_half_the_budget_and_what_prefill_left():
     assert capped > 0 and num_prefill_steps > 0
 
 
+def test_no_drafts_in_steps_with_disable_by_batch_size_decoding_requests():
+    h = harness(True, max_running_requests=16, num_pages=400, context_len=128, speculative_disable_by_batch_size=4)
+    for i in range(6):  # 6 run at once, then finish one after another (max_tokens 8, 14, ..., 38)
+        h.submit(i, [2 + i, 3 + i, 4 + i] * 4, SamplingParams(max_tokens=8 + 6 * i, ignore_eos=True))
+    h.run()
+    h.assert_drained()
+    drafted_rows = set()
+    for batch, _ in h.model.steps:
+        if batch.draft_lens is not None and batch.draft_lens.any():
+            num_decode = batch.num_reqs  # all were admitted in the first step: every later step is decode rows only
+            assert (batch.cached_lens > 0).all() and (batch.extend_lens == 1 + batch.draft_lens).all()
+            assert num_decode < 4, (batch.step_id, num_decode)
+            drafted_rows.add(num_decode)
+    assert drafted_rows and max(drafted_rows) == 3  # below the bar, drafts come back
+
+
 def test_drafting_backs_off_on_an_unpredictable_stream():
     h = harness(True, model_cls=NoisyModel, num_pages=800, context_len=400, max_running_requests=8)
     for i in range(8):
@@ -389,15 +405,16 @@ def test_backoff_pauses_a_rejected_request_longer_each_time_and_resets_on_succes
 
 def test_flags_and_the_vllm_json_give_the_same_config():
     flags = parse_config(["--speculative-algorithm", "ngram", "--speculative-num-draft-tokens", "6",
-                          "--speculative-ngram-min-match-window-size", "2", "--speculative-ngram-max-match-window-size", "4"])
-    spec = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+                          "--speculative-ngram-min-match-window-size", "2", "--speculative-ngram-max-match-window-size", "4",
+                          "--speculative-disable-by-batch-size", "8"])
+    spec = {"method": "ngram", "num_speculative_tokens": 6, "prompt_lookup_min": 2, "prompt_lookup_max": 4, "disable_by_batch_size": 8}
     from_json = parse_config(["--speculative-config", json.dumps(spec)])
     assert resolve_speculative_config(flags) == resolve_speculative_config(from_json) == flags
     assert parse_config(["--speculative-algorithm", "NGRAM"]).speculative_algorithm == "ngram"
     assert parse_config(["--ngram-prompt-lookup-max", "5"]).speculative_ngram_max_match_window_size == 5
     knobs = scheduler_knobs(from_json)
     assert (knobs["speculative_algorithm"], knobs["speculative_num_draft_tokens"], knobs["speculative_ngram_min_window"],
-            knobs["speculative_ngram_max_window"]) == ("ngram", 6, 2, 4)
+            knobs["speculative_ngram_max_window"], knobs["speculative_disable_by_batch_size"]) == ("ngram", 6, 2, 4, 8)
     assert scheduler_knobs(ServerConfig())["speculative_algorithm"] == "none"
     only_max = SpeculativeSettings.of(ServerConfig(speculative_config='{"method": "NGRAM", "prompt_lookup_max": 2}'))
     assert (only_max.min_window, only_max.max_window, only_max.num_draft_tokens) == (1, 2, ServerConfig().speculative_num_draft_tokens)
@@ -409,6 +426,7 @@ def test_flags_and_the_vllm_json_give_the_same_config():
     ({"speculative_config": '{"method": "eagle", "num_speculative_tokens": 3}'}, "method must be"),
     ({"speculative_config": '{"method": "ngram", "model": "x"}'}, "unsupported key"),
     ({"speculative_config": '{"method": "ngram", "num_speculative_tokens": 0}'}, "integer >= 1"),
+    ({"speculative_config": '{"method": "ngram", "disable_by_batch_size": -1}'}, "integer >= 0"),
     ({"speculative_config": '{"method": "ngram", "prompt_lookup_min": 4, "prompt_lookup_max": 2}'}, "at most"),
     ({"speculative_ngram_min_match_window_size": 4, "speculative_ngram_max_match_window_size": 3}, "at most"),
 ])
