@@ -56,7 +56,7 @@ def test_demo_q4_1_answers_paris(demo_server):
     assert out.text == "The capital of France is Paris."
     assert out.finish_reason == "stop"
     log = demo_server.log()
-    assert "Q4_1 tensors dequantized to float32" in log and "no int8 weight path yet" in log
+    assert "Q4_1 tensors dequantized to float32" in log and "Q8_0 tensors dequantized to float32 (--quantization int8 keeps them" in log
 
 
 def test_check_weights_follows_the_pointer(tmp_path):
