@@ -99,3 +99,20 @@ def test_launch_check_script_sees_the_server(outcome):
     proc = subprocess.run(["bash", "scripts/launch_check.sh", str(sharded.port)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"server tcp://127.0.0.1:{sharded.port} is up" in proc.stdout
+
+
+def test_two_ranks_with_speculation_give_the_tokens_of_one_rank_without(model_dir):
+    """Drafts travel to every rank in the batch; rank 0's verification decides (--tp-size 2 with
+    n-gram speculation against --tp-size 1 without, greedy, on repetitive prompts)."""
+    prompts = ["one two three four one two three four one two three four one two", "x y z x y z x y z x y z x y z x y z"]
+    outputs, stats = [], []
+    for flags in ((), ("--tp-size", "2", "--speculative-algorithm", "ngram")):
+        handle = start_server(model_dir, *FLAGS, *flags, timeout_s=240)
+        try:
+            with Client(handle.port, timeout_s=120) as c:
+                outputs.append([c.generate(p, max_tokens=40, ignore_eos=True).output_ids for p in prompts])
+                stats.append(c.stats())
+        finally:
+            assert handle.stop() == 0
+    assert outputs[1] == outputs[0]
+    assert stats[1]["num_accepted_tokens"] > 0 and stats[0]["num_draft_tokens"] == 0
