@@ -46,7 +46,10 @@ inline void int8_block_rows(const float* x, int64_t K, const int8_t* w_block, co
     for (int v = 0; v < NV; ++v) total[r][v] = vzero();
   for (int64_t g0 = 0, g = 0; g0 < K; g0 += G, ++g) {
     vec acc[ROWS][split_of<ROWS>()][NV];
-    accumulate_rows<ROWS>(x, K, g0, std::min(K, g0 + G), [&](int64_t k, vec* w) { widen_int8_row(w_block + k * COLS, w); }, acc);
+    accumulate_rows<ROWS>(x, K, g0, std::min(K, g0 + G), [&](int64_t k, vec* w) {
+      prefetch_ahead(w_block + k * COLS, k);
+      widen_int8_row(w_block + k * COLS, w);
+    }, acc);
     vec scale[NV];
     for (int v = 0; v < NV; ++v) scale[v] = vload(block_scales + g * COLS + v * LANES);
     for (int r = 0; r < ROWS; ++r)

@@ -69,7 +69,10 @@ inline void in_column_order(vec* acc) {
 template <typename T, int ROWS>
 inline void block_rows(const float* x, int64_t K, const T* w_block, float* sums) {
   vec acc[ROWS][split_of<ROWS>()][NV];
-  accumulate_rows<ROWS>(x, K, 0, K, [&](int64_t k, vec* w) { widen_row(w_block + k * COLS, w); }, acc);
+  accumulate_rows<ROWS>(x, K, 0, K, [&](int64_t k, vec* w) {
+    prefetch_ahead(w_block + k * COLS, k);
+    widen_row(w_block + k * COLS, w);
+  }, acc);
   for (int r = 0; r < ROWS; ++r) {
     vec total[NV];
     for (int v = 0; v < NV; ++v) total[v] = split_total<ROWS>(acc, r, v);

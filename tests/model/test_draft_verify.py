@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import torch
 
+from testing.draft_driver import DraftDriver
 from testing.model_fixtures import (
     GreedyDriver,
     HfReference,
@@ -30,50 +31,12 @@ from zserve.common.forward_batch import (
     PenaltyArrays,
     PromptLogprobRows,
     SamplingArrays,
-    StepResult,
 )
 from zserve.model_proc.draft_verifier import DraftVerifier
 from zserve.model_proc.sampler import Sampler, uniform_from_seed
 
 NEAR_TIE_ULPS = 4  # bf16: as test_model_parity_bf16.py
 NEW_TOKENS = 30
-
-
-class DraftDriver(GreedyDriver):
-    """GreedyDriver plus steps whose decoding rows carry drafts, advanced as the scheduler does;
-    a seq in `sampling` (by id) samples with those (temperature, top_k, top_p, min_p, seed)."""
-
-    def __init__(self, runner, sampling: dict[int, tuple] | None = None):
-        super().__init__(runner)
-        self.sampling = sampling or {}
-
-    def build_batch(self, seqs: list[Seq]) -> ForwardBatch:
-        batch = super().build_batch(seqs)
-        for row, seq in enumerate(seqs):
-            if id(seq) in self.sampling:
-                s = batch.sampling
-                s.temperature[row], s.top_k[row], s.top_p[row], s.min_p[row], s.seed[row] = self.sampling[id(seq)]
-        return batch
-
-    def step_drafted(self, seqs: list[Seq], drafts: list[list[int]]) -> tuple[ForwardBatch, StepResult]:
-        for seq, draft in zip(seqs, drafts, strict=True):
-            assert not draft or seq.cached_len == len(seq.tokens) - 1, "drafts go on a decoding row"
-            seq.tokens += draft  # so build_batch computes [last sampled token, *drafts]
-        batch = self.build_batch(seqs)
-        batch.draft_lens = np.array([len(d) for d in drafts], np.int32)
-        result = self.runner.run(batch)
-        assert result.num_accepted is not None and result.num_accepted.dtype == np.int32
-        for seq, draft, n, sampled, token_id, accepted in zip(
-            seqs, drafts, batch.extend_lens.tolist(), batch.is_sampled, result.next_token_ids.tolist(),
-            result.num_accepted.tolist(), strict=True,
-        ):
-            assert 0 <= accepted <= len(draft)
-            del seq.tokens[len(seq.tokens) - len(draft) + accepted :]  # keep the accepted drafts
-            seq.cached_len += n - len(draft) + accepted  # the rejected positions' K/V is garbage
-            seq.page_ids = seq.page_ids[: -(-seq.cached_len // self.page_size)]  # pages past it go back
-            if sampled:
-                seq.tokens.append(token_id)
-        return batch, result
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +71,11 @@ def test_greedy_drafts_of_the_true_text_are_all_accepted(llama_dir, references, 
     for d in (4, 1, 5, 3, 8, 2, 4):
         done = len(seq.output_ids)
         _, result = driver.step_drafted([seq], [truth[done : done + d]])
-        if diverged is None:
+        if dtype == torch.float32:
             assert result.num_accepted.tolist() == [d]
+        elif diverged is None and result.num_accepted[0] < d:  # bf16: a draft is refused only where our token leaves transformers' at a near-tie
+            n = len(seq.output_ids)
+            assert first_divergence(seq.output_ids, truth[:n], truth_logits[:n], NEAR_TIE_ULPS) == done + result.num_accepted[0]
         assert len(seq.output_ids) == done + result.num_accepted[0] + 1
         diverged = first_divergence(seq.output_ids, truth[: len(seq.output_ids)], truth_logits[: len(seq.output_ids)], NEAR_TIE_ULPS)
         if dtype == torch.float32:
