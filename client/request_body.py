@@ -22,6 +22,9 @@ from zserve.common.messages import CLIENT_TO_FRONTEND, GenerateReq
 from zserve.common.sampling_params import DEFAULT_MAX_TOKENS
 
 MAX_DEPTH = 32  # deeper nesting than any valid body has: the wire refuses it
+# keywords sent next to the prompt, not in `sampling`: n choices; a chat's function definitions; a chat whose
+# last (assistant) message the model continues instead of answering
+REQUEST_KEYS = ("n", "tools", "continue_final_message")
 
 
 def new_req_id() -> int:
@@ -33,12 +36,12 @@ def build_body(prompt: str | None, input_ids: list[int] | None, messages: list[d
     if len(given) != 1:
         raise ValueError(f"give exactly one of prompt, input_ids or messages (got {', '.join(given) or 'none'})")
     sampling = {"max_tokens": DEFAULT_MAX_TOKENS, **sampling}  # not named: 128; named None: up to the context
-    body: dict[str, Any] = {"sampling": {k: v for k, v in sampling.items() if v is not None and k not in ("n", "tools")}}
+    body: dict[str, Any] = {"sampling": {k: v for k, v in sampling.items() if v is not None and k not in REQUEST_KEYS}}
     if isinstance(body["sampling"].get("logit_bias"), dict):  # token ids as ints here, as strings on the wire (JSON's keys)
         body["sampling"]["logit_bias"] = {
             str(k) if isinstance(k, int) and not isinstance(k, bool) else k: v for k, v in body["sampling"]["logit_bias"].items()
         }
-    for key in ("n", "tools"):  # request-level fields, next to the prompt: n choices; a chat's function definitions
+    for key in REQUEST_KEYS:  # request-level fields, next to the prompt
         if sampling.get(key) is not None:
             body[key] = sampling[key]
     if prompt is not None:

@@ -185,6 +185,8 @@ class DetokRegister(Message, tag=30):
     stop: list[str]
     num_prompt_tokens: int
     prompt_ids: Int32Array | None = None  # the prompt, when the request asked for its text (return_prompt_text)
+    skip_special_tokens: bool = True  # the request's SamplingParams' (the text leaves special tokens out)
+    no_stop_trim: bool = False  # the request's SamplingParams' (the text keeps the stop string that ended it)
 
 
 class TokenOut(Message):

@@ -46,6 +46,8 @@ class SamplingParams(Message, frozen=True):
     regex: str | None = None  # structured output: text matching this regular expression
     ebnf: str | None = None  # structured output: text of this EBNF grammar (GBNF, as xgrammar reads it)
     return_prompt_text: bool = False  # also the prompt's text (the detokenizer's decoding), in the first output: echo
+    skip_special_tokens: bool = True  # the output text leaves special tokens (EOS, chat markers) out (SGLang's, vLLM's default)
+    no_stop_trim: bool = False  # the output text keeps the stop string that ended it (SGLang's name; vLLM's include_stop_str_in_output)
 
     @property
     def grammar(self) -> tuple[str, str] | None:
@@ -100,8 +102,9 @@ class SamplingParams(Message, frozen=True):
                 raise ValueError(f"stop_token_ids[{i}] must be a token id (an integer >= 0), got {_short(t)}")
         if not isinstance(self.ignore_eos, bool) or not isinstance(self.return_logprob, bool):
             raise ValueError("ignore_eos and return_logprob must be booleans")
-        if not isinstance(self.return_prompt_text, bool):
-            raise ValueError(f"return_prompt_text must be a boolean, got {_short(self.return_prompt_text)}")
+        for name in ("return_prompt_text", "skip_special_tokens", "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a boolean, got {_short(getattr(self, name))}")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_number(value) or not -LIMITS.max_penalty <= value <= LIMITS.max_penalty:

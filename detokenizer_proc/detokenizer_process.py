@@ -1,7 +1,7 @@
 """The detokenizer process: token ids from the scheduler -> text deltas for the frontend.
 
     loop:
-        DetokRegister -> start a request's incremental state (stop strings)
+        DetokRegister -> start a request's incremental state (stop strings, kept or trimmed; special tokens skipped or not)
         TokenOutBatch -> per request: text delta; a matched stop string finishes it here and
                          tells the scheduler to stop decoding it (several tokens of one step,
                          from speculative drafts, end at the one completing it); a finish flushes
@@ -55,6 +55,9 @@ class DetokState:
     num_prompt_tokens: int
     num_output_tokens: int = 0
     prompt_text: str | None = None  # sent with the request's first output, then None
+    # special tokens shown (skip_special_tokens false) but the stop token that ends the request not (no_stop_trim false),
+    # as SGLang does: a chat's text does not end in EOS
+    trims_stop_token: bool = False
 
 
 class DetokenizerLoop:
@@ -96,16 +99,27 @@ class DetokenizerLoop:
 
     def register(self, msg: DetokRegister) -> None:
         prompt_text = None if msg.prompt_ids is None else self.token_texts.prompt_text(msg.prompt_ids.tolist())
-        self.states[msg.req_id] = DetokState(IncrementalDetokenizer(self.tokenizer, stop=msg.stop), msg.num_prompt_tokens,
-                                             prompt_text=prompt_text)
+        detok = IncrementalDetokenizer(self.tokenizer, stop=msg.stop, skip_special_tokens=msg.skip_special_tokens,
+                                       keep_stop=msg.no_stop_trim)
+        self.states[msg.req_id] = DetokState(detok, msg.num_prompt_tokens, prompt_text=prompt_text,
+                                             trims_stop_token=not msg.skip_special_tokens and not msg.no_stop_trim)
+
+    def ends_on_special_stop(self, out: TokenOut, token_ids: list[int]) -> bool:
+        """Whether the request ended on a stop token (EOS, stop_token_ids) that is a special token (a visible
+        stop token id stays in the text, vLLM's way)."""
+        if out.finish_reason is not FinishReason.STOP or not token_ids:
+            return False
+        last = token_ids[-1:]
+        return self.tokenizer.decode(last, skip_special_tokens=True) == "" and self.tokenizer.decode(last) != ""
 
     def on_tokens(self, out: TokenOut) -> None:
         state = self.states.get(out.req_id)
         if state is None:
             return  # already finished here (stop string matched while a step was in flight)
         token_ids = out.token_ids.tolist()
-        text, num_taken = state.detok.add_tokens_until_stop(token_ids)
-        if num_taken < len(token_ids):  # a stop string ended inside a step's several tokens: drop those after it
+        shown_ids = token_ids[:-1] if state.trims_stop_token and self.ends_on_special_stop(out, token_ids) else token_ids
+        text, num_taken = state.detok.add_tokens_until_stop(shown_ids)
+        if num_taken < len(shown_ids):  # a stop string ended inside a step's several tokens: drop those after it
             out = _first_tokens(out, num_taken)
             token_ids = token_ids[:num_taken]
         state.num_output_tokens += len(token_ids)

@@ -20,7 +20,7 @@ U+FFFD. (Probe: decode the window plus one invalid byte token; if the text so fa
 run is open.) The offsets also stay when nothing new decoded (a skipped special token), so a
 window never starts at text the decoder would strip.
 
-Invariant: the concatenation of everything returned (up to a stop string) equals
+Invariant: the concatenation of everything returned (up to a stop string, or through it with keep_stop) equals
 `decode(token_ids, skip_special_tokens)`, and emitted text never changes. The one exception is
 bounded work: after MAX_HELD_TOKENS tokens held back in a row (far more than any character
 needs; only garbage output gets there) the window text is emitted as decoded so far.
@@ -47,10 +47,11 @@ class TokenDecoder(Protocol):
 
 
 class IncrementalDetokenizer:
-    def __init__(self, decoder: TokenDecoder, stop: Sequence[str] = (), skip_special_tokens: bool = True):
+    def __init__(self, decoder: TokenDecoder, stop: Sequence[str] = (), skip_special_tokens: bool = True, keep_stop: bool = False):
+        """`keep_stop`: the text ends with the stop string that ended it (SGLang's no_stop_trim), not before it."""
         self._decoder = decoder
         self._skip_special_tokens = skip_special_tokens
-        self._stop_matcher = StopMatcher(stop) if stop else None
+        self._stop_matcher = StopMatcher(stop, keep_stop) if stop else None
         self.token_ids: list[int] = []
         self._prefix_offset = 0
         self._read_offset = 0

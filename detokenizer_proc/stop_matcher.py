@@ -1,7 +1,8 @@
 """Stop strings on a stream of text: hold back what may be the start of one, cut before a match.
 
 Text goes in as it is detokenized; what comes out is safe to send to the client. OpenAI
-semantics: the output ends exactly before the stop string, which itself is not returned.
+semantics: the output ends exactly before the stop string, which itself is not returned; with
+`keep_stop` (SGLang's no_stop_trim) it ends exactly after it.
 
     pushed so far:   ... already emitted ... | held back | <- new text
                                              `- the longest tail that is a proper prefix of
@@ -19,10 +20,11 @@ from collections.abc import Sequence
 
 
 class StopMatcher:
-    def __init__(self, stop: Sequence[str]):
+    def __init__(self, stop: Sequence[str], keep_stop: bool = False):
         if isinstance(stop, str) or not all(isinstance(s, str) and s for s in stop):
             raise ValueError(f"stop must be a sequence of non-empty strings, got {stop!r}")
         self.stop = tuple(dict.fromkeys(stop))
+        self.keep_stop = keep_stop
         self.matched: str | None = None  # the stop string that ended the text, once one has
         self._held = ""
         self._max_held_len = max((len(s) for s in self.stop), default=1) - 1
@@ -32,8 +34,8 @@ class StopMatcher:
         return self._held
 
     def push(self, text: str) -> str:
-        """Text that can be emitted now. Once a stop string matched, the text before it is
-        returned and every later call returns ""."""
+        """Text that can be emitted now. Once a stop string matched, the text before it (through
+        it, with keep_stop) is returned and every later call returns ""."""
         if self.matched is not None:
             return ""
         buf = self._held + text
@@ -45,7 +47,7 @@ class StopMatcher:
         if best is not None:
             self.matched = best[2]
             self._held = ""
-            return buf[: best[1]]
+            return buf[: best[0] if self.keep_stop else best[1]]
         num_held = self._partial_match_len(buf)
         self._held = buf[len(buf) - num_held :]
         return buf[: len(buf) - num_held]

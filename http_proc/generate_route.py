@@ -3,7 +3,8 @@ SGLang's shape (`text`, `sampling_params`) is read and answered in SGLang's (htt
 
 Request: exactly one of prompt / input_ids / messages, the client's sampling keywords
 (max_tokens, temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ignore_eos,
-return_logprob, top_logprobs, prompt_logprobs, penalties, logit_bias, min_tokens, structured output), and `stream` (default false). The server validates them: unknown or bad
+return_logprob, top_logprobs, prompt_logprobs, penalties, logit_bias, min_tokens, structured output, skip_special_tokens,
+no_stop_trim; with messages, continue_final_message), and `stream` (default false). The server validates them: unknown or bad
 fields get a 400 with its message. Without max_tokens a request generates at most 128 tokens
 (DEFAULT_MAX_TOKENS, SGLang's native default, as the Python client's); `"max_tokens": null` asks
 for up to the context.

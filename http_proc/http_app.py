@@ -3,6 +3,10 @@
     GET  /health               200 ready | 503 starting, stalled, broken or draining, from state (health_monitor.py)
     GET  /health_generate      200 when one real token was generated now (a probe: not counted as traffic)
     GET  /metrics              Prometheus text (server_metrics.py)
+    GET  /server_info          SGLang's: the settings, as sglang-router reads them to register a worker (server_info.py)
+    GET  /model_info           SGLang's: model path, tokenizer path, is_generation (server_info.py)
+    GET  /get_server_info, /get_model_info   the same, under SGLang's older names
+    GET  /get_load             SGLang's: requests and KV tokens in use (sglang-router's power_of_two policy reads it)
     GET  /v1/models            the one model served (openai_routes.py)
     POST /v1/completions       openai_routes.py
     POST /v1/chat/completions  openai_routes.py
@@ -31,6 +35,7 @@ from zserve.http_proc.http_state import STATS_TIMEOUT_S, HttpState
 from zserve.http_proc.openai_routes import openai_routes
 from zserve.http_proc.request_gate import RequestGate
 from zserve.http_proc.response_guard import error_response
+from zserve.http_proc.server_info import server_info_routes
 
 
 def build_app(state: HttpState) -> RequestGate:
@@ -62,6 +67,7 @@ def build_app(state: HttpState) -> RequestGate:
     routes = [
         *openai_routes(state),
         *generate_routes(state),
+        *server_info_routes(state.info, state.client),
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),

@@ -35,6 +35,7 @@ from zserve.http_proc.health_monitor import HealthMonitor
 from zserve.http_proc.http_app import build_app
 from zserve.http_proc.http_state import HttpState
 from zserve.http_proc.request_gate import WILDCARD_HOSTS, GatePolicy
+from zserve.http_proc.server_info import ServerInfo
 from zserve.http_proc.server_metrics import ServerMetrics
 from zserve.http_proc.tool_call_parser import ToolCallParser
 from zserve.http_proc.unknown_fields import UnknownFieldPolicy
@@ -80,9 +81,14 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
             model_path = str(Path(cfg.model).resolve())
             gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes, context_len)
             model_name = cfg.served_model_name or Path(model_path).name
+            info = ServerInfo(
+                model_path, str(Path(cfg.tokenizer_dir).resolve()), model_name, context_len, tp_size=cfg.tp_size,
+                page_size=cfg.page_size, max_running_requests=cfg.max_running_requests,
+                chunked_prefill_size=cfg.max_prefill_tokens, host=cfg.host, port=cfg.http_port,
+            )
             state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate,
                               tool_parser=ToolCallParser.for_format(facts.tool_call_format),  # the chat template's
-                              unknown_fields=UnknownFieldPolicy(strict=cfg.strict_requests))
+                              unknown_fields=UnknownFieldPolicy(strict=cfg.strict_requests), server_info=info)
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

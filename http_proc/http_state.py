@@ -9,11 +9,14 @@ from zserve.client.async_client import AsyncClient
 from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.health_monitor import HealthMonitor
 from zserve.http_proc.request_gate import GatePolicy
+from zserve.http_proc.server_info import ServerInfo
 from zserve.http_proc.server_metrics import ServerMetrics
 from zserve.http_proc.tool_call_parser import ToolCallParser
 from zserve.http_proc.unknown_fields import UnknownFieldPolicy
 
 STATS_TIMEOUT_S = 2.0  # /metrics renders without the scheduler's numbers past this
+# What sglang-router 0.3.2 writes into a chat request that names no model before forwarding it: read as no name.
+ROUTER_UNNAMED_MODEL = "unknown"
 
 
 @dataclass(frozen=True)
@@ -28,9 +31,14 @@ class HttpState:
     tool_parser: ToolCallParser | None = None  # the chat template's tool-call format (ModelFacts), when zserve knows it
     unknown_fields: UnknownFieldPolicy = field(default_factory=UnknownFieldPolicy)  # ignored and logged, or refused (--strict-requests)
     created_s: int = field(default_factory=lambda: int(time.time()))
+    server_info: ServerInfo | None = None  # GET /server_info's settings (the HTTP process's); None: the basics above
+
+    @property
+    def info(self) -> ServerInfo:
+        return self.server_info or ServerInfo(self.model_path, self.model_path, self.model_name, self.context_len)
 
     def check_model(self, requested: str | None) -> None:
-        if requested is not None and requested not in (self.model_name, self.model_path):
+        if requested is not None and requested not in (self.model_name, self.model_path, ROUTER_UNNAMED_MODEL):
             raise ApiError(404, f"the model `{requested}` does not exist; this server serves `{self.model_name}`",
                            param="model", code="model_not_found")
 

@@ -94,6 +94,8 @@ class SamplingRequest(RequestModel):
     response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}
     regex: str | None = None  # structured output extras, as SGLang names them
     ebnf: str | None = None
+    skip_special_tokens: bool = True  # SGLang's and vLLM's extras (sglang-router sends both on every request)
+    no_stop_trim: bool = False  # the text keeps the stop string that ended it
 
     @property
     def include_usage(self) -> bool:
@@ -120,6 +122,8 @@ class SamplingRequest(RequestModel):
             "repetition_penalty": self.repetition_penalty,
             "logit_bias": self.logit_bias or None,
             "min_tokens": self.min_tokens,
+            "skip_special_tokens": None if self.skip_special_tokens else False,  # sent only when not the default
+            "no_stop_trim": self.no_stop_trim or None,
             **self.logprob_fields(),
             **self.grammar_fields(),
         }
@@ -262,6 +266,7 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # false: at most one call in the answer
+    continue_final_message: bool = False  # the last (assistant) message is continued, its turn left open (vLLM's, SGLang's)
 
     def sub_requests(self) -> list[SubRequest]:
         """Without max_tokens (or max_completion_tokens) a chat may generate until the context is
@@ -276,7 +281,10 @@ class ChatCompletionRequest(SamplingRequest):
         given = [v for v in (self.max_completion_tokens, self.max_tokens) if v is not None]
         max_tokens = given[0] if given else None
         messages = [m.to_dict(i) for i, m in enumerate(self.messages)]
-        return self.expand([{"messages": messages, **({"tools": self.tool_dicts} if self.tools else {})}], max_tokens)
+        prompt = {"messages": messages, **({"tools": self.tool_dicts} if self.tools else {})}
+        if self.continue_final_message:
+            prompt["continue_final_message"] = True
+        return self.expand([prompt], max_tokens)
 
     @cached_property
     def tool_dicts(self) -> list[dict[str, Any]]:

@@ -1,13 +1,16 @@
 """SGLang's /generate request and response shape, next to our native one (http_proc/generate_route.py).
 
-An SGLang client posts `{"text": ..., "sampling_params": {"max_new_tokens": 16, ...}, "stream": ...}` and
+An SGLang client posts `{"text": ..., "sampling_params": {"max_new_tokens": 16, ...}, "stream": ...}` (or
+`input_ids` for text; sglang-router 0.3.2 forwards every /generate in this shape, adding `model: null`,
+`log_metrics`, `return_text_in_logprobs`, ... and dropping fields SGLang does not declare) and
 reads `{"text", "output_ids", "meta_info": {"finish_reason": {"type": ...}, "prompt_tokens", ...}}`; streamed,
 each `data:` chunk carries the text and ids *so far* (SGLang's default), so the client slices off what it
 printed. A body with `text` or `sampling_params` is read this way: its fields are renamed into ours
 (`max_new_tokens` -> `max_tokens`, `min_new_tokens` -> `min_tokens`, `top_logprobs_num` -> `top_logprobs`,
-`sampling_seed` -> `seed`, `top_k` -1 -> 0) and the fields that change nothing here (`rid`,
-`skip_special_tokens`, `stream_interval`, ...) are ignored as OpenAI's unknown fields are (one warning per
-name; a 400 under --strict-requests). A list of texts or of id lists (SGLang's batch, not streamed) runs as one
+`sampling_seed` -> `seed`, `top_k` -1 -> 0); `skip_special_tokens` and `no_stop_trim` are honoured; SGLang's
+fields that change nothing here (`rid`, `log_metrics`, `stream_interval`, ...) are accepted and noted once at
+INFO (unknown_fields.py); any other field is ignored as OpenAI's unknown fields are (one warning per name; a
+400 under --strict-requests). A list of texts or of id lists (SGLang's batch, not streamed) runs as one
 request per prompt and is answered with a list of responses in the prompts' order.
 """
 
@@ -24,11 +27,15 @@ RENAMED_SAMPLING = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_token
 KEPT_SAMPLING = (
     "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "frequency_penalty",
     "presence_penalty", "repetition_penalty", "json_schema", "regex", "ebnf", "logit_bias", "n",
+    "skip_special_tokens", "no_stop_trim",
 )
+# top-level fields only SGLang's shape has: sglang-router adds them to every /generate it forwards, with or
+# without sampling_params (an input_ids request may come without)
+SGLANG_ONLY_TOP = ("log_metrics", "return_text_in_logprobs", "top_logprobs_num", "rid")
 
 
 def is_sglang_body(body: dict[str, Any]) -> bool:
-    return "text" in body or "sampling_params" in body
+    return "text" in body or "sampling_params" in body or any(key in body for key in SGLANG_ONLY_TOP)
 
 
 def from_sglang_body(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:

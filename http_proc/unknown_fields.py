@@ -8,6 +8,11 @@ models do declare are validated as strictly as before (a wrong type is still a 4
 
 The request models keep undeclared fields aside (pydantic `extra="allow"`, in `model_extra`);
 this walks the parsed body, nested models in lists included, to find them.
+
+SGLang's own request fields that change nothing here (SGLANG_IGNORED_FIELDS: sglang-router 0.3.2
+adds several to every request it forwards, e.g. `separate_reasoning`, `return_hidden_states`,
+`log_metrics`) are not unknown: they are accepted, also under --strict-requests, and noted once
+per name at INFO, so a router's traffic does not fill the log with warnings.
 """
 
 from __future__ import annotations
@@ -25,6 +30,19 @@ logger = logging.getLogger("http_proc")
 MAX_WARNED_NAMES = 256  # distinct names logged at most: a client inventing names cannot grow the set or flood the log
 
 FieldPath = tuple[str | int, ...]  # ("tools", 0, "function") is tools[0].function
+
+# Named as `field_name` joins a path: "sampling_params.x" is x inside /generate's sampling_params.
+SGLANG_IGNORED_FIELDS = frozenset((
+    # /v1/chat/completions and /v1/completions (sglang-router 0.3.2 sends the first three on every chat request)
+    "separate_reasoning", "stream_reasoning", "return_hidden_states", "chat_template_kwargs", "lora_path",
+    "session_params", "rid", "bootstrap_host", "bootstrap_port", "bootstrap_room", "data_parallel_rank",
+    "custom_logit_processor", "custom_params", "priority",
+    # /generate, SGLang's shape (sglang-router 0.3.2 sends model, log_metrics ... return_entropy on every request)
+    "model", "return_text_in_logprobs", "log_metrics", "background", "no_logs", "return_bytes", "return_entropy",
+    "logprob_start_len", "token_ids_logprob", "stream_interval",
+    "sampling_params.spaces_between_special_tokens", "sampling_params.stream_interval",
+    "sampling_params.custom_params",
+))
 
 
 def field_path(loc: FieldPath) -> str:
@@ -65,18 +83,27 @@ def _holds_model(annotation: object) -> bool:
     return any(_holds_model(arg) for arg in typing.get_args(annotation))
 
 
+def field_name(path: FieldPath) -> str:
+    """One name for a field wherever it is: messages[3].x and messages[0].x are both messages.x."""
+    return ".".join(str(part)[:64] for part in path if isinstance(part, str))
+
+
 @dataclass
 class UnknownFieldPolicy:
     """Owned by the HTTP process (one per process): `warned` is the names already logged."""
 
     strict: bool = False  # --strict-requests: refuse unknown fields with a 400
     warned: set[str] = field(default_factory=set)
+    noted: set[str] = field(default_factory=set)  # SGLang field names already noted at INFO (a fixed set: bounded)
 
     def check(self, body: BaseModel, route: str) -> None:
         """Raise the 400 (strict), or log each unknown field name the first time it is seen."""
         self.check_paths(unknown_field_paths(body), route)
 
     def check_paths(self, paths: list[FieldPath], route: str) -> None:
+        if not paths:
+            return
+        paths = [p for p in paths if not self._is_sglang_field(p, route)]
         if not paths:
             return
         if self.strict:
@@ -86,9 +113,19 @@ class UnknownFieldPolicy:
             raise ApiError(400, "invalid request: " + "; ".join(parts) + " (this server runs with --strict-requests)",
                            param=field_path(paths[0]))
         for path in paths:
-            name = ".".join(str(part)[:64] for part in path if isinstance(part, str))  # messages[3].x and messages[0].x: one name
+            name = field_name(path)
             if name in self.warned or len(self.warned) >= MAX_WARNED_NAMES:
                 continue
             self.warned.add(name)
             logger.warning("ignoring unknown request field %r in %s (sent by a newer client?); "
                            "--strict-requests refuses such requests", name, route)
+
+    def _is_sglang_field(self, path: FieldPath, route: str) -> bool:
+        """Whether `path` is one of SGLang's fields that change nothing here (noted the first time)."""
+        name = field_name(path)
+        if name not in SGLANG_IGNORED_FIELDS:
+            return False
+        if name not in self.noted:
+            self.noted.add(name)
+            logger.info("accepting SGLang request field %r in %s; it has no effect in zserve (noted once)", name, route)
+        return True

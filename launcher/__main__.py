@@ -72,6 +72,15 @@ def ready_record(cfg: ServerConfig, launcher: Launcher, port: int | None, line: 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv)  # refuses a bad flag alone (exit code 2)
+    if cfg.dp_size != 1 or cfg.router:  # data-parallel replicas, each a launch_server like this one (launcher/fleet.py)
+        from zserve.launcher.fleet_launch import run_fleet
+
+        setup_logging("fleet", cfg.log_level)
+        sys.exit(run_fleet(cfg))
+    if os.environ.get("ZSERVE_FLEET_PID"):  # a fleet's replica: it goes when the supervisor does, even SIGKILLed
+        from zserve.common.proc_runtime import die_with_parent
+
+        die_with_parent(int(os.environ["ZSERVE_FLEET_PID"]))
     setup_logging("launcher", cfg.log_level)
     if cfg.trust_remote_code:
         logger.info("--trust-remote-code has no effect: zserve runs its own model code, never code from the model directory")

@@ -110,7 +110,7 @@ def build_parser() -> argparse.ArgumentParser:
         checked = None if choices is None else _Choices(choices, convert)
         metavar = None if choices else flag.lstrip("-").upper().replace("-", "_")
         parser.add_argument(
-            flag, dest=f.name, type=convert, default=default, choices=checked, metavar=metavar,
+            flag, dest=f.name, type=convert, default=default, choices=checked, metavar=metavar, nargs=meta.get("nargs"),
             help=f"{help_text} (default: {default!r})",
         )
         for alias in aliases:  # its own action, so an error names the spelling the user typed
@@ -155,4 +155,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
                 if ns[f.name] and ns[f.name] != given:
                     parser.error(f"the {f.name} is given twice: {given!r} and {flag} {ns[f.name]!r}")
                 ns[f.name] = given
+    for f in fields(ServerConfig):  # a flag taking several values (--router-worker-urls A B) is one comma-joined string
+        if f.metadata.get("nargs") and isinstance(ns[f.name], list):
+            ns[f.name] = ",".join(ns[f.name])
     return ServerConfig(**ns)

@@ -43,11 +43,12 @@ class ServerSubprocess:
     log_lines: list[str] = field(default_factory=list)
     max_log_lines: int | None = None  # keep only the newest this many (None: all)
     ready: ServerReady | None = None
+    echo_prefix: str = ""  # put before each echoed line (a fleet's "replica 1 | ")
 
     @staticmethod
     def start(
         argv: list[str], *, env: dict[str, str] | None = None, echo_logs: bool = False, log_path: Path | None = None,
-        max_log_lines: int | None = None,
+        max_log_lines: int | None = None, echo_prefix: str = "", new_session: bool = False,
     ) -> ServerSubprocess:
         """Start `launch_server ARGV` (with `--ready-file` added) without waiting. `env`: the whole
         environment (default: this process's), with PYTHONUNBUFFERED=1 so log lines come as written."""
@@ -56,8 +57,9 @@ class ServerSubprocess:
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL,
             env=dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"),
+            start_new_session=new_session,  # a fleet's replicas: a terminal's Ctrl-C reaches the supervisor alone
         )
-        server = ServerSubprocess(proc, ready_path, time.perf_counter(), max_log_lines=max_log_lines)
+        server = ServerSubprocess(proc, ready_path, time.perf_counter(), max_log_lines=max_log_lines, echo_prefix=echo_prefix)
         threading.Thread(target=server._read_logs, args=(echo_logs, log_path), name="zserve-server-logs", daemon=True).start()
         return server
 
@@ -126,7 +128,7 @@ class ServerSubprocess:
                 if self.max_log_lines is not None and len(self.log_lines) > 2 * self.max_log_lines:
                     del self.log_lines[: -self.max_log_lines]  # amortized: the list never holds more than twice the cap
                 if echo:
-                    sys.stderr.write(line)
+                    sys.stderr.write(self.echo_prefix + line)
                 if log_file is not None:
                     log_file.write(line)
                     log_file.flush()

@@ -157,6 +157,7 @@ class SchedulerLoop:
                 self.to_detok.send(DetokRegister(
                     req_id=copy_id, stop=list(msg.params.stop), num_prompt_tokens=num_prompt_tokens,
                     prompt_ids=msg.input_ids if msg.params.return_prompt_text else None,
+                    skip_special_tokens=msg.params.skip_special_tokens, no_stop_trim=msg.params.no_stop_trim,
                 ))
             else:
                 code, error = refusal

@@ -23,8 +23,9 @@ want=$(sha256sum pyproject.toml | cut -d' ' -f1)
 if [ "$(cat "$stamp" 2>/dev/null)" = "$want" ] && "$VPY" -m pip show zserve >/dev/null 2>&1; then
     echo "[setup] zserve already installed for this pyproject.toml"
 else
-    echo "[setup] installing zserve (editable) with test extras"
-    "$VPY" -m pip install -q -e ".[test]"
+    echo "[setup] installing zserve (editable) with the test and router extras"
+    # router: sglang-router, for `launch_server --router` and tests/fleet (prebuilt wheels, no Rust toolchain needed)
+    "$VPY" -m pip install -q -e ".[test,router]"
     echo "$want" >"$stamp"
 fi
 # The CPU kernels (paged attention, the 16-bit GEMMs, fused ops) for this CPU's instruction set

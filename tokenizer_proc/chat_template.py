@@ -31,6 +31,7 @@ import jinja2.nodes
 import jinja2.sandbox
 import jinja2.utils
 
+CONTINUE_MARKER = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' own marker, so renders match it
 
 class ChatTemplateError(ValueError):
     """The template refused the conversation (e.g. `raise_exception('roles must alternate')`);
@@ -60,13 +61,30 @@ class ChatTemplate:
     def render(
         self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, special_tokens: dict[str, str],
         max_chars: int | None = None, timeout_s: float | None = None, tools: list[dict[str, Any]] | None = None,
+        continue_final_message: bool = False,
     ) -> str:
         """Render a conversation (with `tools`, the function definitions a tool-calling template lists). `special_tokens` are the template variables transformers passes
         from the tokenizer's special tokens map (`bos_token`, `eos_token`, ...).
+        `continue_final_message`: the text ends inside the last message, right after its content
+        (its turn is left open, for the model to continue), as transformers does it: a marker is
+        appended to that content and the render is cut where the marker lands.
         Raises ChatTemplateError when the template rejects the conversation, fails on it, or
         passes `max_chars` or `timeout_s`."""
         # transformers drops None-valued keys from each message before rendering.
         chat = [{k: v for k, v in m.items() if v is not None} for m in messages]
+        if continue_final_message:
+            if add_generation_prompt:
+                raise ValueError("continue_final_message and add_generation_prompt exclude each other")
+            if not chat or not isinstance(chat[-1].get("content"), str):
+                raise ChatTemplateError("continue_final_message needs a last message with text content to continue")
+            chat[-1] = {**chat[-1], "content": chat[-1]["content"] + CONTINUE_MARKER}
+        text = self._render_bounded(chat, add_generation_prompt, special_tokens, max_chars, timeout_s, tools)
+        return _cut_at_marker(text, messages[-1]["content"]) if continue_final_message else text
+
+    def _render_bounded(
+        self, chat: list[dict[str, Any]], add_generation_prompt: bool, special_tokens: dict[str, str],
+        max_chars: int | None, timeout_s: float | None, tools: list[dict[str, Any]] | None,
+    ) -> str:
         variables = dict(
             messages=chat, tools=tools or None, documents=None, add_generation_prompt=add_generation_prompt, **special_tokens
         )
@@ -92,6 +110,17 @@ class ChatTemplate:
         except Exception as exc:  # the template is untrusted code: whatever it raises ends this request only
             raise ChatTemplateError(f"the chat template failed on the messages: {type(exc).__name__}: {exc}") from exc
         return "".join(parts)
+
+
+def _cut_at_marker(text: str, final_content: str) -> str:
+    """The render up to the end of the last message's content (where CONTINUE_MARKER landed); a
+    template that trims the content's end trims the marker's space too, so the cut then trims."""
+    tag = CONTINUE_MARKER.strip()
+    if tag not in text or final_content.strip() not in text:
+        raise ChatTemplateError("continue_final_message: the chat template does not show the last message's content as given, "
+                                "so it cannot be continued")
+    loc = text.rindex(tag)
+    return text[:loc] if text[loc : loc + len(CONTINUE_MARKER)] == CONTINUE_MARKER else text[:loc].rstrip()
 
 
 class _RenderTimeout(BaseException):

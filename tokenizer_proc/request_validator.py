@@ -2,7 +2,8 @@
 
 A body (decoded from msgpack, so only plain values, and untrusted) has exactly one of
   prompt: str | input_ids: list[int] | messages: list[{role, content}]
-plus an optional `sampling` dict of SamplingParams fields. Anything wrong raises ValueError with
+plus an optional `sampling` dict of SamplingParams fields (and, with messages, `tools` and
+`continue_final_message`). Anything wrong raises ValueError with
 a message fit to send back to the client as the request's error; nothing is dropped silently.
 
 prompt + max_tokens must fit the context (the model's, or less with --context-length): a request
@@ -27,7 +28,7 @@ from zserve.common.sampling_params import SamplingParams
 from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
-BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n", "tools"))
+BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n", "tools", "continue_final_message"))
 MESSAGE_KEYS = frozenset(("role", "content", "name", "tool_calls", "tool_call_id"))
 ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
 
@@ -89,12 +90,15 @@ class RequestValidator:
             raise ValueError(f"top_k must be at most the vocabulary size ({self.vocab_size}), got {params.top_k}")
 
         kind = given[0]
+        if kind != "messages" and body.get("continue_final_message"):
+            raise ValueError("continue_final_message continues a chat's last message: it needs messages, not a prompt")
         if kind == "prompt":
             input_ids = self._encode_prompt(body["prompt"])
         elif kind == "input_ids":
             input_ids = self._check_ids(body["input_ids"])
         else:
-            input_ids = self._encode_messages(body["messages"], self._check_tools(body.get("tools")))
+            input_ids = self._encode_messages(body["messages"], self._check_tools(body.get("tools")),
+                                              self._check_continue(body.get("continue_final_message", False)))
 
         if not input_ids:
             raise ValueError("the prompt is empty after tokenization")
@@ -143,7 +147,13 @@ class RequestValidator:
             raise ValueError(f"tools is more than {LIMITS.max_tools_json_chars} characters of JSON")
         return tools
 
-    def _encode_messages(self, messages: Any, tools: list[dict] | None = None) -> list[int]:
+    def _check_continue(self, value: Any) -> bool:
+        """`continue_final_message`: the prompt ends inside the last (assistant) message, left open."""
+        if not isinstance(value, bool):
+            raise ValueError(f"continue_final_message must be a boolean, got {type(value).__name__}")
+        return value
+
+    def _encode_messages(self, messages: Any, tools: list[dict] | None = None, continue_final: bool = False) -> list[int]:
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError("messages must be a non-empty list of {role, content} objects")
         max_messages = min(LIMITS.max_messages, self.context_len - 1)
@@ -173,9 +183,12 @@ class RequestValidator:
                 raise ValueError(f"messages[{i}].name must be a string of at most {LIMITS.max_message_name_chars} characters")
             num_chars += len(content)
         self._check_text_len(num_chars)
+        if continue_final and messages[-1].get("role") != "assistant":
+            raise ValueError(f"continue_final_message continues the last message, which must be the assistant's; "
+                             f"messages[{len(messages) - 1}] is the {_name(messages[-1].get('role'))}'s")
         return self.tokenizer.encode_chat(
-            list(messages), add_generation_prompt=True, max_chars=self.max_prompt_chars, timeout_s=LIMITS.render_timeout_s,
-            tools=tools,
+            list(messages), add_generation_prompt=not continue_final, max_chars=self.max_prompt_chars,
+            timeout_s=LIMITS.render_timeout_s, tools=tools, continue_final_message=continue_final,
         )
 
     def _check_text_len(self, num_chars: int) -> None:

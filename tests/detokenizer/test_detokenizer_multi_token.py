@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from testing.outbox import Outbox
 from testing.tokenizer_fixtures import build_byte_level_bpe
 from zserve.common.finish_reason import FinishReason
 from zserve.common.messages import AbortReq, DetokRegister, ReqOutput, TokenOut
@@ -20,14 +21,6 @@ TEXT = "The cat sat on the mat. The dog ran far away. Then it rained."
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory) -> TextTokenizer:
     return TextTokenizer.from_model_dir(build_byte_level_bpe(tmp_path_factory.mktemp("bpe")))
-
-
-class Outbox:
-    def __init__(self):
-        self.sent = []
-
-    def send(self, msg) -> None:
-        self.sent.append(msg)
 
 
 def one_by_one(tokenizer, ids, stop):

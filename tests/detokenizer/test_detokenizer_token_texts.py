@@ -7,23 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from testing.outbox import Outbox
 from testing.tokenizer_fixtures import build_byte_level_bpe
 from zserve.common.finish_reason import FinishReason
 from zserve.common.messages import FRONTEND_INBOX, DetokRegister, PromptLogprobs, ReqOutput, TokenOut
 from zserve.detokenizer_proc.detokenizer_process import DetokenizerLoop
 from zserve.detokenizer_proc.token_texts import TokenTexts
 from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
-
-
-class Outbox:
-    """An endpoint that keeps what is sent, after a trip through the socket's codec."""
-
-    def __init__(self, codec=None):
-        self.codec = codec
-        self.sent: list = []
-
-    def send(self, msg) -> None:
-        self.sent.append(msg if self.codec is None else self.codec.decode(self.codec.encode(msg)))
 
 
 @pytest.fixture(scope="module")

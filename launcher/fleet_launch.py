@@ -1,0 +1,99 @@
+"""`launch_server --dp-size N [--router]`: plan the replicas, run the Fleet, print its ready line.
+
+    launch_server --model M --dp-size 2 --router --port 8000 --router-port 30000
+        replica 0: cores 0-15, HTTP 8000      replica 1: cores 16-31, HTTP 8001
+        sglang-router on 30000 (cache_aware) in front of both
+
+A bad fleet configuration is refused in one line (exit code 2) before anything starts, as a bad
+flag is (launcher/cli.py). The ready record (--ready-file) names the router's HTTP port (replica
+0's without --router) and replica 0's ZMQ port.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import sys
+
+from zserve.common.server_config import API_KEY_ENV, ServerConfig
+from zserve.launcher.cli import refuse
+from zserve.launcher.config_check import check_port_free
+from zserve.launcher.core_split import allowed_cpus, format_cpulist, read_numa_nodes
+from zserve.launcher.fleet import Fleet, FleetStartError
+from zserve.launcher.fleet_plan import check_fleet_flags, plan_replicas
+from zserve.launcher.replica_process import Replica
+from zserve.launcher.router_process import RouterSettings, check_router_installed
+from zserve.launcher.server_ready import ServerReady
+
+logger = logging.getLogger("fleet")
+FLEET_PID_ENV = "ZSERVE_FLEET_PID"  # a replica's launcher dies with the supervisor (launcher/__main__.py)
+
+
+def run_fleet(cfg: ServerConfig) -> int:
+    """The fleet's exit code: 0 after a stop signal, 1 when it failed to start or the router exited."""
+    try:
+        check_fleet_flags(cfg)
+        if cfg.router:
+            check_router_installed()
+            check_port_free("--router-port", cfg.host, cfg.router_port)
+        allowed, numa_nodes = allowed_cpus(), read_numa_nodes()
+        specs = plan_replicas(cfg, resolve_fleet_model(cfg.model), allowed, numa_nodes)
+    except ValueError as exc:
+        refuse(str(exc))
+    logger.info("%d replica(s) on %d allowed core(s) (%s) of %d NUMA node(s)", len(specs), len(allowed),
+                format_cpulist(allowed), max(1, len(numa_nodes)))
+    env = {**os.environ, FLEET_PID_ENV: str(os.getpid())}
+    api_key = cfg.api_key or os.environ.get(API_KEY_ENV, "")
+    if api_key:
+        env[API_KEY_ENV] = api_key  # never on a command line
+    router_settings = None
+    if cfg.router:
+        extra_urls = tuple(url for url in cfg.router_worker_urls.split(",") if url)
+        router_settings = RouterSettings(
+            host=cfg.host, port=cfg.router_port, policy=cfg.router_policy,
+            worker_urls=(*(spec.url for spec in specs), *extra_urls),
+            prometheus_port=cfg.router_prometheus_port or free_port(cfg.host), log_level=cfg.log_level,
+            extra_args=cfg.router_args,
+        )
+    fleet = Fleet([Replica(spec, env) for spec in specs], router_settings, cfg.startup_timeout_s, cfg.drain_timeout_s)
+    signal.signal(signal.SIGTERM, fleet.on_stop_signal)
+    signal.signal(signal.SIGINT, fleet.on_stop_signal)
+    code = 1
+    try:
+        fleet.start()
+        line = ready_line(fleet)
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        if cfg.ready_file:
+            first = fleet.replicas[0].ready
+            http_port = cfg.router_port if cfg.router else specs[0].http_port
+            ServerReady(os.getpid(), 0, first.model, cfg.host, first.zmq_port, http_port, line).write(cfg.ready_file)
+        code = fleet.supervise()
+    except FleetStartError as exc:
+        logger.error("%s", exc)
+    finally:
+        fleet.shutdown()
+    return code
+
+
+def resolve_fleet_model(model: str) -> str:
+    """The demo model is fetched once here, not by every replica; any other --model goes to them as given."""
+    if model:
+        return model
+    from zserve.launcher.demo_model import ensure_demo_model
+
+    return str(ensure_demo_model(progress=True))
+
+
+def ready_line(fleet: Fleet) -> str:
+    ports = ", ".join(str(r.spec.http_port) for r in fleet.replicas)
+    router = f"; router on {fleet.router_settings.url} ({fleet.router_settings.policy})" if fleet.router_settings else ""
+    return f"zserve fleet ready: {len(fleet.replicas)} replica(s), HTTP ports {ports}{router}"
+
+
+def free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind((host if host not in ("", "*") else "0.0.0.0", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,89 @@
+"""What each data-parallel replica of `launch_server --dp-size N` is: its cores, ports and command line.
+
+    plan = plan_replicas(cfg, allowed_cpus(), read_numa_nodes())
+    for spec in plan:  spec.argv  ->  `launch_server` flags of one ordinary server
+
+Replica i listens for HTTP on --port + i and for ZMQ clients on --zmq-port + i (0: each picks a
+free one), runs on the i-th set of launcher/core_split.py, and gets --num-threads = its core
+count unless --num-threads was given. Every other flag the user gave is passed on unchanged:
+the replica is a normal single server (a flag is rebuilt from the parsed config, so aliases and
+environment defaults arrive as the value they set).
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, dataclass, fields
+
+from zserve.common.server_config import ServerConfig
+from zserve.launcher.core_split import replicas_per_numa_node, split_cores
+
+# fields of the fleet itself, or set per replica: never copied from the fleet's config
+FLEET_FIELDS = {
+    "dp_size", "router", "router_port", "router_policy", "router_worker_urls", "router_prometheus_port", "router_args",
+    "model", "http_port", "zmq_port", "num_threads", "ready_file", "shell", "api_key",
+}
+
+
+@dataclass(frozen=True)
+class ReplicaSpec:
+    replica_idx: int
+    cpus: tuple[int, ...]
+    http_port: int
+    zmq_port: int  # 0 = the replica picks a free one
+    num_threads: int
+    host: str
+    argv: tuple[str, ...]  # launch_server flags
+
+    @property
+    def url(self) -> str:
+        """Where the router (and a health check) reach it."""
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.http_port}"
+
+
+def check_fleet_flags(cfg: ServerConfig) -> None:
+    """What a fleet cannot do, refused in one line (ValueError) before anything starts."""
+    if cfg.http_port == 0:
+        raise ValueError("--dp-size and --router need HTTP: give --port > 0 (replica i listens on --port + i)")
+    if cfg.nnodes > 1 or cfg.tp_size > 1:
+        raise ValueError("--dp-size and --router run whole single-node servers: --tp-size and --nnodes must be 1")
+    if cfg.shell:
+        raise ValueError("--shell opens a chat with one server: not with --dp-size or --router")
+    if cfg.router and cfg.router_port in (cfg.http_port, cfg.zmq_port):
+        raise ValueError(f"--router-port {cfg.router_port} is also --port or --zmq-port")
+
+
+def plan_replicas(cfg: ServerConfig, model: str, allowed: list[int], numa_nodes: list[list[int]]) -> list[ReplicaSpec]:
+    """One spec per replica (ValueError: more replicas than cores, or ports past 65535)."""
+    num_replicas = cfg.dp_size or replicas_per_numa_node(allowed, numa_nodes)
+    if cfg.http_port + num_replicas - 1 > 65535 or (cfg.zmq_port and cfg.zmq_port + num_replicas - 1 > 65535):
+        raise ValueError(f"--dp-size {num_replicas}: replica ports --port + i / --zmq-port + i pass 65535")
+    http_ports = range(cfg.http_port, cfg.http_port + num_replicas)
+    if cfg.router and cfg.router_port in http_ports:
+        raise ValueError(f"--router-port {cfg.router_port} is a replica's HTTP port ({cfg.http_port}..{http_ports[-1]})")
+    common = config_argv(cfg)
+    specs = []
+    for replica_idx, cpus in enumerate(split_cores(allowed, numa_nodes, num_replicas)):
+        http_port = cfg.http_port + replica_idx
+        zmq_port = cfg.zmq_port + replica_idx if cfg.zmq_port else 0
+        num_threads = cfg.num_threads or len(cpus)
+        argv = ("--model", model, *common, "--port", str(http_port), "--zmq-port", str(zmq_port), "--num-threads", str(num_threads))
+        specs.append(ReplicaSpec(replica_idx, tuple(cpus), http_port, zmq_port, num_threads, cfg.host, argv))
+    return specs
+
+
+def config_argv(cfg: ServerConfig) -> list[str]:
+    """The flags that rebuild `cfg`'s values that differ from their defaults (fleet fields left out)."""
+    argv: list[str] = []
+    for f in fields(ServerConfig):
+        value = getattr(cfg, f.name)
+        if f.name in FLEET_FIELDS or (f.default is not MISSING and value == f.default):
+            continue
+        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        if isinstance(value, bool):
+            argv.append(flag)  # every bool flag defaults to off: only True differs
+        elif f.metadata.get("nargs"):
+            argv += [flag, *value.split(",")]
+        else:
+            argv += [f"{flag}={value}"]  # '=': a value starting with '-' stays a value
+    return argv

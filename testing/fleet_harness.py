@@ -1,0 +1,207 @@
+"""A real fleet (`launch_server --dp-size N --router`) started for a test or a benchmark, and stopped.
+
+    fleet = FleetHarness.start(model_dir, num_replicas=2)
+    try:
+        ... requests to fleet.router_url, or to fleet.replica_urls[i] directly ...
+        fleet.replica_stats(0)["num_prefix_hit_tokens"]
+        os.kill(fleet.replica_pid(1), signal.SIGKILL)
+    finally:
+        fleet.kill()                                   # every process of the fleet, whatever happened
+
+The router's health checks are made fast (ROUTER_TEST_ARGS) so a dead replica leaves it in
+about a second. Readiness is the fleet's ready record (launcher/server_ready.py), as for one server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from testing.paths import REPO_ROOT
+from testing.processes import pid_alive
+from testing.server_process import free_port
+from zserve.http_proc.server_metrics import PREFIX, STAT_COUNTERS
+from zserve.launcher.server_ready import ServerReady
+from zserve.launcher.server_subprocess import ServerSubprocess
+
+ROUTER_TEST_ARGS = "--health-check-interval-secs 1 --health-failure-threshold 2 --health-success-threshold 1"
+REPLICA_TEST_FLAGS = ("--dtype", "float32", "--kv-cache-tokens", "8192", "--log-stats-interval-s", "0", "--grammar-backend", "none")
+COUNTER_TO_STAT = {f"{PREFIX}_{name}_total": key for key, name, _ in STAT_COUNTERS}
+
+
+@dataclass
+class FleetHarness:
+    server: ServerSubprocess
+    ready: ServerReady
+    base_port: int
+    num_replicas: int
+
+    @staticmethod
+    def start(
+        model_dir: str | Path, num_replicas: int = 2, flags: tuple[str, ...] = REPLICA_TEST_FLAGS, *,
+        policy: str = "cache_aware", router_args: str = ROUTER_TEST_ARGS, timeout_s: float = 120.0,
+        echo_logs: bool = False,
+    ) -> FleetHarness:
+        base_port = free_consecutive_ports(num_replicas)
+        argv = [
+            "--model", str(model_dir), "--dp-size", str(num_replicas), "--port", str(base_port), "--zmq-port", "0",
+            "--router", "--router-port", str(free_port()), "--router-prometheus-port", "0", "--router-policy", policy,
+            f"--router-args={router_args}", *flags,
+        ]
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+        server = ServerSubprocess.start(argv, env=env, echo_logs=echo_logs)
+        try:
+            ready = server.wait_ready(timeout_s)
+        except BaseException:
+            kill_tree(server.proc.pid)
+            server.kill()
+            raise
+        return FleetHarness(server, ready, base_port, num_replicas)
+
+    @property
+    def router_url(self) -> str:
+        return f"http://127.0.0.1:{self.ready.http_port}"
+
+    @property
+    def model_name(self) -> str:
+        """The served model's name (the model directory's), which requests through the router must give."""
+        return Path(self.ready.model).name
+
+    @property
+    def replica_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{self.base_port + i}" for i in range(self.num_replicas)]
+
+    def log(self) -> str:
+        return self.server.log()
+
+    def replica_pid(self, replica_idx: int) -> int:
+        """The pid of replica `replica_idx`'s launcher (a child of the supervisor)."""
+        port = str(self.base_port + replica_idx).encode()
+        for pid in child_pids(self.server.proc.pid):
+            argv = cmdline(pid)
+            if b"zserve.launcher" in argv and port in argv:
+                return pid
+        raise AssertionError(f"no running replica {replica_idx}\n{self.server.log_tail()}")
+
+    def descendants(self) -> list[int]:
+        return descendant_pids(self.server.proc.pid)
+
+    def replica_stats(self, replica_idx: int) -> dict[str, int]:
+        """The scheduler counters of replica `replica_idx` (num_prompt_tokens, num_prefix_hit_tokens, num_finished ...)."""
+        with urllib.request.urlopen(self.replica_urls[replica_idx] + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        return {
+            COUNTER_TO_STAT[s.name]: int(s.value)
+            for family in text_string_to_metric_families(text) for s in family.samples if s.name in COUNTER_TO_STAT
+        }
+
+    def router_workers(self) -> dict[str, bool]:
+        """url -> is_healthy, as the router lists its workers."""
+        with urllib.request.urlopen(self.router_url + "/workers", timeout=10) as response:
+            workers = json.loads(response.read())["workers"]
+        return {w["url"]: bool(w["is_healthy"]) for w in workers}
+
+    def wait_for(self, condition, timeout_s: float, what: str, poll_s: float = 0.05) -> float:
+        """Seconds until `condition()` held; AssertionError naming `what` after `timeout_s`."""
+        start = time.monotonic()
+        while not condition():
+            if time.monotonic() - start > timeout_s:
+                raise AssertionError(f"{what}: not within {timeout_s}s\n{self.server.log_tail(60)}")
+            time.sleep(poll_s)
+        return time.monotonic() - start
+
+    def stop(self, timeout_s: float = 60.0) -> int:
+        """SIGTERM (the fleet drains) and wait; killed, with everything under it, when it does not exit."""
+        try:
+            return self.server.stop(signal.SIGTERM, timeout_s)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise AssertionError(f"the fleet did not exit within {timeout_s}s of SIGTERM\n{self.server.log_tail()}") from None
+
+    def kill(self) -> None:
+        """SIGKILL to every process of the fleet (the replicas' own children die with them)."""
+        kill_tree(self.server.proc.pid)
+        self.server.kill()
+
+
+def bench_model_dir(model: str, tmp: Path) -> str:
+    """The fleet scripts' --model: "demo" (the demo model, fetched if needed), a directory, or ""
+    (a tiny random Llama built under `tmp`)."""
+    if model == "demo":
+        from zserve.launcher.demo_model import ensure_demo_model
+
+        return str(ensure_demo_model(progress=True))
+    if not model:
+        from testing.e2e_fixtures import build_tiny_llama_dir
+
+        return str(build_tiny_llama_dir(tmp / "tiny-llama"))
+    return model
+
+
+def free_consecutive_ports(count: int, attempts: int = 50) -> int:
+    """A port p with p .. p + count - 1 all free on loopback."""
+    for _ in range(attempts):
+        base = free_port()
+        if base + count - 1 <= 65535 and all(_port_free(base + i) for i in range(1, count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports")
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def child_pids(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def descendant_pids(pid: int) -> list[int]:
+    found, todo = [], [pid]
+    while todo:
+        for child in child_pids(todo.pop()):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL `pid`'s descendants (deepest last found first) that are still alive."""
+    for child in reversed(descendant_pids(pid)):
+        if pid_alive(child):
+            try:
+                os.kill(child, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def cmdline(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().split(b"\0")
+    except FileNotFoundError:
+        return []
+
+
+def health_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url + "/health", timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
