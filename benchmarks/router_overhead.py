@@ -8,7 +8,7 @@ prefix cache off (a repeated prompt costs the same every time), then sends the s
 completions to the router and to the replica directly, interleaved (one batch each way in turn, the
 order alternating), so both paths see the same prompts, server and machine load. Prints p50 / p90 of
 TTFT and end-to-end latency per path, the router's cost at p50 and as the median of paired
-differences, the load average and the CPU model.
+differences, the router process's CPU time per request, the load average and the CPU model.
 """
 
 from __future__ import annotations
@@ -93,9 +93,10 @@ def main(argv: list[str] | None = None) -> None:
         model = bench_model_dir(args.model, Path(tmp))
         fleet = FleetHarness.start(model, 1, tuple(args.server_flags.split()), policy=args.policy, timeout_s=600)
         try:
-            start = time.perf_counter()
+            router_pid = fleet.router_pid()
+            start, router_cpu0_s = time.perf_counter(), cpu_time_s(router_pid)
             runs = asyncio.run(measure(fleet.router_url, fleet.replica_urls[0], fleet.model_name, args))
-            wall_s = time.perf_counter() - start
+            wall_s, router_cpu_s = time.perf_counter() - start, cpu_time_s(router_pid) - router_cpu0_s
         finally:
             fleet.stop()
             fleet.kill()
@@ -104,6 +105,16 @@ def main(argv: list[str] | None = None) -> None:
           f"{args.max_tokens} output tokens, {args.concurrency} in flight, paths interleaved; {wall_s:.1f}s")
     print(f"CPU {info['cpu']}, {info['num_cores']} cores; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     print(report(runs))
+    num_routed = args.num_requests + args.num_warmup
+    print(f"router CPU time: {router_cpu_s:.2f} s for {num_routed} requests, {router_cpu_s / num_routed * 1e3:.2f} ms a request "
+          f"(user + system, /proc; its health checks included)")
+
+
+def cpu_time_s(pid: int) -> float:
+    """User + system CPU seconds of `pid` so far (/proc/PID/stat fields 14 and 15)."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 if __name__ == "__main__":

@@ -69,6 +69,11 @@ class FleetHarness:
             raise
         return FleetHarness(server, ready, base_port, num_replicas)
 
+    def router_pid(self) -> int:
+        """The router's pid: the supervisor's child that is no replica (it renames itself
+        "sglang::router", so its command line does not say sglang_router)."""
+        return next(p for p in child_pids(self.server.proc.pid) if b"zserve.launcher" not in cmdline(p))
+
     @property
     def router_url(self) -> str:
         return f"http://127.0.0.1:{self.ready.http_port}"

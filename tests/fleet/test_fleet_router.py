@@ -14,7 +14,6 @@ import time
 
 import pytest
 
-from testing.fleet_harness import child_pids, cmdline
 from testing.fleet_load import mixed_requests, prefix_groups, send_all, send_groups
 from testing.processes import wait_dead
 from tests.fleet.conftest import ROUTER_MISSING
@@ -88,8 +87,7 @@ def test_a_replica_killed_mid_load_is_taken_out_restarted_and_rejoins(fleet):
 def test_the_router_exiting_ends_the_fleet_with_an_error_and_no_process_left(fleet):
     """Runs last: it ends the module's fleet."""
     pids = fleet.descendants()
-    # the router renames itself (setproctitle "sglang::router"): it is the supervisor's child that is no replica
-    router_pid = next(p for p in child_pids(fleet.server.proc.pid) if b"zserve.launcher" not in cmdline(p))
+    router_pid = fleet.router_pid()
     os.kill(router_pid, signal.SIGKILL)
     assert fleet.server.proc.wait(timeout=60) == 1
     assert wait_dead(pids, 10) == []
