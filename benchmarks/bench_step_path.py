@@ -1,6 +1,6 @@
 """Where the time between two decode steps goes, one request at a time.
 
-    .venv/bin/python benchmarks/bench_step_path.py [--model DIR] [--dtype auto] [--repeats 3]
+    .venv/bin/python benchmarks/bench_step_path.py [--model DIR] [--dtype auto] [--quantization int8] [--repeats 3]
 
 Three measurements of the same decode (a `--input-len` prompt, `--output-len` tokens, greedy,
 `ignore_eos`), interleaved per repeat, in one run:
@@ -9,8 +9,9 @@ Three measurements of the same decode (a `--input-len` prompt, `--output-len` to
      worker's environment, with the context the served request has halfway through;
   2. ZMQ: requests one at a time through the Python client (tcp://): TPOT from the client, and
      from the scheduler's stats the mean time it waited per step for the worker (ForwardBatch
-     sent -> StepResult back: the forward, both hops and the worker's own loop) and its own time
-     between steps (result -> next batch sent);
+     sent -> StepResult back: the forward, both hops and the worker's own loop), of that the
+     forward as the serving worker timed it (ModelRunner.run, `worker_forward_s`), and its own
+     time between steps (result -> next batch sent);
   3. HTTP: the same through the OpenAI server (`/v1/completions`, streamed).
 
 The breakdown printed: wait - alone = the hop to the worker and back plus what the server's other
@@ -46,6 +47,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="", help="model directory (default: the demo model)")
     p.add_argument("--dtype", default="auto")
+    p.add_argument("--quantization", default="none", choices=["none", "int8"])
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--requests", type=int, default=4, help="requests one at a time, per repeat and door")
@@ -65,12 +67,12 @@ def step_alone_ms(runner, context_len: int, num_steps: int) -> float:
     return statistics.median(times) * 1e3
 
 
-def scheduler_totals(port: int) -> tuple[float, float, int]:
-    """(step_wait_s, schedule_s, num_steps) from the scheduler's stats, over the ZMQ client (the
-    HTTP door's stats do not carry them)."""
+def scheduler_totals(port: int) -> tuple[float, float, int, float]:
+    """(step_wait_s, schedule_s, num_steps, worker_forward_s) from the scheduler's stats, over the
+    ZMQ client (the HTTP door's stats do not carry them)."""
     with Client(port) as client:
         stats = client.stats()
-    return stats["step_wait_s"], stats["schedule_s"], stats["num_steps"]
+    return stats["step_wait_s"], stats["schedule_s"], stats["num_steps"], stats["worker_forward_s"]
 
 
 def served(address: str, port: int, model: str, args: argparse.Namespace, repeat: int, door: str) -> dict[str, float]:
@@ -82,7 +84,7 @@ def served(address: str, port: int, model: str, args: argparse.Namespace, repeat
     prefills = random_workload(token_ids, args.requests, in_lens, LengthRange(1, 1), seed=repeat, salt=100 * repeat + len(door) + 50)
     warmups = random_workload(token_ids, args.requests, LengthRange(8, 8), LengthRange(1, 1), seed=repeat, salt=100 * repeat + len(door) + 70)
     options = LoadOptions(progress_desc=f"{door} #{repeat}", model=model, num_warmup_requests=1, show_progress=False)
-    records, waits, schedules, steps, start_s = [], 0.0, 0.0, 0, None
+    records, waits, schedules, forwards, steps, start_s = [], 0.0, 0.0, 0.0, 0, None
     for warmup, prefill, req in zip(warmups, prefills, requests, strict=True):
         drive(address, [warmup], [0.0], options)
         before = scheduler_totals(port)
@@ -94,9 +96,10 @@ def served(address: str, port: int, model: str, args: argparse.Namespace, repeat
         start_s = run.start_s if start_s is None else start_s
         waits += (after[0] - middle[0]) - (middle[0] - before[0])  # the request's steps less one prefill
         schedules += after[1] - middle[1]
+        forwards += (after[3] - middle[3]) - (middle[3] - before[3])
         steps += (after[2] - middle[2]) - (middle[2] - before[2])
     tpot = RunMetrics.of_records(records, start_s).flat()["tpot.p50_ms"]
-    return {"tpot_ms": tpot, "wait_ms": waits / steps * 1e3, "schedule_ms": schedules / steps * 1e3}
+    return {"tpot_ms": tpot, "wait_ms": waits / steps * 1e3, "schedule_ms": schedules / steps * 1e3, "forward_ms": forwards / steps * 1e3}
 
 
 def main() -> None:
@@ -108,10 +111,10 @@ def main() -> None:
     model = resolve_model_dir(args.model)
     context_len = args.input_len + args.output_len // 2
     runner = make_runner(model, device="cpu", dtype=args.dtype, page_size=16, kv_cache_tokens=context_len + 64,
-                         num_threads=int(os.environ["ZSERVE_NUM_THREADS"]))
+                         num_threads=int(os.environ["ZSERVE_NUM_THREADS"]), quantization=args.quantization)
     http_port = free_port()
     rows = []
-    with ServerProcess.start(model, ["--dtype", args.dtype, "--http-port", str(http_port), "--log-level", "warning"]) as server:
+    with ServerProcess.start(model, ["--dtype", args.dtype, "--quantization", args.quantization, "--http-port", str(http_port), "--log-level", "warning"]) as server:
         for repeat in range(args.repeats):
             load = load_average()[0]
             alone = step_alone_ms(runner, context_len, num_steps=args.output_len)
@@ -123,11 +126,12 @@ def main() -> None:
     print(f"\none request at a time, {args.input_len} in / {args.output_len} out, --dtype {args.dtype} ({runner.dtype}, "
           f"{runner.gemm_backend} GEMM); CPU {machine['cpu']} (family/model {machine['cpu_family_model']}, level {machine['cpu_isa']}), "
           f"{machine['num_cores']} cores")
-    print("| repeat | load | step alone ms | step wait ms (ZMQ) | scheduler ms (ZMQ) | TPOT p50 ZMQ ms | step wait ms (HTTP) | TPOT p50 HTTP ms | TPOT HTTP / alone |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| repeat | load | step alone ms | forward in the server ms (ZMQ) | step wait ms (ZMQ) | scheduler ms (ZMQ) | TPOT p50 ZMQ ms | "
+          "step wait ms (HTTP) | TPOT p50 HTTP ms | TPOT HTTP / alone |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         z, h = r["zmq"], r["http"]
-        print(f"| {r['repeat']} | {r['load_average']:.1f} | {r['alone_ms']:.1f} | {z['wait_ms']:.1f} | {z['schedule_ms']:.2f} | {z['tpot_ms']:.1f} | "
+        print(f"| {r['repeat']} | {r['load_average']:.1f} | {r['alone_ms']:.1f} | {z['forward_ms']:.1f} | {z['wait_ms']:.1f} | {z['schedule_ms']:.2f} | {z['tpot_ms']:.1f} | "
               f"{h['wait_ms']:.1f} | {h['tpot_ms']:.1f} | {h['tpot_ms'] / r['alone_ms']:.2f} |")
     med = {key: statistics.median(f(r) for r in rows) for key, f in (
         ("alone", lambda r: r["alone_ms"]), ("wait", lambda r: r["http"]["wait_ms"]), ("schedule", lambda r: r["http"]["schedule_ms"]),

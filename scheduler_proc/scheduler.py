@@ -321,11 +321,13 @@ class Scheduler:
             new_token_ratio=self._reservation.new_token_ratio,
         )
 
-    def record_step_time(self, wait_s: float, schedule_s: float) -> None:
-        """The process loop's timing of one step: waiting for the worker, and the scheduler's own
-        time before it (0 after an idle gap). Totals in stats()."""
+    def record_step_time(self, wait_s: float, schedule_s: float, forward_s: float = 0.0) -> None:
+        """The process loop's timing of one step: waiting for the worker, the scheduler's own
+        time before it (0 after an idle gap), and the worker's forward inside the wait (as the
+        worker timed it). Totals in stats()."""
         self._totals.step_wait_s += wait_s
         self._totals.schedule_s += schedule_s
+        self._totals.worker_forward_s += forward_s
 
     def histograms(self) -> dict[str, Histogram]:
         return {"queue_time_seconds": self._pending.queue_time_s}

@@ -92,7 +92,9 @@ class SchedulerLoop:
         self.to_worker.send(batch)
         result = self.wait_result(batch.step_id)
         received_s = time.perf_counter()
-        self.scheduler.record_step_time(received_s - sent_s, sent_s - last_result_s if last_result_s is not None else 0.0)
+        self.scheduler.record_step_time(
+            received_s - sent_s, sent_s - last_result_s if last_result_s is not None else 0.0, result.forward_ms / 1e3
+        )
         self.publish(self.scheduler.on_result(result))
         return received_s
 

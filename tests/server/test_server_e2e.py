@@ -96,6 +96,8 @@ def test_identical_prompts_sent_together_are_computed_once(model_dir, oracle):
     # the loop timed the 8 steps: waiting for the worker, and its own time between the 7 back-to-back ones
     assert after["step_wait_s"] - before["step_wait_s"] > 0 and after["schedule_s"] - before["schedule_s"] > 0
     assert after["schedule_s"] - before["schedule_s"] < after["step_wait_s"] - before["step_wait_s"]
+    # inside the wait, the worker's own forward time (StepResult.forward_ms): positive, and less than the wait
+    assert 0 < after["worker_forward_s"] - before["worker_forward_s"] < after["step_wait_s"] - before["step_wait_s"]
     assert together[:4] == [oracle.greedy(ids, 8, stop_at_eos=False)] * 4 == [alone[0]] * 4
     assert together[5] == alone[1]
 
