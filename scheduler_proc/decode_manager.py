@@ -81,26 +81,7 @@ class DecodeManager:
                 req.num_pages += 1
         return reqs
 
-    def alloc_draft_pages(self, cache: CacheManager, reqs: list[Req], num_keep_pages: int) -> None:
-        """Pages for the speculative drafts of `reqs` (`Req.drafts`), after this step's token has its
-        page: a request whose drafts need pages that are not free or evictable beside
-        `num_keep_pages` keeps only the drafts its pages hold. Drafts never retract anyone, and stay
-        within the request's page table (the Scheduler caps them at max_tokens)."""
-        ps = self.page_size
-        for req in reqs:
-            num_new_pages = -(-(req.cached_len + 1 + len(req.drafts)) // ps) - req.num_pages
-            if num_new_pages <= 0:
-                continue
-            assert req.num_pages + num_new_pages <= req.max_num_pages, f"request {req.req_id}: drafts past its page table"
-            page_ids = cache.try_alloc(num_new_pages, num_keep_pages)
-            if page_ids is None:
-                req.drafts = req.drafts[: req.num_pages * ps - req.cached_len - 1]
-                continue
-            req.page_table[req.num_pages : req.num_pages + num_new_pages] = page_ids
-            req.num_pages += num_new_pages
-
     def check_integrity(self) -> None:
         for req in self._running.values():
             assert not req.is_prefilling, f"running request {req.req_id} has prompt left"
             assert req.num_pages <= req.max_num_pages, f"running request {req.req_id} holds more pages than it can use"
-            assert req.in_flight or not req.drafts, f"running request {req.req_id} keeps drafts outside a step"

@@ -21,7 +21,7 @@ its start, or, when it is already at or above its start (the estimate keeps prov
 halfway to 1 (the `full` reservation, clipped). SGLang's defaults: 0.7, 0.1 (~0.098), 600 steps,
 4096 tokens.
 
-Speculative drafts (NgramDrafter) need no reservation of their own: a request's drafts stop at
+Speculative drafts (SpeculativeReqs) need no reservation of their own: a request's drafts stop at
 max_tokens - 1 output tokens, so its K/V never passes `num_kv_tokens`, the end of its `full`
 reservation (and of its page table). Their pages are taken only when free or evictable (a request
 keeps fewer drafts rather than retract anyone) and those of rejected drafts are freed after the

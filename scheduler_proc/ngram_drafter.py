@@ -30,18 +30,11 @@ geometrically growing intervals, ~nothing. After MISS_STEPS lookups in a row tha
 the request skips as many steps without looking (its index catches up on the next lookup), so a
 stream with nothing to copy from costs little scheduler time either.
 
-Batch cap. The verify tokens of a step (one per decoding row plus the drafts) stay within half
-the step's token budget (--chunked-prefill-size): past that a forward is compute-bound and a
-rejected draft costs as much as a prompt token. And the drafts come after the step's prefill
-part: they take only what prompts left of the budget, so a burst of new requests is prefilled
-(its TTFT) before anyone speculates (measured on a 64-request echo burst: with drafts taking the
-budget first, TTFT p50 rose 1.25x and throughput fell). When the drafts found exceed the cap, the requests with the best recent acceptance
-rate keep theirs (each request's drafts are cut, never reordered).
-
 Who gets drafts: a decoding request asking for no logprobs or top logprobs, no penalties, logit
 bias or min_tokens, and no grammar (the worker's verification does not apply those: see
-ForwardBatch's Drafts), greedy or sampled. The Scheduler decides how many of the drafts a row
-can take (max_tokens, its pages); this file only finds them and keeps the back-off.
+ForwardBatch's Drafts), greedy or sampled. SpeculativeReqs (speculation.py) decides how many of
+the drafts a row can take (max_tokens, its pages, the per-step cap); this file only finds them and
+keeps the back-off.
 """
 
 from __future__ import annotations

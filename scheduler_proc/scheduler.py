@@ -9,22 +9,15 @@ Each but next_batch returns the TokenOut records (common/messages.py) to send to
 One batch is in flight at a time. A request aborted while its batch is in flight is answered at
 once but freed by on_result, after the worker is done with its pages, and gets nothing after
 its abort update. A request under a grammar (structured output) waits in the queue until its
-grammar is built, and is sampled under its mask (ConstrainedReqs, GrammarSource).
-
-Speculative decoding (`speculative_algorithm="ngram"`): a decode row may carry draft tokens found
-by the NgramDrafter (see it for who is drafted, the back-off and the per-step cap), d of them:
-d <= max_tokens - 1 - its output so far (so its K/V stays within its page table and its
-reservation), and only as many as free pages allow (drafts never retract anyone). Its row
-computes 1 + d tokens. In on_result its new tokens, the accepted drafts and then the sampled
-one, go through the finish checks one by one (tokens after a finishing one are dropped); its
-cached_len counts the K/V of the tokens kept only, and its pages past that go back to the free
-list, so the radix cache only ever holds K/V of real tokens.
+grammar is built, and is sampled under its mask (ConstrainedReqs, GrammarSource). Under
+speculative decoding a decode row may carry draft tokens (SpeculativeReqs). Every sampled token
+enters its request in one place, `_take_tokens`, through the finish checks.
 
 What stands alone lives beside it: a request's way in, n copies and seeds (ReqIntake), who waits
 and each step's prefill part (PendingList), what a step runs (StepPolicy), the running requests
-and retraction (DecodeManager), structured output (ConstrainedReqs), updates (StepOutputs), draft
-tokens (NgramDrafter). What
-stays here (~460 lines) is a request's life across them: admitted, stepped, finished or aborted.
+and retraction (DecodeManager), structured output (ConstrainedReqs), speculative decoding
+(SpeculativeReqs), updates (StepOutputs). What stays here is a request's life across them:
+admitted, stepped, finished or aborted.
 """
 
 from __future__ import annotations
@@ -49,13 +42,14 @@ from zserve.scheduler_proc.decode_manager import DecodeManager
 from zserve.scheduler_proc.grammar_source import GrammarSource
 from zserve.scheduler_proc.invariants import check_pages, check_reqs
 from zserve.scheduler_proc.kv_reservation import KvReservation
-from zserve.scheduler_proc.ngram_drafter import SPECULATIVE_ALGORITHMS, NgramDrafter
 from zserve.scheduler_proc.pending_list import PendingList
 from zserve.scheduler_proc.prefill_adder import PrefillAdder
 from zserve.scheduler_proc.req import PendingReq, Req
 from zserve.scheduler_proc.req_intake import ReqIntake
 from zserve.scheduler_proc.req_table import ReqTable
 from zserve.scheduler_proc.scheduled_batch import ScheduledBatch
+from zserve.scheduler_proc.scheduler_knobs import SchedulerKnobs
+from zserve.scheduler_proc.speculation import SpeculativeReqs
 from zserve.scheduler_proc.step_outputs import StepOutputs, gather_prompt_scores, take_prompt_logprobs
 from zserve.scheduler_proc.step_policy import STEP_POLICIES, StepPolicy
 
@@ -70,66 +64,41 @@ class Scheduler:
         *,
         num_pages: int,
         page_size: int,
-        max_running_requests: int,
-        max_prefill_tokens: int,
         context_len: int,
         eos_token_ids: Sequence[int],
-        schedule_policy: str,
-        admission_policy: str,
-        admission_lookahead: int,
-        force_fifo_every: int,
-        enable_radix_cache: bool,
-        max_queued_requests: int,
-        kv_reservation: str,
-        schedule_conservativeness: float,
-        prefill_max_requests: int,
-        seed: int,
+        knobs: SchedulerKnobs,
         grammar_source: GrammarSource | None = None,
         on_pages_freed: Callable[[np.ndarray], None] | None = None,
-        speculative_algorithm: str = "none",
-        speculative_num_draft_tokens: int = 5,
-        speculative_ngram_min_window: int = 1,
-        speculative_ngram_max_window: int = 3,
-        speculative_disable_by_batch_size: int = 0,
     ):
-        """The sizes come from the model worker (`WorkerReady`); the policy knobs from the server
-        config through `scheduler_knobs` (the one source of their defaults). Without a
-        `grammar_source` structured output is off. `on_pages_freed` is a test hook (see CacheManager)."""
-        sizes = {"num_pages": num_pages, "page_size": page_size, "max_running_requests": max_running_requests,
-                 "max_prefill_tokens": max_prefill_tokens, "context_len": context_len, "max_queued_requests": max_queued_requests}
-        for name, value in sizes.items():
+        """The sizes come from the model worker (`WorkerReady`); the policy knobs, speculative
+        decoding's settings among them, from the server config (`scheduler_knobs`, the one source
+        of their defaults). Without a `grammar_source` structured output is off.
+        `on_pages_freed` is a test hook (see CacheManager)."""
+        for name, value in {"num_pages": num_pages, "page_size": page_size, "context_len": context_len}.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
-        if prefill_max_requests < 0:
-            raise ValueError(f"prefill_max_requests must be >= 0 (0 = no cap), got {prefill_max_requests}")
         self.page_size = page_size
         self.context_len = context_len
-        self._step_policy = StepPolicy(schedule_policy, max_prefill_tokens)
-        self._reservation = KvReservation(kv_reservation, page_size, schedule_conservativeness)
-        self._cache = CacheManager(num_pages, page_size, enable_radix_cache, on_pages_freed)
-        self._req_table = ReqTable(max_running_requests)
+        self._step_policy = StepPolicy(knobs.schedule_policy, knobs.max_prefill_tokens)
+        self._reservation = KvReservation(knobs.kv_reservation, page_size, knobs.schedule_conservativeness)
+        self._cache = CacheManager(num_pages, page_size, knobs.enable_radix_cache, on_pages_freed)
+        self._req_table = ReqTable(knobs.max_running_requests)
         self._decode = DecodeManager(page_size)
         self._constrained = ConstrainedReqs(grammar_source)
+        self._spec = SpeculativeReqs(knobs.speculative, knobs.max_prefill_tokens, page_size)
         self._pending = PendingList(
-            max_queued_requests=max_queued_requests, prefill_max_requests=prefill_max_requests or None,
-            admission=AdmissionPolicy(admission_policy, admission_lookahead, force_fifo_every), constrained=self._constrained,
-            reservation=self._reservation, cache=self._cache, req_table=self._req_table,
+            max_queued_requests=knobs.max_queued_requests, prefill_max_requests=knobs.prefill_max_requests or None,
+            admission=AdmissionPolicy(knobs.admission_policy, knobs.admission_lookahead, knobs.force_fifo_every),
+            constrained=self._constrained, reservation=self._reservation, cache=self._cache, req_table=self._req_table,
         )
         self._intake = ReqIntake(
-            context_len=context_len, page_size=page_size, num_pages=num_pages, eos_token_ids=eos_token_ids, seed=seed,
-            pending=self._pending, constrained=self._constrained,
+            context_len=context_len, page_size=page_size, num_pages=num_pages, eos_token_ids=eos_token_ids,
+            seed=knobs.seed, pending=self._pending, constrained=self._constrained,
         )
         self.eos_token_ids = self._intake.eos_token_ids
         self._live: dict[int, PendingReq | Req] = {}  # every request that has not had its final update
         self._in_flight: ScheduledBatch | None = None
         self._totals = SchedulerStats()
-        if speculative_algorithm not in SPECULATIVE_ALGORITHMS:
-            raise ValueError(f"speculative algorithm must be one of {SPECULATIVE_ALGORITHMS}, got {speculative_algorithm!r}")
-        self._drafter = NgramDrafter(speculative_num_draft_tokens, speculative_ngram_min_window, speculative_ngram_max_window) \
-            if speculative_algorithm == "ngram" else None
-        self._max_verify_tokens = max_prefill_tokens // 2  # decode rows + drafts per step (NgramDrafter: batch cap)
-        self._token_budget = max_prefill_tokens  # a step's tokens: prefill first, then drafts from what is left
-        self._spec_off_from_rows = speculative_disable_by_batch_size  # decode rows from which a step has no drafts (0: never)
 
     # -- requests in and out -----------------------------------------------------------------
 
@@ -181,8 +150,8 @@ class Scheduler:
         if not len(self._decode):
             self._reservation.on_idle()
         decode_reqs, adder = self._step_policy.choose(len(self._decode), self._schedule_prefill, self._schedule_decode)
-        if self._drafter is not None and decode_reqs:  # after the prefill part: prompts come first
-            self._plan_drafts(decode_reqs, num_prefill_tokens=sum(adder.extend_lens) if adder else 0)
+        if decode_reqs:  # after the prefill part: prompts come first
+            self._spec.plan(decode_reqs, adder.extend_lens if adder else [], self._cache, self._pending.num_chunk_pages)
         if adder is None and not decode_reqs:
             assert not self._pending.ready and self._pending.chunked is None, "scheduler stalled: requests wait while nothing runs"
             return None
@@ -213,57 +182,22 @@ class Scheduler:
         self._totals.num_prefilled_tokens += batch.num_prefilled_tokens
         if result.prompt_logprobs is not None:
             gather_prompt_scores(batch, result)
-        if batch.num_draft_tokens:
-            assert result.num_accepted is not None, f"step {batch.step_id}: drafts sent, no num_accepted back"
-            self._on_decoded(batch.decode_reqs, outputs, result.num_accepted.tolist())
-        else:
-            self._on_decoded(batch.decode_reqs, outputs)
+        self._on_decoded(batch.decode_reqs, outputs, self._spec.num_accepted(batch, result))
         self._on_prefilled(batch, outputs, first_row=num_decode)
         self._totals.num_generated_tokens += len(outputs.updates) + outputs.num_extra_tokens
         return outputs.updates
 
-    def _on_decoded(self, reqs: list[Req], outputs: StepOutputs, num_accepted: list[int] | None = None) -> None:
+    def _on_decoded(self, reqs: list[Req], outputs: StepOutputs, num_accepted: list[int] | None) -> None:
         """The hot path: one new token for each running request (rows 0 .. len(reqs) - 1), more
         for one with drafts (`num_accepted` per row then)."""
         for i, req in enumerate(reqs):
             req.in_flight = False
-            if req.drafts:
-                self._on_drafted(req, outputs, i, num_accepted[i])
-                continue
-            req.cached_len += 1
-            if req.is_aborted:  # its abort update is sent: drop the token, free it now
+            accepted = self._spec.verified(req, num_accepted[i]) if req.drafts else None
+            if req.is_aborted:  # its abort update is sent: drop the tokens, free it now
+                req.cached_len += 1  # its last token's K/V is real; any drafts' pages go with the rest
                 self._release(req)
                 continue
-            self._take_token(req, outputs, i)
-
-    def _on_drafted(self, req: Req, outputs: StepOutputs, row: int, num_accepted: int) -> None:
-        """A decode row with drafts: its first `num_accepted` drafts and then the row's token are its
-        new tokens, each through the finish checks (those after a finishing one are dropped); the
-        K/V of what is kept stays, the pages wholly past it go back."""
-        drafts, req.drafts = req.drafts, ()
-        if req.is_aborted:
-            req.cached_len += 1  # its last token's K/V is real; the drafts' pages go with the rest
-            self._release(req)
-            return
-        assert 0 <= num_accepted <= len(drafts), f"req {req.req_id}: {num_accepted} of {len(drafts)} drafts accepted"
-        totals = self._totals
-        totals.num_drafts += 1
-        totals.num_draft_tokens += len(drafts)
-        totals.num_accepted_tokens += num_accepted
-        self._drafter.on_verified(req.req_id, len(drafts), num_accepted)
-        new_ids = [*drafts[:num_accepted], outputs.token_id_list[row]]
-        finish_reason = None
-        num_taken = 0
-        for token_id in new_ids:
-            req.output_ids.append(token_id)
-            num_taken += 1
-            if (finish_reason := req.finish_reason()) is not None:
-                break
-        req.cached_len += num_taken  # the last token and the accepted drafts kept (the new last token has no K/V yet)
-        self._cache.trim_req(req)
-        outputs.add_tokens(req, new_ids[:num_taken], finish_reason)
-        if finish_reason is not None:
-            self._finish(req, finish_reason)
+            self._take_tokens(req, outputs, i, accepted)
 
     def _on_prefilled(self, batch: ScheduledBatch, outputs: StepOutputs, first_row: int) -> None:
         """Prefill chunks, rows `first_row` on: a finished prompt gives the first token (the
@@ -276,18 +210,29 @@ class Scheduler:
                 self._release(req)
             elif not sampled:  # prompt left: share what is computed so far, say nothing yet
                 self._cache.cache_req(req)
-            elif self._take_token(req, outputs, row, prompt=take_prompt_logprobs(req)) is None:
+            elif self._take_tokens(req, outputs, row, prompt=take_prompt_logprobs(req)) is None:
                 self._cache.cache_req(req)
                 self._decode.add(req)
 
-    def _take_token(self, req: Req, outputs: StepOutputs, row: int, prompt: PromptLogprobs | None = None) -> FinishReason | None:
-        """Append the token sampled for `req` to its output and its update to `outputs`; finish
-        it if that token ends it. Returns why it finished, None when it goes on."""
-        token_id = outputs.token_id_list[row]
-        req.output_ids.append(token_id)
-        self._constrained.accept(req.req_id, token_id)
-        finish_reason = req.finish_reason()
-        outputs.add(req, row, finish_reason, prompt=prompt)
+    def _take_tokens(
+        self, req: Req, outputs: StepOutputs, row: int, drafts: list[int] | None = None,
+        prompt: PromptLogprobs | None = None,
+    ) -> FinishReason | None:
+        """The one way sampled tokens enter a request: a drafted row's accepted `drafts` (None: no
+        drafts), then the token sampled at `row`, each through the finish checks (those after a
+        finishing one are dropped). Its K/V then counts all but the new last token (a drafted row's
+        pages past that go back); its update goes to `outputs`; a token that ends it finishes it."""
+        new_ids = [outputs.token_id_list[row]] if drafts is None else [*drafts, outputs.token_id_list[row]]
+        for i, token_id in enumerate(new_ids):
+            req.output_ids.append(token_id)
+            self._constrained.accept(req.req_id, token_id)
+            if (finish_reason := req.finish_reason()) is not None:
+                del new_ids[i + 1 :]
+                break
+        req.cached_len = req.seq_len - 1  # the K/V of every token but its new last one
+        if drafts is not None:
+            self._cache.trim_req(req)
+        outputs.add(req, row, finish_reason, prompt=prompt, token_ids=None if drafts is None else new_ids)
         if finish_reason is not None:
             self._finish(req, finish_reason)
         return finish_reason
@@ -319,6 +264,7 @@ class Scheduler:
             num_used_pages=cache.num_pages - cache.num_free_pages - cache.num_cached_pages,
             num_reserved_pages=self._num_reserved_pages(),
             new_token_ratio=self._reservation.new_token_ratio,
+            **self._spec.totals(),
         )
 
     def record_step_time(self, wait_s: float, schedule_s: float, forward_s: float = 0.0) -> None:
@@ -344,8 +290,7 @@ class Scheduler:
         self._decode.check_integrity()
         self._pending.check_integrity(self._live)
         self._constrained.check_integrity(self._live)
-        if self._drafter is not None:
-            assert self._drafter.req_ids <= set(self._live), "the drafter keeps an index of a request that ended"
+        self._spec.check_integrity(self._live)
         check_reqs(reqs, self._decode, self._pending.chunked, self._live, page_size=self.page_size, batch_in_flight=self._in_flight is not None)
         num_reserved_pages = self._num_reserved_pages() if self._reservation.is_full else None
         check_pages(self._cache.num_available_pages, self._pending.num_chunk_pages, num_reserved_pages, self._totals.num_retracted)
@@ -379,38 +324,6 @@ class Scheduler:
         else:
             self._reservation.on_decode_step()
         return reqs
-
-    def _plan_drafts(self, reqs: list[Req], num_prefill_tokens: int) -> None:
-        """Give the decode rows their drafts (`Req.drafts`) and the pages for them: at most up to
-        max_tokens - 1 output tokens each, all within the step's verify-token cap and what the
-        step's prefill part left of the token budget (a waiting prompt's TTFT goes before
-        speculation), the requests with the best recent acceptance first when the cap binds
-        (NgramDrafter). None from --speculative-disable-by-batch-size decode rows on."""
-        if 0 < self._spec_off_from_rows <= len(reqs):
-            return
-        cap = min(self._max_verify_tokens, self._token_budget - num_prefill_tokens) - len(reqs)
-        if cap <= 0:
-            return
-        drafter = self._drafter
-        planned: list[tuple[Req, list[int]]] = []
-        num_found = 0
-        for req in reqs:
-            drafts = drafter.propose(req, req.max_tokens - 1 - len(req.output_ids))
-            if drafts:
-                planned.append((req, drafts))
-                num_found += len(drafts)
-        if not planned:
-            return
-        if num_found > cap:
-            planned.sort(key=lambda p: -drafter.accept_rate(p[0].req_id))
-        drafted = []
-        for req, drafts in planned:
-            if cap <= 0:
-                break
-            req.drafts = drafts[:cap]
-            cap -= len(req.drafts)
-            drafted.append(req)
-        self._decode.alloc_draft_pages(self._cache, drafted, self._pending.num_chunk_pages)
 
     def _retract(self, req: Req | None) -> None:
         """Put `req` back at the head of the queue; what it computed stays in the radix cache.
@@ -447,8 +360,7 @@ class Scheduler:
         """`req_id` has had (or is given now) its final update: it leaves the live table, and its grammar goes."""
         del self._live[req_id]
         self._constrained.release(req_id)
-        if self._drafter is not None:
-            self._drafter.release(req_id)
+        self._spec.release(req_id)
 
     def _detach(self, req: Req) -> None:
         """Take `req` out of the running set or the ChunkedReq place; it keeps its pages."""

@@ -192,13 +192,14 @@ def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts) -> None:
         if cfg.grammar_backend == "xgrammar":
             grammar_source = XGrammarSource(cfg.tokenizer_dir, ready.vocab_size, list(ready.eos_token_ids))
             grammar_source.warm_up()
+        knobs = scheduler_knobs(cfg)
         scheduler = Scheduler(
             num_pages=ready.num_pages,
             page_size=ready.page_size,
             context_len=context_len,
             eos_token_ids=ready.eos_token_ids,
+            knobs=knobs,
             grammar_source=grammar_source,
-            **scheduler_knobs(cfg),
         )
         launcher.send(ProcReady(name="scheduler", pid=os.getpid(), info={"num_pages": ready.num_pages}))
         logger.info(
@@ -206,13 +207,12 @@ def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts) -> None:
             ready.num_pages, ready.page_size, context_len, cfg.schedule_policy, cfg.admission_policy, cfg.max_prefill_tokens,
             cfg.kv_reservation,
         )
-        knobs = scheduler_knobs(cfg)
-        if knobs["speculative_algorithm"] != "none":
+        spec = knobs.speculative
+        if spec.enabled:
             logger.info(
                 "speculative decoding: %s drafts, up to %d per request per step, match windows %d..%d tokens, "
-                "none in steps of %s decoding requests",
-                knobs["speculative_algorithm"], knobs["speculative_num_draft_tokens"], knobs["speculative_ngram_min_window"],
-                knobs["speculative_ngram_max_window"], f"{knobs['speculative_disable_by_batch_size']}+" if knobs["speculative_disable_by_batch_size"] else "no count of",
+                "none in steps of %s decoding requests", spec.algorithm, spec.num_draft_tokens, spec.min_window,
+                spec.max_window, f"{spec.disable_by_batch_size}+" if spec.disable_by_batch_size else "no count of",
             )
         pool_tokens = ready.num_pages * ready.page_size
         if pool_tokens < context_len:

@@ -8,7 +8,7 @@ per-token arrays have one entry per row of the batch, decode requests first:
     requests      batch.decode_reqs  | batch.prefill_reqs (the ChunkedReq's row holds NO_TOKEN)
 
 A decode row that carried speculative drafts gives its accepted drafts and then its row's token,
-in one update (`add_tokens`): TokenOut.token_ids holds every new token of the step.
+in one update: TokenOut.token_ids holds every new token of the step.
 
 Prompt logprobs (echo) instead come per scored prompt position, row after row of
 `ForwardBatch.prompt_logprobs.rows` (batch rows): `gather_prompt_scores` hands each request its
@@ -70,24 +70,22 @@ class StepOutputs:
         """Rows of the step: one token each (NO_TOKEN where not sampled)."""
         return len(self.token_ids)
 
-    def add(self, req: Req, row: int, finish_reason: FinishReason | None, prompt: PromptLogprobs | None = None) -> None:
-        """The update of `req`, whose token at `row` is already appended to its output."""
+    def add(
+        self, req: Req, row: int, finish_reason: FinishReason | None, prompt: PromptLogprobs | None = None,
+        token_ids: list[int] | None = None,
+    ) -> None:
+        """The update of `req`, whose new tokens are already appended to its output: the token at
+        `row`, or (`token_ids`) a drafted row's accepted drafts and next token (no logprobs asked)."""
         params = req.params
+        if token_ids is None:
+            ids = self.token_ids[row : row + 1]
+        else:
+            ids = np.array(token_ids, np.int32)
+            self.num_extra_tokens += len(token_ids) - 1
         self.updates.append(TokenOut(
-            req_id=req.req_id, token_ids=self.token_ids[row : row + 1], finish_reason=finish_reason,
-            num_cached_tokens=req.num_cached_tokens,
+            req_id=req.req_id, token_ids=ids, finish_reason=finish_reason, num_cached_tokens=req.num_cached_tokens,
             logprobs=[self.logprobs[row]] if params.return_logprob else None,
             **self.top.fields(row, params.top_logprobs), prompt=prompt,
-        ))
-
-
-    def add_tokens(self, req: Req, token_ids: list[int], finish_reason: FinishReason | None) -> None:
-        """The update of a drafted `req` (no logprobs asked), whose accepted drafts and next token,
-        `token_ids`, are already appended to its output."""
-        self.num_extra_tokens += len(token_ids) - 1
-        self.updates.append(TokenOut(
-            req_id=req.req_id, token_ids=np.array(token_ids, np.int32), finish_reason=finish_reason,
-            num_cached_tokens=req.num_cached_tokens,
         ))
 
 

@@ -3,8 +3,8 @@
 - prefill-first: prefill when anything can be prefilled, else decode.
 - decode-first: a decode step between prefill steps while requests run.
 - mixed: decode tokens and a prefill chunk share one token budget in one forward (a decoding
-  row's speculative drafts, planned by the Scheduler after this, take only what the prefill part
-  left of it).
+  row's speculative drafts, planned by SpeculativeReqs after this, take only what the prefill
+  part left of it).
 
 The parts are built by the Scheduler's callbacks (`prefill(token_budget)`: the PrefillAdder, or
 None when nothing can be prefilled; `decode()`: the running requests with their pages, after any

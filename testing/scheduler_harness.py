@@ -13,6 +13,7 @@ For tests and benchmarks only. After every call it checks:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import fields, replace
 from typing import Any
 
 import numpy as np
@@ -26,21 +27,27 @@ from zserve.common.sampling_params import SamplingParams
 from zserve.common.server_config import ServerConfig
 from zserve.scheduler_proc.grammar_source import GrammarSource
 from zserve.scheduler_proc.scheduler import Scheduler
-from zserve.scheduler_proc.scheduler_knobs import scheduler_knobs
+from zserve.scheduler_proc.scheduler_knobs import SPECULATIVE_KNOBS, scheduler_knobs
 
 
 def make_scheduler(
     *, num_pages: int, page_size: int, context_len: int, eos_token_ids: Sequence[int],
     on_pages_freed: Callable[[np.ndarray], None] | None = None, grammar_source: GrammarSource | None = None, **knobs: Any,
 ) -> Scheduler:
-    """A Scheduler with the server's default policy knobs (`ServerConfig()`), except those named."""
+    """A Scheduler with the server's default policy knobs (`ServerConfig()`), except those named
+    (by their flat names: `speculative_num_draft_tokens=4`, see SPECULATIVE_KNOBS)."""
     defaults = scheduler_knobs(ServerConfig())
-    unknown = set(knobs) - set(defaults)
+    unknown = set(knobs) - {f.name for f in fields(defaults)} - set(SPECULATIVE_KNOBS)
     if unknown:
         raise TypeError(f"not a scheduler knob: {', '.join(sorted(unknown))}")
+    speculative = replace(
+        knobs.pop("speculative", defaults.speculative),
+        **{SPECULATIVE_KNOBS[name]: knobs.pop(name) for name in set(knobs) & set(SPECULATIVE_KNOBS)},
+    )
     return Scheduler(
         num_pages=num_pages, page_size=page_size, context_len=context_len, eos_token_ids=eos_token_ids,
-        on_pages_freed=on_pages_freed, grammar_source=grammar_source, **{**defaults, **knobs},
+        knobs=replace(defaults, speculative=speculative, **knobs),
+        on_pages_freed=on_pages_freed, grammar_source=grammar_source,
     )
 
 
