@@ -5,6 +5,10 @@ A checkpoint is `model.safetensors`, or shards listed in `model.safetensors.inde
 columns) it holds, never the whole tensor. Every read checks the full on-disk shape against
 the shape the config implies and names the tensor when they differ.
 
+A linear layer or LM head reads its weight through `read_weight`: the same float rows here; a
+reader of a format that stores weights quantized (gguf_checkpoint.py) returns such a weight as
+stored, typed (layers/weight_kernels/quantized_weight.py), for the --quantization that keeps it.
+
 Layers write parameters through `copy_into`, which records what was loaded; the runner asks
 `missing_params` afterwards, so a parameter that no checkpoint tensor filled is an error,
 not silent garbage.
@@ -20,6 +24,8 @@ from typing import Any
 import torch
 from safetensors import safe_open
 from tqdm import tqdm
+
+from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
@@ -41,7 +47,8 @@ class Checkpoint:
             try:
                 weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
             except (json.JSONDecodeError, KeyError, TypeError) as e:
-                raise ValueError(f"{index_path} is malformed ({e!r}); expected {{'weight_map': {{name: file}}}}") from None
+                expected = "{'weight_map': {name: file}}"
+                raise ValueError(f"{index_path} is malformed ({e!r}); expected {expected}") from None
             for file_name in set(weight_map.values()):
                 if not (self.model_dir / file_name).is_file():
                     raise FileNotFoundError(f"{self.model_dir / file_name} is listed in {index_path} but missing")
@@ -108,7 +115,31 @@ class Checkpoint:
         self._progress.update(1)
         return tensor
 
-    def copy_into(self, param: torch.Tensor, tensor: torch.Tensor, name: str, row_offset: int = 0, transposed: bool = False) -> None:
+    def read_weight(
+        self,
+        name: str,
+        expected_shape: tuple[int, ...],
+        rows: tuple[int, int] | None = None,
+        cols: tuple[int, int] | None = None,
+        transpose: bool = False,
+    ) -> torch.Tensor | QuantizedWeight:
+        """A matrix a weight kernel packs: as its file stores it quantized ([in, out]) where
+        `stored_weight` returns that, else float rows as `read`."""
+        stored = self.stored_weight(name, expected_shape, rows, cols)
+        if stored is not None:
+            return stored
+        return self.read(name, expected_shape, rows=rows, cols=cols, transpose=transpose)
+
+    def stored_weight(
+        self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
+    ) -> QuantizedWeight | None:
+        """Rows and columns of matrix `name` as the file stores them quantized, when --quantization
+        runs that format; safetensors: never (floats, which the int8 kernels quantize at load)."""
+        return None
+
+    def copy_into(
+        self, param: torch.Tensor, tensor: torch.Tensor, name: str, row_offset: int = 0, transposed: bool = False
+    ) -> None:
         """param[row_offset : row_offset + len(tensor)] = tensor, cast to param's dtype.
 
         `transposed=True`: param is stored [in, out] and `tensor` holds [out, in] rows, so the rows
@@ -117,7 +148,8 @@ class Checkpoint:
         stop = row_offset + tensor.shape[0]
         if tensor.shape[1:] != dst.shape[1:] or stop > dst.shape[0]:
             raise ValueError(
-                f"tensor {name!r}: shard of shape {list(tensor.shape)} does not fit rows {row_offset}.. of parameter {list(dst.shape)}"
+                f"tensor {name!r}: shard of shape {list(tensor.shape)} does not fit rows {row_offset}.. "
+                f"of parameter {list(dst.shape)}"
             )
         with torch.no_grad():
             dst[row_offset:stop].copy_(tensor)

@@ -13,13 +13,11 @@ to the parameter's dtype by `copy_into`), one log line per type. A tensor-parall
 dequantizes the whole tensor and keeps its slice.
 
 Q8_0 (blocks of 32 values along a row, i.e. along the input dimension, each an fp16 scale d and
-32 int8 q; the value is q * d) with `keep_int8` (--quantization int8): the matrices go into the
-int8 path exactly as stored. `read` still returns the dequantized float32 tensor (the parameter
-is filled as usual, and a TP slice or a row un-permute applies to it alike), and `copy_into`
-hands the same rows' q and d, un-permuted and sliced the same way, to the parameter as an
-`Int8Preset` (layers/int8_weights.py): a linear layer or LM head then packs those values with
-group size 32 instead of quantizing its float weight again. Without it (--quantization none),
-Q8_0 is dequantized like any other type.
+32 int8 q; the value is q * d) with --quantization int8: `read_weight` returns a matrix as
+stored (`stored_weight`), an `Int8Weight` (layers/int8_weights.py: q and d un-permuted and sliced as `read` would
+slice the floats, group size 32), and the linear layer or LM head packs those values instead of
+quantizing its float weight again. A TP column slice through a block is read as floats. Without
+it (--quantization none), Q8_0 is dequantized like any other type.
 """
 
 from __future__ import annotations
@@ -35,7 +33,7 @@ import torch
 
 from zserve.common.gguf_source import gguf_source
 from zserve.model_proc.checkpoint import Checkpoint
-from zserve.model_proc.layers.int8_weights import Int8Preset
+from zserve.model_proc.layers.int8_weights import Int8Weight
 
 logger = logging.getLogger(__name__)
 
@@ -62,13 +60,13 @@ SKIPPED = {"rope_freqs.weight"}  # llama 3's rope scaling factors: we compute th
 Q8_0_BLOCK = 32  # values per Q8_0 block (one fp16 scale each), along the input dimension
 
 
-def open_checkpoint(model_dir: str | Path, show_progress: bool = False, keep_int8: bool = False) -> Checkpoint:
-    """The reader for `model_dir`: a GGUF file it points at (`keep_int8`: its Q8_0 matrices go
-    to the int8 path as stored), else its safetensors."""
+def open_checkpoint(model_dir: str | Path, show_progress: bool = False, quantization: str = "none") -> Checkpoint:
+    """The reader for `model_dir`: a GGUF file it points at (its matrices stored in the format
+    `quantization` runs, Q8_0 for int8, come back as stored), else its safetensors."""
     source = gguf_source(model_dir)
     if source is None:
         return Checkpoint(model_dir, show_progress=show_progress)
-    return GGUFCheckpoint(model_dir, source, show_progress=show_progress, keep_int8=keep_int8)
+    return GGUFCheckpoint(model_dir, source, show_progress=show_progress, quantization=quantization)
 
 
 def hf_name(gguf_name: str) -> str | None:
@@ -95,11 +93,10 @@ def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 class GGUFCheckpoint(Checkpoint):
-    def __init__(self, model_dir: str | Path, gguf_file: Path, show_progress: bool = False, keep_int8: bool = False):
+    def __init__(self, model_dir: str | Path, gguf_file: Path, show_progress: bool = False, quantization: str = "none"):
         import gguf
 
-        self.gguf_file, self.keep_int8 = gguf_file, keep_int8
-        self._int8_rows: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}  # id(read's tensor) -> (it, q, d)
+        self.gguf_file, self.quantization = gguf_file, quantization
         self._gguf = gguf
         self._reader = gguf.GGUFReader(str(gguf_file))
         self._tensors = {}
@@ -124,11 +121,12 @@ class GGUFCheckpoint(Checkpoint):
         for type_name, n in sorted(counts.items()):
             if type_name in float_types:
                 logger.info("GGUF %s: %d %s tensors read as stored", self.gguf_file.name, n, type_name)
-            elif type_name == "Q8_0" and self.keep_int8:
+            elif type_name == "Q8_0" and self.quantization == "int8":
                 logger.info("GGUF %s: %d Q8_0 tensors: matrices kept as stored for --quantization int8 (int8 values, "
                             "a scale per 32 input rows), a lookup-only embedding dequantized", self.gguf_file.name, n)
             elif type_name == "Q8_0":
-                logger.info("GGUF %s: %d Q8_0 tensors dequantized to float32 (--quantization int8 keeps them as int8)", self.gguf_file.name, n)
+                logger.info("GGUF %s: %d Q8_0 tensors dequantized to float32 (--quantization int8 keeps them as int8)",
+                            self.gguf_file.name, n)
             else:
                 logger.info("GGUF %s: %d %s tensors dequantized to float32", self.gguf_file.name, n, type_name)
 
@@ -162,6 +160,13 @@ class GGUFCheckpoint(Checkpoint):
         tensor = tensor.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGML lists dims innermost first
         return self._unpermute(name, tensor)
 
+    def _check_shape(self, name: str, shape: tuple[int, ...], expected_shape: tuple[int, ...]) -> None:
+        if tuple(shape) != tuple(expected_shape):
+            raise ValueError(
+                f"tensor {name!r} in {self.gguf_file} has shape {list(shape)}, "
+                f"but config.json implies {list(expected_shape)}"
+            )
+
     def read(
         self,
         name: str,
@@ -174,50 +179,38 @@ class GGUFCheckpoint(Checkpoint):
         assert not transpose, "GGUF checkpoints hold no Conv1D (GPT-2) weights"
         if name not in self._tensors:
             raise ValueError(f"tensor {name!r} is missing from {self.gguf_file}")
-        t = self._tensors[name]
-        int8_parts = None
-        if self.keep_int8 and t.tensor_type == self._gguf.GGMLQuantizationType.Q8_0 and len(t.shape) == 2:
-            int8_parts = self._q8_0_parts(name)
-            q, d = int8_parts
-            tensor = q.float() * d.repeat_interleave(Q8_0_BLOCK, dim=1)  # = gguf's dequantize, bit for bit
-        else:
-            tensor = self._full_tensor(name)
-        if tuple(tensor.shape) != tuple(expected_shape):
-            raise ValueError(
-                f"tensor {name!r} in {self.gguf_file} has shape {list(tensor.shape)}, "
-                f"but config.json implies {list(expected_shape)}"
-            )
+        tensor = self._full_tensor(name)
+        self._check_shape(name, tuple(tensor.shape), expected_shape)
         if rows:
             tensor = tensor[rows[0]:rows[1]]
         if cols:
             tensor = tensor[:, cols[0]:cols[1]]
-        if int8_parts is not None:
-            q, d = int8_parts
-            r0, r1 = rows or (0, q.shape[0])
-            c0, c1 = cols or (0, q.shape[1])
-            if c0 % Q8_0_BLOCK == 0 and (c1 % Q8_0_BLOCK == 0 or c1 == q.shape[1]):  # a TP column slice on whole blocks
-                self._int8_rows[id(tensor)] = (tensor, q[r0:r1, c0:c1], d[r0:r1, c0 // Q8_0_BLOCK : -(-c1 // Q8_0_BLOCK)])
         self._progress.update(1)
         return tensor
 
-    def copy_into(self, param: torch.Tensor, tensor: torch.Tensor, name: str, row_offset: int = 0, transposed: bool = False) -> None:
-        """As Checkpoint.copy_into; rows `read` took from a Q8_0 matrix (with `keep_int8`) also
-        land, as stored, in the parameter's `int8_preset` (a [in, out] parameter: `transposed`)."""
-        super().copy_into(param, tensor, name, row_offset=row_offset, transposed=transposed)
-        entry = self._int8_rows.pop(id(tensor), None)
-        if entry is None or entry[0] is not tensor or not transposed or param.dim() != 2:
-            return
-        _, q, d = entry
-        preset = getattr(param, "int8_preset", None)
-        if preset is None:
-            in_features, out_features = param.shape
-            preset = Int8Preset(
-                q=torch.zeros(in_features, out_features, dtype=torch.int8),
-                scales=torch.zeros(-(-in_features // Q8_0_BLOCK), out_features),
-                group_size=Q8_0_BLOCK,
-            )
-            param.int8_preset = preset
-        stop = row_offset + q.shape[0]
-        preset.q[:, row_offset:stop] = q.t()
-        preset.scales[:, row_offset:stop] = d.t()
-        preset.filled_cols += q.shape[0]
+    def stored_weight(
+        self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
+    ) -> Int8Weight | None:
+        """A matrix in the format --quantization runs, as stored: one branch per format."""
+        t = self._tensors.get(name)
+        if t is None or len(t.shape) != 2:
+            return None
+        if self.quantization == "int8" and t.tensor_type == self._gguf.GGMLQuantizationType.Q8_0:
+            return self._q8_0_weight(name, expected_shape, rows, cols)
+        return None
+
+    def _q8_0_weight(
+        self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
+    ) -> Int8Weight | None:
+        """q and d of a Q8_0 matrix, un-permuted and sliced as `read` slices the floats, [in, out];
+        None for a column slice through a block (a TP shard of a row-parallel layer off the
+        blocks: read as floats)."""
+        q, d = self._q8_0_parts(name)
+        self._check_shape(name, tuple(q.shape), expected_shape)
+        r0, r1 = rows or (0, q.shape[0])
+        c0, c1 = cols or (0, q.shape[1])
+        if c0 % Q8_0_BLOCK or (c1 % Q8_0_BLOCK and c1 != q.shape[1]):
+            return None
+        self._progress.update(1)
+        blocks = slice(c0 // Q8_0_BLOCK, -(-c1 // Q8_0_BLOCK))
+        return Int8Weight(q=q[r0:r1, c0:c1].t(), scales=d[r0:r1, blocks].t(), group_size=Q8_0_BLOCK)

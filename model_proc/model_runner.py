@@ -34,7 +34,8 @@ from zserve.model_proc.kernels.cpu_kernels import fused_ops_available
 from zserve.model_proc.kv_pool import KVPool
 from zserve.model_proc.layers.attention import attention_backend
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
-from zserve.model_proc.layers.gemm import gemm_backend, gemm_weight_bytes, prepack_weights
+from zserve.model_proc.layers.gemm import gemm_weight_bytes, prepack_weights
+from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 from zserve.model_proc.logits_processors import top_logprobs_of
 from zserve.model_proc.models.registry import build_model
 from zserve.model_proc.sampler import Sampler
@@ -157,7 +158,8 @@ class ModelRunner:
                 model = build_model(self.config, self.tp_rank, self.tp_size)
         finally:
             torch.set_default_dtype(previous_dtype)
-        with open_checkpoint(self.config.model_dir, show_progress=show_progress, keep_int8=self.quantization == "int8") as ckpt:
+        model_dir, quantization = self.config.model_dir, self.quantization
+        with open_checkpoint(model_dir, show_progress=show_progress, quantization=quantization) as ckpt:
             model.load(ckpt)
             missing = ckpt.missing_params(model)
         assert not missing, f"parameters not filled from the checkpoint: {missing}"
@@ -165,16 +167,24 @@ class ModelRunner:
             for module in model.modules():
                 if hasattr(module, "use_cpu_kernels"):
                     module.use_cpu_kernels()
-        self.gemm_backend = gemm_backend(self.device, self.dtype, self.gemm_choice, self.quantization)
+        self.weight_kernel = choose_kernel(self.device, self.dtype, self.gemm_choice, self.quantization)
         plain_bytes = gemm_weight_bytes(model, self.dtype)
-        if self.gemm_backend != "torch":
-            t0 = time.perf_counter()
-            count = prepack_weights(model, self.gemm_backend)
-            logger.info("packed %d weight matrices for the %s GEMM in %.1fs", count, self.gemm_backend, time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        count = prepack_weights(model, self.weight_kernel)
+        if self.weight_kernel.repacks:
+            logger.info("packed %d weight matrices for the %s GEMM in %.1fs",
+                        count, self.gemm_backend, time.perf_counter() - t0)
         if self.quantization != "none":
             logger.info("--quantization %s: %.1f MB of linear and LM-head weights in %s, %.1f MB quantized",
-                        self.quantization, plain_bytes / 1e6, str(self.dtype).removeprefix("torch."), gemm_weight_bytes(model, self.dtype) / 1e6)
+                        self.quantization, plain_bytes / 1e6, str(self.dtype).removeprefix("torch."),
+                        gemm_weight_bytes(model, self.dtype) / 1e6)
         return model.eval()
+
+    @property
+    def gemm_backend(self) -> str:
+        """The weight kernel's name (layers/weight_kernels/registry.py): what --gemm-backend and
+        --quantization picked here."""
+        return self.weight_kernel.name
 
     @property
     def num_pages_total(self) -> int:

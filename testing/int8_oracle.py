@@ -1,5 +1,5 @@
 """The exact oracle of --quantization int8: a model directory whose linear weights and LM head are
-replaced by what the int8 path multiplies by (quantized [in, out] as gemm.py does, then
+replaced by what the int8 path multiplies by (quantized [in, out] as the int8 weight kernels do, then
 dequantized, Q * S), for transformers to run. Used by tests/model/test_int8_parity.py (CPU) and
 tests/model/test_model_gpu.py (CUDA)."""
 
@@ -18,7 +18,7 @@ LINEAR_SUFFIXES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.we
 
 def dequantized_copy(model_dir: Path, target: Path, group_size: int = DEFAULT_GROUP_SIZE) -> Path:
     """`model_dir` with every linear weight and the LM head replaced by what the int8 path
-    multiplies by (quantized [in, out] as gemm.py does, then dequantized)."""
+    multiplies by (quantized [in, out] as the int8 weight kernels do, then dequantized)."""
     target.mkdir(parents=True)
     config = json.loads((model_dir / "config.json").read_text())
     tensors = load_file(str(model_dir / "model.safetensors"))

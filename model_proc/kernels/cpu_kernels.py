@@ -5,8 +5,8 @@ and scales, --quantization int8; its drivers and tiles shared with gemm_widen in
 AVX512-BF16) and fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store).
 
 The instruction set is cpu_isa.py's: the CPU's highest level, or a lower one forced with
---cpu-isa. The build is cached under ~/.cache/zserve/kernels (or
-$XDG_CACHE_HOME/zserve/kernels), in a folder keyed by the level, the source, the compile flags,
+--cpu-isa. The build is cached under <cache root>/kernels
+(common/cache_root.py: $ZSERVE_CACHE_DIR, else $XDG_CACHE_HOME/zserve, else ~/.cache/zserve), in a folder keyed by the level, the source, the compile flags,
 torch's version and install path, the interpreter and the CPU's flags, so a new torch, a forced
 level or a copied home directory never loads a stale or foreign build, and two virtual
 environments (a CI clone beside a working tree) do not rebuild each other's folder in turn: the
@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from zserve.common.cache_root import KERNELS_SUBDIR, cache_root
 from zserve.model_proc.kernels.cpu_isa import cpu_flags, cpu_isa, march_flags
 
 logger = logging.getLogger(__name__)
@@ -53,9 +54,8 @@ CFLAGS = ("-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fassocia
 LDFLAGS = ("-fopenmp",)  # libgomp.so.1: the one torch already loaded answers to that name
 
 
-def cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "zserve" / "kernels"
+def kernel_cache_dir() -> Path:
+    return cache_root() / KERNELS_SUBDIR
 
 
 def compile_flags(level: str) -> tuple[str, ...]:
@@ -115,7 +115,7 @@ def build(verbose: bool = False) -> Path:
     from torch.utils import cpp_extension
 
     level = cpu_isa()
-    build_dir = cache_root() / f"cpu_kernels-{level}-{build_key(level)}"
+    build_dir = kernel_cache_dir() / f"cpu_kernels-{level}-{build_key(level)}"
     if hasattr(torch.ops.zserve, "paged_attention"):  # loaded already: torch allows one registration per process
         return build_dir
     build_dir.mkdir(parents=True, exist_ok=True)

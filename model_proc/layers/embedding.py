@@ -1,10 +1,11 @@
 """Vocab-parallel token embedding and LM head: rank r holds vocab entries [r * s, (r + 1) * s),
 s = ceil(vocab / tp), the last rank's tail zero-padded.
 
-The LM head loads [dim, vocab] and applies as h @ W (gemm.py: packed for oneDNN on CPU); it is
+The LM head loads [dim, vocab] and applies as h @ W (gemm.py: packed for the weight kernel); it is
 the largest matrix of a small model. A tied embedding shares that tensor, so its lookup gathers
 columns instead of rows: T columns per step, cheap next to the LM head's full pass. Packing gives
-a tied head its own copy; the embedding keeps the plain tensor.
+a tied head its own copy; the embedding keeps the plain tensor (and, until the head takes it, the
+weight as a checkpoint stored it quantized: GGUF Q8_0 with --quantization int8).
 """
 
 from __future__ import annotations
@@ -16,6 +17,12 @@ from torch import nn
 from zserve.model_proc.checkpoint import Checkpoint
 from zserve.model_proc.layers.gemm import GemmWeight
 from zserve.model_proc.layers.parallel import all_gather_last_dim, all_reduce, padded_shard_range
+from zserve.model_proc.layers.weight_kernels.quantized_weight import (
+    QuantizedWeight,
+    join_columns,
+    split_loaded,
+)
+from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -26,6 +33,7 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start, self.vocab_stop, shard_size = padded_shard_range(vocab_size, tp_rank, tp_size)
         shape = (dim, shard_size) if transposed else (shard_size, dim)
         self.weight = nn.Parameter(torch.empty(shape), requires_grad=False)
+        self.stored: QuantizedWeight | None = None  # tied: the [dim, n] weight as stored quantized, for the LM head
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
@@ -41,16 +49,32 @@ class VocabParallelEmbedding(nn.Module):
         return F.embedding(local_ids, self.weight)
 
     def load(self, ckpt: Checkpoint, name: str) -> None:
-        rows = ckpt.read(name, (self.vocab_size, self.dim), rows=(self.vocab_start, self.vocab_stop))  # [n, dim]
+        shape, rows = (self.vocab_size, self.dim), (self.vocab_start, self.vocab_stop)
+        if self.transposed:  # tied: the LM head packs this tensor, as stored where it came quantized
+            rows, self.stored = split_loaded(ckpt.read_weight(name, shape, rows=rows))  # [n, dim]
+        else:  # the lookup alone: floats
+            rows = ckpt.read(name, shape, rows=rows)  # [n, dim]
         with torch.no_grad():
             (self.weight.t() if self.transposed else self.weight)[rows.shape[0] :].zero_()  # padding past the vocab
         ckpt.copy_into(self.weight, rows, name, transposed=self.transposed)
+
+    def take_stored(self) -> QuantizedWeight | None:
+        """The weight as stored quantized, handed over once (to the tied LM head, which packs it)."""
+        stored, self.stored = self.stored, None
+        return stored
 
 
 class ParallelLMHead(GemmWeight):
     """logits = h @ W over the full vocab; `tied_to` shares a transposed embedding's weight."""
 
-    def __init__(self, vocab_size: int, dim: int, tp_rank: int = 0, tp_size: int = 1, tied_to: VocabParallelEmbedding | None = None):
+    def __init__(
+        self,
+        vocab_size: int,
+        dim: int,
+        tp_rank: int = 0,
+        tp_size: int = 1,
+        tied_to: VocabParallelEmbedding | None = None,
+    ):
         super().__init__()
         assert tied_to is None or tied_to.transposed, "a tied embedding must be stored [dim, vocab]"
         self.vocab_size, self.dim, self.tp_size = vocab_size, dim, tp_size
@@ -63,8 +87,15 @@ class ParallelLMHead(GemmWeight):
     def plain_weight(self) -> torch.Tensor:
         return self.tied_to.weight if self.tied_to is not None else super().plain_weight()
 
-    def pack(self, backend: str, free_plain: bool = True) -> None:
-        super().pack(backend, free_plain=free_plain and self.tied_to is None)  # a tied embedding still looks tokens up in its tensor
+    def stored_weight(self) -> QuantizedWeight | None:
+        if self.tied_to is None:
+            return super().stored_weight()
+        stored = self.tied_to.take_stored()
+        return join_columns([(0, stored)] if stored is not None else [], self.shard_size)
+
+    def pack(self, kernel: WeightKernel, free_plain: bool = True) -> None:
+        # a tied embedding still looks tokens up in its tensor
+        super().pack(kernel, free_plain=free_plain and self.tied_to is None)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         logits = self.matmul(h, None)  # [n, dim] @ [dim, vocab / tp]
@@ -75,7 +106,7 @@ class ParallelLMHead(GemmWeight):
     def load(self, ckpt: Checkpoint, name: str) -> None:
         if self.tied_to is not None:
             return
-        rows = ckpt.read(name, (self.vocab_size, self.dim), rows=(self.vocab_start, self.vocab_stop))
+        loaded = ckpt.read_weight(name, (self.vocab_size, self.dim), rows=(self.vocab_start, self.vocab_stop))
         with torch.no_grad():
-            self.weight[:, rows.shape[0] :].zero_()
-        ckpt.copy_into(self.weight, rows, name, transposed=True)
+            self.weight[:, self.vocab_stop - self.vocab_start :].zero_()  # padding past the vocab
+        self.fill_weight(ckpt, loaded, name)

@@ -1,5 +1,5 @@
-"""8-bit weights (--quantization int8): the quantizer, its exact dequantization, and the block
-layout of kernels/gemm_int8.cpp.
+"""8-bit weights (--quantization int8): the quantizer, its exact dequantization, and `Int8Weight`,
+the typed weight the int8 kernels pack (model_proc/layers/weight_kernels/int8_kernels.py).
 
 A weight W [K, N] ([in, out], as gemm.py keeps it) becomes int8 values Q [K, N] and float32
 scales S [ceil(K / G), N]: symmetric, one scale per output column for each group of G input
@@ -21,8 +21,8 @@ DEFAULT_GROUP_SIZE (64) was picked on SmolLM2-135M-Instruct (tests/model/test_in
 KL falls with the group; greedy agreement is dominated by near-ties (bf16's own rounding moves
 as many tokens), so 64 is where KL stops paying for the scale bytes; the kernel's speed barely
 depends on G (one scale FMA per group and column). A GGUF Q8_0 tensor
-arrives already quantized in groups of 32 along K with fp16 scales; gguf_checkpoint.py hands
-its values over as they are (`Int8Preset`), so that layer runs with G = 32.
+arrives already quantized in groups of 32 along K with fp16 scales; gguf_checkpoint.py returns
+its values as they are (an `Int8Weight` from `read_weight`), so that layer runs with G = 32.
 """
 
 from __future__ import annotations
@@ -31,11 +31,9 @@ from dataclasses import dataclass
 
 import torch
 
-QUANTIZATION_CHOICES = ("none", "int8")
 DEFAULT_GROUP_SIZE = 64  # input rows per scale; see the table above
 GROUP_SIZES = (32, 64, 128)  # the grouped schemes measured; any G in [1, K] runs
 QMAX = 127  # symmetric: -127..127 (-128 never produced)
-BLOCK_COLS = 16  # output columns per packed block, as gemm_widen's
 
 
 def num_groups(in_features: int, group_size: int) -> int:
@@ -65,27 +63,28 @@ def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> t
     return q.float() * scales.repeat_interleave(group_size, dim=0)[:k]
 
 
-def pack_column_blocks(values: torch.Tensor) -> torch.Tensor:
-    """[R, N] -> [ceil(N / 16), R, 16], zero-padded columns (gemm_widen's layout): the int8
-    values ([K, N]) and the scales ([K / G, N]) of one block of 16 output columns together."""
-    rows, n = values.shape
-    padded_n = -(-n // BLOCK_COLS) * BLOCK_COLS
-    padded = torch.zeros(rows, padded_n, dtype=values.dtype, device=values.device)
-    padded[:, :n] = values
-    return padded.view(rows, padded_n // BLOCK_COLS, BLOCK_COLS).permute(1, 0, 2).contiguous()
-
-
-@dataclass
-class Int8Preset:
-    """A weight that arrived quantized (GGUF Q8_0): Q int8 [K, N] and S float32 [K / G, N] of
-    the [in, out] weight, filled row range by row range of the output (fused q/k/v); the
-    layer uses it when every output column came so, and quantizes its float weight otherwise."""
+@dataclass(frozen=True)
+class Int8Weight:
+    """A [in, out] weight in int8 (see the top): `q` int8 [K, N] and `scales` float32
+    [ceil(K / G), N]; each tensor has the output columns last, so pieces of one fused weight
+    (q, k, v) sit side by side (weight_kernels/quantized_weight.py). What a checkpoint that stores
+    int8 returns (GGUF Q8_0: G = 32) and what the int8 kernels pack."""
 
     q: torch.Tensor
     scales: torch.Tensor
     group_size: int
-    filled_cols: int = 0
+
+    @staticmethod
+    def quantize(weight_in_out: torch.Tensor, group_size: int) -> Int8Weight:
+        """W [K, N] in groups of `group_size` input rows (0 or >= K: one scale per column)."""
+        in_features = weight_in_out.shape[0]
+        group_size = min(group_size, in_features) if group_size > 0 else in_features
+        return Int8Weight(*quantize_int8(weight_in_out, group_size), group_size)
 
     @property
-    def complete(self) -> bool:
-        return self.filled_cols == self.q.shape[1]
+    def out_features(self) -> int:
+        return self.q.shape[1]
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [K, N]: Q * S, the weight this stands for."""
+        return dequantize_int8(self.q, self.scales, self.group_size)

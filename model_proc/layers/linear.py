@@ -8,9 +8,9 @@ each output is split across ranks separately, so rank r's outputs are [q_r | k_r
 
 Weights load transposed, [in, out] (GPT-2's Conv1D layout), and apply as x @ W (gemm.py): on
 CPU, MKL streams a weight ~1.3-1.8x faster through a batch-1 fp32 GEMV in this layout than
-through F.linear's [out, in] one. On CPU the runner then packs them for oneDNN (gemm.py), which
-is faster again in fp32 and bf16. Decode is bound by reading the weights, so this is the main
-cost of a step.
+through F.linear's [out, in] one. The runner then packs them for the chosen weight kernel
+(weight_kernels/), which on CPU is faster again in fp32 and bf16. Decode is bound by reading the
+weights, so this is the main cost of a step.
 """
 
 from __future__ import annotations
@@ -49,8 +49,8 @@ class ColumnParallelLinear(GemmWeight):
             full_rows = sum(self.out_sizes) if fused_on_disk else size
             r0, r1 = shard_range(size, self.tp_rank, self.tp_size)
             rows = (file_offset + r0, file_offset + r1)
-            weight = ckpt.read(f"{prefix}.weight", (full_rows, self.in_features), rows=rows, transpose=transpose)
-            ckpt.copy_into(self.weight, weight, f"{prefix}.weight", row_offset=local_offset, transposed=True)
+            weight = ckpt.read_weight(f"{prefix}.weight", (full_rows, self.in_features), rows=rows, transpose=transpose)
+            self.fill_weight(ckpt, weight, f"{prefix}.weight", col_offset=local_offset)
             if self.bias is not None:
                 bias = ckpt.read(f"{prefix}.bias", (full_rows,), rows=rows)
                 ckpt.copy_into(self.bias, bias, f"{prefix}.bias", row_offset=local_offset)
@@ -73,7 +73,8 @@ class RowParallelLinear(GemmWeight):
 
     def load(self, ckpt: Checkpoint, prefix: str, transpose: bool = False) -> None:
         cols = shard_range(self.in_features, self.tp_rank, self.tp_size)
-        weight = ckpt.read(f"{prefix}.weight", (self.out_features, self.in_features), cols=cols, transpose=transpose)
-        ckpt.copy_into(self.weight, weight, f"{prefix}.weight", transposed=True)
+        shape = (self.out_features, self.in_features)
+        weight = ckpt.read_weight(f"{prefix}.weight", shape, cols=cols, transpose=transpose)
+        self.fill_weight(ckpt, weight, f"{prefix}.weight")
         if self.bias is not None:
             ckpt.copy_into(self.bias, ckpt.read(f"{prefix}.bias", (self.out_features,)), f"{prefix}.bias")

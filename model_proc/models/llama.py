@@ -25,7 +25,8 @@ from zserve.model_proc.layers.rotary import RotaryEmbedding
 def heads_per_rank(cfg: ModelConfig, tp_size: int) -> tuple[int, int]:
     if cfg.num_heads % tp_size or cfg.num_kv_heads % tp_size:
         raise ValueError(
-            f"{cfg.num_heads} attention heads / {cfg.num_kv_heads} KV heads do not split across {tp_size} tensor-parallel ranks"
+            f"{cfg.num_heads} attention heads / {cfg.num_kv_heads} KV heads do not split across "
+            f"{tp_size} tensor-parallel ranks"
         )
     return cfg.num_heads // tp_size, cfg.num_kv_heads // tp_size
 
@@ -35,7 +36,8 @@ class LlamaAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads = heads_per_rank(cfg, tp_size)
         self.head_dim = cfg.head_dim
-        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, [cfg.q_size, cfg.kv_size, cfg.kv_size], cfg.qkv_bias, tp_rank, tp_size)
+        qkv_sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
+        self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, qkv_sizes, cfg.qkv_bias, tp_rank, tp_size)
         self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size, cfg.o_bias, tp_rank, tp_size)
         self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.attn_scale, layer_idx)
 
@@ -103,10 +105,13 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, cfg: ModelConfig, tp_rank: int = 0, tp_size: int = 1):
         super().__init__()
         assert cfg.rope_theta is not None, "the Llama family uses rotary positions"
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size, transposed=cfg.tie_word_embeddings)
+        self.embed_tokens = VocabParallelEmbedding(
+            cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size, transposed=cfg.tie_word_embeddings
+        )
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, self.attention_cls(cfg, i, tp_rank, tp_size), tp_rank, tp_size) for i in range(cfg.num_layers)
+            LlamaDecoderLayer(cfg, self.attention_cls(cfg, i, tp_rank, tp_size), tp_rank, tp_size)
+            for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         tied_to = self.embed_tokens if cfg.tie_word_embeddings else None

@@ -19,5 +19,6 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
 def build_model(cfg: ModelConfig, tp_rank: int = 0, tp_size: int = 1) -> nn.Module:
     """Uninitialised parameters (in the current default device and dtype); call `.load(ckpt)` next."""
     if cfg.family not in MODEL_CLASSES:
-        raise ValueError(f"no model code for family {cfg.family!r} ({cfg.architecture}); have {', '.join(MODEL_CLASSES)}")
+        have = ", ".join(MODEL_CLASSES)
+        raise ValueError(f"no model code for family {cfg.family!r} ({cfg.architecture}); have {have}")
     return MODEL_CLASSES[cfg.family](cfg, tp_rank, tp_size)

@@ -204,7 +204,7 @@ def test_fallback_without_a_compiler(tmp_path, llama_dir):
                              SamplingArrays.greedy(1))
         print("tokens", runner.run(batch).next_token_ids.tolist())
     """)
-    env = {**os.environ, "CXX": "/nonexistent/c++", "XDG_CACHE_HOME": str(tmp_path), "PYTHONPATH": str(ROOT), "ZSERVE_ATTENTION": "auto"}
+    env = {**os.environ, "CXX": "/nonexistent/c++", "ZSERVE_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(ROOT), "ZSERVE_ATTENTION": "auto"}
     proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert "backend torch" in proc.stdout and "tokens [" in proc.stdout

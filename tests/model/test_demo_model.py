@@ -8,16 +8,15 @@ request draws the same tokens alone and inside a batch of other requests. script
 fetches the model first; without it they skip.
 
 Fast tests, no model: where the directory goes, that a complete one is left alone (no
-download), that an incomplete one is replaced whole, that importing the module is cheap.
+download), that importing the module is cheap (how a directory is built in one step:
+tests/launcher/test_model_cache.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +26,6 @@ import torch
 from testing.model_fixtures import GreedyDriver, HfReference, Seq, first_divergence, make_runner
 from testing.paths import REPO_ROOT
 from zserve.common.forward_batch import SamplingArrays
-from zserve.launcher import demo_model
 from zserve.launcher.demo_model import REQUIRED_FILES, demo_model_dir, ensure_demo_model, missing_files
 
 needs_demo_model = pytest.mark.skipif(
@@ -171,6 +169,7 @@ def test_cache_dir_env_and_default(monkeypatch, tmp_path):
     monkeypatch.setenv("ZSERVE_CACHE_DIR", str(tmp_path))
     assert demo_model_dir() == tmp_path.resolve() / "SmolLM2-135M-Instruct"
     monkeypatch.delenv("ZSERVE_CACHE_DIR")
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert demo_model_dir() == (tmp_path / "home" / ".cache" / "zserve" / "SmolLM2-135M-Instruct").resolve()
 
@@ -186,39 +185,6 @@ def test_a_complete_directory_is_left_alone(monkeypatch, tmp_path, capsys):
     assert ensure_demo_model(progress=True) == target.resolve()
     assert "ready at" in capsys.readouterr().err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["SmolLM2-135M-Instruct"]
-
-
-def test_install_replaces_an_incomplete_directory_and_keeps_a_complete_one(tmp_path):
-    target = tmp_path / "SmolLM2-135M-Instruct"
-    target.mkdir()
-    (target / "config.json").write_text("{}")  # a half model, not made by us
-    staging = _fake_model_dir(tmp_path / "staging")
-    demo_model._install(staging, target, lambda message: None)
-    assert not missing_files(target) and not staging.exists()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["SmolLM2-135M-Instruct"]
-
-    other = _fake_model_dir(tmp_path / "other")
-    (other / "marker").write_text("")
-    demo_model._install(other, target, lambda message: None)  # a complete one is already there
-    assert not (target / "marker").exists()
-
-
-def test_stale_partial_directories_are_removed(tmp_path):
-    stale = tmp_path / f"{demo_model.PARTIAL_PREFIX}old"
-    live = tmp_path / f"{demo_model.PARTIAL_PREFIX}new"
-    stale.mkdir()
-    live.mkdir()
-    old = time.time() - demo_model.STALE_PARTIAL_S - 60
-    os.utime(stale, (old, old))
-    demo_model._remove_stale_partials(tmp_path)
-    assert not stale.exists() and live.exists()
-
-
-def test_chat_template_goes_into_tokenizer_config(tmp_path):
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|im_end|>"}))
-    demo_model.ensure_chat_template(tmp_path, "{{ messages }}")
-    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
-    assert config == {"eos_token": "<|im_end|>", "chat_template": "{{ messages }}"}
 
 
 def test_import_is_cheap():

@@ -1,6 +1,6 @@
-"""The linear-layer GEMM backends (model_proc/layers/gemm.py) against an fp32 reference.
+"""The linear-layer weight kernels (model_proc/layers/weight_kernels/) against an fp32 reference.
 
-Every backend sums in fp32 and rounds once, so each output must equal the fp32 product of the
+Every kernel sums in fp32 and rounds once, so each output must equal the fp32 product of the
 same bf16/fp32 inputs rounded to the output dtype, up to one ulp (summation order); in bf16 the
 zserve kernel must also stay within one ulp of torch.mm, and differ from it only rarely.
 """
@@ -12,13 +12,15 @@ import torch
 
 from zserve.model_proc.kernels.cpu_isa import cpu_isa
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
-from zserve.model_proc.layers.gemm import (
-    GemmWeight,
-    gemm_backend,
+from zserve.model_proc.layers.gemm import GemmWeight
+from zserve.model_proc.layers.weight_kernels.column_blocks import pack_bf16_blocks, pack_column_blocks
+from zserve.model_proc.layers.weight_kernels.float_kernels import (
+    ZserveBf16Kernel,
+    ZserveWidenKernel,
     onednn_supports,
-    pack_bf16_blocks,
-    pack_widen_blocks,
 )
+from zserve.model_proc.layers.weight_kernels.registry import KERNELS, choose_kernel
+from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 
 CPU = torch.device("cpu")
 SHAPES = [(64, 96), (576, 960), (34, 7), (96, 600), (1536, 576), (2, 16), (40, 33)]  # (in, out): odd and tiny outs too
@@ -29,19 +31,12 @@ NO_GEMM_BF16 = f"the VDPBF16PS GEMM needs the avx512_bf16 level (this process: {
 NO_GEMM_WIDEN = f"the widening GEMM needs the avx2 level or higher (this process: {cpu_isa()}) and a built extension"
 
 
-def backends(dtype: torch.dtype) -> list[str]:
-    """Every backend this CPU runs for `dtype` (each is tested where it runs)."""
-    found = ["torch"]
-    if onednn_supports(dtype):
-        found.append("onednn")
-    if dtype == torch.bfloat16 and load_gemm_bf16() is not None:
-        found.append("zserve_bf16")
-    if dtype in (torch.bfloat16, torch.float16) and load_gemm_widen() is not None:
-        found.append("zserve_widen")
-    return found
+def kernels(dtype: torch.dtype) -> list[WeightKernel]:
+    """Every unquantized kernel this CPU runs for `dtype` (each is tested where it runs)."""
+    return [k for k in KERNELS if k.quantization == "none" and k.runs(CPU, dtype)]
 
 
-def make_weight(in_features: int, out_features: int, dtype: torch.dtype, backend: str, bias: bool, seed: int = 0):
+def make_weight(in_features: int, out_features: int, dtype: torch.dtype, kernel: WeightKernel, bias: bool, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
 
     class Layer(GemmWeight):
@@ -52,7 +47,7 @@ def make_weight(in_features: int, out_features: int, dtype: torch.dtype, backend
     layer.weight.data = torch.randn(in_features, out_features, generator=g).to(dtype)
     layer.bias = torch.nn.Parameter(torch.randn(out_features, generator=g).to(dtype), requires_grad=False) if bias else None
     plain, plain_bias = layer.weight.detach().clone(), layer.bias
-    layer.pack(backend)
+    layer.pack(kernel)
     return layer, plain, plain_bias
 
 
@@ -65,11 +60,12 @@ def ulp(x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("bias", [False, True])
-def test_every_backend_matches_the_fp32_product(dtype, bias):
-    for backend in backends(dtype):
+def test_every_kernel_matches_the_fp32_product(dtype, bias):
+    for kernel in kernels(dtype):
+        backend = kernel.name
         for in_features, out_features in SHAPES:
-            layer, plain, plain_bias = make_weight(in_features, out_features, dtype, backend, bias)
-            assert layer.backend == backend and (layer.weight is None) == (backend != "torch")
+            layer, plain, plain_bias = make_weight(in_features, out_features, dtype, kernel, bias)
+            assert layer.kernel == kernel and (layer.weight is None) == kernel.repacks
             for rows in ROWS:
                 x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
                 y = layer.matmul(x, plain_bias)
@@ -85,7 +81,7 @@ def test_every_backend_matches_the_fp32_product(dtype, bias):
 def test_zserve_bf16_next_to_torch_mm():
     """Measured: 0 to 3e-4 of the outputs differ from torch.mm's, by one ulp."""
     for in_features, out_features in [(576, 960), (1536, 576), (576, 4096)]:
-        layer, plain, _ = make_weight(in_features, out_features, torch.bfloat16, "zserve_bf16", bias=False)
+        layer, plain, _ = make_weight(in_features, out_features, torch.bfloat16, ZserveBf16Kernel(), bias=False)
         for rows in (1, 2, 8, 64, 200):
             x = torch.randn(rows, in_features).to(torch.bfloat16)
             ours, theirs = layer.matmul(x, None), torch.mm(x, plain)
@@ -103,7 +99,7 @@ def test_zserve_widen_next_to_torch_mm(dtype):
     """Same products, fp32 sums in another order: outputs within one ulp of torch.mm's, and
     equal to the exact product rounded once for nearly all of them."""
     for in_features, out_features in [(576, 960), (1536, 576), (576, 4096), (33, 40)]:
-        layer, plain, _ = make_weight(in_features, out_features, dtype, "zserve_widen", bias=False)
+        layer, plain, _ = make_weight(in_features, out_features, dtype, ZserveWidenKernel(), bias=False)
         for rows in (1, 2, 3, 4, 5, 7, 8, 64, 200):
             x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).to(dtype)
             ours = layer.matmul(x, None)
@@ -117,13 +113,13 @@ def test_zserve_widen_next_to_torch_mm(dtype):
 
 @pytest.mark.skipif(load_gemm_widen() is None, reason=NO_GEMM_WIDEN)
 def test_zserve_widen_rejects_bad_inputs():
-    layer, _, _ = make_weight(64, 96, torch.bfloat16, "zserve_widen", bias=False)
+    layer, _, _ = make_weight(64, 96, torch.bfloat16, ZserveWidenKernel(), bias=False)
     with pytest.raises(RuntimeError, match="columns"):
-        torch.ops.zserve.gemm_widen(torch.zeros(2, 62, dtype=torch.bfloat16), layer.packed, 96, None)
+        torch.ops.zserve.gemm_widen(torch.zeros(2, 62, dtype=torch.bfloat16), layer.packed.values, 96, None)
     with pytest.raises(RuntimeError, match="dtype|bf16"):
-        torch.ops.zserve.gemm_widen(torch.zeros(2, 64, dtype=torch.float16), layer.packed, 96, None)
+        torch.ops.zserve.gemm_widen(torch.zeros(2, 64, dtype=torch.float16), layer.packed.values, 96, None)
     with pytest.raises(RuntimeError, match="bf16 or fp16"):
-        torch.ops.zserve.gemm_widen(torch.zeros(2, 64), layer.packed, 96, None)
+        torch.ops.zserve.gemm_widen(torch.zeros(2, 64), layer.packed.values, 96, None)
     with pytest.raises(RuntimeError, match="out_features"):
         torch.ops.zserve.gemm_widen(torch.zeros(2, 64, dtype=torch.bfloat16), layer.packed, 200, None)
 
@@ -131,18 +127,18 @@ def test_zserve_widen_rejects_bad_inputs():
 def test_pack_widen_layout():
     """Block b, row k, column j holds W[k, 16b + j]; padding is zero."""
     w = torch.arange(3 * 20, dtype=torch.float32).view(3, 20).to(torch.float16)
-    packed = pack_widen_blocks(w)
+    packed = pack_column_blocks(w)
     assert packed.shape == (2, 3, 16) and packed.dtype == torch.float16
     assert packed[1, 2, 3] == w[2, 19] and packed[0, 1, 15] == w[1, 15] and (packed[1, :, 4:] == 0).all()
 
 
 @pytest.mark.skipif(load_gemm_bf16() is None, reason=NO_GEMM_BF16)
 def test_zserve_bf16_rejects_bad_inputs():
-    layer, _, _ = make_weight(64, 96, torch.bfloat16, "zserve_bf16", bias=False)
+    layer, _, _ = make_weight(64, 96, torch.bfloat16, ZserveBf16Kernel(), bias=False)
     with pytest.raises(RuntimeError, match="columns"):
-        torch.ops.zserve.gemm_bf16(torch.zeros(2, 62, dtype=torch.bfloat16), layer.packed, 96, None)
+        torch.ops.zserve.gemm_bf16(torch.zeros(2, 62, dtype=torch.bfloat16), layer.packed.values, 96, None)
     with pytest.raises(RuntimeError, match="bf16"):
-        torch.ops.zserve.gemm_bf16(torch.zeros(2, 64), layer.packed, 96, None)
+        torch.ops.zserve.gemm_bf16(torch.zeros(2, 64), layer.packed.values, 96, None)
     with pytest.raises(RuntimeError, match="out_features"):
         torch.ops.zserve.gemm_bf16(torch.zeros(2, 64, dtype=torch.bfloat16), layer.packed, 200, None)
 
@@ -158,22 +154,26 @@ def test_pack_layout():
 
 
 def test_odd_in_features_fall_back_to_the_widening_gemm():
-    if gemm_backend(CPU, torch.bfloat16) != "zserve_bf16":
+    if choose_kernel(CPU, torch.bfloat16) != ZserveBf16Kernel():
         pytest.skip(f"the VDPBF16PS GEMM is not the default at this process's level ({cpu_isa()})")
-    layer, plain, _ = make_weight(33, 40, torch.bfloat16, "zserve_bf16", bias=False)
-    assert layer.backend == "zserve_widen"
+    layer, plain, _ = make_weight(33, 40, torch.bfloat16, ZserveBf16Kernel(), bias=False)
+    assert layer.kernel == ZserveWidenKernel()
     x = torch.randn(3, 33).to(torch.bfloat16)
     assert torch.equal(layer.matmul(x, None), (x.double() @ plain.double()).to(torch.bfloat16))
 
 
+def name_of(*args) -> str:
+    return choose_kernel(*args).name
+
+
 def test_backend_choice():
     widen = load_gemm_widen() is not None
-    assert gemm_backend(CPU, torch.float16) == ("zserve_widen" if widen else "torch")
-    assert gemm_backend(CPU, torch.bfloat16) in (("zserve_bf16", "zserve_widen") if widen else ("onednn", "torch"))
-    assert gemm_backend(CPU, torch.bfloat16, "zserve_widen") == ("zserve_widen" if widen else "onednn" if onednn_supports(torch.bfloat16) else "torch")
-    assert gemm_backend(CPU, torch.float32) == ("onednn" if onednn_supports(torch.float32) else "torch")
-    assert gemm_backend(torch.device("cuda"), torch.bfloat16) == "torch"
-    assert gemm_backend(CPU, torch.float32, "torch") == "torch"
-    assert gemm_backend(CPU, torch.bfloat16, "onednn") == ("onednn" if onednn_supports(torch.bfloat16) else "torch")
+    assert name_of(CPU, torch.float16) == ("zserve_widen" if widen else "torch")
+    assert name_of(CPU, torch.bfloat16) in (("zserve_bf16", "zserve_widen") if widen else ("onednn", "torch"))
+    assert name_of(CPU, torch.bfloat16, "zserve_widen") == ("zserve_widen" if widen else "onednn" if onednn_supports(torch.bfloat16) else "torch")
+    assert name_of(CPU, torch.float32) == ("onednn" if onednn_supports(torch.float32) else "torch")
+    assert name_of(torch.device("cuda"), torch.bfloat16) == "torch"
+    assert name_of(CPU, torch.float32, "torch") == "torch"
+    assert name_of(CPU, torch.bfloat16, "onednn") == ("onednn" if onednn_supports(torch.bfloat16) else "torch")
     with pytest.raises(ValueError, match="--gemm-backend 'bogus': expected one of"):
-        gemm_backend(CPU, torch.float32, "bogus")
+        name_of(CPU, torch.float32, "bogus")

@@ -1,6 +1,7 @@
 """int8 weights (--quantization int8): the quantizer (model_proc/layers/int8_weights.py), the
-kernel zserve::gemm_int8 (kernels/gemm_int8.cpp) and the GemmWeight backends "zserve_int8" and
-"int8_torch" (layers/gemm.py) against the exact product of the dequantized weights.
+kernel zserve::gemm_int8 (kernels/gemm_int8.cpp) and the weight kernels "zserve_int8" and
+"int8_torch" (layers/weight_kernels/int8_kernels.py) against the exact product of the dequantized
+weights, and a weight a checkpoint stored in int8 (`Int8Weight`) packed as it came.
 
 The kernel sums in fp32 and rounds once, so each output must equal the float64 product of x and
 Q * S (the weight the int8 path stands for), rounded to the output dtype, up to half an ulp plus
@@ -16,15 +17,21 @@ import torch
 from tests.model.test_gemm import make_weight, ulp
 from zserve.model_proc.kernels.cpu_isa import cpu_isa
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8
-from zserve.model_proc.layers.gemm import INT8_BACKENDS, gemm_backend, gemm_weight_bytes
+from zserve.model_proc.layers.gemm import gemm_weight_bytes
 from zserve.model_proc.layers.int8_weights import (
+    DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
     QMAX,
+    Int8Weight,
     dequantize_int8,
     num_groups,
-    pack_column_blocks,
     quantize_int8,
 )
+from zserve.model_proc.layers.weight_kernels.column_blocks import pack_column_blocks
+from zserve.model_proc.layers.weight_kernels.float_kernels import TorchKernel
+from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8Kernel, Int8TorchKernel, ZserveInt8Kernel
+from zserve.model_proc.layers.weight_kernels.quantized_weight import join_columns
+from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 
 CPU = torch.device("cpu")
 ROWS = [1, 2, 3, 4, 5, 7, 8, 13, 64]
@@ -106,38 +113,73 @@ def test_kernel_rejects_bad_inputs():
         gemm(x, packed, packed_scales, 40, torch.zeros(40), 32)
 
 
-def int8_layer(k: int, n: int, dtype: torch.dtype, backend: str, group_size: int | None, bias: bool):
-    layer, plain, _ = make_weight(k, n, dtype, "torch", bias)  # "torch": left plain
-    layer.int8_group_size = group_size
-    layer.pack(backend)
+INT8_KERNELS = (ZserveInt8Kernel, Int8TorchKernel)
+
+
+def int8_layer(k: int, n: int, dtype: torch.dtype, kernel: Int8Kernel, bias: bool):
+    layer, plain, _ = make_weight(k, n, dtype, TorchKernel(), bias)  # torch: left plain
+    layer.pack(kernel)
     return layer, plain
 
 
-@pytest.mark.parametrize("backend", INT8_BACKENDS)
+@pytest.mark.parametrize("kernel_class", INT8_KERNELS)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_gemm_weight_int8_backends(backend, dtype):
-    if backend == "zserve_int8" and load_gemm_int8() is None:
+def test_gemm_weight_int8_kernels(kernel_class, dtype):
+    if kernel_class is ZserveInt8Kernel and load_gemm_int8() is None:
         pytest.skip(NO_KERNEL)
-    for group_size, expect_group in ((None, 64), (32, 32), (0, 200), (500, 200)):
-        layer, plain = int8_layer(200, 37, dtype, backend, group_size, bias=True)
-        assert layer.weight is None and layer.backend == backend and layer.group_size == expect_group
+    for group_size, expect_group in ((DEFAULT_GROUP_SIZE, 64), (32, 32), (0, 200), (500, 200)):
+        kernel = kernel_class(group_size=group_size)
+        layer, plain = int8_layer(200, 37, dtype, kernel, bias=True)
+        assert layer.weight is None and layer.kernel == kernel and layer.packed.group_size == expect_group
         q, scales = quantize_int8(plain, expect_group)
         deq = dequantize_int8(q, scales, expect_group).double()
         for rows in (1, 5, 9):
             x = torch.randn(rows, 200, generator=torch.Generator().manual_seed(rows)).to(dtype)
             y = layer.matmul(x, layer.bias)
             assert y.dtype == dtype
-            assert_close_to_exact(y, x.double() @ deq + layer.bias.double(), (backend, group_size, rows))
+            assert_close_to_exact(y, x.double() @ deq + layer.bias.double(), (kernel, rows))
         assert layer.weight_bytes(dtype) == 200 * 37 + num_groups(200, expect_group) * 37 * 4
+
+
+class CopyOnly:
+    """The one Checkpoint method `fill_weight` calls."""
+
+    def copy_into(self, param, tensor, name, row_offset=0, transposed=False):
+        with torch.no_grad():
+            param.t()[row_offset : row_offset + tensor.shape[0]].copy_(tensor)
+
+
+@pytest.mark.parametrize("kernel_class", INT8_KERNELS)
+def test_a_weight_stored_in_int8_is_packed_as_it_came(kernel_class):
+    """Two pieces of a fused weight (q, k) a checkpoint stored in groups of 32 (GGUF Q8_0):
+    packed as stored, group 32, not quantized again; a piece in floats or another group size
+    among them makes the layer quantize its float weight instead."""
+    if kernel_class is ZserveInt8Kernel and load_gemm_int8() is None:
+        pytest.skip(NO_KERNEL)
+    w = torch.randn(96, 40, generator=torch.Generator().manual_seed(3))
+    q_part, k_part = Int8Weight.quantize(w[:, :24], 32), Int8Weight.quantize(w[:, 24:], 32)
+    assert join_columns([(0, q_part)], 40) is None and join_columns([(0, q_part), (30, k_part)], 40) is None
+    assert join_columns([(0, q_part), (24, Int8Weight.quantize(w[:, 24:], 64))], 40) is None
+    x = torch.randn(5, 96, generator=torch.Generator().manual_seed(4))
+    for second, expect_group in ((k_part, 32), (k_part.dequantize(), DEFAULT_GROUP_SIZE)):
+        layer, _, _ = make_weight(96, 40, torch.float32, TorchKernel(), bias=False)
+        layer.fill_weight(CopyOnly(), q_part, "q")
+        layer.fill_weight(CopyOnly(), second if isinstance(second, Int8Weight) else second.t(), "k", col_offset=24)
+        plain = layer.weight.detach().clone()
+        assert torch.equal(plain, torch.cat([q_part.dequantize(), k_part.dequantize()], dim=1))
+        layer.pack(kernel_class())
+        assert layer.packed.group_size == expect_group and not layer.stored_parts
+        weight = join_columns([(0, q_part), (24, k_part)], 40) if expect_group == 32 else Int8Weight.quantize(plain, expect_group)
+        assert_close_to_exact(layer.matmul(x, None), x.double() @ weight.dequantize().double(), (kernel_class, expect_group))
 
 
 def test_backend_choice_and_bytes():
     kernel = load_gemm_int8() is not None
     for dtype in DTYPES:
-        assert gemm_backend(CPU, dtype, "auto", "int8") == ("zserve_int8" if kernel else "int8_torch")
-    assert gemm_backend(CPU, torch.bfloat16, "torch", "int8") == "int8_torch"
-    assert gemm_backend(torch.device("cuda"), torch.bfloat16, "auto", "int8") == "int8_torch"
+        assert choose_kernel(CPU, dtype, "auto", "int8").name == ("zserve_int8" if kernel else "int8_torch")
+    assert choose_kernel(CPU, torch.bfloat16, "torch", "int8").name == "int8_torch"
+    assert choose_kernel(torch.device("cuda"), torch.bfloat16, "auto", "int8").name == "int8_torch"
     with pytest.raises(ValueError, match="--quantization 'int4': expected one of none, int8"):
-        gemm_backend(CPU, torch.bfloat16, "auto", "int4")
-    model = torch.nn.ModuleList([int8_layer(128, 48, torch.bfloat16, "int8_torch", 64, bias=False)[0]])
+        choose_kernel(CPU, torch.bfloat16, "auto", "int4")
+    model = torch.nn.ModuleList([int8_layer(128, 48, torch.bfloat16, Int8TorchKernel(group_size=64), bias=False)[0]])
     assert gemm_weight_bytes(model, torch.bfloat16) == 128 * 48 + 2 * 48 * 4  # vs 128 * 48 * 2 in bf16

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from testing.cache_dirs import private_cache_dir
 from testing.gguf_fixtures import demo_gguf, write_gguf
 from testing.model_fixtures import GreedyDriver, make_runner, make_tiny_checkpoint, random_prompt
 from zserve.launcher.demo_model import _load_gguf_model
@@ -46,7 +47,7 @@ def zserve_greedy(model_dir: Path, prompts: list[list[int]], n: int, **overrides
 
 @pytest.fixture(autouse=True)
 def cache_dir(tmp_path, monkeypatch):
-    monkeypatch.setenv("ZSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ZSERVE_CACHE_DIR", str(private_cache_dir(tmp_path / "cache")))  # the kernels' build shared
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))
@@ -72,7 +73,7 @@ def test_q8_0_into_the_int8_path_matches_transformers(tmp_path, kind):
     model_dir = gguf_model_dir(gguf_file, with_tokenizer=False)
     runner = make_runner(model_dir, page_size=4, kv_cache_tokens=512, device="cpu", dtype="float32", quantization="int8")
     layers = [m for m in runner.model.modules() if isinstance(m, GemmWeight)]
-    assert layers and all(m.group_size == 32 and m.packed.dtype == torch.int8 for m in layers), [(m.group_size, m.backend) for m in layers]
+    assert layers and all(m.packed.group_size == 32 and m.packed.values.dtype == torch.int8 for m in layers), [(m.packed, m.kernel) for m in layers]
     prompts = [random_prompt(n, seed=n) for n in (1, 7, 23)]
     driver = GreedyDriver(runner)
     ours = driver.generate([driver.add(p, NEW_TOKENS) for p in prompts])

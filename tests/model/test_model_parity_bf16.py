@@ -38,7 +38,7 @@ from testing.model_fixtures import (
 )
 from zserve.model_proc.kernels.cpu_isa import cpu_isa
 from zserve.model_proc.layers import attention_metadata
-from zserve.model_proc.layers.gemm import gemm_backend
+from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 
 NEAR_TIE_ULPS = 4  # of the top logit; the tiny models' top logits lie in [2, 4), where a bf16 ulp is 2^-6
 LOGITS_ATOL = NEAR_TIE_ULPS * 2.0**-6
@@ -153,10 +153,10 @@ def test_last_logits_close_bf16(checkpoints, kind):
 @pytest.mark.parametrize("gemm", ["auto", "zserve_widen", "onednn", "torch"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
 def test_every_gemm_backend_bf16(checkpoints, kind, gemm, monkeypatch):
-    """The linear layers' GEMM (model_proc/layers/gemm.py: our kernels by default where they
+    """The linear layers' GEMM (model_proc/layers/weight_kernels/: our kernels by default where they
     build, oneDNN-packed where the CPU has native bf16, plain torch.mm) keeps greedy parity;
     qwen2 and gpt2 bring biases."""
-    expected = gemm_backend(torch.device("cpu"), torch.bfloat16, gemm)
+    expected = choose_kernel(torch.device("cpu"), torch.bfloat16, gemm).name
     if gemm != "auto" and expected != gemm:
         pytest.skip(f"{gemm} does not run bf16 at this process's level ({cpu_isa()}): {expected} would")
     monkeypatch.setenv("ZSERVE_GEMM", gemm)

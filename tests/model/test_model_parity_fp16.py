@@ -20,7 +20,7 @@ from testing.model_fixtures import (
     make_tiny_checkpoint,
     random_prompt,
 )
-from zserve.model_proc.layers.gemm import gemm_backend
+from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 
 NEAR_TIE_ULPS = 4  # bf16 ulps of the top logit (first_divergence's unit): generous for fp16
 PROMPT_LENS = (1, 5, 17, 40)
@@ -33,7 +33,7 @@ def test_greedy_matches_transformers_fp16(tmp_path, kind):
     ref = HfReference(model_dir, dtype=torch.float16)
     runner = make_runner(model_dir, device="cpu", dtype="float16", page_size=4, kv_cache_tokens=4096)
     assert runner.dtype == torch.float16 and runner.kv_pool.dtype == torch.float16
-    assert runner.gemm_backend == gemm_backend(torch.device("cpu"), torch.float16)
+    assert runner.gemm_backend == choose_kernel(torch.device("cpu"), torch.float16).name
     driver = GreedyDriver(runner)
     prompts = [random_prompt(n, seed=n) for n in PROMPT_LENS]
     outputs = driver.generate([driver.add(p, NEW_TOKENS, chunk_size=7 if len(p) > 7 else None) for p in prompts])

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from testing.cache_dirs import private_cache_dir
 from testing.gguf_fixtures import write_gguf
 from testing.model_fixtures import GreedyDriver, make_runner, make_tiny_checkpoint, random_prompt
 from testing.server_process import free_port
@@ -57,7 +58,7 @@ def test_two_ranks_match_one(tmp_path, monkeypatch):
     """One pair of rank processes runs every kind (process start-up dominates the cost), and the llama
     as an F16 GGUF file (each rank dequantizes whole tensors and keeps its rows)."""
     model_dirs = {kind: str(make_tiny_checkpoint(tmp_path / kind, kind, **overrides)) for kind, overrides in KINDS.items()}
-    monkeypatch.setenv("ZSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ZSERVE_CACHE_DIR", str(private_cache_dir(tmp_path / "cache")))  # the kernels' build shared
     gguf_file = write_gguf(model_dirs["llama"], tmp_path / "llama.gguf", "F16")
     model_dirs["llama_gguf"] = str(gguf_model_dir(gguf_file, with_tokenizer=False))
     out_path = tmp_path / "rank0.json"

@@ -1,0 +1,11 @@
+"""How the linear layers' weights are stored and multiplied: the choice lists, declared once.
+
+ServerConfig's `--gemm-backend` and `--quantization` flags (common/server_config.py) and the model
+worker's kernel choice (model_proc/layers/weight_kernels/registry.py) read them from here. Torch-free,
+so the launcher and the flags table import it without torch.
+"""
+
+from __future__ import annotations
+
+GEMM_CHOICES = ("auto", "zserve_widen", "onednn", "torch")  # --gemm-backend: auto picks the fastest that runs
+QUANTIZATION_CHOICES = ("none", "int8")  # --quantization: none keeps --dtype; int8 (model_proc/layers/int8_weights.py)

@@ -1,0 +1,49 @@
+"""The block layouts zserve's CPU kernels read: output columns in blocks of 16, zero-padded.
+
+    pack_column_blocks  [R, N] -> [ceil(N / 16), R, 16]      gemm_widen.cpp (16-bit weights),
+                                                           gemm_int8.cpp (int8 values, their scales)
+    pack_bf16_blocks    [K, N] -> [ceil(N / 16), K / 2, 16]  gemm_bf16.cpp (pairs of k in one int32)
+
+A decode step then streams each block's rows in order, once.
+"""
+
+from __future__ import annotations
+
+import torch
+
+BLOCK_COLS = 16  # output columns per packed block
+
+
+def padded_cols(n: int) -> int:
+    return -(-n // BLOCK_COLS) * BLOCK_COLS
+
+
+def pack_column_blocks(values: torch.Tensor) -> torch.Tensor:
+    """[R, N] -> same dtype [ceil(N / 16), R, 16]: block b, row r, column j holds values[r, 16b + j]
+    (zero past N). A weight [K, N], int8 values [K, N] or their scales [K / G, N]."""
+    rows, n = values.shape
+    padded = torch.zeros(rows, padded_cols(n), dtype=values.dtype, device=values.device)
+    padded[:, :n] = values
+    return padded.view(rows, padded_cols(n) // BLOCK_COLS, BLOCK_COLS).permute(1, 0, 2).contiguous()
+
+
+def pack_bf16_blocks(weight_in_out: torch.Tensor) -> torch.Tensor:
+    """bf16 [K, N] (K even) -> int32 [ceil(N / 16), K / 2, 16]: block b, pair p, column j holds
+    (W[2p, 16b + j], W[2p + 1, 16b + j])."""
+    k, n = weight_in_out.shape
+    padded_n = padded_cols(n)
+    padded = torch.zeros(k, padded_n, dtype=torch.bfloat16, device=weight_in_out.device)
+    padded[:, :n] = weight_in_out
+    # [K/2, 2, NB, 16] -> [NB, K/2, 16, 2]
+    blocks = padded.view(k // 2, 2, padded_n // BLOCK_COLS, BLOCK_COLS).permute(2, 0, 3, 1).contiguous()
+    return blocks.view(torch.int32).view(padded_n // BLOCK_COLS, k // 2, BLOCK_COLS)
+
+
+def padded_bias(bias: torch.Tensor | None, num_blocks: int) -> torch.Tensor | None:
+    """float32 [num_blocks * 16]: the bias the block kernels add in fp32, zero past the outputs
+    (None for none)."""
+    if bias is None:
+        return None
+    padded = torch.zeros(num_blocks * BLOCK_COLS, dtype=torch.float32)
+    padded[: bias.numel()] = bias.detach().float()
+    return padded

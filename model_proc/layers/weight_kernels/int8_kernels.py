@@ -1,0 +1,81 @@
+"""The kernels of int8 weights (--quantization int8, any compute dtype; layers/int8_weights.py):
+
+    zserve_int8  kernels/gemm_int8.cpp (CPU, avx2 or avx512 levels): int8 values and fp32 scales in
+                 gemm_widen's blocks of 16 columns, widened in registers, fp32 sums
+    int8_torch   CUDA, the `baseline` level or --gemm-backend torch: the same values and scales,
+                 dequantized on the fly for an fp32 torch.mm (the reference: slow, exact)
+
+Each takes the checkpoint's own int8 values (an `Int8Weight`, GGUF Q8_0) or quantizes the plain
+weight in groups of `group_size` input rows (0: one scale per output column).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from zserve.common.weight_formats import GEMM_CHOICES
+from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8
+from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, Int8Weight, dequantize_int8
+from zserve.model_proc.layers.weight_kernels.column_blocks import pack_column_blocks, padded_bias
+from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
+from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
+
+
+@dataclass(frozen=True)
+class Int8Kernel(WeightKernel):
+    """What both int8 kernels share: the int8 values they pack, and their bytes."""
+
+    group_size: int = DEFAULT_GROUP_SIZE  # input rows per scale when quantizing at load
+    quantization = "int8"
+
+    def int8_weight(self, plain: torch.Tensor, stored: QuantizedWeight | None) -> Int8Weight:
+        return stored if isinstance(stored, Int8Weight) else Int8Weight.quantize(plain, self.group_size)
+
+    def weight_bytes(self, packed: PackedWeight | None, in_features: int, out_features: int, dtype: torch.dtype) -> int:
+        if packed is None:
+            return super().weight_bytes(packed, in_features, out_features, dtype)
+        return in_features * out_features + -(-in_features // packed.group_size) * out_features * 4
+
+
+@dataclass(frozen=True)
+class ZserveInt8Kernel(Int8Kernel):
+    name = "zserve_int8"
+    choices = ("auto", "zserve_widen", "onednn")
+
+    @staticmethod
+    def runs(device: torch.device, dtype: torch.dtype) -> bool:
+        return device.type == "cpu" and load_gemm_int8() is not None
+
+    def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
+        weight = self.int8_weight(plain, stored)
+        values = pack_column_blocks(weight.q)
+        scales = pack_column_blocks(weight.scales.float())
+        return PackedWeight(values, plain.shape[1], padded_bias(bias, values.shape[0]), scales, weight.group_size)
+
+    def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        packed_bias = packed.bias if bias is not None else None
+        return torch.ops.zserve.gemm_int8(
+            x.contiguous(), packed.values, packed.scales, packed.out_features, packed_bias, packed.group_size
+        )
+
+
+@dataclass(frozen=True)
+class Int8TorchKernel(Int8Kernel):
+    name = "int8_torch"
+    choices = GEMM_CHOICES
+
+    @staticmethod
+    def runs(device: torch.device, dtype: torch.dtype) -> bool:
+        return True
+
+    def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
+        weight = self.int8_weight(plain, stored)
+        scales = weight.scales.float().to(plain.device)
+        return PackedWeight(weight.q.to(plain.device), plain.shape[1], scales=scales, group_size=weight.group_size)
+
+    def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        # the reference: dequantized to fp32 on the fly, summed in fp32, rounded once
+        y = torch.mm(x.float(), dequantize_int8(packed.values, packed.scales, packed.group_size))
+        return (y + bias.float() if bias is not None else y).to(x.dtype)

@@ -1,0 +1,53 @@
+"""A weight the checkpoint stored quantized, on its way from the reader to the kernel.
+
+A reader's `read_weight` returns either float rows or such a weight (GGUF Q8_0: an Int8Weight,
+layers/int8_weights.py); nothing rides on the tensors or parameters. A format is a frozen
+dataclass whose tensors all have the output columns last ([*, out]: a [in, out] weight's
+orientation), with `out_features` and `dequantize()`; the pieces of a fused weight (q, k, v)
+then join side by side (`join_columns`), and the layer packs the joined weight when every output
+column came so, its float values otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import fields, replace
+from typing import Protocol
+
+import torch
+
+
+class QuantizedWeight(Protocol):
+    @property
+    def out_features(self) -> int: ...
+
+    def dequantize(self) -> torch.Tensor:
+        """float32 [in, out]: the values it stands for."""
+        ...
+
+
+def split_loaded(loaded: torch.Tensor | QuantizedWeight) -> tuple[torch.Tensor, QuantizedWeight | None]:
+    """A `read_weight` result as (its float [out, in] rows, the stored quantized weight or None)."""
+    if isinstance(loaded, torch.Tensor):
+        return loaded, None
+    return loaded.dequantize().t(), loaded
+
+
+def join_columns(parts: Sequence[tuple[int, QuantizedWeight]], out_features: int) -> QuantizedWeight | None:
+    """The [in, out_features] weight made of (column offset, piece) pieces side by side, or None
+    unless they cover every column, in order, in one format with the same settings (group size)."""
+    if not parts:
+        return None
+    first = parts[0][1]
+    tensor_names = [f.name for f in fields(first) if isinstance(getattr(first, f.name), torch.Tensor)]
+    settings = [f.name for f in fields(first) if f.name not in tensor_names]
+    next_col = 0
+    for col, part in parts:
+        same_format = type(part) is type(first) and all(getattr(part, s) == getattr(first, s) for s in settings)
+        if col != next_col or not same_format:
+            return None
+        next_col += part.out_features
+    if next_col != out_features:
+        return None
+    joined = {name: torch.cat([getattr(part, name) for _, part in parts], dim=1) for name in tensor_names}
+    return replace(first, **joined)

@@ -1,0 +1,40 @@
+"""Every weight kernel, in the order `auto` prefers them, and the one place a server's is chosen.
+
+A 4-bit format is one more kernel class in this list (and one branch in the checkpoint reader
+that returns its stored weights: model_proc/gguf_checkpoint.py `read_weight`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from zserve.common.weight_formats import GEMM_CHOICES, QUANTIZATION_CHOICES
+from zserve.model_proc.layers.weight_kernels.float_kernels import (
+    OneDnnKernel,
+    TorchKernel,
+    ZserveBf16Kernel,
+    ZserveWidenKernel,
+)
+from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8TorchKernel, ZserveInt8Kernel
+from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
+
+KERNELS: tuple[WeightKernel, ...] = (  # preference order: the first that may be picked and runs wins
+    ZserveBf16Kernel(),
+    ZserveWidenKernel(),
+    OneDnnKernel(),
+    TorchKernel(),  # runs everywhere: the fallback of --quantization none
+    ZserveInt8Kernel(),
+    Int8TorchKernel(),  # runs everywhere: the fallback of --quantization int8
+)
+
+
+def choose_kernel(
+    device: torch.device, dtype: torch.dtype, choice: str = "auto", quantization: str = "none"
+) -> WeightKernel:
+    """The kernel for `choice` (a server's --gemm-backend) and `quantization` (--quantization) on
+    `device` in `dtype`: a choice this CPU or dtype cannot run falls back to the next that can."""
+    if choice not in GEMM_CHOICES:
+        raise ValueError(f"--gemm-backend {choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
+    if quantization not in QUANTIZATION_CHOICES:
+        raise ValueError(f"--quantization {quantization!r}: expected one of {', '.join(QUANTIZATION_CHOICES)}")
+    return next(k for k in KERNELS if k.quantization == quantization and choice in k.choices and k.runs(device, dtype))

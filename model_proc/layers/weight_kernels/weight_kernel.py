@@ -1,0 +1,62 @@
+"""The interface every GEMM under the linear layers and the LM head implements.
+
+vLLM's LinearMethodBase is the anchor: its create_weights / process_weights_after_loading /
+apply are here GemmWeight.init_weight (the plain [in, out] Parameter the checkpoint fills),
+`WeightKernel.pack` (that weight, or the pre-quantized one the checkpoint returned, into the
+kernel's layout: a `PackedWeight`) and `WeightKernel.matmul` (x @ W + bias from that state).
+
+A kernel is a small stateless frozen dataclass; registry.py lists them in the order `auto`
+prefers them and picks one per server (`choose_kernel`). Each declares which --quantization it
+serves, which --gemm-backend values may pick it, and whether it runs on a device and dtype.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
+
+
+@dataclass(frozen=True, slots=True)
+class PackedWeight:
+    """What a kernel's matmul runs from: its layout of one [in, out] weight."""
+
+    values: torch.Tensor  # the kernel's layout (torch: the plain [in, out] tensor itself, not a copy)
+    out_features: int
+    bias: torch.Tensor | None = None  # block layouts: the layer's bias, float32, padded to the blocks
+    scales: torch.Tensor | None = None  # int8: float32 scales per group of input rows
+    group_size: int = 0  # int8: input rows per scale
+
+
+class WeightKernel(ABC):
+    name: ClassVar[str]  # what the log and `ModelRunner.gemm_backend` call it
+    quantization: ClassVar[str]  # the --quantization it serves (common/weight_formats.py)
+    choices: ClassVar[tuple[str, ...]]  # the --gemm-backend values that may pick it
+    repacks: ClassVar[bool] = True  # False: it runs from the plain tensor, which the layer keeps
+
+    @staticmethod
+    @abstractmethod
+    def runs(device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether it runs `dtype` on `device` here (a CPU kernel: whether it was built)."""
+
+    def kernel_for(self, in_features: int) -> WeightKernel:
+        """The kernel that runs a weight of `in_features` rows: this one, or a fallback."""
+        return self
+
+    @abstractmethod
+    def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
+        """The state `matmul` runs from: `plain` (the [in, out] weight), `bias` (the layer's bias
+        Parameter or None) and `stored` (the weight as the checkpoint stored it quantized, every
+        output column; None when it came in floats). A kernel takes `stored` only in its own format."""
+
+    @abstractmethod
+    def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        """x [T, in] -> [T, out]; `bias` is the layer's bias Parameter or None (a TP rank > 0's row-parallel layer)."""
+
+    def weight_bytes(self, packed: PackedWeight | None, in_features: int, out_features: int, dtype: torch.dtype) -> int:
+        """Bytes of the matrix a forward multiplies by (`packed` None: not packed yet)."""
+        return in_features * out_features * dtype.itemsize
