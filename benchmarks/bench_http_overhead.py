@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import sys
 import tempfile
 import time
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from testing.http_client import HttpClient  # noqa: E402
 from testing.server_process import start_server  # noqa: E402
 from zserve.client import AsyncClient  # noqa: E402
+from zserve.common.net_ports import free_port  # noqa: E402
 
 PASSAGE = (
     "The history of computing is a story of layers: each generation of engineers builds on the abstractions "
@@ -102,12 +102,6 @@ def report(runs: dict[str, dict[str, list[float]]]) -> str:
     lines.append(f"median of paired differences (same prompt, back to back): {paired_ms:+.2f} ms "
                  f"({100 * paired_ms / p50['zmq']:+.1f}% of the ZMQ p50)")
     return "\n".join(lines)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -113,15 +113,15 @@ class GemmBound:
         layers = [m for m in runner.model.modules() if isinstance(m, (ColumnParallelLinear, RowParallelLinear))]
         layer_weights = sum(m.weight_shape[0] * m.weight_shape[1] for m in layers)
         self.hidden, self.vocab, self.dtype = cfg.hidden_size, cfg.vocab_size, dtype
-        backend = runner.gemm_backend
-        self.layers_w = self._weight(self.hidden, layer_weights // self.hidden, backend)  # [hidden, N]
-        self.head_w = self._weight(self.hidden, self.vocab, backend)
+        kernel = runner.weight_kernel
+        self.layers_w = self._weight(self.hidden, layer_weights // self.hidden, kernel)  # [hidden, N]
+        self.head_w = self._weight(self.hidden, self.vocab, kernel)
 
-    def _weight(self, rows: int, cols: int, backend: str) -> GemmWeight:
+    def _weight(self, rows: int, cols: int, kernel) -> GemmWeight:
         weight = GemmWeight()
         weight.init_weight(rows, cols)
         weight.weight.data = torch.randn(rows, cols).to(self.dtype)
-        weight.pack(backend)
+        weight.pack(kernel)
         return weight
 
     def flops(self, num_tokens: int, num_sampled: int) -> float:

@@ -38,8 +38,9 @@ from benchmarks.load_driver import LoadOptions, drive  # noqa: E402
 from benchmarks.machine_info import load_average, machine_info  # noqa: E402
 from benchmarks.metrics import RunMetrics  # noqa: E402
 from benchmarks.workloads import LengthRange, random_workload, sampleable_token_ids  # noqa: E402
-from testing.server_process import ServerProcess, free_port, resolve_model_dir  # noqa: E402
+from testing.server_process import ServerProcess, resolve_model_dir  # noqa: E402
 from zserve import Client  # noqa: E402
+from zserve.common.net_ports import free_port  # noqa: E402
 from zserve.common.worker_env import worker_env  # noqa: E402
 
 

@@ -65,7 +65,8 @@ from benchmarks.load_driver import LoadOptions, drive  # noqa: E402
 from benchmarks.machine_info import load_average, machine_info  # noqa: E402
 from benchmarks.metrics import RunMetrics  # noqa: E402
 from benchmarks.workloads import LengthRange, echo_workload, random_workload, sampleable_token_ids  # noqa: E402
-from testing.server_process import free_port, resolve_model_dir  # noqa: E402
+from testing.server_process import resolve_model_dir  # noqa: E402
+from zserve.common.net_ports import free_port, health_ok  # noqa: E402
 
 DEMO_QUESTION = "What is the capital of France?"
 DEFAULT_VLLM_VENV = Path.home() / ".cache" / "zserve-peer-vllm" / "venv"
@@ -98,12 +99,8 @@ class Peer:
         while time.monotonic() - t0 < timeout_s:
             if self.proc.poll() is not None:
                 raise RuntimeError(f"{self.name} exited with {self.proc.returncode}:\n{self.log_path.read_text()[-3000:]}")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=2) as response:
-                    if response.status == 200:
-                        return time.monotonic() - t0
-            except OSError:
-                pass  # not listening yet
+            if health_ok(self.base_url):  # False while not listening yet
+                return time.monotonic() - t0
             time.sleep(1.0)
         raise RuntimeError(f"{self.name} not healthy within {timeout_s:.0f}s:\n{self.log_path.read_text()[-3000:]}")
 

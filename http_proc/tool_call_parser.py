@@ -1,6 +1,6 @@
 """ToolCallParser: function calls in a chat model's text, as OpenAI's `tool_calls`.
 
-Two formats, picked from the model's chat template:
+Two formats, picked from the model's chat template (common/tool_call_format.py):
 - hermes (Qwen2.5, Qwen3, Hermes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
   any number of them; the text outside them is the message's content;
 - llama3_json (Llama 3.1-3.3): the whole answer is `{"name": ..., "parameters": {...}}`
@@ -20,9 +20,9 @@ import uuid
 from dataclasses import dataclass, replace
 from typing import Any
 
-HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+from zserve.common.tool_call_format import HERMES_OPEN, PYTHON_TAG, template_tool_call_format
+
 HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
-PYTHON_TAG = "<|python_tag|>"
 
 
 @dataclass(frozen=True)
@@ -75,18 +75,6 @@ class ToolCallParser:
             if HERMES_OPEN.startswith(text[-n:]):
                 return len(text) - n
         return len(text)
-
-
-def template_tool_call_format(source: str | None) -> str | None:
-    """How a chat template writes tool calls ("hermes" or "llama3_json"); None when it has no format
-    we know. The launcher asks once (ModelFacts); the HTTP process parses with the answer."""
-    if not source:
-        return None
-    if HERMES_OPEN in source:
-        return "hermes"
-    if PYTHON_TAG in source or ('"parameters"' in source and "tools" in source):
-        return "llama3_json"
-    return None
 
 
 def _call(raw: str, *argument_keys: str) -> dict[str, Any] | None:

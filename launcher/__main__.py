@@ -7,38 +7,18 @@ import os
 import signal
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 from typing import IO
 
-from zserve.common.cpu_isa_level import resolve_cpu_isa
 from zserve.common.proc_runtime import setup_logging
+from zserve.common.rank_layout import RankLayout
 from zserve.common.server_config import ServerConfig
-from zserve.common.speculative_settings import resolve_speculative_config
 from zserve.launcher.cli import parse_config, refuse
-from zserve.launcher.config_check import check_flags, check_model, resolve_zmq_port
+from zserve.launcher.config_resolver import resolve_config
 from zserve.launcher.launcher import Launcher, StartupError
 from zserve.launcher.server_ready import ServerReady
 
 logger = logging.getLogger("launcher")
-
-
-def resolve_model(cfg: ServerConfig) -> ServerConfig:
-    """The demo model when --model is empty; a GGUF file becomes a directory of its metadata
-    (launcher/gguf_model_dir.py) whose weights stay in the file."""
-    if cfg.model:
-        from zserve.launcher.gguf_model_dir import gguf_file_of, gguf_model_dir
-
-        gguf_file = gguf_file_of(cfg.model)
-        if gguf_file is None:
-            return cfg
-        model_dir = gguf_model_dir(gguf_file, with_tokenizer=not cfg.tokenizer)
-        logger.info("--model %s: metadata in %s, weights read from the GGUF file", gguf_file, model_dir)
-        # the API's model name is the file's, not the cache directory's
-        return replace(cfg, model=str(model_dir), served_model_name=cfg.served_model_name or gguf_file.name)
-    from zserve.launcher.demo_model import ensure_demo_model
-
-    return replace(cfg, model=str(ensure_demo_model(progress=True)))
 
 
 def open_shell_log(log_level: str) -> IO[str]:
@@ -55,7 +35,10 @@ def ready_line(cfg: ServerConfig, launcher: Launcher, port: int | None) -> str:
     layout = launcher.layout
     if not layout.is_head_node:
         ranks = ", ".join(str(r) for r in layout.local_ranks)
-        return f"zserve node {layout.node_rank} ready: model ranks {ranks} of {layout.tp_size} joined node 0 at {cfg.dist_init_addr}"
+        return (
+            f"zserve node {layout.node_rank} ready: model ranks {ranks} of {layout.tp_size} joined node 0 at "
+            f"{cfg.dist_init_addr}"
+        )
     http = launcher.ready.get("http")
     http_note = f"; HTTP on {http.info['url']}" if http is not None else ""
     tp_note = f"; {layout.tp_size} tensor-parallel ranks on {layout.nnodes} node(s)" if layout.tp_size > 1 else ""
@@ -72,8 +55,9 @@ def ready_record(cfg: ServerConfig, launcher: Launcher, port: int | None, line: 
 
 def main(argv: list[str] | None = None) -> None:
     cfg = parse_config(argv)  # refuses a bad flag alone (exit code 2)
-    if cfg.dp_size != 1 or cfg.router:  # data-parallel replicas, each a launch_server like this one (launcher/fleet.py)
-        from zserve.launcher.fleet_launch import run_fleet
+    # data-parallel replicas, each a launch_server like this one (launcher/fleet/supervisor.py)
+    if cfg.dp_size != 1 or cfg.router:
+        from zserve.launcher.fleet.run import run_fleet
 
         setup_logging("fleet", cfg.log_level)
         sys.exit(run_fleet(cfg))
@@ -83,19 +67,21 @@ def main(argv: list[str] | None = None) -> None:
         die_with_parent(int(os.environ["ZSERVE_FLEET_PID"]))
     setup_logging("launcher", cfg.log_level)
     if cfg.trust_remote_code:
-        logger.info("--trust-remote-code has no effect: zserve runs its own model code, never code from the model directory")
+        logger.info(
+            "--trust-remote-code has no effect: zserve runs its own model code, never code from the model directory"
+        )
     try:
-        cfg = resolve_speculative_config(cfg)  # vLLM's --speculative-config JSON into the --speculative-* flags
-        layout = check_flags(cfg)
-        cfg = check_model(resolve_model(resolve_zmq_port(cfg) if layout.is_head_node else cfg), layout)
-        cfg = replace(cfg, cpu_isa=resolve_cpu_isa(cfg.cpu_isa))  # once: auto is this CPU's level; one it lacks is refused
+        cfg, model_facts = resolve_config(cfg)
     except ValueError as exc:
         refuse(str(exc))
     from zserve.common.worker_env import worker_env
 
+    layout = RankLayout.from_config(cfg)
     shell = cfg.shell and layout.is_head_node
     log_file = open_shell_log(cfg.log_level) if shell else None  # the chat gets the terminal to itself
-    launcher = Launcher(cfg, worker_env(cfg.num_threads, cfg.device, cfg.omp_spin_count, cfg.cpu_isa), layout, log_file)
+    launcher = Launcher(
+        cfg, model_facts, worker_env(cfg.num_threads, cfg.device, cfg.omp_spin_count, cfg.cpu_isa), layout, log_file,
+    )
     signal.signal(signal.SIGTERM, launcher.on_stop_signal)
     # Ctrl-C: drain, a second one aborts; under --shell it is the chat's (it stops an answer)
     signal.signal(signal.SIGINT, signal.default_int_handler if shell else launcher.on_stop_signal)

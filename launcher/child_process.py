@@ -24,7 +24,8 @@ class ChildProcess:
         child_env.update(env or {})
         child_env["ZSERVE_PARENT_PID"] = str(os.getpid())
         popen = subprocess.Popen(
-            [sys.executable, "-m", module, *args], env=child_env, stdin=subprocess.DEVNULL, stdout=log_file, stderr=log_file,
+            [sys.executable, "-m", module, *args], env=child_env, stdin=subprocess.DEVNULL, stdout=log_file,
+            stderr=log_file,
             start_new_session=True,  # a terminal's Ctrl-C reaches only the launcher, even while a child still imports
         )
         return ChildProcess(name, popen)

@@ -1,4 +1,5 @@
-"""`launch_server` flags, read from ServerConfig's fields (defaults, help, choices and ranges live there).
+"""`launch_server` flags: one per ServerConfig field (its type and default), with the flags table's
+help, spellings, choices and ranges (common/server_flags.py).
 
 A bad value is refused here in one line (`launch_server: error: ...`, exit code 2), without the
 usage text: launcher/config_check.py refuses what needs more than one flag the same way.
@@ -14,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import NoReturn
 
-from zserve.common.server_config import ServerConfig, env_defaults
+from zserve.common.server_config import ServerConfig
+from zserve.common.server_flags import FLAG_SPECS, FlagSpec, env_defaults, flag_of
 
 PROG = "launch_server"
 
@@ -30,19 +32,23 @@ def refuse(message: str) -> NoReturn:
     sys.exit(2)
 
 
-BOUNDS = (("min", ">=", operator.ge), ("max", "<=", operator.le), ("above", ">", operator.gt), ("below", "<", operator.lt))
+BOUNDS = (
+    ("min", ">=", operator.ge), ("max", "<=", operator.le), ("above", ">", operator.gt), ("below", "<", operator.lt),
+)
 
 
-def ranged(kind: type, metadata: dict) -> Callable[[str], int | float]:
-    """argparse type: `kind`, within the field's "min" / "max" (inclusive) and "above" / "below" (exclusive)."""
-    checks = [(word, metadata[key], holds) for key, word, holds in BOUNDS if key in metadata]
+def ranged(kind: type, spec: FlagSpec) -> Callable[[str], int | float]:
+    """argparse type: `kind`, within the flag's min / max (inclusive) and above / below (exclusive)."""
+    checks = [(word, getattr(spec, key), holds) for key, word, holds in BOUNDS if getattr(spec, key) is not None]
     wanted = " and ".join(f"{word} {bound}" for word, bound, _ in checks)
 
     def parse(text: str) -> int | float:
         try:
             value = kind(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(
+                f"expected {'an integer' if kind is int else 'a number'}, got {text!r}"
+            ) from None
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
         if not all(holds(value, bound) for _, bound, holds in checks):
@@ -73,44 +79,48 @@ class DeprecatedFlag(argparse.Action):
         setattr(namespace, self.dest, value)
 
 
-def value_type(kind: type, metadata: dict) -> Callable[[str], object]:
+def value_type(kind: type, spec: FlagSpec) -> Callable[[str], object]:
     """argparse type of a field: ranged numbers; strings with their spelling aliases (`half`)."""
     if kind is not str:
-        return ranged(kind, metadata)
-    aliases = metadata.get("value_aliases", {})
-    return lambda text: aliases.get(text, text)
+        return ranged(kind, spec)
+    return lambda text: spec.value_aliases.get(text, text)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """Every ServerConfig field is a flag (`--name`, or its metadata's "flag"), with the SGLang and
+    """Every ServerConfig field is a flag (`--name`, or the flags table's `flag`), with the SGLang and
     vLLM spellings of the same meaning as aliases, and old spellings of renamed flags that warn."""
     parser = OneLineParser(
         prog=PROG, description="Start a zserve server: tokenizer, scheduler, model worker and detokenizer processes."
     )
     from_env = env_defaults()  # ZSERVE_* variables that set a flag's default (checked in parse_config)
     for f in fields(ServerConfig):
-        meta = f.metadata
-        flag = meta.get("flag", "--" + f.name.replace("_", "-"))
-        aliases = meta.get("aliases", ())
+        spec = FLAG_SPECS[f.name]
+        flag = flag_of(f.name)
+        aliases = spec.aliases
         default = from_env[f.name][1] if f.name in from_env else f.default if f.default is not MISSING else None
-        others = [*aliases, *meta.get("switches", {})]
-        help_text = meta.get("help", "") + (f"; also {', '.join(others)}" if others else "")
-        for switch, value in meta.get("switches", {}).items():  # a peer's flag that sets one value (--disable-log-stats)
-            parser.add_argument(switch, dest=f.name, action="store_const", const=value, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+        others = [*aliases, *spec.switches]
+        help_text = spec.help + (f"; also {', '.join(others)}" if others else "")
+        for switch, value in spec.switches.items():  # a peer's flag that sets one value (--disable-log-stats)
+            parser.add_argument(
+                switch, dest=f.name, action="store_const", const=value, default=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+            )
         if f.type in ("bool", bool):
             parser.add_argument(flag, dest=f.name, action="store_true", default=default, help=help_text)
             for alias in aliases:
-                parser.add_argument(alias, dest=f.name, action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+                parser.add_argument(
+                    alias, dest=f.name, action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS,
+                )
             continue
         kind = {"int": int, "float": float, "str": str}[f.type if isinstance(f.type, str) else f.type.__name__]
-        convert = value_type(kind, meta)
-        choices = meta.get("choices")
-        if choices is not None and meta.get("value_aliases"):
-            choices = [*choices, *meta["value_aliases"]]  # accepted spellings; the value stored is the canonical one
+        convert = value_type(kind, spec)
+        choices = spec.choices
+        if choices is not None and spec.value_aliases:
+            choices = [*choices, *spec.value_aliases]  # accepted spellings; the value stored is the canonical one
         checked = None if choices is None else _Choices(choices, convert)
         metavar = None if choices else flag.lstrip("-").upper().replace("-", "_")
         parser.add_argument(
-            flag, dest=f.name, type=convert, default=default, choices=checked, metavar=metavar, nargs=meta.get("nargs"),
+            flag, dest=f.name, type=convert, default=default, choices=checked, metavar=metavar, nargs=spec.nargs,
             help=f"{help_text} (default: {default!r})",
         )
         for alias in aliases:  # its own action, so an error names the spelling the user typed
@@ -118,13 +128,15 @@ def build_parser() -> argparse.ArgumentParser:
                 alias, dest=f.name, type=convert, default=argparse.SUPPRESS, choices=checked, metavar=metavar,
                 help=argparse.SUPPRESS,
             )
-        for old_flag, note in meta.get("deprecated", {}).items():
+        for old_flag, note in spec.deprecated.items():
             parser.add_argument(
                 old_flag, dest=f.name, action=DeprecatedFlag, new_flag=flag, note=note, convert=convert,
-                allowed=meta.get("choices"), help=argparse.SUPPRESS,
+                allowed=spec.choices, help=argparse.SUPPRESS,
             )
-        if meta.get("positional"):
-            parser.add_argument(f"{f.name}_positional", nargs="?", default=None, metavar=f.name.upper(), help=f"same as {flag}")
+        if spec.positional:
+            parser.add_argument(
+                f"{f.name}_positional", nargs="?", default=None, metavar=f.name.upper(), help=f"same as {flag}",
+            )
     return parser
 
 
@@ -144,18 +156,21 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     parser = build_parser()
     ns = vars(parser.parse_args(argv))
     for name, (variable, value) in env_defaults().items():  # argparse checks choices only on the command line
-        choices = next(f.metadata.get("choices") for f in fields(ServerConfig) if f.name == name)
+        choices = FLAG_SPECS[name].choices
         if ns[name] == value and choices is not None and value not in choices:
-            parser.error(f"${variable}={value!r} (the default of --{name.replace('_', '-')}): expected one of {', '.join(choices)}")
+            parser.error(
+                f"${variable}={value!r} (the default of --{name.replace('_', '-')}): "
+                f"expected one of {', '.join(choices)}"
+            )
     for f in fields(ServerConfig):
-        if f.metadata.get("positional"):
+        if FLAG_SPECS[f.name].positional:
             given = ns.pop(f"{f.name}_positional")
             if given is not None:
-                flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+                flag = flag_of(f.name)
                 if ns[f.name] and ns[f.name] != given:
                     parser.error(f"the {f.name} is given twice: {given!r} and {flag} {ns[f.name]!r}")
                 ns[f.name] = given
     for f in fields(ServerConfig):  # a flag taking several values (--router-worker-urls A B) is one comma-joined string
-        if f.metadata.get("nargs") and isinstance(ns[f.name], list):
+        if FLAG_SPECS[f.name].nargs and isinstance(ns[f.name], list):
             ns[f.name] = ",".join(ns[f.name])
     return ServerConfig(**ns)

@@ -1,7 +1,7 @@
 """What the launcher checks before it starts any process, so a bad configuration is refused in
 one line (exit code 2) in well under a second, not by a child's traceback seconds later.
 
-    argparse (launcher/cli.py)   each flag alone: types, choices, ranges from ServerConfig's metadata
+    argparse (launcher/cli.py)   each flag alone: types, choices, ranges from the flags table (common/server_flags.py)
     check_flags                  flags together, --device, and that --port / --zmq-port are free
     resolve_zmq_port             the default --zmq-port, when taken, becomes a free one
     (resolve_model)              the demo model is fetched when --model is empty
@@ -50,7 +50,8 @@ def check_flags(cfg: ServerConfig) -> RankLayout:
     if cfg.zmq_port != DEFAULT_CLIENT_PORT:  # the default one moves when taken (resolve_zmq_port)
         if cfg.http_port and cfg.http_port == cfg.zmq_port:
             raise ValueError(f"--zmq-port {cfg.zmq_port} is also the HTTP port (--port): choose another")
-        check_port_free("--zmq-port", cfg.host, cfg.zmq_port)  # port 0 still checks that --host is an address of this machine
+        # port 0 still checks that --host is an address of this machine
+        check_port_free("--zmq-port", cfg.host, cfg.zmq_port)
     return layout
 
 
@@ -134,7 +135,9 @@ def check_weights(model_dir: Path) -> None:
             weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
             files = sorted(set(weight_map.values()))
         except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"{index_path} is malformed ({exc!r}); expected {{'weight_map': {{name: file}}}}") from None
+            raise ValueError(
+                f"{index_path} is malformed ({exc!r}); expected {{'weight_map': {{name: file}}}}"
+            ) from None
     elif (model_dir / WEIGHTS_FILE).is_file():
         files = [WEIGHTS_FILE]
     else:

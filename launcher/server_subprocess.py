@@ -59,8 +59,12 @@ class ServerSubprocess:
             env=dict(os.environ if env is None else env, PYTHONUNBUFFERED="1"),
             start_new_session=new_session,  # a fleet's replicas: a terminal's Ctrl-C reaches the supervisor alone
         )
-        server = ServerSubprocess(proc, ready_path, time.perf_counter(), max_log_lines=max_log_lines, echo_prefix=echo_prefix)
-        threading.Thread(target=server._read_logs, args=(echo_logs, log_path), name="zserve-server-logs", daemon=True).start()
+        server = ServerSubprocess(
+            proc, ready_path, time.perf_counter(), max_log_lines=max_log_lines, echo_prefix=echo_prefix,
+        )
+        threading.Thread(
+            target=server._read_logs, args=(echo_logs, log_path), name="zserve-server-logs", daemon=True,
+        ).start()
         return server
 
     def wait_ready(self, timeout_s: float) -> ServerReady:
@@ -73,7 +77,9 @@ class ServerSubprocess:
                 break
             if self.proc.poll() is not None:
                 time.sleep(0.2)  # let the log reader take the last lines
-                raise ServerStartError(f"launch_server exited with code {self.proc.returncode} before it was ready:\n{self.log_tail()}")
+                raise ServerStartError(
+                    f"launch_server exited with code {self.proc.returncode} before it was ready:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
                 self.kill()
                 raise ServerStartError(f"launch_server not ready within {timeout_s:.0f}s:\n{self.log_tail()}")

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Data-parallel replicas on this machine behind sglang-router: the common case of
-# `launch_server --dp-size N --router` (launcher/fleet.py).
+# `launch_server --dp-size N --router` (launcher/fleet/).
 #
 #   MODEL=/path/to/hf-model-dir DP=2 bash scripts/launch_router.sh [more launch_server flags]
 #

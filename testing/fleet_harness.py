@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -28,8 +27,8 @@ from pathlib import Path
 from prometheus_client.parser import text_string_to_metric_families
 
 from testing.paths import REPO_ROOT
-from testing.processes import pid_alive
-from testing.server_process import free_port
+from testing.processes import child_pids, cmdline, pid_alive
+from zserve.common.net_ports import free_port, http_url, port_free
 from zserve.http_proc.server_metrics import PREFIX, STAT_COUNTERS
 from zserve.launcher.server_ready import ServerReady
 from zserve.launcher.server_subprocess import ServerSubprocess
@@ -76,7 +75,7 @@ class FleetHarness:
 
     @property
     def router_url(self) -> str:
-        return f"http://127.0.0.1:{self.ready.http_port}"
+        return http_url("127.0.0.1", self.ready.http_port)
 
     @property
     def model_name(self) -> str:
@@ -85,7 +84,7 @@ class FleetHarness:
 
     @property
     def replica_urls(self) -> list[str]:
-        return [f"http://127.0.0.1:{self.base_port + i}" for i in range(self.num_replicas)]
+        return [http_url("127.0.0.1", self.base_port + i) for i in range(self.num_replicas)]
 
     def log(self) -> str:
         return self.server.log()
@@ -98,6 +97,14 @@ class FleetHarness:
             if b"zserve.launcher" in argv and port in argv:
                 return pid
         raise AssertionError(f"no running replica {replica_idx}\n{self.server.log_tail()}")
+
+    def replica_child_pid(self, replica_idx: int, module: str) -> int:
+        """The pid of replica `replica_idx`'s child started as `python -m zserve.<module>` (model_proc ...)."""
+        want = f"zserve.{module}".encode()
+        for pid in child_pids(self.replica_pid(replica_idx)):
+            if want in cmdline(pid):
+                return pid
+        raise AssertionError(f"replica {replica_idx} runs no {module}\n{self.server.log_tail()}")
 
     def descendants(self) -> list[int]:
         return descendant_pids(self.server.proc.pid)
@@ -158,23 +165,9 @@ def free_consecutive_ports(count: int, attempts: int = 50) -> int:
     """A port p with p .. p + count - 1 all free on loopback."""
     for _ in range(attempts):
         base = free_port()
-        if base + count - 1 <= 65535 and all(_port_free(base + i) for i in range(1, count)):
+        if base + count - 1 <= 65535 and all(port_free(base + i) for i in range(1, count)):
             return base
     raise RuntimeError(f"no {count} consecutive free ports")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
-def child_pids(pid: int) -> list[int]:
-    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
-    return [int(p) for p in out.split()]
 
 
 def descendant_pids(pid: int) -> list[int]:
@@ -194,19 +187,3 @@ def kill_tree(pid: int) -> None:
                 os.kill(child, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-
-
-def cmdline(pid: int) -> list[bytes]:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().split(b"\0")
-    except FileNotFoundError:
-        return []
-
-
-def health_ok(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url + "/health", timeout=2) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):
-        return False

@@ -6,7 +6,8 @@ records every outcome (never raises for a failed request, never hangs past its t
     failed = [o for o in outcomes if not o.ok]
 
 A stream is `ok` only when it ended with a finish reason and `data: [DONE]`: a stream cut by a
-dying replica is a failure, reported with what was seen.
+dying replica is a failure, reported with what was seen. `on_first_chunk` is called (in the
+sender's event loop) when a stream's first chunk arrives: a test knows its streams are in flight.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
@@ -81,7 +83,9 @@ def prefix_groups(
     return groups
 
 
-async def send_one(session: aiohttp.ClientSession, base_url: str, request: FleetRequest) -> Outcome:
+async def send_one(
+    session: aiohttp.ClientSession, base_url: str, request: FleetRequest, on_first_chunk: Callable[[], None] | None = None,
+) -> Outcome:
     start = time.perf_counter()
     ttft_s, status = None, 0
     try:
@@ -107,6 +111,8 @@ async def send_one(session: aiohttp.ClientSession, base_url: str, request: Fleet
                         return Outcome(request, False, status, json.dumps(chunk)[:300], ttft_s, time.perf_counter() - start)
                     if ttft_s is None:
                         ttft_s = time.perf_counter() - start
+                        if on_first_chunk is not None:
+                            on_first_chunk()
                     finished = finished or any(c.get("finish_reason") for c in chunk.get("choices", []))
             ok = finished and done
             error = "" if ok else f"stream ended without {'[DONE]' if finished else 'a finish reason'}"
@@ -115,14 +121,17 @@ async def send_one(session: aiohttp.ClientSession, base_url: str, request: Fleet
         return Outcome(request, False, status, f"{type(exc).__name__}: {exc}"[:300], ttft_s, time.perf_counter() - start)
 
 
-async def send_all(base_url: str, requests: list[FleetRequest], concurrency: int = 8, timeout_s: float = 60.0) -> list[Outcome]:
+async def send_all(
+    base_url: str, requests: list[FleetRequest], concurrency: int = 8, timeout_s: float = 60.0,
+    on_first_chunk: Callable[[], None] | None = None,
+) -> list[Outcome]:
     """Every request's outcome, in order, at most `concurrency` in flight."""
     gate = asyncio.Semaphore(concurrency)
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s)) as session:
 
         async def gated(request: FleetRequest) -> Outcome:
             async with gate:
-                return await send_one(session, base_url, request)
+                return await send_one(session, base_url, request, on_first_chunk)
 
         return list(await asyncio.gather(*(gated(r) for r in requests)))
 

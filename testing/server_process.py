@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from testing.paths import REPO_ROOT
+from testing.processes import child_pids, cmdline
+from zserve.common.net_ports import free_port  # tests and benchmarks take it from here too
 from zserve.launcher.server_ready import ServerReady
 from zserve.launcher.server_subprocess import ServerSubprocess
 
@@ -72,22 +73,29 @@ class ServerProcess:
     def log_tail(self, num_lines: int = 200) -> str:
         return "".join(self.log_lines[-num_lines:])
 
+    def wait_logged(self, needle: str, timeout_s: float = 30.0) -> None:
+        """Until the log holds `needle` (AssertionError with the log's tail after `timeout_s`)."""
+        deadline = time.monotonic() + timeout_s
+        while needle not in self.log():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{needle!r} not logged within {timeout_s}s\n{self.log_tail()}")
+            time.sleep(0.005)
+
     def child_pids(self) -> list[int]:
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
-        return [int(p) for p in out.split()]
+        return child_pids(self.proc.pid)
 
     def child_pid(self, module: str) -> int:
         """The pid of the child started as `python -m <module>`."""
         want = (module if module.startswith("zserve.") else f"zserve.{module}").encode()
         for pid in self.child_pids():
-            if want in _cmdline(pid):
+            if want in cmdline(pid):
                 return pid
         raise AssertionError(f"no child runs {module}")
 
     def rank_pid(self, rank: int) -> int:
         """The pid of the child running model worker rank `rank`."""
         for pid in self.child_pids():
-            argv = _cmdline(pid)
+            argv = cmdline(pid)
             if b"zserve.model_proc" in argv and argv[argv.index(b"--rank") + 1] == str(rank).encode():
                 return pid
         raise AssertionError(f"no child runs rank {rank}")
@@ -173,14 +181,3 @@ def resolve_model_dir(model_dir: str) -> str:
     from zserve.launcher.demo_model import ensure_demo_model
 
     return str(ensure_demo_model(progress=True))
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _cmdline(pid: int) -> list[bytes]:
-    with open(f"/proc/{pid}/cmdline", "rb") as f:
-        return f.read().split(b"\0")

@@ -10,7 +10,8 @@
 It starts `launch_server` (every process) with the keyword arguments as its flags
 (`max_running_requests=32` is `--max-running-requests 32`), on a free client port and without
 HTTP unless asked, waits until it is ready (launcher/server_subprocess.py: the launcher's typed
-ready record; its log lines go to stderr, so model loading shows progress), and talks to it through the Python client. `generate` takes any number of prompts
+ready record; its log lines go to stderr, so model loading shows progress), and talks to it through
+the Python client. `generate` takes any number of prompts
 (vLLM users pass tens of thousands): it keeps `max_in_flight` requests in flight, below the
 server's queue cap, shows a progress bar (`use_tqdm=False`: none) and returns the results in the
 prompts' order; `agenerate` is the asyncio form, `stream` streams one prompt. Without max_tokens a
@@ -24,7 +25,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import io
-import socket
 import subprocess
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import fields
@@ -35,8 +35,10 @@ from zserve.client.batch_progress import BatchProgress
 from zserve.client.batch_window import arun_window, run_window
 from zserve.client.client import Client
 from zserve.client.types import GenerateResult
+from zserve.common.net_ports import free_port
 from zserve.common.sampling_params import SamplingParams
 from zserve.common.server_config import ServerConfig
+from zserve.common.server_flags import flag_of
 from zserve.launcher.cli import parse_config
 from zserve.launcher.server_subprocess import ServerStartError, ServerSubprocess
 
@@ -51,7 +53,8 @@ class EngineError(RuntimeError):
 
 class Engine:
     def __init__(
-        self, model: str = "", *, server_args: Sequence[str] = (), startup_timeout_s: float = 600.0, echo_logs: bool = True,
+        self, model: str = "", *, server_args: Sequence[str] = (), startup_timeout_s: float = 600.0,
+        echo_logs: bool = True,
         **flags: Any,
     ):
         """`model`: a model directory ("" = the demo model). `flags`: launch_server flags by their
@@ -59,7 +62,7 @@ class Engine:
         command line. `echo_logs`: copy the server's log lines to stderr."""
         self.argv = [*(["--model", model] if model else []), *_flag_args(flags), *server_args]
         if not _given(self.argv, "--zmq-port"):
-            self.argv += ["--zmq-port", str(_free_port())]
+            self.argv += ["--zmq-port", str(free_port())]
         self.port: int | None = None  # the ZMQ client port, from the ready record (a given --zmq-port 0 picks one)
         if not _given(self.argv, "--port") and not _given(self.argv, "--http-port"):
             self.argv += ["--port", "0"]  # no HTTP server unless asked
@@ -99,8 +102,10 @@ class Engine:
         with BatchProgress(len(bodies), enabled=use_tqdm) as progress:
             return run_window(client, bodies, _sampling_dict(sampling), window=self.max_in_flight, progress=progress)
 
-    def stream(self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
-               messages: list[dict] | None = None) -> Iterator[str]:
+    def stream(
+        self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
+        messages: list[dict] | None = None,
+    ) -> Iterator[str]:
         """Text deltas of one prompt as they come (leaving the loop early aborts it)."""
         [body] = _bodies(None if prompt is None else [prompt], None if messages is None else [messages])
         yield from self._live_client().stream(**body, **_sampling_dict(sampling))
@@ -118,8 +123,10 @@ class Engine:
             with BatchProgress(len(bodies), enabled=use_tqdm) as progress:
                 return await arun_window(client, bodies, options, window=self.max_in_flight, progress=progress)
 
-    async def astream(self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None,
-                      *, messages: list[dict] | None = None) -> AsyncIterator[str]:
+    async def astream(
+        self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
+        messages: list[dict] | None = None,
+    ) -> AsyncIterator[str]:
         [body] = _bodies(None if prompt is None else [prompt], None if messages is None else [messages])
         self._live_client()
         async with AsyncClient(self.address) as client:
@@ -165,8 +172,7 @@ def _flag_args(flags: dict[str, Any]) -> list[str]:
     for name, value in flags.items():
         if name not in known:
             raise TypeError(f"Engine() got an unknown server flag {name!r}; the flags are ServerConfig's fields")
-        meta = known[name].metadata
-        flag = meta.get("flag", "--" + name.replace("_", "-"))
+        flag = flag_of(name)
         if isinstance(value, bool):
             argv += [flag] if value else []
         else:
@@ -202,9 +208,3 @@ def _sampling_dict(sampling: dict[str, Any] | SamplingParams | None) -> dict[str
     if isinstance(sampling, SamplingParams):  # its max_tokens=None is the field's default: the clients' 128
         return {k: v for k, v in sampling.to_dict().items() if v is not None}
     return dict(sampling)  # {"max_tokens": None} stays: up to the context
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

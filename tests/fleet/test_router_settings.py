@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.fleet.conftest import ROUTER_MISSING
-from zserve.launcher.router_process import RouterSettings
+from zserve.launcher.fleet.router import RouterSettings
 
 launch_router = pytest.importorskip("sglang_router.launch_router", reason=ROUTER_MISSING)
 

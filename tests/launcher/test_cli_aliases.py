@@ -11,6 +11,7 @@ import pytest
 
 from testing.paths import REPO_ROOT
 from zserve.common.server_config import ServerConfig
+from zserve.common.server_flags import FLAG_SPECS, flag_of
 from zserve.launcher.cli import parse_config
 
 ALIASES = [
@@ -95,17 +96,18 @@ def test_peer_command_lines_set_what_they_mean(argv, field, value):
 
 def sample_value(f) -> tuple[str | None, object]:
     """A command-line value for field `f` other than its default, and the value it should set."""
-    meta = f.metadata
+    spec = FLAG_SPECS[f.name]
     if f.type in ("bool", bool):
         return None, not f.default
-    if meta.get("choices"):
-        text = next(c for c in meta["choices"] if c != f.default)
-        return text, parse_config([meta.get("flag", "--" + f.name.replace("_", "-")), text]).__getattribute__(f.name)
+    if spec.choices:
+        text = next(c for c in spec.choices if c != f.default)
+        return text, parse_config([flag_of(f.name), text]).__getattribute__(f.name)
     if f.type in ("str", str):
         return "/some/path", "/some/path"
-    low = meta.get("min", meta.get("above", 0))
+    low = next((bound for bound in (spec.min, spec.above) if bound is not None), 0)
     if f.type in ("float", float):
-        value = 0.5 if meta.get("below", 2) > 0.5 and low < 0.5 and f.default != 0.5 else low + 1.5
+        below = 2 if spec.below is None else spec.below
+        value = 0.5 if below > 0.5 and low < 0.5 and f.default != 0.5 else low + 1.5
         return repr(value), value
     value = max(int(low) + 3, 3)
     return str(value), value
@@ -114,7 +116,7 @@ def sample_value(f) -> tuple[str | None, object]:
 ALL_SPELLINGS = [
     (f.name, spelling)
     for f in fields(ServerConfig)
-    for spelling in (*f.metadata.get("aliases", ()), f.metadata.get("flag", "--" + f.name.replace("_", "-")))
+    for spelling in (*FLAG_SPECS[f.name].aliases, flag_of(f.name))
 ]
 
 
@@ -127,13 +129,12 @@ def test_every_spelling_in_the_flag_table_sets_its_field(name, spelling):
     assert getattr(cfg, name) == value and value != f.default
 
 
-SWITCHES = [(f.name, switch, value) for f in fields(ServerConfig) for switch, value in f.metadata.get("switches", {}).items()]
+SWITCHES = [(name, switch, value) for name, spec in FLAG_SPECS.items() for switch, value in spec.switches.items()]
 
 
 @pytest.mark.parametrize(("name", "switch", "value"), SWITCHES, ids=[s for _, s, _ in SWITCHES])
 def test_every_switch_sets_its_value(name, switch, value):
-    f = next(f for f in fields(ServerConfig) if f.name == name)
-    start = [] if isinstance(value, bool) else [f.metadata.get("flag", "--" + name.replace("_", "-")), "3"]
+    start = [] if isinstance(value, bool) else [flag_of(name), "3"]
     assert getattr(parse_config([*start, switch]), name) == value
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from zserve.launcher.core_split import (
+from zserve.launcher.fleet.core_split import (
     format_cpulist,
     parse_cpulist,
     read_numa_nodes,

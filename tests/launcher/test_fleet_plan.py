@@ -9,7 +9,7 @@ import pytest
 
 from testing.paths import REPO_ROOT
 from zserve.launcher.cli import parse_config
-from zserve.launcher.fleet_plan import check_fleet_flags, config_argv, plan_replicas
+from zserve.launcher.fleet.plan import check_fleet_flags, config_argv, plan_replicas
 
 
 def test_each_replica_gets_its_cores_ports_and_threads():

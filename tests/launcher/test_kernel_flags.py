@@ -8,11 +8,12 @@ import pytest
 import torch
 
 from zserve.common.cpu_isa_level import LEVELS, choose_level, cpu_flags, highest_level, resolve_cpu_isa
-from zserve.common.server_config import ServerConfig, env_defaults
+from zserve.common.server_config import ServerConfig
+from zserve.common.server_flags import FLAG_SPECS, env_defaults
 from zserve.common.worker_env import worker_env
 from zserve.launcher.cli import parse_config
 from zserve.model_proc.kernels.cpu_kernels import load_paged_attention
-from zserve.model_proc.layers.gemm import gemm_backend
+from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 from zserve.model_proc.model_runner import ModelRunner
 
 ENV = ("ZSERVE_CPU_ISA", "ZSERVE_GEMM", "ZSERVE_ATTENTION", "ZSERVE_FUSED_OPS")
@@ -53,7 +54,7 @@ def test_cpu_isa_is_resolved_once_by_the_launcher_and_handed_to_the_worker():
     assert resolve_cpu_isa("baseline") == "baseline"
     with pytest.raises(ValueError, match="--cpu-isa avx512_bf16: this CPU lacks avx512_bf16"):
         choose_level(frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"}), "avx512_bf16", "x86_64")
-    assert ServerConfig.__dataclass_fields__["cpu_isa"].metadata["choices"] == ["auto", *LEVELS]
+    assert FLAG_SPECS["cpu_isa"].choices == ("auto", *LEVELS)
     assert worker_env(1, "cpu", 0, "avx2")["ZSERVE_CPU_ISA"] == "avx2"
     assert "ZSERVE_CPU_ISA" not in worker_env(1, "cpu", 0)
 
@@ -72,5 +73,5 @@ def test_the_config_is_what_the_workers_model_runner_chooses_by(model_dir, monke
     default = ModelRunner.from_server_config(ServerConfig(model=str(model_dir), **small))
     kernels = load_paged_attention() is not None
     assert default.attention_backend == ("cpu_kernel" if kernels else "torch")
-    assert default.gemm_backend == gemm_backend(torch.device("cpu"), torch.bfloat16, "auto")
+    assert default.gemm_backend == choose_kernel(torch.device("cpu"), torch.bfloat16, "auto").name
     assert any(getattr(m, "fused", False) for m in default.model.modules()) == kernels

@@ -15,7 +15,7 @@ import openai
 import pytest
 
 from testing.server_process import free_port, start_server
-from zserve.launcher.router_process import RouterProcess, RouterSettings
+from zserve.launcher.fleet.router import RouterProcess, RouterSettings
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("sglang_router") is None,
                                 reason="sglang_router is not installed (pip install sglang-router==0.3.2)")

@@ -24,8 +24,8 @@ import time
 from dataclasses import dataclass
 
 from zserve.launcher.child_process import ChildProcess
-from zserve.launcher.replica_process import Replica
-from zserve.launcher.router_process import RouterProcess, RouterSettings
+from zserve.launcher.fleet.replica import Replica
+from zserve.launcher.fleet.router import RouterProcess, RouterSettings
 
 logger = logging.getLogger("fleet")
 RESTART_DELAY_S = 2.0
@@ -71,12 +71,18 @@ class Fleet:
             for replica in list(pending):
                 code = replica.exit_code()
                 if code is not None:
-                    raise FleetStartError(f"{replica.name} {ChildProcess.describe_exit(code)} before it was ready (its log is above)")
+                    raise FleetStartError(
+                        f"{replica.name} {ChildProcess.describe_exit(code)} before it was ready (its log is above)"
+                    )
                 if replica.poll_ready():
-                    logger.info("%s ready in %.1fs: %s", replica.name, time.monotonic() - replica.started_at, replica.describe())
+                    logger.info(
+                        "%s ready in %.1fs: %s", replica.name, time.monotonic() - replica.started_at, replica.describe()
+                    )
                     pending.remove(replica)
             if pending and time.monotonic() > deadline:
-                raise FleetStartError(f"not ready after {self.startup_timeout_s:.0f}s: {', '.join(r.name for r in pending)}")
+                raise FleetStartError(
+                    f"not ready after {self.startup_timeout_s:.0f}s: {', '.join(r.name for r in pending)}"
+                )
             time.sleep(POLL_S)
 
     def _start_router(self, settings: RouterSettings) -> None:
@@ -90,7 +96,9 @@ class Fleet:
             if self.stop_requested:
                 raise FleetStartError("stopped by a signal during startup")
             if time.monotonic() > deadline:
-                raise FleetStartError(f"the router did not report every replica healthy within {ROUTER_READY_TIMEOUT_S:.0f}s")
+                raise FleetStartError(
+                    f"the router did not report every replica healthy within {ROUTER_READY_TIMEOUT_S:.0f}s"
+                )
             time.sleep(POLL_S)
         logger.info("router ready on %s (policy %s): %d worker(s): %s", settings.url, settings.policy,
                     len(settings.worker_urls), " ".join(settings.worker_urls))
@@ -114,7 +122,10 @@ class Fleet:
         if replica.restart_at is not None:
             if now >= replica.restart_at:
                 replica.start()
-                logger.info("%s restarting (pid %d, start #%d): %s", replica.name, replica.pid, replica.num_starts, replica.describe())
+                logger.info(
+                    "%s restarting (pid %d, start #%d): %s",
+                    replica.name, replica.pid, replica.num_starts, replica.describe(),
+                )
             return
         code = replica.exit_code()
         if code is not None:

@@ -4,7 +4,7 @@
     for spec in plan:  spec.argv  ->  `launch_server` flags of one ordinary server
 
 Replica i listens for HTTP on --port + i and for ZMQ clients on --zmq-port + i (0: each picks a
-free one), runs on the i-th set of launcher/core_split.py, and gets --num-threads = its core
+free one), runs on the i-th set of launcher/fleet/core_split.py, and gets --num-threads = its core
 count unless --num-threads was given. Every other flag the user gave is passed on unchanged:
 the replica is a normal single server (a flag is rebuilt from the parsed config, so aliases and
 environment defaults arrive as the value they set).
@@ -14,8 +14,10 @@ from __future__ import annotations
 
 from dataclasses import MISSING, dataclass, fields
 
+from zserve.common.net_ports import http_url
 from zserve.common.server_config import ServerConfig
-from zserve.launcher.core_split import replicas_per_numa_node, split_cores
+from zserve.common.server_flags import FLAG_SPECS, flag_of
+from zserve.launcher.fleet.core_split import replicas_per_numa_node, split_cores
 
 # fields of the fleet itself, or set per replica: never copied from the fleet's config
 FLEET_FIELDS = {
@@ -37,8 +39,7 @@ class ReplicaSpec:
     @property
     def url(self) -> str:
         """Where the router (and a health check) reach it."""
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.http_port}"
+        return http_url(self.host, self.http_port)
 
 
 def check_fleet_flags(cfg: ServerConfig) -> None:
@@ -60,14 +61,19 @@ def plan_replicas(cfg: ServerConfig, model: str, allowed: list[int], numa_nodes:
         raise ValueError(f"--dp-size {num_replicas}: replica ports --port + i / --zmq-port + i pass 65535")
     http_ports = range(cfg.http_port, cfg.http_port + num_replicas)
     if cfg.router and cfg.router_port in http_ports:
-        raise ValueError(f"--router-port {cfg.router_port} is a replica's HTTP port ({cfg.http_port}..{http_ports[-1]})")
+        raise ValueError(
+            f"--router-port {cfg.router_port} is a replica's HTTP port ({cfg.http_port}..{http_ports[-1]})"
+        )
     common = config_argv(cfg)
     specs = []
     for replica_idx, cpus in enumerate(split_cores(allowed, numa_nodes, num_replicas)):
         http_port = cfg.http_port + replica_idx
         zmq_port = cfg.zmq_port + replica_idx if cfg.zmq_port else 0
         num_threads = cfg.num_threads or len(cpus)
-        argv = ("--model", model, *common, "--port", str(http_port), "--zmq-port", str(zmq_port), "--num-threads", str(num_threads))
+        argv = (
+            "--model", model, *common,
+            "--port", str(http_port), "--zmq-port", str(zmq_port), "--num-threads", str(num_threads),
+        )
         specs.append(ReplicaSpec(replica_idx, tuple(cpus), http_port, zmq_port, num_threads, cfg.host, argv))
     return specs
 
@@ -79,10 +85,10 @@ def config_argv(cfg: ServerConfig) -> list[str]:
         value = getattr(cfg, f.name)
         if f.name in FLEET_FIELDS or (f.default is not MISSING and value == f.default):
             continue
-        flag = f.metadata.get("flag", "--" + f.name.replace("_", "-"))
+        flag = flag_of(f.name)
         if isinstance(value, bool):
             argv.append(flag)  # every bool flag defaults to off: only True differs
-        elif f.metadata.get("nargs"):
+        elif FLAG_SPECS[f.name].nargs:
             argv += [flag, *value.split(",")]
         else:
             argv += [f"{flag}={value}"]  # '=': a value starting with '-' stays a value

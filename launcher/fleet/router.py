@@ -32,6 +32,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 
+from zserve.common.net_ports import http_url
+
 ROUTER_MODULE = "sglang_router.launch_router"
 HEALTH_CHECK_INTERVAL_S = 5  # workers on other machines leave the router within 3 checks of failing
 REQUEST_TIMEOUT_S = 5.0
@@ -70,8 +72,7 @@ class RouterSettings:
 
     @property
     def url(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "") else f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}"
+        return http_url(self.host, self.port)
 
 
 @dataclass
@@ -81,9 +82,11 @@ class RouterProcess:
 
     @staticmethod
     def start(settings: RouterSettings) -> RouterProcess:
-        bound = [sys.executable, "-m", "zserve.launcher.bound_exec", str(os.getpid())]  # it dies with the supervisor
+        # it dies with the supervisor
+        bound = [sys.executable, "-m", "zserve.launcher.fleet.bound_exec", str(os.getpid())]
         proc = subprocess.Popen(
-            [*bound, *settings.argv()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [*bound, *settings.argv()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True,
             start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor only: it stops the router last
         )
         threading.Thread(target=_echo_logs, args=(proc,), name="router-logs", daemon=True).start()

@@ -1,4 +1,4 @@
-"""`python -m zserve.launcher.bound_exec PARENT_PID CMD [ARG ...]`: exec CMD so that the kernel kills it
+"""`python -m zserve.launcher.fleet.bound_exec PARENT_PID CMD [ARG ...]`: exec CMD so that the kernel kills it
 when PARENT_PID (the process that started this one) dies, even by SIGKILL.
 
 For a child that is not a zserve process and so does not call die_with_parent itself (the fleet's

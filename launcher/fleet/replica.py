@@ -1,6 +1,6 @@
 """One data-parallel replica of a fleet: an ordinary `launch_server`, pinned to its cores, restartable.
 
-The supervisor (launcher/fleet.py) owns every Replica and is the only one to call its methods.
+The supervisor (launcher/fleet/supervisor.py) owns every Replica and is the only one to call its methods.
 A replica is a whole server (its own launcher, tokenizer, scheduler, worker, detokenizer, HTTP):
 when its launcher dies, its children die with it (PR_SET_PDEATHSIG), so the supervisor watches
 the launcher process alone.
@@ -15,16 +15,13 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 
-from zserve.launcher.core_split import format_cpulist
-from zserve.launcher.fleet_plan import ReplicaSpec
+from zserve.common.net_ports import health_ok
+from zserve.launcher.fleet.core_split import format_cpulist
+from zserve.launcher.fleet.plan import ReplicaSpec
 from zserve.launcher.server_ready import ServerReady
 from zserve.launcher.server_subprocess import ServerSubprocess
-
-HEALTH_TIMEOUT_S = 2.0
 
 
 @dataclass
@@ -95,14 +92,6 @@ class Replica:
     def kill(self) -> None:
         if self.server is not None:
             self.server.kill()
-
-
-def health_ok(url: str, timeout_s: float = HEALTH_TIMEOUT_S) -> bool:
-    try:
-        with urllib.request.urlopen(f"{url}/health", timeout=timeout_s) as response:
-            return response.status == 200
-    except (urllib.error.URLError, OSError):  # refused, 503 (HTTPError is a URLError), timeout
-        return False
 
 
 class _pinned:

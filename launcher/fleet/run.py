@@ -14,17 +14,17 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import socket
 import sys
 
+from zserve.common.net_ports import free_port
 from zserve.common.server_config import API_KEY_ENV, ServerConfig
 from zserve.launcher.cli import refuse
 from zserve.launcher.config_check import check_port_free
-from zserve.launcher.core_split import allowed_cpus, format_cpulist, read_numa_nodes
-from zserve.launcher.fleet import Fleet, FleetStartError
-from zserve.launcher.fleet_plan import check_fleet_flags, plan_replicas
-from zserve.launcher.replica_process import Replica
-from zserve.launcher.router_process import RouterSettings, check_router_installed
+from zserve.launcher.fleet.core_split import allowed_cpus, format_cpulist, read_numa_nodes
+from zserve.launcher.fleet.plan import check_fleet_flags, plan_replicas
+from zserve.launcher.fleet.replica import Replica
+from zserve.launcher.fleet.router import RouterSettings, check_router_installed
+from zserve.launcher.fleet.supervisor import Fleet, FleetStartError
 from zserve.launcher.server_ready import ServerReady
 
 logger = logging.getLogger("fleet")
@@ -89,11 +89,7 @@ def resolve_fleet_model(model: str) -> str:
 
 def ready_line(fleet: Fleet) -> str:
     ports = ", ".join(str(r.spec.http_port) for r in fleet.replicas)
-    router = f"; router on {fleet.router_settings.url} ({fleet.router_settings.policy})" if fleet.router_settings else ""
+    router = (
+        f"; router on {fleet.router_settings.url} ({fleet.router_settings.policy})" if fleet.router_settings else ""
+    )
     return f"zserve fleet ready: {len(fleet.replicas)} replica(s), HTTP ports {ports}{router}"
-
-
-def free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host if host not in ("", "*") else "0.0.0.0", 0))
-        return sock.getsockname()[1]

@@ -1,0 +1,58 @@
+"""The launcher's configuration, resolved once before any process starts.
+
+    parse_config (cli.py)         each flag alone                               (exit code 2 when bad)
+    resolve_config:
+      resolve_speculative_config  --speculative-config JSON into the --speculative-* fields
+      check_flags                 flags together; --port and --zmq-port free    (config_check.py)
+      resolve_zmq_port            node 0: the default --zmq-port, when taken, becomes 0 (a free one)
+      resolve_model               the demo model when --model is empty; a GGUF file's metadata directory
+      check_model                 the model directory; --num-threads 0 becomes this node's threads per rank
+      resolve_cpu_isa             --cpu-isa auto becomes this CPU's level; a level it lacks is refused
+      resolve_model_facts         context, chat template, tool-call format     (facts_resolver.py)
+
+Every step returns a new frozen config (or raises ValueError naming the flag): the ServerConfig
+and ModelFacts that come out are what every child receives, and nothing changes them later.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import replace
+
+from zserve.common.cpu_isa_level import resolve_cpu_isa
+from zserve.common.model_facts import ModelFacts
+from zserve.common.server_config import ServerConfig
+from zserve.common.speculative_settings import resolve_speculative_config
+from zserve.launcher.config_check import check_flags, check_model, resolve_zmq_port
+from zserve.launcher.facts_resolver import resolve_model_facts
+
+logger = logging.getLogger("launcher")
+
+
+def resolve_config(cfg: ServerConfig) -> tuple[ServerConfig, ModelFacts]:
+    """The parsed flags as the config and model facts every child gets (ValueError: refuse them)."""
+    cfg = resolve_speculative_config(cfg)
+    layout = check_flags(cfg)
+    if layout.is_head_node:  # a node other than 0 listens on no client port
+        cfg = resolve_zmq_port(cfg)
+    cfg = check_model(resolve_model(cfg), layout)
+    cfg = replace(cfg, cpu_isa=resolve_cpu_isa(cfg.cpu_isa))
+    return cfg, resolve_model_facts(cfg)
+
+
+def resolve_model(cfg: ServerConfig) -> ServerConfig:
+    """The demo model when --model is empty; a GGUF file becomes a directory of its metadata
+    (launcher/gguf_model_dir.py) whose weights stay in the file."""
+    if cfg.model:
+        from zserve.launcher.gguf_model_dir import gguf_file_of, gguf_model_dir
+
+        gguf_file = gguf_file_of(cfg.model)
+        if gguf_file is None:
+            return cfg
+        model_dir = gguf_model_dir(gguf_file, with_tokenizer=not cfg.tokenizer)
+        logger.info("--model %s: metadata in %s, weights read from the GGUF file", gguf_file, model_dir)
+        # the API's model name is the file's, not the cache directory's
+        return replace(cfg, model=str(model_dir), served_model_name=cfg.served_model_name or gguf_file.name)
+    from zserve.launcher.demo_model import ensure_demo_model
+
+    return replace(cfg, model=str(ensure_demo_model(progress=True)))

@@ -1,0 +1,113 @@
+"""The package graph, held by a test: every import in product code, as package -> package arrows,
+against the allow-list below. A new arrow fails here with the file and line that added it; if it
+is meant, it goes into ALLOWED_ARROWS with its reason.
+
+    common  <- every package (the floor: messages, wire, config, the rules several processes share)
+    tokenizer_proc <- detokenizer_proc, launcher          client <- http_proc, launcher, zserve
+    launcher <- zserve                                    model_proc, scheduler_proc: common only
+
+No product module imports `testing` or `tests` (test support), whatever the list says.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+import pytest
+
+from testing.paths import REPO_ROOT
+
+PACKAGES = ("common", "launcher", "tokenizer_proc", "scheduler_proc", "model_proc", "detokenizer_proc", "client", "http_proc",
+            "zserve")
+TEST_SUPPORT = ("testing", "tests")
+ALLOWED_ARROWS = {
+    **{(package, "common"): "common is the floor every process stands on" for package in PACKAGES if package != "common"},
+    ("detokenizer_proc", "tokenizer_proc"): "the detokenizer decodes with the tokenizer process's TextTokenizer (one wrapper of `tokenizers`)",
+    ("launcher", "tokenizer_proc"): "the launcher checks the tokenizer files and --chat-template, and reads the default template for ModelFacts",
+    ("launcher", "client"): "--shell runs the terminal chat (client/chat_shell.py) against the server it started",
+    ("http_proc", "client"): "the HTTP server is an AsyncClient of the frontend",
+    ("zserve", "client"): "the package root gives the client's names (from zserve import Client)",
+    ("zserve", "launcher"): "Engine starts a server as launch_server does (ServerSubprocess, the launcher's flags)",
+}
+
+
+@dataclass(frozen=True)
+class ImportSite:
+    importer: str  # the importing package
+    imported: str  # the imported package ("testing" / "tests" for test support)
+    module: str  # the name as written
+    where: str  # path:line
+
+    def message(self) -> str:
+        if self.imported in TEST_SUPPORT:
+            return f"{self.where}: product code imports test support ({self.module})"
+        return (f"{self.where}: {self.importer} imports {self.module}, an arrow {self.importer} -> {self.imported} "
+                f"not in ALLOWED_ARROWS (add it there with its reason if it is meant)")
+
+
+def import_sites(package: str, rel_path: str, source: str) -> list[ImportSite]:
+    """Every import in one module of `package` that reaches another package or test support."""
+    sites = []
+    for node in ast.walk(ast.parse(source, rel_path)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+        else:
+            continue  # a relative import stays inside its own package
+        for name in names:
+            parts = name.split(".")
+            if parts[0] in TEST_SUPPORT:
+                imported = parts[0]
+            elif parts[0] == "zserve":
+                imported = parts[1] if len(parts) > 1 and parts[1] in PACKAGES else "zserve"
+            else:
+                continue  # the standard library or a third-party package
+            if imported != package:
+                sites.append(ImportSite(package, imported, name, f"{rel_path}:{node.lineno}"))
+    return sites
+
+
+def product_import_sites() -> list[ImportSite]:
+    sites = []
+    for package in PACKAGES:
+        for path in sorted((REPO_ROOT / package).rglob("*.py")):
+            sites += import_sites(package, str(path.relative_to(REPO_ROOT)), path.read_text(encoding="utf-8"))
+    return sites
+
+
+def forbidden(sites: list[ImportSite]) -> list[str]:
+    return [s.message() for s in sites if s.imported in TEST_SUPPORT or (s.importer, s.imported) not in ALLOWED_ARROWS]
+
+
+def test_every_arrow_between_packages_is_allowed():
+    sites = product_import_sites()
+    assert len(sites) > 150  # really read the product's imports
+    offenders = forbidden(sites)
+    assert not offenders, "\n".join(offenders)
+
+
+def test_every_allowed_arrow_is_still_used():
+    """The list is the graph as it is: an arrow nothing uses any more leaves it."""
+    used = {(s.importer, s.imported) for s in product_import_sites()}
+    assert sorted(set(ALLOWED_ARROWS) - used) == []
+
+
+@pytest.mark.parametrize(("package", "rel_path", "source", "expected"), [
+    ("launcher", "launcher/x.py", "from zserve.http_proc.tool_call_parser import x\n",
+     "launcher/x.py:1: launcher imports zserve.http_proc.tool_call_parser, an arrow launcher -> http_proc not in ALLOWED_ARROWS"),
+    ("model_proc", "model_proc/x.py", "def f():\n    import zserve.scheduler_proc.scheduler\n",
+     "model_proc/x.py:2: model_proc imports zserve.scheduler_proc.scheduler, an arrow model_proc -> scheduler_proc"),
+    ("common", "common/x.py", "from zserve import Client\n", "common/x.py:1: common imports zserve, an arrow common -> zserve"),
+    ("client", "client/x.py", "from testing.paths import REPO_ROOT\n", "client/x.py:1: product code imports test support (testing.paths)"),
+])
+def test_the_checker_refuses_a_forbidden_import(package, rel_path, source, expected):
+    offenders = forbidden(import_sites(package, rel_path, source))
+    assert len(offenders) == 1 and offenders[0].startswith(expected), offenders
+
+
+def test_the_checker_lets_allowed_and_outside_imports_pass():
+    source = "import json\nimport torch\nfrom zserve.common.messages import GenerateReq\nfrom zserve.http_proc.x import y\nfrom . import z\n"
+    assert forbidden(import_sites("http_proc", "http_proc/x.py", source)) == []
+    assert [s.imported for s in import_sites("http_proc", "http_proc/x.py", source)] == ["common"]
