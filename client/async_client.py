@@ -34,9 +34,9 @@ LOST_GRACE_S = 0.2  # after the connection closes, outputs already received are 
 
 class AsyncClient:
     def __init__(
-        self, port_or_address: int | str = DEFAULT_CLIENT_PORT, *, host: str = "127.0.0.1", timeout_s: float | None = None,
-        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0, api_key: str | None = None,
-        client_id: str | None = None,
+        self, port_or_address: int | str = DEFAULT_CLIENT_PORT, *, host: str = "127.0.0.1",
+        timeout_s: float | None = None, heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0,
+        api_key: str | None = None, client_id: str | None = None,
     ):
         """`api_key` as for Client: None = $ZSERVE_API_KEY, "" = none. `client_id` names this client
         to the server (default: a random one); one starting with common.messages.PROBE_CLIENT_PREFIX
@@ -53,7 +53,8 @@ class AsyncClient:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._watch = ConnectionWatch(self._sock)  # before connect, so the first CONNECTED event is seen
         self._sock.connect(self.address)
-        self._waiters: dict[int, asyncio.Future[bool]] = {}  # req_id (a request's or a stats request's) -> its reader's wake-up
+        # req_id (a request's or a stats request's) -> its reader's wake-up
+        self._waiters: dict[int, asyncio.Future[bool]] = {}
         self._tasks: list[asyncio.Task] = []
 
     def _ensure_started(self) -> None:
@@ -132,7 +133,8 @@ class AsyncClient:
     async def stream_of(self, req_id: int) -> AsyncIterator[str]:
         """The text deltas of a request `submit`ted earlier (outputs that came already first)."""
         self._core.check_in_flight(req_id)
-        async with contextlib.aclosing(self._outputs(req_id, ResultBuilder(req_id, self._core.sent_s(req_id)))) as outputs:
+        builder = ResultBuilder(req_id, self._core.sent_s(req_id))
+        async with contextlib.aclosing(self._outputs(req_id, builder)) as outputs:
             async for delta in outputs:
                 if delta:
                     yield delta
@@ -215,7 +217,9 @@ class AsyncClient:
         go on, and its request would not be aborted)."""
         loop = asyncio.get_running_loop()
         waiter = self._waiters[req_id] = loop.create_future()
-        timer = None if deadline is None else loop.call_later(max(0.0, deadline - time.monotonic()), _settle, waiter, False)
+        timer = None if deadline is None else loop.call_later(
+            max(0.0, deadline - time.monotonic()), _settle, waiter, False,
+        )
         try:
             return await waiter
         finally:

@@ -30,7 +30,8 @@ class BatchProgress:
         if not self._bar.disable:
             elapsed_s = max(time.perf_counter() - self._start_s, 1e-9)
             self._bar.set_postfix_str(
-                f"in {self.num_prompt_tokens / elapsed_s:,.0f} tok/s, out {self.num_output_tokens / elapsed_s:,.0f} tok/s",
+                f"in {self.num_prompt_tokens / elapsed_s:,.0f} tok/s, "
+                f"out {self.num_output_tokens / elapsed_s:,.0f} tok/s",
                 refresh=False,  # the update below redraws, at most every tqdm.mininterval
             )
         self._bar.update(1)

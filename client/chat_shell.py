@@ -18,8 +18,8 @@ from zserve.common.server_config import DEFAULT_CLIENT_PORT
 
 
 def run_shell(
-    address: str, *, max_tokens: int | None = DEFAULT_MAX_TOKENS, temperature: float = 0.0, stop_when: Callable[[], object] | None = None,
-    api_key: str | None = None,
+    address: str, *, max_tokens: int | None = DEFAULT_MAX_TOKENS, temperature: float = 0.0,
+    stop_when: Callable[[], object] | None = None, api_key: str | None = None,
 ) -> None:
     messages: list[dict] = []
     print("zserve chat: /reset clears the conversation, Ctrl-C stops an answer, /quit or Ctrl-D leaves", flush=True)
@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m zserve.client", description="Chat with a running zserve server.")
-    parser.add_argument("--zmq-port", type=int, default=DEFAULT_CLIENT_PORT, help="the server's ZMQ client port (launch_server --zmq-port; default: %(default)s)")
+    parser.add_argument("--zmq-port", type=int, default=DEFAULT_CLIENT_PORT,
+                        help="the server's ZMQ client port (launch_server --zmq-port; default: %(default)s)")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--max-tokens", type=max_tokens_arg, default=DEFAULT_MAX_TOKENS,
                         help="per answer, or none: up to the context (default: %(default)s)")

@@ -40,8 +40,9 @@ def client_address(port_or_address: int | str, host: str = "127.0.0.1") -> str:
 
 class Client:
     def __init__(
-        self, port_or_address: int | str = DEFAULT_CLIENT_PORT, *, host: str = "127.0.0.1", timeout_s: float | None = None,
-        heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0, api_key: str | None = None,
+        self, port_or_address: int | str = DEFAULT_CLIENT_PORT, *, host: str = "127.0.0.1",
+        timeout_s: float | None = None, heartbeat_interval_s: float = 1.0, server_timeout_s: float = 15.0,
+        api_key: str | None = None,
     ):
         """`api_key`: the server's --api-key, sent with every request (None = $ZSERVE_API_KEY, "" = none);
         a server with a key refuses a request without it with UnauthorizedError."""
@@ -196,7 +197,8 @@ class Client:
         if deadline is not None and time.monotonic() > deadline:
             raise RequestTimeoutError(f"no result within {self.timeout_s}s")
         if self._heartbeat.silent_for_s() > self.server_timeout_s:
-            raise ServerGoneError(f"server at {self.address} has not answered for {self._heartbeat.silent_for_s():.0f}s")
+            silent_s = self._heartbeat.silent_for_s()
+            raise ServerGoneError(f"server at {self.address} has not answered for {silent_s:.0f}s")
         if self._watch.lost and not self._sock.poll(0):  # seen on an earlier pump, and everything sent before it read
             raise ServerGoneError(lost_message(self.address))
         if self._sock.poll(POLL_MS):

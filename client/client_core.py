@@ -56,7 +56,8 @@ class ClientCore:
         self.api_key = api_key
         self.requests: dict[int, InFlight] = {}
         self.finished_ids: set[int] = set()  # in flight, with their last output among their unread ones
-        self.stats_answers: dict[int, StatsOut | BaseException | None] = {}  # stats requests sent -> answer, once it came
+        # stats requests sent -> answer, once it came
+        self.stats_answers: dict[int, StatsOut | BaseException | None] = {}
         self.last_ack_s = time.monotonic()  # when the server last answered a heartbeat
 
     # ---- frames out -----------------------------------------------------------------------------
@@ -131,7 +132,9 @@ class ClientCore:
 
     def check_in_flight(self, req_id: int) -> None:
         if req_id not in self.requests:
-            raise ValueError(f"req_id {req_id} is not in flight on this client: never submitted here, or already read to its end")
+            raise ValueError(
+                f"req_id {req_id} is not in flight on this client: never submitted here, or already read to its end"
+            )
 
     def sent_s(self, req_id: int) -> float | None:
         request = self.requests.get(req_id)

@@ -31,15 +31,19 @@ def new_req_id() -> int:
     return secrets.randbits(62)
 
 
-def build_body(prompt: str | None, input_ids: list[int] | None, messages: list[dict] | None, sampling: dict[str, Any]) -> dict:
+def build_body(
+    prompt: str | None, input_ids: list[int] | None, messages: list[dict] | None, sampling: dict[str, Any],
+) -> dict:
     given = [k for k, v in (("prompt", prompt), ("input_ids", input_ids), ("messages", messages)) if v is not None]
     if len(given) != 1:
         raise ValueError(f"give exactly one of prompt, input_ids or messages (got {', '.join(given) or 'none'})")
     sampling = {"max_tokens": DEFAULT_MAX_TOKENS, **sampling}  # not named: 128; named None: up to the context
     body: dict[str, Any] = {"sampling": {k: v for k, v in sampling.items() if v is not None and k not in REQUEST_KEYS}}
-    if isinstance(body["sampling"].get("logit_bias"), dict):  # token ids as ints here, as strings on the wire (JSON's keys)
+    # token ids as ints here, as strings on the wire (JSON's keys)
+    if isinstance(body["sampling"].get("logit_bias"), dict):
         body["sampling"]["logit_bias"] = {
-            str(k) if isinstance(k, int) and not isinstance(k, bool) else k: v for k, v in body["sampling"]["logit_bias"].items()
+            str(k) if isinstance(k, int) and not isinstance(k, bool) else k: v
+            for k, v in body["sampling"]["logit_bias"].items()
         }
     for key in REQUEST_KEYS:  # request-level fields, next to the prompt
         if sampling.get(key) is not None:

@@ -33,7 +33,9 @@ class ResultBuilder:
             pairs = list(zip(out.top_logprob_ids, out.top_logprobs, strict=True))
             r.top_logprobs = (r.top_logprobs or []) + per_token(pairs, k, len(out.token_ids))
             if out.top_logprob_texts is not None:
-                r.top_logprob_texts = (r.top_logprob_texts or []) + per_token(out.top_logprob_texts, k, len(out.token_ids))
+                r.top_logprob_texts = (
+                    (r.top_logprob_texts or []) + per_token(out.top_logprob_texts, k, len(out.token_ids))
+                )
         if out.prompt is not None:  # the first token's output: the prompt's logprobs (none for its first token)
             p = out.prompt
             r.prompt_ids = p.token_ids.tolist()

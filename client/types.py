@@ -76,7 +76,8 @@ class GenerateResult:
     finish_reason: str | None = None  # "stop", "length" or "abort" (FinishReason.text)
     usage: Usage = field(default_factory=Usage)
     logprobs: list[float] | None = None
-    top_logprobs: list[list[tuple[int, float]]] | None = None  # per output token: (token id, logprob), most likely first
+    # per output token: (token id, logprob), most likely first
+    top_logprobs: list[list[tuple[int, float]]] | None = None
     # with prompt_logprobs=k: the prompt's ids, each one's logprob and k most likely (None for the first token)
     prompt_ids: list[int] | None = None
     prompt_logprobs: list[float | None] | None = None

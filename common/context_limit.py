@@ -17,7 +17,10 @@ def context_length_error(context_length: int, model_context_len: int) -> str | N
     if context_length < 0:
         return f"--context-length must be >= 0 (0 = the model's maximum, {model_context_len}), got {context_length}"
     if context_length > model_context_len:
-        return f"--context-length {context_length} is above the model's maximum context length of {model_context_len} tokens"
+        return (
+            f"--context-length {context_length} is above the model's maximum context length of "
+            f"{model_context_len} tokens"
+        )
     if context_length == 1:
         return "--context-length 1 leaves no room for a prompt and an output token"
     return None

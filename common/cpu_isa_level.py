@@ -16,7 +16,8 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
-CPU_ISA_ENV = "ZSERVE_CPU_ISA"  # the default of --cpu-isa; and how the launcher hands the resolved level to the model worker
+# the default of --cpu-isa; and how the launcher hands the resolved level to the model worker
+CPU_ISA_ENV = "ZSERVE_CPU_ISA"
 LEVELS = ("baseline", "avx2", "avx512", "avx512_bf16")  # lowest first
 REQUIRED_FLAGS = {
     "baseline": (),

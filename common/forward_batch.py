@@ -102,7 +102,9 @@ class SamplingArrays(Message):
 
     def select(self, mask: np.ndarray) -> SamplingArrays:
         """The rows where `mask` is True (e.g. the sampler's non-greedy rows)."""
-        return SamplingArrays(self.temperature[mask], self.top_k[mask], self.top_p[mask], self.min_p[mask], self.seed[mask])
+        return SamplingArrays(
+            self.temperature[mask], self.top_k[mask], self.top_p[mask], self.min_p[mask], self.seed[mask],
+        )
 
     @property
     def all_greedy(self) -> bool:
@@ -177,7 +179,8 @@ class ForwardBatch(Message, tag=1):
     top_logprobs: Int32Array | None = None  # [num_reqs]: most likely tokens to report (0 = none); None: nobody asked
     grammar: GrammarMasks | None = None  # structured output's allowed tokens; None: no request under a grammar
     prompt_logprobs: PromptLogprobRows | None = None  # rows scoring their prompt (echo); None: nobody asked
-    # [num_reqs]: speculative draft tokens at the end of each row's new tokens (0 = none; see Drafts above); None: no drafts
+    # [num_reqs]: speculative draft tokens at the end of each row's new tokens (0 = none; see Drafts above);
+    # None: no drafts
     draft_lens: Int32Array | None = None
 
     @property
@@ -234,7 +237,9 @@ class ForwardBatch(Message, tag=1):
         extend = self.extend_lens[sharing].astype(np.int64)
         # positions cached_len .. cached_len + extend_len - 1 of every sharing row, row after row
         which = np.repeat(np.arange(sharing.size), extend)
-        positions = self.cached_lens[sharing][which] + np.arange(int(extend.sum())) - (np.cumsum(extend) - extend)[which]
+        positions = (
+            self.cached_lens[sharing][which] + np.arange(int(extend.sum())) - (np.cumsum(extend) - extend)[which]
+        )
 
         def slots(rows: np.ndarray) -> np.ndarray:
             pages = self.page_ids[page_starts[rows][which] + positions // page_size].astype(np.int64)
@@ -251,7 +256,9 @@ class ForwardBatch(Message, tag=1):
         n = self.num_reqs
         for name in ("cached_lens", "num_pages", "is_sampled", "return_logprob"):
             if getattr(self, name).shape[0] != n:
-                raise ValueError(f"ForwardBatch {self.step_id}: {name} has {getattr(self, name).shape[0]} entries, expected {n}")
+                raise ValueError(
+                    f"ForwardBatch {self.step_id}: {name} has {getattr(self, name).shape[0]} entries, expected {n}"
+                )
         if (self.extend_lens < 1).any() or (self.cached_lens < 0).any():
             raise ValueError(f"ForwardBatch {self.step_id}: extend_lens must be >= 1 and cached_lens >= 0")
         if self.kv_source is not None:
@@ -259,14 +266,16 @@ class ForwardBatch(Message, tag=1):
         num_computed = int(self.extend_lens[self.is_computed].sum())
         if num_computed != self.num_tokens:
             raise ValueError(
-                f"ForwardBatch {self.step_id}: sum(extend_lens) of the computed requests={num_computed} != len(input_ids)={self.num_tokens}"
+                f"ForwardBatch {self.step_id}: sum(extend_lens) of the computed requests={num_computed} "
+                f"!= len(input_ids)={self.num_tokens}"
             )
         need = -(-(self.cached_lens.astype(np.int64) + self.extend_lens) // page_size)
         if not np.array_equal(need, self.num_pages):
             i = int(np.nonzero(need != self.num_pages)[0][0])
             raise ValueError(
                 f"ForwardBatch {self.step_id}: request {i} has {int(self.num_pages[i])} pages for "
-                f"{int(self.cached_lens[i] + self.extend_lens[i])} tokens at page_size {page_size} (needs {int(need[i])})"
+                f"{int(self.cached_lens[i] + self.extend_lens[i])} tokens at page_size {page_size} "
+                f"(needs {int(need[i])})"
             )
         if int(self.num_pages.sum()) != self.page_ids.shape[0]:
             raise ValueError(f"ForwardBatch {self.step_id}: sum(num_pages) != len(page_ids)")
@@ -275,12 +284,15 @@ class ForwardBatch(Message, tag=1):
             j = int(np.nonzero(bad)[0][0])
             raise ValueError(
                 f"ForwardBatch {self.step_id}: page id {int(self.page_ids[j])} (slots "
-                f"{int(self.page_ids[j]) * page_size}..{(int(self.page_ids[j]) + 1) * page_size - 1}) is outside the KV pool "
+                f"{int(self.page_ids[j]) * page_size}..{(int(self.page_ids[j]) + 1) * page_size - 1}) "
+                "is outside the KV pool "
                 f"of {num_pages_total} pages"
             )
         for name in ("penalties", "grammar", "prompt_logprobs"):
             part = getattr(self, name)
-            if part is not None and part.rows.size and (part.rows[0] < 0 or part.rows[-1] >= n or (part.rows[1:] <= part.rows[:-1]).any()):
+            if part is not None and part.rows.size and (
+                part.rows[0] < 0 or part.rows[-1] >= n or (part.rows[1:] <= part.rows[:-1]).any()
+            ):
                 raise ValueError(f"ForwardBatch {self.step_id}: {name}.rows must be ascending rows of the batch's {n}")
         if self.draft_lens is not None:
             self._validate_drafts()
@@ -315,15 +327,25 @@ class ForwardBatch(Message, tag=1):
         bad = (kv_source < 0) | (kv_source > np.arange(n))
         if bad.any():
             i = int(np.nonzero(bad)[0][0])
-            raise ValueError(f"ForwardBatch {self.step_id}: request {i} takes its K/V from {int(kv_source[i])}, not an earlier request")
+            raise ValueError(
+                f"ForwardBatch {self.step_id}: request {i} takes its K/V from {int(kv_source[i])}, "
+                "not an earlier request"
+            )
         for i in np.flatnonzero(kv_source != np.arange(n)).tolist():
             j = int(kv_source[i])
             if kv_source[j] != j:
-                raise ValueError(f"ForwardBatch {self.step_id}: request {i} takes its K/V from {j}, which is not computed")
+                raise ValueError(
+                    f"ForwardBatch {self.step_id}: request {i} takes its K/V from {j}, which is not computed"
+                )
             if self.cached_lens[i] != self.cached_lens[j] or self.extend_lens[i] != self.extend_lens[j]:
-                raise ValueError(f"ForwardBatch {self.step_id}: request {i} takes its K/V from {j}, with other cached_len or extend_len")
+                raise ValueError(
+                    f"ForwardBatch {self.step_id}: request {i} takes its K/V from {j}, "
+                    "with other cached_len or extend_len"
+                )
             if not (self.is_sampled[i] and self.is_sampled[j]):
-                raise ValueError(f"ForwardBatch {self.step_id}: request {i} takes its K/V from {j}, but both must be sampled")
+                raise ValueError(
+                    f"ForwardBatch {self.step_id}: request {i} takes its K/V from {j}, but both must be sampled"
+                )
 
 
 class StepResult(Message, tag=2):

@@ -18,8 +18,8 @@ from typing import Any
 
 from zserve.common.request_limits import LIMITS
 
-NOT_ENFORCED = ("not", "if", "then", "else", "contains", "minContains", "maxContains", "dependentRequired", "dependentSchemas",
-                "unevaluatedProperties", "unevaluatedItems")
+NOT_ENFORCED = ("not", "if", "then", "else", "contains", "minContains", "maxContains", "dependentRequired",
+                "dependentSchemas", "unevaluatedProperties", "unevaluatedItems")
 SUBSCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")  # name -> schema
 SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SUBSCHEMAS = ("items", "additionalProperties", "propertyNames", "additionalItems")
@@ -42,13 +42,20 @@ def check_json_schema(schema: Any) -> None:
         if node.get("uniqueItems") is True:
             raise ValueError(f"json_schema uses `uniqueItems` at {path}, which this server cannot enforce")
         if isinstance(node.get("allOf"), list) and len(node["allOf"]) > 1:
-            raise ValueError(f"json_schema uses `allOf` of {len(node['allOf'])} schemas at {path}; this server enforces one only")
+            raise ValueError(
+                f"json_schema uses `allOf` of {len(node['allOf'])} schemas at {path}; this server enforces one only"
+            )
         ref = node.get("$ref")
         if isinstance(ref, str) and not ref.startswith("#"):
-            raise ValueError(f"json_schema refers to {ref[:100]!r} at {path}; only references inside the schema (#...) can be used")
+            raise ValueError(
+                f"json_schema refers to {ref[:100]!r} at {path}; only references inside the schema (#...) can be used"
+            )
         properties = node.get("properties")
         if isinstance(properties, dict) and len(properties) > LIMITS.max_schema_properties:
-            raise ValueError(f"json_schema has an object with {len(properties)} properties at {path}; at most {LIMITS.max_schema_properties}")
+            raise ValueError(
+                f"json_schema has an object with {len(properties)} properties at {path}; "
+                f"at most {LIMITS.max_schema_properties}"
+            )
         for key in SUBSCHEMA_MAPS:
             if isinstance(node.get(key), dict):
                 stack.extend((value, f"{path}/{key}/{name}", depth + 2) for name, value in node[key].items())

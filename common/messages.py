@@ -8,7 +8,8 @@ exactly the messages it carries (bottom of this file).
 
 Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the client port):
 
-    client  <-> frontend     ROUTER (tcp, --host/--port)  GenerateReq AbortReq Heartbeat StatsReq | ReqOutput StatsOut HeartbeatAck
+    client  <-> frontend     ROUTER (tcp, --host/--port)  GenerateReq AbortReq Heartbeat StatsReq |
+                                                          ReqOutput StatsOut HeartbeatAck
                              (GenerateReq, Heartbeat and StatsReq carry the --api-key; an AbortReq
                              only stops a request its own connection sent)
     frontend -> scheduler    inbox                        TokenizedReq AbortReq StatsReq
@@ -16,8 +17,8 @@ Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the cl
     scheduler -> detok                                    DetokRegister TokenOutBatch ReqOutput (a refusal) StatsOut
     detok   -> frontend                                   ReqOutput StatsOut
     scheduler <-> worker                                  ForwardBatch | StepResult WorkerReady WorkerError
-    rank 0  -> other TP ranks  XPUB/SUB (ipc, or tcp     ForwardBatch (the scheduler's frame, re-sent) RankHeartbeat RankStop
-                               across nodes)
+    rank 0  -> other TP ranks  XPUB/SUB (ipc, or tcp     ForwardBatch (the scheduler's frame, re-sent)
+                               across nodes)              RankHeartbeat RankStop
     children -> launcher     control                      ProcReady DrainDone (frontend)
     launcher -> frontend     control                      FailAll Drain
 """
@@ -100,8 +101,10 @@ class StatsOut(Message, tag=15):
     frontend: FrontendStats | None = None
     code: ErrorCode | None = None  # set (with `error`, and no stats) when the frontend refused the StatsReq
     error: str | None = None
-    histograms: dict[str, Histogram] = field(default_factory=dict)  # the scheduler's queue time, the frontend's latencies
-    info: dict[str, str] = field(default_factory=dict)  # the frontend's: model_path (benchmarks build prompts with its tokenizer)
+    # the scheduler's queue time, the frontend's latencies
+    histograms: dict[str, Histogram] = field(default_factory=dict)
+    # the frontend's: model_path (benchmarks build prompts with its tokenizer)
+    info: dict[str, str] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         """What `stats()` returns, one flat dict: the SchedulerStats fields, `detokenizer_states`,
@@ -147,14 +150,16 @@ class ReqOutput(Message, tag=16):
     top_logprob_ids: list[int] | None = None  # K per token (the request's top_logprobs), most likely first
     top_logprobs: list[float] | None = None
     prompt: PromptLogprobs | None = None  # in the first output, when the request asked for prompt_logprobs
-    # token text, decoded by the detokenizer (the one process that turns ids into text) so that no client needs a tokenizer:
+    # token text, decoded by the detokenizer (the one process that turns ids into text) so that no client needs a
+    # tokenizer:
     token_texts: list[str] | None = None  # with logprobs: each of token_ids' own text (its decoding alone)
     top_logprob_texts: list[str] | None = None  # the text of each of top_logprob_ids
     prompt_text: str | None = None  # in the first output, when the request asked for return_prompt_text (echo)
 
     @staticmethod
     def final(
-        req_id: int, finish_reason: FinishReason, code: ErrorCode | None = None, error: str | None = None, prompt_tokens: int = 0,
+        req_id: int, finish_reason: FinishReason, code: ErrorCode | None = None, error: str | None = None,
+        prompt_tokens: int = 0,
     ) -> ReqOutput:
         """The only output of a request that ends without producing anything (refused, or ended by FailAll)."""
         return ReqOutput(

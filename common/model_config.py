@@ -62,8 +62,10 @@ class ModelConfig:
     eos_token_ids: tuple[int, ...]  # union of config.json and generation_config.json
     bos_token_id: int | None
     stored_dtype: str | None  # "bfloat16", "float32"... as config.json says; weights are cast at load
-    default_sampling: tuple[tuple[str, float], ...] = ()  # generation_config.json's sampling, when it samples (do_sample)
-    window_capped_from: int = 0  # config.json's maximum positions, when a sliding window capped context_len below it (else 0)
+    # generation_config.json's sampling, when it samples (do_sample)
+    default_sampling: tuple[tuple[str, float], ...] = ()
+    # config.json's maximum positions, when a sliding window capped context_len below it (else 0)
+    window_capped_from: int = 0
 
     @property
     def context_note(self) -> str:
@@ -170,7 +172,9 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         if uses_window and isinstance(window, int) and 0 < window < context_len:
             window_capped_from, context_len = context_len, window
     if num_heads % num_kv_heads:
-        raise ValueError(f"{path}: num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}")
+        raise ValueError(
+            f"{path}: num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}"
+        )
     vocab_size = get("vocab_size")
     return ModelConfig(
         model_dir=model_dir,

@@ -17,17 +17,22 @@ TOOL_CALL_FORMATS = ("hermes", "llama3_json")
 @dataclass(frozen=True, slots=True)
 class ModelFacts:
     context_len: int  # tokens of prompt + output: the model's maximum, or less with --context-length
-    chat_template: str | None = None  # the default chat template's Jinja source: --chat-template's, else the tokenizer's
+    # the default chat template's Jinja source: --chat-template's, else the tokenizer's
+    chat_template: str | None = None
     chat_template_origin: str = ""  # where it came from (a file), for error messages
-    tool_call_format: str | None = None  # how the chat template writes tool calls (TOOL_CALL_FORMATS); None: not one we parse
+    # how the chat template writes tool calls (TOOL_CALL_FORMATS); None: not one we parse
+    tool_call_format: str | None = None
     vocab_size: int | None = None  # ids the model has rows for (config.json); a prompt id at or above it is refused
-    default_sampling: dict[str, float] = field(default_factory=dict)  # generation_config.json's sampling (when it samples)
+    # generation_config.json's sampling (when it samples)
+    default_sampling: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.context_len < 2:
             raise ValueError(f"context_len must be >= 2, got {self.context_len}")
         if self.tool_call_format is not None and self.tool_call_format not in TOOL_CALL_FORMATS:
-            raise ValueError(f"tool_call_format must be one of {TOOL_CALL_FORMATS} or None, got {self.tool_call_format!r}")
+            raise ValueError(
+                f"tool_call_format must be one of {TOOL_CALL_FORMATS} or None, got {self.tool_call_format!r}"
+            )
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))

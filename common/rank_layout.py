@@ -19,6 +19,7 @@ import os
 import socket
 from dataclasses import dataclass
 
+from zserve.common.config_sections import ParallelSection
 from zserve.common.worker_env import default_num_threads
 
 SOCKET_IFNAME_VARS = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
@@ -33,8 +34,8 @@ class RankLayout:
     dist_init_port: int
 
     @staticmethod
-    def from_config(cfg) -> RankLayout:
-        """Unpack and check the rank flags of a ServerConfig; ValueError names the bad flag."""
+    def from_config(cfg: ParallelSection) -> RankLayout:
+        """Unpack and check the rank flags (a ServerConfig is one too); ValueError names the bad flag."""
         return RankLayout.build(cfg.tp_size, cfg.nnodes, cfg.node_rank, cfg.dist_init_addr, cfg.device)
 
     @staticmethod
@@ -73,7 +74,9 @@ class RankLayout:
     def local_index(self, rank: int) -> int:
         """0.. on this node (the GPU a CUDA rank uses)."""
         if rank not in self.local_ranks:
-            raise ValueError(f"rank {rank} does not run on node {self.node_rank} (its ranks are {list(self.local_ranks)})")
+            raise ValueError(
+                f"rank {rank} does not run on node {self.node_rank} (its ranks are {list(self.local_ranks)})"
+            )
         return rank - self.local_ranks.start
 
     def child_name(self, rank: int) -> str:
@@ -110,10 +113,12 @@ class RankLayout:
 
     def check_model(self, num_heads: int, num_kv_heads: int, intermediate_size: int) -> None:
         """Every column-parallel split must be even (the vocabulary is padded instead)."""
-        for what, size in (("attention heads", num_heads), ("KV heads", num_kv_heads), ("MLP width", intermediate_size)):
+        splits = (("attention heads", num_heads), ("KV heads", num_kv_heads), ("MLP width", intermediate_size))
+        for what, size in splits:
             if size % self.tp_size:
                 raise ValueError(
-                    f"--tp-size {self.tp_size}: the model's {size} {what} do not split evenly across {self.tp_size} ranks "
+                    f"--tp-size {self.tp_size}: the model's {size} {what} do not split evenly "
+                    f"across {self.tp_size} ranks "
                     f"(it has {num_heads} attention heads, {num_kv_heads} KV heads, MLP width {intermediate_size}); "
                     "choose a tp size that divides all three, or a model that splits (Qwen/Qwen3-0.6B and "
                     "meta-llama/Llama-3.2-1B-Instruct split over 2, 4 and 8 ranks)"
@@ -125,7 +130,9 @@ def parse_host_port(text: str) -> tuple[str, int]:
     host, sep, port_text = text.rpartition(":")
     host = host.strip("[]")
     if not sep or not host or not port_text.isdigit() or not 1 <= int(port_text) <= 65534:
-        raise ValueError(f"--dist-init-addr must be HOST:PORT with PORT in 1..65534 (PORT + 1 is used too), got {text!r}")
+        raise ValueError(
+            f"--dist-init-addr must be HOST:PORT with PORT in 1..65534 (PORT + 1 is used too), got {text!r}"
+        )
     return host, int(port_text)
 
 

@@ -39,7 +39,8 @@ class RequestLimits:
     max_message_name_chars: int = 256
     max_top_k: int = INT32_MAX  # the vocabulary bounds it first (RequestValidator); this bounds it for any model
     max_max_tokens: int = INT32_MAX  # the context bounds it first (RequestValidator)
-    max_rendered_chars_per_token: int = 64  # a rendered chat prompt longer than context x this is refused while rendering
+    # a rendered chat prompt longer than context x this is refused while rendering
+    max_rendered_chars_per_token: int = 64
     render_timeout_s: float = 2.0  # a chat template rendering longer than this is stopped and the request refused
 
 

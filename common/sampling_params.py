@@ -24,7 +24,8 @@ DEFAULT_MAX_TOKENS = 128
 
 
 class SamplingParams(Message, frozen=True):
-    max_tokens: int | None = None  # None: up to the context (prompt + output fill it at most); clients default to DEFAULT_MAX_TOKENS
+    # None: up to the context (prompt + output fill it at most); clients default to DEFAULT_MAX_TOKENS
+    max_tokens: int | None = None
     temperature: float = 0.0  # 0 = greedy
     top_k: int = 0  # 0 = off
     top_p: float = 1.0  # 1.0 = off; must be in (0, 1]
@@ -36,18 +37,23 @@ class SamplingParams(Message, frozen=True):
     return_logprob: bool = False
     presence_penalty: float = 0.0  # OpenAI: logit -= presence_penalty if the token is in the output
     frequency_penalty: float = 0.0  # OpenAI: logit -= frequency_penalty * its count in the output
-    repetition_penalty: float = 1.0  # transformers/vLLM: a token of the prompt or output has logit / p (> 0) or * p (< 0)
-    logit_bias: dict[str, float] = field(default_factory=dict)  # token id (as a string, JSON's key) -> added to its logit
+    # transformers/vLLM: a token of the prompt or output has logit / p (> 0) or * p (< 0)
+    repetition_penalty: float = 1.0
+    # token id (as a string, JSON's key) -> added to its logit
+    logit_bias: dict[str, float] = field(default_factory=dict)
     min_tokens: int = 0  # stop tokens (EOS, stop_token_ids) are banned until this many tokens are out
     top_logprobs: int = 0  # with return_logprob: also the most likely tokens at each position, this many (<= 20)
-    prompt_logprobs: int | None = None  # also each prompt token's logprob (the first has none) and this many most likely (<= 20)
+    # also each prompt token's logprob (the first has none) and this many most likely (<= 20)
+    prompt_logprobs: int | None = None
     json_object: bool = False  # structured output: any JSON value (OpenAI's JSON mode)
     json_schema: str | None = None  # structured output: JSON matching this JSON schema (its text)
     regex: str | None = None  # structured output: text matching this regular expression
     ebnf: str | None = None  # structured output: text of this EBNF grammar (GBNF, as xgrammar reads it)
     return_prompt_text: bool = False  # also the prompt's text (the detokenizer's decoding), in the first output: echo
-    skip_special_tokens: bool = True  # the output text leaves special tokens (EOS, chat markers) out (SGLang's, vLLM's default)
-    no_stop_trim: bool = False  # the output text keeps the stop string that ended it (SGLang's name; vLLM's include_stop_str_in_output)
+    # the output text leaves special tokens (EOS, chat markers) out (SGLang's, vLLM's default)
+    skip_special_tokens: bool = True
+    # the output text keeps the stop string that ended it (SGLang's name; vLLM's include_stop_str_in_output)
+    no_stop_trim: bool = False
 
     @property
     def grammar(self) -> tuple[str, str] | None:
@@ -74,7 +80,8 @@ class SamplingParams(Message, frozen=True):
         the frontend's RequestValidator."""
         if self.max_tokens is not None and not _is_int_in(self.max_tokens, 1, LIMITS.max_max_tokens):
             raise ValueError(
-                f"max_tokens must be an integer in [1, {LIMITS.max_max_tokens}] (or none: up to the context), got {self.max_tokens!r}"
+                f"max_tokens must be an integer in [1, {LIMITS.max_max_tokens}] (or none: up to the context), "
+                f"got {self.max_tokens!r}"
             )
         if not _is_number(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
@@ -92,7 +99,9 @@ class SamplingParams(Message, frozen=True):
             if not isinstance(s, str) or not s:
                 raise ValueError(f"stop[{i}] must be a non-empty string, got {_short(s)}")
             if len(s) > LIMITS.max_stop_string_chars:
-                raise ValueError(f"stop[{i}] is {len(s)} characters; at most {LIMITS.max_stop_string_chars} are allowed")
+                raise ValueError(
+                    f"stop[{i}] is {len(s)} characters; at most {LIMITS.max_stop_string_chars} are allowed"
+                )
         if len(self.stop_token_ids) > LIMITS.max_stop_token_ids:
             raise ValueError(
                 f"stop_token_ids has {len(self.stop_token_ids)} ids; at most {LIMITS.max_stop_token_ids} are allowed"
@@ -108,10 +117,13 @@ class SamplingParams(Message, frozen=True):
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if not _is_number(value) or not -LIMITS.max_penalty <= value <= LIMITS.max_penalty:
-                raise ValueError(f"{name} must be in [-{LIMITS.max_penalty:g}, {LIMITS.max_penalty:g}], got {_short(value)}")
+                raise ValueError(
+                    f"{name} must be in [-{LIMITS.max_penalty:g}, {LIMITS.max_penalty:g}], got {_short(value)}"
+                )
         if not _is_number(self.repetition_penalty) or not 0 < self.repetition_penalty <= LIMITS.max_repetition_penalty:
             raise ValueError(
-                f"repetition_penalty must be in (0, {LIMITS.max_repetition_penalty:g}] (1 = off), got {_short(self.repetition_penalty)}"
+                f"repetition_penalty must be in (0, {LIMITS.max_repetition_penalty:g}] (1 = off), "
+                f"got {_short(self.repetition_penalty)}"
             )
         if not isinstance(self.logit_bias, dict) or len(self.logit_bias) > LIMITS.max_logit_bias_entries:
             raise ValueError(f"logit_bias must map at most {LIMITS.max_logit_bias_entries} token ids to numbers")
@@ -119,16 +131,23 @@ class SamplingParams(Message, frozen=True):
             if not (isinstance(token, str) and token.isdigit() and len(token) <= 10):
                 raise ValueError(f"logit_bias keys must be token ids, got {_short(token)}")
             if not _is_number(bias) or not -LIMITS.max_logit_bias <= bias <= LIMITS.max_logit_bias:
-                raise ValueError(f"logit_bias[{token}] must be in [-{LIMITS.max_logit_bias:g}, {LIMITS.max_logit_bias:g}], got {_short(bias)}")
+                raise ValueError(
+                    f"logit_bias[{token}] must be in [-{LIMITS.max_logit_bias:g}, {LIMITS.max_logit_bias:g}], "
+                    f"got {_short(bias)}"
+                )
         if not isinstance(self.json_object, bool):
             raise ValueError("json_object must be a boolean")
-        grammars = [k for k in ("json_schema", "regex", "ebnf") if getattr(self, k) is not None] + (["json_object"] if self.json_object else [])
+        grammars = [k for k in ("json_schema", "regex", "ebnf") if getattr(self, k) is not None] + (
+            ["json_object"] if self.json_object else []
+        )
         if len(grammars) > 1:
             raise ValueError(f"give at most one of json_object, json_schema, regex, ebnf; got {', '.join(grammars)}")
         if grammars and self.ignore_eos:
             raise ValueError("ignore_eos cannot be used with structured output: the grammar ends the text with EOS")
         if grammars and _is_number(self.min_tokens) and self.min_tokens > 0:
-            raise ValueError("min_tokens cannot be used with structured output: the grammar decides where the text ends")
+            raise ValueError(
+                "min_tokens cannot be used with structured output: the grammar decides where the text ends"
+            )
         for kind in ("json_schema", "regex", "ebnf"):
             spec = getattr(self, kind)
             if spec is not None and (not isinstance(spec, str) or not spec or len(spec) > LIMITS.max_grammar_chars):
@@ -144,9 +163,14 @@ class SamplingParams(Message, frozen=True):
                 raise ValueError("json_schema must be a JSON schema (an object)")
             check_json_schema(schema)
         if self.prompt_logprobs is not None and not _is_int_in(self.prompt_logprobs, 0, LIMITS.max_top_logprobs):
-            raise ValueError(f"prompt_logprobs must be an integer in [0, {LIMITS.max_top_logprobs}], got {_short(self.prompt_logprobs)}")
+            raise ValueError(
+                f"prompt_logprobs must be an integer in [0, {LIMITS.max_top_logprobs}], "
+                f"got {_short(self.prompt_logprobs)}"
+            )
         if not _is_int_in(self.top_logprobs, 0, LIMITS.max_top_logprobs):
-            raise ValueError(f"top_logprobs must be an integer in [0, {LIMITS.max_top_logprobs}], got {_short(self.top_logprobs)}")
+            raise ValueError(
+                f"top_logprobs must be an integer in [0, {LIMITS.max_top_logprobs}], got {_short(self.top_logprobs)}"
+            )
         if not _is_int_in(self.min_tokens, 0, LIMITS.max_max_tokens):
             raise ValueError(f"min_tokens must be an integer >= 0, got {_short(self.min_tokens)}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
@@ -179,7 +203,8 @@ class SamplingParams(Message, frozen=True):
         for key in ("temperature", "presence_penalty", "frequency_penalty", "repetition_penalty"):
             if _is_number(kw.get(key)):
                 kw[key] = float(kw[key])
-        if isinstance(kw.get("logit_bias"), dict):  # keys are strings on the wire (the Python client turns int ids into them)
+        # keys are strings on the wire (the Python client turns int ids into them)
+        if isinstance(kw.get("logit_bias"), dict):
             kw["logit_bias"] = {k: float(v) if _is_number(v) else v for k, v in kw["logit_bias"].items()}
         if isinstance(kw.get("json_schema"), (dict, bool)):  # the Python client may pass the schema itself
             kw["json_schema"] = json.dumps(kw["json_schema"])

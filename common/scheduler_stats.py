@@ -33,8 +33,11 @@ class SchedulerStats(Message):
     num_decoded_tokens: int = 0  # tokens computed by decode (one per running request per step)
     num_generated_tokens: int = 0  # tokens sampled and sent
     step_wait_s: float = 0.0  # seconds the process loop waited for the model worker's results (sent -> received)
-    schedule_s: float = 0.0  # seconds from a result to the next batch sent, between back-to-back steps (the worker idles)
-    worker_forward_s: float = 0.0  # of step_wait_s, seconds rank 0 spent in ModelRunner.run (StepResult.forward_ms); the rest is the hops and the worker's loop
+    # seconds from a result to the next batch sent, between back-to-back steps (the worker idles)
+    schedule_s: float = 0.0
+    # of step_wait_s, seconds rank 0 spent in ModelRunner.run (StepResult.forward_ms); the rest is the hops and the
+    # worker's loop
+    worker_forward_s: float = 0.0
     # speculative decoding (--speculative-algorithm ngram); all 0 when off
     num_drafts: int = 0  # decode rows that carried drafts (one per request per step)
     num_draft_tokens: int = 0  # draft tokens the worker verified

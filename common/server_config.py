@@ -1,103 +1,50 @@
 """The one frozen server configuration, built once by the launcher from the CLI.
 
-argparse defaults, choices and ranges are read from the dataclass fields' metadata ("choices",
-"min" / "max" inclusive, "above" / "below" exclusive, "env": a ZSERVE_* variable that sets the
-default, read only by env_defaults; launcher/cli.py), and every child process
-receives the same config as JSON on its command line. Components never take this object: the
-process entry points unpack it into plain values.
+`ServerConfig` is every section of config_sections.py at once, so a flag is one flat field
+(`cfg.page_size`, `ServerConfig(page_size=32)`, as SGLang's ServerArgs), and a component that
+reads one part of it takes that section, typed (`cfg.section(SchedulerSection)`; a ServerConfig
+is an instance of every section, so tests may pass one where a section is asked for). The
+flags' meaning, spellings, choices and ranges are in the flags table (server_flags.py), which
+launcher/cli.py turns into the parser. Every child process receives the same config as JSON on
+its command line.
 """
 
 from __future__ import annotations
 
 import json
-import os
-from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, fields
+from typing import TypeVar
 
-from zserve.common.cpu_isa_level import CPU_ISA_ENV, LEVELS
-from zserve.common.worker_env import OMP_SPIN_COUNT
+from zserve.common.config_sections import (
+    API_KEY_ENV,
+    DEFAULT_CLIENT_PORT,
+    DEFAULT_HTTP_PORT,
+    CacheSection,
+    FleetSection,
+    FrontendSection,
+    HttpSection,
+    KernelSection,
+    ModelSection,
+    ParallelSection,
+    SchedulerSection,
+    SpeculationSection,
+)
 
-DEFAULT_HTTP_PORT = 8000  # --port: vLLM's HTTP port (SGLang's is 30000: users type --port 30000)
-# --zmq-port: Client() with no arguments connects here. Next to SGLang's HTTP port, not on it, so a SGLang user's
-# `--port 30000` never collides with it; taken by another server (and not given), the server picks a free one.
-DEFAULT_CLIENT_PORT = 30001
-API_KEY_ENV = "ZSERVE_API_KEY"  # the HTTP API key: read when --api-key is empty; how the launcher hands it to the HTTP process
+__all__ = ["API_KEY_ENV", "DEFAULT_CLIENT_PORT", "DEFAULT_HTTP_PORT", "ServerConfig"]
+
+Section = TypeVar("Section")
 
 
+# A dataclass takes its bases' fields from the last base to the first: ModelSection's fields come first,
+# FleetSection's last (config_sections.SECTIONS, the order of the README's flags table).
 @dataclass(frozen=True)
-class ServerConfig:
-    model: str = field(default="", metadata={"help": "model directory (config.json + safetensors + tokenizer), or a Llama/Qwen2/Qwen3 .gguf file (or a directory holding one); default: the SmolLM2-135M-Instruct demo model, fetched on first use", "aliases": ["--model-path"], "positional": True})
-    served_model_name: str = field(default="", metadata={"help": "the model's name in the OpenAI API (/v1/models, the request's model) and the metrics' model_name label (empty = the model directory's name)"})
-    tokenizer: str = field(default="", metadata={"help": "a directory with the tokenizer files (tokenizer.json, tokenizer_config.json), when they are not in --model (empty = --model's)", "aliases": ["--tokenizer-path"], "peer_note": "vLLM --tokenizer, SGLang --tokenizer-path"})
-    chat_template: str = field(default="", metadata={"help": "a Jinja chat template file used instead of the model's (empty = the model's own)"})
-    trust_remote_code: bool = field(default=False, metadata={"help": "accepted for SGLang and vLLM command lines; no effect: zserve runs its own code for the architectures it supports and never code from the model directory (a note says so)"})
-    host: str = field(default="127.0.0.1", metadata={"help": "interface clients connect on; loopback unless set"})
-    http_port: int = field(default=DEFAULT_HTTP_PORT, metadata={"help": "port of the OpenAI-compatible HTTP server on --host: the OpenAI API, SGLang's native /generate, /metrics and /health (0 = no HTTP server)", "min": 0, "max": 65535, "flag": "--port", "aliases": ["--http-port"], "peer_note": "same meaning as SGLang's and vLLM's --port (their defaults: 30000, 8000)"})
-    zmq_port: int = field(default=DEFAULT_CLIENT_PORT, metadata={"help": "the ZMQ port of the native clients, Client() / AsyncClient() / the chat shell (0 = pick a free one and print it; the default, when another server holds it, also picks a free one)", "min": 0, "max": 65535, "peer_note": "none (SGLang's and vLLM's clients speak HTTP)"})
-    allowed_hosts: str = field(default="", metadata={"help": "HTTP: Host names answered besides loopback names and --host, comma-separated (* = any); others get 403"})
-    allowed_origins: str = field(default="", metadata={"help": "HTTP: origins allowed cross-origin requests (CORS), comma-separated (* = any; empty = none: requests with another Origin get 403)"})
-    api_key: str = field(default="", metadata={"help": "when set, every HTTP route but /health needs 'Authorization: Bearer KEY' (401 otherwise) and ZMQ clients must present it (api_key=, or $ZSERVE_API_KEY); read from $ZSERVE_API_KEY when empty"})
-    max_request_bytes: int = field(default=8 << 20, metadata={"help": "HTTP: largest request body accepted (413 above)", "min": 1})
-    strict_requests: bool = field(default=False, metadata={"help": "HTTP: keep refusing OpenAI request fields this server does not know with a 400 (default: ignored, and logged once per field name, as vLLM does)", "peer_note": "none (vLLM and SGLang ignore unknown fields)"})
-    device: str = field(default="auto", metadata={"help": "cpu, cuda, cuda:N or auto"})
-    dtype: str = field(default="auto", metadata={"help": "auto (bf16 on CUDA and on x86 CPUs with AVX2 + FMA + F16C or native bf16, where the CPU kernels run; else fp32; the log says which and why), float32, bfloat16, float16", "choices": ["auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"], "value_aliases": {"half": "float16", "float": "float32"}})
-    quantization: str = field(default="none", metadata={"help": "weights of the linear layers and the LM head: none (the --dtype) or int8 (quantized at load, symmetric, an fp32 scale per 64 input rows of each output column; a GGUF Q8_0 tensor is taken as stored; embeddings, norms and biases stay --dtype; CPU: zserve's int8 GEMM, elsewhere dequantized on the fly) (model_proc/layers/int8_weights.py)", "choices": ["none", "int8"], "peer_note": "vLLM/SGLang --quantization (their int8 schemes: w8a8 with calibrated activations; here weights only)"})
-    tp_size: int = field(default=1, metadata={"help": "tensor-parallel ranks: model worker processes holding one shard each, joined by torch.distributed (NCCL on CUDA, gloo on CPU); on CUDA local rank i uses cuda:i", "min": 1, "aliases": ["--tensor-parallel-size", "--tp"]})
-    nnodes: int = field(default=1, metadata={"help": "machines the --tp-size ranks are spread over, tp_size / nnodes each; node 0 runs the whole server", "min": 1})
-    node_rank: int = field(default=0, metadata={"help": "this machine's index, 0..nnodes-1; a node other than 0 runs only its model worker ranks and joins node 0", "min": 0})
-    dist_init_addr: str = field(default="", metadata={"help": "host:port of node 0, reachable from every node (required with --nnodes > 1): torch.distributed meets on port, rank 0 broadcasts batches on port + 1; empty = a private file rendezvous, loopback only"})
-    # data-parallel replicas on this machine and sglang-router in front of them (launcher/fleet.py)
-    dp_size: int = field(default=1, metadata={"help": "data-parallel replicas: N whole servers on this machine, each pinned to its own cores (the allowed CPUs split into N disjoint sets, a NUMA node's cores to that node's replicas; launcher/core_split.py) with --num-threads = its core count unless given, HTTP on --port + i, ZMQ on --zmq-port + i; a replica that exits is restarted (0 = one per NUMA node)", "min": 0, "aliases": ["--data-parallel-size"], "peer_note": "SGLang --dp-size (sglang_router.launch_server); vLLM --data-parallel-size"})
-    router: bool = field(default=False, metadata={"help": "put sglang-router (pip install 'zserve[router]') in front of the replicas on --router-port once every replica answers /health; a replica that dies leaves it and rejoins when restarted; the fleet ends if the router exits", "peer_note": "sglang_router.launch_server"})
-    router_port: int = field(default=30000, metadata={"help": "with --router: the router's HTTP port (clients send requests there)", "min": 1, "max": 65535, "peer_note": "sglang_router --port"})
-    router_policy: str = field(default="cache_aware", metadata={"help": "with --router: how it picks a replica: cache_aware (the replica whose prompts share the longest prefix, unless loads are too uneven), round_robin, random, power_of_two (the less loaded of two)", "choices": ["cache_aware", "round_robin", "random", "power_of_two"], "peer_note": "sglang_router --policy"})
-    router_worker_urls: str = field(default="", metadata={"help": "with --router: more servers for the router besides this machine's replicas (zserve or SGLang on other machines), URL [URL ...] (http://host:port); the router's health checks take them out and back", "nargs": "+", "peer_note": "sglang_router --worker-urls"})
-    router_prometheus_port: int = field(default=29000, metadata={"help": "with --router: port of the router's own Prometheus metrics (0 = a free one; a port in use stops the router)", "min": 0, "max": 65535, "peer_note": "sglang_router --prometheus-port"})
-    router_args: str = field(default="", metadata={"help": "with --router: more sglang_router.launch_router flags as one string, e.g. '--health-check-interval-secs 1 --retry-max-retries 3'; they come after the fleet's own, so they win", "peer_note": "none"})
-    page_size: int = field(default=16, metadata={"help": "tokens per KV page", "min": 1, "aliases": ["--block-size"]})
-    max_running_requests: int = field(default=64, metadata={"help": "request slots (rows of the request table)", "min": 1, "aliases": ["--max-num-seqs"]})
-    max_prefill_tokens: int = field(default=512, metadata={"help": "tokens of prompt computed per step at most (SGLang's --chunked-prefill-size, vLLM's --max-num-batched-tokens): longer prompts are chunked", "min": 1, "flag": "--chunked-prefill-size", "aliases": ["--max-num-batched-tokens"], "deprecated": {"--max-prefill-tokens": "SGLang's --max-prefill-tokens is another budget"}})
-    prefill_max_requests: int = field(default=0, metadata={"help": "requests newly admitted per prefill step at most, next to the token budget (0 = no cap)", "min": 0})
-    context_length: int = field(default=0, metadata={"help": "tokens of prompt + output a request may use at most (0 = the model's maximum; above it is refused)", "min": 0, "aliases": ["--max-model-len"]})
-    kv_cache_tokens: int = field(default=0, metadata={"help": "KV pool size in tokens (0 = size from free memory)", "min": 0, "aliases": ["--max-total-tokens"]})
-    mem_fraction_static: float = field(default=0.0, metadata={"help": "share of the device's whole memory (RAM on CPU: MemTotal or the cgroup limit) for the weights plus the KV pool, which gets what the weights leave (0 = off: --kv-memory-fraction sizes the pool)", "min": 0.0, "below": 1.0, "aliases": ["--gpu-memory-utilization"], "peer_note": "SGLang --mem-fraction-static (weights + KV); vLLM --gpu-memory-utilization (all of the engine's memory; here activations are not counted)"})
-    kv_memory_fraction: float = field(default=0.3, metadata={"help": "fraction of free memory for the KV pool when --kv-cache-tokens is 0", "above": 0.0, "below": 1.0})
-    schedule_policy: str = field(default="mixed", metadata={"help": "what a step runs: prefill-first, decode-first or mixed (prefill chunks and decodes together)", "choices": ["prefill-first", "decode-first", "mixed"], "flag": "--step-policy", "deprecated": {"--schedule-policy": "SGLang's --schedule-policy orders the queue; here that is --admission-policy"}, "peer_note": "none (SGLang's --schedule-policy orders the queue: --admission-policy here)"})
-    admission_policy: str = field(default="pack", metadata={"help": "fifo or pack", "choices": ["fifo", "pack"], "peer_note": "SGLang --schedule-policy fcfs = fifo"})
-    admission_lookahead: int = field(default=64, metadata={"help": "pending requests the pack policy looks at", "min": 1})
-    force_fifo_every: int = field(default=8, metadata={"help": "pack policy: every N-th prefill step is fifo so long prompts cannot starve", "min": 1})
-    kv_reservation: str = field(default="estimated", metadata={"help": "KV kept promised to admitted requests: estimated (their prompt plus a decaying estimate of their output; a decode step short of pages retracts the newest running requests, which resume later) or full (prompt plus all of max_tokens; never retracts)", "choices": ["estimated", "full"]})
-    schedule_conservativeness: float = field(default=1.0, metadata={"help": "scales the estimated reservation's output ratio (start 0.7, floor 0.1): above 1 admits fewer requests and retracts less", "above": 0.0})
-    disable_radix_cache: bool = field(default=False, metadata={"help": "turn prefix caching off", "aliases": ["--no-enable-prefix-caching"], "switches": {"--enable-prefix-caching": False}})
-    grammar_backend: str = field(default="xgrammar", metadata={"help": "structured output (json_object, json_schema, regex, ebnf, tool_choice required or named): xgrammar (readied in the background at startup), or none (such requests are refused)", "choices": ["xgrammar", "none"], "aliases": ["--guided-decoding-backend"], "peer_note": "SGLang --grammar-backend; vLLM --guided-decoding-backend (both default to xgrammar)"})
-    speculative_algorithm: str = field(default="none", metadata={"help": "speculative decoding: none, or ngram (drafts from n-gram matches in the request's own prompt + output, verified by the model in one forward: same tokens, fewer steps on repetitive text; rows asking for logprobs, penalties or a grammar are not drafted)", "choices": ["none", "ngram"], "value_aliases": {"NGRAM": "ngram", "NONE": "none"}, "peer_note": "SGLang --speculative-algorithm NGRAM; vLLM --speculative-config '{\"method\": \"ngram\"}'"})
-    speculative_num_draft_tokens: int = field(default=5, metadata={"help": "speculative decoding: draft tokens proposed per request per step at most", "min": 1, "max": 64, "peer_note": "SGLang --speculative-num-draft-tokens; vLLM num_speculative_tokens (in --speculative-config)"})
-    speculative_ngram_min_match_window_size: int = field(default=1, metadata={"help": "ngram speculation: the shortest tail of the sequence matched against its earlier tokens", "min": 1, "aliases": ["--ngram-prompt-lookup-min"], "peer_note": "SGLang's same name; vLLM prompt_lookup_min (in --speculative-config)"})
-    speculative_ngram_max_match_window_size: int = field(default=3, metadata={"help": "ngram speculation: the longest tail of the sequence matched against its earlier tokens (tried first)", "min": 1, "aliases": ["--ngram-prompt-lookup-max"], "peer_note": "SGLang's same name; vLLM prompt_lookup_max (in --speculative-config)"})
-    speculative_disable_by_batch_size: int = field(default=16, metadata={"help": "speculative decoding: no drafts in a step with at least this many decoding requests (0 = never off): a large batch already keeps a CPU busy, and a rejected draft then costs as much as a generated token", "min": 0, "peer_note": "vLLM's --speculative-disable-by-batch-size (disable_by_batch_size in --speculative-config)"})
-    speculative_config: str = field(default="", metadata={"help": "speculative decoding as vLLM's JSON, e.g. {\"method\": \"ngram\", \"num_speculative_tokens\": 5, \"prompt_lookup_max\": 3, \"prompt_lookup_min\": 1}: sets the four --speculative-* flags above (its keys win); only method ngram", "peer_note": "vLLM --speculative-config (method ngram)"})
-    max_queued_requests: int = field(default=1024, metadata={"help": "waiting requests beyond which new ones are refused with 'server busy'", "min": 1})
-    num_threads: int = field(default=0, metadata={"help": "torch threads in the model worker (0 = every core this process may use, shared among a node's ranks)", "min": 0})
-    omp_spin_count: int = field(default=OMP_SPIN_COUNT, metadata={"help": "GOMP_SPINCOUNT of the model worker: iterations an idle OpenMP thread spins before it sleeps (0 = sleep at once)", "min": 0})
-    # kernel choices: each flag's default is its environment variable's value when that is set ("env"; env_defaults)
-    cpu_isa: str = field(default="auto", metadata={"help": "instruction level the CPU kernels are built for: auto (the CPU's highest, from /proc/cpuinfo) or a lower one, so one machine runs every path; a level this CPU lacks is refused (common/cpu_isa_level.py); default $ZSERVE_CPU_ISA when set", "choices": ["auto", *LEVELS], "env": CPU_ISA_ENV, "peer_note": "none"})
-    gemm_backend: str = field(default="auto", metadata={"help": "CPU linear layers: auto (zserve's bf16 or widening GEMM where it runs, else oneDNN), zserve_widen, onednn, or torch (torch.mm, the reference); a choice this CPU or dtype cannot run falls back to the next (model_proc/layers/gemm.py); default $ZSERVE_GEMM when set", "choices": ["auto", "zserve_widen", "onednn", "torch"], "env": "ZSERVE_GEMM", "peer_note": "none"})
-    attention_backend: str = field(default="auto", metadata={"help": "attention: auto (flash-attn on CUDA when installed, else zserve's CPU paged-attention kernel where it builds, else torch), torch (the pure-torch path), or kernel (the CPU kernel; refuse to start without it); default $ZSERVE_ATTENTION when set", "choices": ["auto", "torch", "kernel"], "env": "ZSERVE_ATTENTION", "peer_note": "SGLang --attention-backend (its own backends' names)"})
-    fused_ops: str = field(default="auto", metadata={"help": "CPU fused norms, gated activation and rotary + K/V write: auto (where the kernels build) or off (torch's ops, the reference path); default $ZSERVE_FUSED_OPS when set", "choices": ["auto", "off"], "env": "ZSERVE_FUSED_OPS", "peer_note": "none"})
-    seed: int = field(default=0, metadata={"help": "seed for per-request seeds drawn when a request gives none", "min": 0})
-    client_timeout_s: float = field(default=10.0, metadata={"help": "abort a client's requests when it sends no heartbeat for this long", "above": 0.0})
-    startup_timeout_s: float = field(default=600.0, metadata={"help": "how long to wait for every process to be ready", "above": 0.0})
-    drain_timeout_s: float = field(default=30.0, metadata={"help": "on SIGTERM or a first Ctrl-C: stop admitting (new requests get 'server shutting down', HTTP 503) and let in-flight requests finish for up to this many seconds before aborting the rest (0 = abort at once; a second signal aborts at once)", "min": 0.0, "peer_note": "vLLM/SGLang drain on SIGTERM too"})
-    watchdog_timeout_s: float = field(default=300.0, metadata={"help": "HTTP /health answers 503 stalled when requests wait or run and no model step has ended for this many seconds; a long step alone (a big model on CPU, a long prefill) keeps it 200", "above": 0.0, "flag": "--watchdog-timeout", "peer_note": "SGLang --watchdog-timeout (default 300 s; it kills the server instead)"})
-    log_stats_interval_s: float = field(default=10.0, metadata={"help": "seconds between the scheduler's stats lines while busy (throughput, running/waiting/retracted, KV usage, prefix-cache hits; silent when idle; 0 = off)", "min": 0.0, "peer_note": "vLLM logs every 10 s (--disable-log-stats); SGLang every --decode-log-interval steps", "switches": {"--disable-log-stats": 0.0}})
-    log_level: str = field(default="info", metadata={"help": "debug, info, warning, error", "choices": ["debug", "info", "warning", "error"]})
-    shell: bool = field(default=False, metadata={"help": "after start, open a terminal chat against the server"})
-    ready_file: str = field(default="", metadata={"help": "once every process is ready, write one JSON record there (launcher/server_ready.py: the launcher's pid, the client and HTTP ports), next to the `zserve ready` log line: for programs that start the server (empty = none)", "peer_note": "none"})
-
-    @property
-    def tokenizer_dir(self) -> str:
-        """Where the tokenizer files are: --tokenizer, else the model directory."""
-        return self.tokenizer or self.model
+class ServerConfig(
+    FleetSection, HttpSection, FrontendSection, KernelSection, SpeculationSection, SchedulerSection, CacheSection,
+    ParallelSection, ModelSection,
+):
+    def section(self, kind: type[Section]) -> Section:
+        """This config's values of one section's fields, as that section's own record."""
+        return kind(**{f.name: getattr(self, f.name) for f in fields(kind)})
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -107,15 +54,3 @@ class ServerConfig:
         data = json.loads(text)
         known = {f.name for f in fields(ServerConfig)}
         return ServerConfig(**{k: v for k, v in data.items() if k in known})
-
-
-def env_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, tuple[str, str]]:
-    """field name -> (variable, value) for each field whose environment variable (metadata "env")
-    is set: the one place those variables are read. They are defaults only: the launcher's
-    command line builds the config with them (launcher/cli.py), a flag given there wins, and the
-    processes take the choice from the config."""
-    return {
-        f.name: (f.metadata["env"], environ[f.metadata["env"]])
-        for f in fields(ServerConfig)
-        if f.metadata.get("env") and environ.get(f.metadata["env"])
-    }

@@ -2,7 +2,8 @@
 
     --speculative-algorithm ngram --speculative-num-draft-tokens 5
     --speculative-ngram-min-match-window-size 1 --speculative-ngram-max-match-window-size 3
-    --speculative-config '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
+    --speculative-config '{"method": "ngram", "num_speculative_tokens": 5,
+                           "prompt_lookup_min": 1, "prompt_lookup_max": 3}'
 
 are the same configuration: the launcher folds the JSON into the flags (`resolve_speculative_config`,
 its keys win over the flags; a missing prompt_lookup_min / max keeps the flag's, moved so min <= max)
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 
+from zserve.common.config_sections import SpeculationSection
 from zserve.common.server_config import ServerConfig
 
 JSON_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size")
@@ -33,7 +35,7 @@ class SpeculativeSettings:
         return self.algorithm != "none"
 
     @staticmethod
-    def of(cfg: ServerConfig) -> SpeculativeSettings:
+    def of(cfg: SpeculationSection) -> SpeculativeSettings:
         """The effective settings (the JSON over the flags); ValueError naming the flag when one is bad."""
         settings = SpeculativeSettings(
             cfg.speculative_algorithm.lower(), cfg.speculative_num_draft_tokens,
@@ -45,7 +47,9 @@ class SpeculativeSettings:
         if settings.algorithm not in ("none", "ngram"):
             raise ValueError(f"--speculative-algorithm must be none or ngram, got {cfg.speculative_algorithm!r}")
         if not 1 <= settings.num_draft_tokens <= MAX_DRAFT_TOKENS:
-            raise ValueError(f"--speculative-num-draft-tokens must be in 1..{MAX_DRAFT_TOKENS}, got {settings.num_draft_tokens}")
+            raise ValueError(
+                f"--speculative-num-draft-tokens must be in 1..{MAX_DRAFT_TOKENS}, got {settings.num_draft_tokens}"
+            )
         if not 1 <= settings.min_window <= settings.max_window:
             raise ValueError(
                 f"--speculative-ngram-min-match-window-size ({settings.min_window}) must be >= 1 and at most "
@@ -57,15 +61,21 @@ class SpeculativeSettings:
         try:
             spec = json.loads(text)
         except json.JSONDecodeError as exc:
-            raise ValueError(f"--speculative-config is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}") from None
+            raise ValueError(
+                f"--speculative-config is not valid JSON ({exc.msg} at character {exc.pos}): {text!r}"
+            ) from None
         if not isinstance(spec, dict):
             raise ValueError(f"--speculative-config must be a JSON object, got {text!r}")
         unknown = sorted(set(spec) - set(JSON_KEYS))
         if unknown:
-            raise ValueError(f"--speculative-config: unsupported key(s) {', '.join(unknown)} (zserve reads {', '.join(JSON_KEYS)})")
+            raise ValueError(
+                f"--speculative-config: unsupported key(s) {', '.join(unknown)} (zserve reads {', '.join(JSON_KEYS)})"
+            )
         method = spec.get("method")
         if not isinstance(method, str) or method.lower() != "ngram":
-            raise ValueError(f"--speculative-config: method must be \"ngram\" (the only one zserve runs), got {method!r}")
+            raise ValueError(
+                f"--speculative-config: method must be \"ngram\" (the only one zserve runs), got {method!r}"
+            )
         for key in JSON_KEYS[1:]:
             value, least = spec.get(key), 0 if key == "disable_by_batch_size" else 1
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < least):

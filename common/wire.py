@@ -197,7 +197,8 @@ def _describe(cls: type[Message] | None, error: str) -> str:
     `str`": the path's indices become the field names of the message the tag names, and msgpack's
     kinds get their Python names (list, map, None)."""
     match = _AT.search(error)
-    what = _QUOTED.sub(lambda q: _KIND.sub(lambda m: _PYTHON_KIND[m.group(0)], q.group(0)), error[: match.start()] if match else error)
+    without_path = error[: match.start()] if match else error
+    what = _QUOTED.sub(lambda q: _KIND.sub(lambda m: _PYTHON_KIND[m.group(0)], q.group(0)), without_path)
     if cls is None:
         return f"malformed frame: {what}"
     if match is None:
@@ -213,7 +214,8 @@ def _describe(cls: type[Message] | None, error: str) -> str:
             where, tp = f"{where}.{field.name}", field.type
         else:
             args = getattr(tp, "__args__", ())
-            where, tp = f"{where}[{index}]", args[-1] if args and args[-1] is not Ellipsis else (args[0] if args else Any)
+            element_tp = args[-1] if args and args[-1] is not Ellipsis else (args[0] if args else Any)
+            where, tp = f"{where}[{index}]", element_tp
         offset = 0
     if "`key` in" in error:
         where += " (a key)"

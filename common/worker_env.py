@@ -57,7 +57,9 @@ def default_num_threads(num_cores: int | None = None) -> int:
     return max(1, num_cores or available_cores())
 
 
-def worker_env(num_threads: int = 0, device: str = "auto", omp_spin_count: int = OMP_SPIN_COUNT, cpu_isa: str = "") -> dict[str, str]:
+def worker_env(
+    num_threads: int = 0, device: str = "auto", omp_spin_count: int = OMP_SPIN_COUNT, cpu_isa: str = "",
+) -> dict[str, str]:
     """Environment variables the model worker process must be started with.
 
     `num_threads` 0 picks `default_num_threads()`. On CUDA the CPU only launches kernels, so

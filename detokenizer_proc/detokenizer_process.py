@@ -1,7 +1,8 @@
 """The detokenizer process: token ids from the scheduler -> text deltas for the frontend.
 
     loop:
-        DetokRegister -> start a request's incremental state (stop strings, kept or trimmed; special tokens skipped or not)
+        DetokRegister -> start a request's incremental state (stop strings, kept or trimmed; special
+                         tokens skipped or not)
         TokenOutBatch -> per request: text delta; a matched stop string finishes it here and
                          tells the scheduler to stop decoding it (several tokens of one step,
                          from speculative drafts, end at the one completing it); a finish flushes
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 import zmq
 from msgspec.structs import replace
 
+from zserve.common.config_sections import ModelSection
 from zserve.common.error_code import ErrorCode
 from zserve.common.finish_reason import FinishReason
 from zserve.common.messages import (
@@ -40,7 +42,6 @@ from zserve.common.messages import (
     TokenOutBatch,
 )
 from zserve.common.proc_runtime import child_args, child_setup
-from zserve.common.server_config import ServerConfig
 from zserve.common.transport import Addresses, Endpoint, pull, push
 from zserve.detokenizer_proc.incremental_detokenizer import IncrementalDetokenizer
 from zserve.detokenizer_proc.token_texts import TokenTexts
@@ -55,8 +56,8 @@ class DetokState:
     num_prompt_tokens: int
     num_output_tokens: int = 0
     prompt_text: str | None = None  # sent with the request's first output, then None
-    # special tokens shown (skip_special_tokens false) but the stop token that ends the request not (no_stop_trim false),
-    # as SGLang does: a chat's text does not end in EOS
+    # special tokens shown (skip_special_tokens false) but the stop token that ends the request not
+    # (no_stop_trim false), as SGLang does: a chat's text does not end in EOS
     trims_stop_token: bool = False
 
 
@@ -93,7 +94,8 @@ class DetokenizerLoop:
             state = self.states.pop(req_id, None)
             self.to_scheduler.send(AbortReq(req_id=req_id, finish_reason=FinishReason.ERROR))
             self.to_frontend.send(ReqOutput.final(
-                req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL, error=f"detokenizing failed: {type(exc).__name__}: {exc}",
+                req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL,
+                error=f"detokenizing failed: {type(exc).__name__}: {exc}",
                 prompt_tokens=0 if state is None else state.num_prompt_tokens,
             ))
 
@@ -117,7 +119,9 @@ class DetokenizerLoop:
         if state is None:
             return  # already finished here (stop string matched while a step was in flight)
         token_ids = out.token_ids.tolist()
-        shown_ids = token_ids[:-1] if state.trims_stop_token and self.ends_on_special_stop(out, token_ids) else token_ids
+        shown_ids = (
+            token_ids[:-1] if state.trims_stop_token and self.ends_on_special_stop(out, token_ids) else token_ids
+        )
         text, num_taken = state.detok.add_tokens_until_stop(shown_ids)
         if num_taken < len(shown_ids):  # a stop string ended inside a step's several tokens: drop those after it
             out = _first_tokens(out, num_taken)
@@ -129,7 +133,8 @@ class DetokenizerLoop:
             finish_reason, code, error = FinishReason.STOP, None, None
         elif finish_reason is not None:
             text += state.detok.flush()
-            if state.detok.stopped and finish_reason is not FinishReason.ERROR:  # the stop string completed in held-back text
+            # the stop string completed in held-back text
+            if state.detok.stopped and finish_reason is not FinishReason.ERROR:
                 finish_reason = FinishReason.STOP
         if not text and finish_reason is None and not len(out.token_ids):
             return
@@ -160,14 +165,15 @@ def _first_tokens(out: TokenOut, num_tokens: int) -> TokenOut:
     )
 
 
-def serve(cfg: ServerConfig, addrs: Addresses) -> None:
-    tokenizer = TextTokenizer.from_model_dir(cfg.tokenizer_dir)
+def serve(model: ModelSection, addrs: Addresses) -> None:
+    tokenizer = TextTokenizer.from_model_dir(model.tokenizer_dir)
     ctx = zmq.Context()
     try:
         inbox = pull(ctx, addrs.detok_inbox, DETOK_INBOX)
         to_frontend = push(ctx, addrs.frontend_inbox, FRONTEND_INBOX)
         to_scheduler = push(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
-        launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open: a closed LINGER=0 socket drops its queue
+        # kept open: a closed LINGER=0 socket drops its queue
+        launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)
         launcher.send(ProcReady(name="detokenizer", pid=os.getpid(), info={}))
         logger.info("detokenizer ready")
         DetokenizerLoop(tokenizer, inbox, to_frontend, to_scheduler).run_forever()
@@ -178,4 +184,4 @@ def serve(cfg: ServerConfig, addrs: Addresses) -> None:
 def main() -> None:
     cfg, addrs, _ = child_args()
     child_setup("detok", cfg.log_level)
-    serve(cfg, addrs)
+    serve(cfg.section(ModelSection), addrs)

@@ -47,7 +47,10 @@ class TokenDecoder(Protocol):
 
 
 class IncrementalDetokenizer:
-    def __init__(self, decoder: TokenDecoder, stop: Sequence[str] = (), skip_special_tokens: bool = True, keep_stop: bool = False):
+    def __init__(
+        self, decoder: TokenDecoder, stop: Sequence[str] = (), skip_special_tokens: bool = True,
+        keep_stop: bool = False,
+    ):
         """`keep_stop`: the text ends with the stop string that ended it (SGLang's no_stop_trim), not before it."""
         self._decoder = decoder
         self._skip_special_tokens = skip_special_tokens

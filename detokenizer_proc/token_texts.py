@@ -35,6 +35,7 @@ class TokenTexts:
     def with_texts(self, prompt: PromptLogprobs) -> PromptLogprobs:
         """`prompt` with its tokens' and its top tokens' texts attached."""
         return PromptLogprobs(
-            token_ids=prompt.token_ids, logprobs=prompt.logprobs, top_ids=prompt.top_ids, top_logprobs=prompt.top_logprobs,
+            token_ids=prompt.token_ids, logprobs=prompt.logprobs,
+            top_ids=prompt.top_ids, top_logprobs=prompt.top_logprobs,
             token_texts=self.texts(prompt.token_ids.tolist()), top_texts=self.texts(prompt.top_ids.tolist()),
         )

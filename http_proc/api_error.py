@@ -47,7 +47,9 @@ class ApiError(Exception):
         return f"{self.status}: {self.message}"
 
     def body(self) -> dict:
-        error_type = ERROR_TYPES.get(self.status, "internal_server_error" if self.status >= 500 else "invalid_request_error")
+        error_type = ERROR_TYPES.get(
+            self.status, "internal_server_error" if self.status >= 500 else "invalid_request_error",
+        )
         return {"error": {"message": self.message, "type": error_type, "param": self.param, "code": self.code}}
 
     @staticmethod
@@ -59,7 +61,9 @@ class ApiError(Exception):
             return ApiError(503, str(exc), code="timeout")
         if isinstance(exc, ServerError):
             status, code = STATUS_OF_CODE[exc.code]
-            message = f"the server is not answering: {exc.message}" if exc.code is ErrorCode.UNAVAILABLE else exc.message
+            message = (
+                f"the server is not answering: {exc.message}" if exc.code is ErrorCode.UNAVAILABLE else exc.message
+            )
             return ApiError(status, message, code=code)
         return ApiError(500, f"internal error: {type(exc).__name__}: {exc}", code="internal_error")
 

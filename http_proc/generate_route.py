@@ -1,17 +1,18 @@
 """POST /generate: the native API, mirroring the Python client's `generate` / `stream_outputs`; a body in
 SGLang's shape (`text`, `sampling_params`) is read and answered in SGLang's (http_proc/sglang_generate.py).
 
-Request: exactly one of prompt / input_ids / messages, the client's sampling keywords
-(max_tokens, temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ignore_eos,
-return_logprob, top_logprobs, prompt_logprobs, penalties, logit_bias, min_tokens, structured output, skip_special_tokens,
-no_stop_trim; with messages, continue_final_message), and `stream` (default false). The server validates them: unknown or bad
-fields get a 400 with its message. Without max_tokens a request generates at most 128 tokens
-(DEFAULT_MAX_TOKENS, SGLang's native default, as the Python client's); `"max_tokens": null` asks
-for up to the context.
+Request: exactly one of prompt / input_ids / messages, the client's sampling keywords (max_tokens,
+temperature, top_k, top_p, min_p, seed, stop, stop_token_ids, ignore_eos, return_logprob,
+top_logprobs, prompt_logprobs, penalties, logit_bias, min_tokens, structured output,
+skip_special_tokens, no_stop_trim; with messages, continue_final_message), and `stream` (default
+false). The server validates them: unknown or bad fields get a 400 with its message. Without
+max_tokens a request generates at most 128 tokens (DEFAULT_MAX_TOKENS, SGLang's native default, as
+the Python client's); `"max_tokens": null` asks for up to the context.
 Response: {"text", "output_ids", "finish_reason", "usage": {prompt_tokens, completion_tokens,
-cached_tokens}, "logprobs"} (and "top_logprobs": [[id, logprob], ...] per token when asked; with prompt_logprobs the first
-output also has "prompt_ids", "prompt_logprobs" and "prompt_top_logprobs"); streamed, one such object per output (text and ids new in it,
-usage so far) as SSE `data:` lines, then `data: [DONE]`.
+cached_tokens}, "logprobs"} (and "top_logprobs": [[id, logprob], ...] per token when asked; with
+prompt_logprobs the first output also has "prompt_ids", "prompt_logprobs" and
+"prompt_top_logprobs"); streamed, one such object per output (text and ids new in it, usage so far)
+as SSE `data:` lines, then `data: [DONE]`.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ async def parse_body(state: HttpState, request: Request) -> tuple[list[SubReques
         raise ApiError(400, "n is not supported on /generate (one result per request); use /v1/completions", param="n")
     prompt = {k: body.pop(k) for k in PROMPT_KEYS if body.get(k) is not None}
     if len(prompt) != 1:
-        raise ApiError(400, f"a request needs exactly one of prompt, input_ids, messages; got {' and '.join(prompt) or 'none'}")
+        raise ApiError(
+            400, f"a request needs exactly one of prompt, input_ids, messages; got {' and '.join(prompt) or 'none'}",
+        )
     body.setdefault("max_tokens", DEFAULT_MAX_TOKENS)  # "max_tokens": null stays: up to the context
     [(key, value)] = prompt.items()
     if sglang and is_batch(key, value):
@@ -112,16 +115,22 @@ def output_body(text: str, ids: list[int], result: GenerateResult, start: int = 
         "text": text,
         "output_ids": ids,
         "finish_reason": result.finish_reason,
-        "usage": {"prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens, "cached_tokens": usage.cached_tokens},
+        "usage": {
+            "prompt_tokens": usage.prompt_tokens, "completion_tokens": usage.completion_tokens,
+            "cached_tokens": usage.cached_tokens,
+        },
         "logprobs": None if result.logprobs is None else result.logprobs[start:end],
     }
     if result.top_logprobs is not None:  # [[token id, logprob], ...] per token, most likely first
         body["top_logprobs"] = [[list(pair) for pair in top] for top in result.top_logprobs[start:end]]
-    if result.prompt_logprobs is not None and start == 0:  # with the first output: the prompt's (null for its first token)
+    # with the first output: the prompt's (null for its first token)
+    if result.prompt_logprobs is not None and start == 0:
         body["prompt_ids"] = result.prompt_ids
         body["prompt_logprobs"] = result.prompt_logprobs
         if result.prompt_top_logprobs is not None:
-            body["prompt_top_logprobs"] = [None if top is None else [list(pair) for pair in top] for top in result.prompt_top_logprobs]
+            body["prompt_top_logprobs"] = [
+                None if top is None else [list(pair) for pair in top] for top in result.prompt_top_logprobs
+            ]
     return body
 
 

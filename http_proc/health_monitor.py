@@ -88,7 +88,10 @@ class HealthMonitor:
         except asyncio.TimeoutError:  # the client stopped waiting; the next poll asks again
             self.on_no_answer(time.monotonic())
         except Exception as exc:  # a refused or lost request is the answer, not a crash
-            self._set_state("broken" if self.state != "starting" else "starting", f"stats request failed: {type(exc).__name__}: {exc}")
+            self._set_state(
+                "broken" if self.state != "starting" else "starting",
+                f"stats request failed: {type(exc).__name__}: {exc}",
+            )
         else:
             self.on_stats(stats, time.monotonic())
 
@@ -114,8 +117,11 @@ class HealthMonitor:
             self._last_progress_s = now_s
         self._last_num_steps = num_steps
         if now_s - self._last_progress_s > self.watchdog_s:
-            self._set_state("stalled", f"requests are waiting or running but no step ran for {now_s - self._last_progress_s:.0f}s "
-                                       f"(--watchdog-timeout {self.watchdog_s:g}s)")
+            self._set_state(
+                "stalled",
+                f"requests are waiting or running but no step ran for {now_s - self._last_progress_s:.0f}s "
+                f"(--watchdog-timeout {self.watchdog_s:g}s)",
+            )
         else:
             self._set_state("ready", "every process answered; steps run when there is work")
 
@@ -123,7 +129,8 @@ class HealthMonitor:
         """One real request of one token (GET /health_generate)."""
         try:
             result = await asyncio.wait_for(
-                self.probe_client.generate(input_ids=[0], max_tokens=1, ignore_eos=True, temperature=0.0), PROBE_TIMEOUT_S
+                self.probe_client.generate(input_ids=[0], max_tokens=1, ignore_eos=True, temperature=0.0),
+                PROBE_TIMEOUT_S,
             )
         except asyncio.TimeoutError:
             return False, f"no token within {PROBE_TIMEOUT_S:g}s"

@@ -1,10 +1,12 @@
-"""Entry point of the HTTP process: `python -m zserve.http_proc --config JSON --addresses JSON --model-facts JSON --client-port N`.
+"""Entry point of the HTTP process:
+`python -m zserve.http_proc --config JSON --addresses JSON --model-facts JSON --client-port N`.
 
-Started by the launcher with the other processes when the client port is fixed (the default),
-else once the frontend has picked one. It binds --http-port and serves the Starlette app with
-uvicorn (httptools) on a uvloop event loop at once, /health answering 503 "starting" until the
-server answers its stats; then it tells the launcher it is ready, and serves until SIGTERM: then /health turns 503 ("draining"), the listening socket
-closes, and in-flight responses get a few seconds to finish.
+Started by the launcher with the other processes when the client port is fixed (the default), else
+once the frontend has picked one. It binds --http-port and serves the Starlette app with uvicorn
+(httptools) on a uvloop event loop at once, /health answering 503 "starting" until the server
+answers its stats; then it tells the launcher it is ready, and serves until SIGTERM: then /health
+turns 503 ("draining"), the listening socket closes, and in-flight responses get a few seconds to
+finish.
 
 It loads no tokenizer: token texts (logprobs, an echoed prompt of ids) come with the results, from
 the detokenizer, and the context and tool-call format come from the launcher's ModelFacts.
@@ -79,7 +81,9 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
                 AsyncClient(client_port, host=client_host, api_key=api_key, client_id=probe_id) as probe_client:
             health = HealthMonitor(client, probe_client, watchdog_s=cfg.watchdog_timeout_s)
             model_path = str(Path(cfg.model).resolve())
-            gate = GatePolicy.build(cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes, context_len)
+            gate = GatePolicy.build(
+                cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes, context_len,
+            )
             model_name = cfg.served_model_name or Path(model_path).name
             info = ServerInfo(
                 model_path, str(Path(cfg.tokenizer_dir).resolve()), model_name, context_len, tp_size=cfg.tp_size,
@@ -96,7 +100,9 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
             server = HttpServer(config, health)
             serving = asyncio.create_task(server.serve(sockets=[sock]))  # /health answers 503 "starting" meanwhile
             url = f"http://{cfg.host}:{cfg.http_port}"
-            logger.info("HTTP listening on %s (model %s, client port %d); waiting for the server", url, model_name, client_port)
+            logger.info(
+                "HTTP listening on %s (model %s, client port %d); waiting for the server", url, model_name, client_port,
+            )
             while health.state == "starting" and not serving.done():  # ready once the server answers
                 await health.poll_once()
                 await asyncio.sleep(0.05)

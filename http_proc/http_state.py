@@ -29,7 +29,8 @@ class HttpState:
     health: HealthMonitor
     gate: GatePolicy
     tool_parser: ToolCallParser | None = None  # the chat template's tool-call format (ModelFacts), when zserve knows it
-    unknown_fields: UnknownFieldPolicy = field(default_factory=UnknownFieldPolicy)  # ignored and logged, or refused (--strict-requests)
+    # ignored and logged, or refused (--strict-requests)
+    unknown_fields: UnknownFieldPolicy = field(default_factory=UnknownFieldPolicy)
     created_s: int = field(default_factory=lambda: int(time.time()))
     server_info: ServerInfo | None = None  # GET /server_info's settings (the HTTP process's); None: the basics above
 

@@ -50,6 +50,9 @@ def completion_logprobs(
 
 def joined_completion_logprobs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any]:
     """An echoed prompt's logprobs followed by the completion's (both with or both without top logprobs)."""
-    top = None if first["top_logprobs"] is None and second["top_logprobs"] is None else \
-        (first["top_logprobs"] or [None] * len(first["tokens"])) + (second["top_logprobs"] or [None] * len(second["tokens"]))
-    return {key: first[key] + second[key] for key in ("tokens", "token_logprobs", "text_offset")} | {"top_logprobs": top}
+    top = None if first["top_logprobs"] is None and second["top_logprobs"] is None else (
+        (first["top_logprobs"] or [None] * len(first["tokens"]))
+        + (second["top_logprobs"] or [None] * len(second["tokens"]))
+    )
+    joined = {key: first[key] + second[key] for key in ("tokens", "token_logprobs", "text_offset")}
+    return joined | {"top_logprobs": top}

@@ -74,14 +74,20 @@ class OpenAIFormatter:
     def body(self, subs: list[SubRequest], results: list[GenerateResult]) -> dict[str, Any]:
         results = [self._shown(r) for r in results]
         choices = [self._choice(sub.choice_idx, r) for sub, r in zip(subs, results, strict=True)]
-        return self._envelope("chat.completion" if self.is_chat else "text_completion", choices, usage_of(subs, results))
+        return self._envelope(
+            "chat.completion" if self.is_chat else "text_completion", choices, usage_of(subs, results),
+        )
 
     def opening_chunks(self, num_choices: int) -> list[bytes]:
         """Chat streams announce the assistant role first, one chunk per choice."""
         if not self.is_chat:
             return []
-        return [self._chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}])
-                for i in range(num_choices)]
+        return [
+            self._chunk([
+                {"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+            ])
+            for i in range(num_choices)
+        ]
 
     def event_chunk(self, event: ChoiceEvent) -> bytes | None:
         """The chunk for one output, or None when it carries neither text nor the finish."""
@@ -171,7 +177,9 @@ class OpenAIFormatter:
         if not self.wants_logprobs or result.prompt_logprobs is None:
             return None
         tops = result.prompt_top_logprobs
-        text_tops = [with_texts(top, texts) for top, texts in zip(tops, result.prompt_top_logprob_texts, strict=True)] if tops else None
+        text_tops = [
+            with_texts(top, texts) for top, texts in zip(tops, result.prompt_top_logprob_texts, strict=True)
+        ] if tops else None
         return completion_logprobs(result.prompt_token_texts, result.prompt_logprobs, text_tops)
 
     def _echo(self, idx: int, result: GenerateResult) -> str:
@@ -218,4 +226,7 @@ class OpenAIFormatter:
         return completion_logprobs(texts, lps, tops, text_offset)
 
     def _envelope(self, obj: str, choices: list[dict], usage: dict | None) -> dict[str, Any]:
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model_name, "choices": choices, "usage": usage}
+        return {
+            "id": self.id, "object": obj, "created": self.created, "model": self.model_name, "choices": choices,
+            "usage": usage,
+        }

@@ -91,7 +91,8 @@ class SamplingRequest(RequestModel):
     logit_bias: dict[str, float] | None = None
     min_tokens: int | None = None
     top_logprobs: int | None = None
-    response_format: dict[str, Any] | None = None  # {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}
+    # {"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": ...}}
+    response_format: dict[str, Any] | None = None
     regex: str | None = None  # structured output extras, as SGLang names them
     ebnf: str | None = None
     skip_special_tokens: bool = True  # SGLang's and vLLM's extras (sglang-router sends both on every request)
@@ -142,10 +143,16 @@ class SamplingRequest(RequestModel):
         elif kind == "json_schema":
             spec = self.response_format.get("json_schema")
             if not isinstance(spec, dict) or not isinstance(spec.get("schema"), (dict, bool)):
-                raise ApiError(400, "response_format json_schema needs json_schema.schema (a JSON schema)", param="response_format")
+                raise ApiError(
+                    400, "response_format json_schema needs json_schema.schema (a JSON schema)",
+                    param="response_format",
+                )
             fields["json_schema"] = json.dumps(spec["schema"])
         elif kind != "text":
-            raise ApiError(400, f"response_format type must be text, json_object or json_schema, got {kind!r}", param="response_format")
+            raise ApiError(
+                400, f"response_format type must be text, json_object or json_schema, got {kind!r}",
+                param="response_format",
+            )
         return {k: v for k, v in fields.items() if v is not None}
 
     @property
@@ -154,7 +161,9 @@ class SamplingRequest(RequestModel):
 
     def expand(self, prompts: list[dict[str, Any]], max_tokens: int | None) -> list[SubRequest]:
         if len(prompts) * self.n > MAX_CHOICES:
-            raise ApiError(400, f"n x prompts is {len(prompts) * self.n}; at most {MAX_CHOICES} choices per request", param="n")
+            raise ApiError(
+                400, f"n x prompts is {len(prompts) * self.n}; at most {MAX_CHOICES} choices per request", param="n",
+            )
         return [
             SubRequest(p_idx * self.n + i, p_idx, prompt, self.sampling(max_tokens))
             for p_idx, prompt in enumerate(prompts)
@@ -175,7 +184,10 @@ class CompletionRequest(SamplingRequest):
         `echo`, the prompt tokens' too (prompt_logprobs)."""
         if self.logprobs is None:
             return {}
-        return {"return_logprob": True, "top_logprobs": self.logprobs or None, "prompt_logprobs": self.logprobs if self.echo else None}
+        return {
+            "return_logprob": True, "top_logprobs": self.logprobs or None,
+            "prompt_logprobs": self.logprobs if self.echo else None,
+        }
 
     def sub_requests(self) -> list[SubRequest]:
         self.check_supported()
@@ -186,8 +198,10 @@ class CompletionRequest(SamplingRequest):
         if self.best_of is not None and self.best_of != self.n:
             raise ApiError(400, "best_of is not supported by this server (only best_of == n)", param="best_of")
         if self.max_tokens == 0 and not self.echo:
-            raise ApiError(400, "max_tokens must be at least 1 (0 only with echo: the prompt scored, nothing generated)",
-                           param="max_tokens")
+            raise ApiError(
+                400, "max_tokens must be at least 1 (0 only with echo: the prompt scored, nothing generated)",
+                param="max_tokens",
+            )
         if self.scores_prompt_only and self.min_tokens:
             raise ApiError(400, f"min_tokens ({self.min_tokens}) must be at most max_tokens (0)", param="min_tokens")
         # echo with max_tokens 0 (lm-eval-harness' loglikelihood): one token is generated and not shown
@@ -266,7 +280,8 @@ class ChatCompletionRequest(SamplingRequest):
     tools: list[Tool] | None = None
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None  # false: at most one call in the answer
-    continue_final_message: bool = False  # the last (assistant) message is continued, its turn left open (vLLM's, SGLang's)
+    # the last (assistant) message is continued, its turn left open (vLLM's, SGLang's)
+    continue_final_message: bool = False
 
     def sub_requests(self) -> list[SubRequest]:
         """Without max_tokens (or max_completion_tokens) a chat may generate until the context is
@@ -276,7 +291,10 @@ class ChatCompletionRequest(SamplingRequest):
             raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         if self.top_logprobs is not None and not 0 <= self.top_logprobs <= 20:
             raise ApiError(400, f"top_logprobs must be in [0, 20], got {self.top_logprobs}", param="top_logprobs")
-        if self.max_tokens is not None and self.max_completion_tokens is not None and self.max_tokens != self.max_completion_tokens:
+        if (
+            self.max_tokens is not None and self.max_completion_tokens is not None
+            and self.max_tokens != self.max_completion_tokens
+        ):
             raise ApiError(400, "max_tokens and max_completion_tokens differ; give one", param="max_completion_tokens")
         given = [v for v in (self.max_completion_tokens, self.max_tokens) if v is not None]
         max_tokens = given[0] if given else None
@@ -320,7 +338,10 @@ class ChatCompletionRequest(SamplingRequest):
         if forced is None:
             return super().grammar_fields()
         if super().grammar_fields():
-            raise ApiError(400, "tool_choice required or a named function cannot be combined with response_format, regex or ebnf", param="tool_choice")
+            raise ApiError(
+                400, "tool_choice required or a named function cannot be combined with response_format, regex or ebnf",
+                param="tool_choice",
+            )
         return {"json_schema": json.dumps(forced.schema)}
 
     def logprob_fields(self) -> dict[str, Any]:

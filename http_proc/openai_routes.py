@@ -33,7 +33,9 @@ def openai_routes(state: HttpState) -> list[Route]:
         return await guarded(state, "/v1/completions", request, lambda: serve(state, request, CompletionRequest))
 
     async def chat_completions(request: Request) -> Response | SseResponse:
-        return await guarded(state, "/v1/chat/completions", request, lambda: serve(state, request, ChatCompletionRequest))
+        return await guarded(
+            state, "/v1/chat/completions", request, lambda: serve(state, request, ChatCompletionRequest),
+        )
 
     async def models(request: Request) -> Response:
         card = {
@@ -49,7 +51,9 @@ def openai_routes(state: HttpState) -> list[Route]:
     ]
 
 
-async def serve(state: HttpState, request: Request, model: type[CompletionRequest | ChatCompletionRequest]) -> Response | SseResponse:
+async def serve(
+    state: HttpState, request: Request, model: type[CompletionRequest | ChatCompletionRequest],
+) -> Response | SseResponse:
     body = parse_body(model, await request.body())
     state.unknown_fields.check(body, request.url.path)
     state.check_model(body.model)
@@ -62,7 +66,8 @@ async def serve(state: HttpState, request: Request, model: type[CompletionReques
         echoes = {s.choice_idx: s.prompt.get("prompt") for s in subs}
     group = RequestGroup(state.client, subs, state.metrics, state.health)
     tool_parser = body.tool_parser(state.tool_parser) if is_chat else None
-    formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id, body.wants_logprobs, tool_parser, echoes,
+    formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id, body.wants_logprobs,
+                                tool_parser, echoes,
                                 prompt_only=isinstance(body, CompletionRequest) and body.scores_prompt_only)
     if not body.stream:
         results = await until_disconnect(request, group.run())

@@ -75,13 +75,16 @@ class GatePolicy:
 
     @staticmethod
     def build(
-        listen_host: str, allowed_hosts: str, allowed_origins: str, api_key: str, max_request_bytes: int, context_len: int = 0,
+        listen_host: str, allowed_hosts: str, allowed_origins: str, api_key: str, max_request_bytes: int,
+        context_len: int = 0,
     ) -> GatePolicy:
         """`context_len`: the served context, which a prompt's token ids fit in (so one array may be that long)."""
         hosts = set(LOOPBACK_HOSTS) | split_list(allowed_hosts)
         if listen_host.lower() not in WILDCARD_HOSTS:
             hosts.add(host_name(listen_host))
-        return GatePolicy(frozenset(hosts), split_list(allowed_origins), api_key, max_request_bytes, max(context_len, MIN_JSON_RUN))
+        return GatePolicy(
+            frozenset(hosts), split_list(allowed_origins), api_key, max_request_bytes, max(context_len, MIN_JSON_RUN),
+        )
 
     def host_allowed(self, host_header: str | None) -> bool:
         return "*" in self.allowed_hosts or (host_header is not None and host_name(host_header) in self.allowed_hosts)
@@ -130,9 +133,17 @@ class RequestGate:
     def check(self, scope: Scope, headers: dict[str, str], origin: str | None) -> ApiError | None:
         policy = self.policy
         if not policy.host_allowed(headers.get("host")):
-            return ApiError(403, f"host {headers.get('host')!r} is not served here (loopback names and --host; widen with --allowed-hosts)", code="host_not_allowed")
+            return ApiError(
+                403,
+                f"host {headers.get('host')!r} is not served here "
+                "(loopback names and --host; widen with --allowed-hosts)",
+                code="host_not_allowed",
+            )
         if origin is not None and not policy.origin_allowed(origin):
-            return ApiError(403, f"cross-origin requests from {origin!r} are not allowed (see --allowed-origins)", code="origin_not_allowed")
+            return ApiError(
+                403, f"cross-origin requests from {origin!r} are not allowed (see --allowed-origins)",
+                code="origin_not_allowed",
+            )
         if scope["method"] == "OPTIONS" and origin is not None:
             return None  # a preflight carries no credentials
         if scope["path"] not in OPEN_PATHS and not policy.key_ok(headers.get("authorization")):
@@ -140,14 +151,21 @@ class RequestGate:
         if scope["method"] == "POST":
             content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
             if content_type != "application/json":
-                return ApiError(415, f"the request body must be JSON (Content-Type: application/json), got {content_type or 'none'!r}", code="unsupported_media_type")
+                return ApiError(
+                    415,
+                    f"the request body must be JSON (Content-Type: application/json), got {content_type or 'none'!r}",
+                    code="unsupported_media_type",
+                )
             length = headers.get("content-length")
             if length is not None and (not length.strip().isdigit() or int(length) > policy.max_request_bytes):
                 return self.too_large()
         return None
 
     def too_large(self) -> ApiError:
-        return ApiError(413, f"the request body is larger than {self.policy.max_request_bytes} bytes (--max-request-bytes)", code="request_too_large")
+        return ApiError(
+            413, f"the request body is larger than {self.policy.max_request_bytes} bytes (--max-request-bytes)",
+            code="request_too_large",
+        )
 
     async def check_shape(self, body: bytes) -> ApiError | None:
         if len(body) < SCAN_MIN_BYTES:
@@ -155,11 +173,19 @@ class RequestGate:
         policy = self.policy
         shape = await JsonShape.of(body, policy.max_json_run - 1, policy.max_json_objects)
         if shape.longest_run >= policy.max_json_run:
-            return ApiError(400, f"the request body has a JSON array (or object) of more than {policy.max_json_run} entries; no valid "
-                            f"request has one (a prompt's token ids fit the context, stop lists and logit_bias are short)", code="request_too_large")
+            return ApiError(
+                400,
+                f"the request body has a JSON array (or object) of more than {policy.max_json_run} entries; no valid "
+                f"request has one (a prompt's token ids fit the context, stop lists and logit_bias are short)",
+                code="request_too_large",
+            )
         if shape.num_objects > policy.max_json_objects:
-            return ApiError(400, f"the request body has more than {policy.max_json_objects} JSON objects; no valid request has as many "
-                            f"(a chat has at most {LIMITS.max_messages} messages)", code="request_too_large")
+            return ApiError(
+                400,
+                f"the request body has more than {policy.max_json_objects} JSON objects; no valid request has as many "
+                f"(a chat has at most {LIMITS.max_messages} messages)",
+                code="request_too_large",
+            )
         return None
 
     async def buffered_body(self, receive: Receive) -> tuple[Receive, bytes]:
@@ -189,7 +215,12 @@ class RequestGate:
     def with_cors(self, send: Send, origin: str) -> Send:
         async def send_with_cors(message: dict) -> None:
             if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), (b"access-control-allow-origin", origin.encode("latin-1")), (b"vary", b"Origin")]}
+                headers = [
+                    *message.get("headers", []),
+                    (b"access-control-allow-origin", origin.encode("latin-1")),
+                    (b"vary", b"Origin"),
+                ]
+                message = {**message, "headers": headers}
             await send(message)
 
         return send_with_cors

@@ -76,7 +76,10 @@ class RequestGroup:
     async def _submit_all(self) -> None:
         """One request per prompt, with `n` = its choices: the server queues them together and
         computes the prompt once; choice c of the group is request self.req_id + c."""
-        firsts = [sub for sub in self.subs if sub.choice_idx == min(s.choice_idx for s in self.subs if s.prompt_idx == sub.prompt_idx)]
+        firsts = [
+            sub for sub in self.subs
+            if sub.choice_idx == min(s.choice_idx for s in self.subs if s.prompt_idx == sub.prompt_idx)
+        ]
         submitted: list[int] = []
         try:
             for sub in firsts:

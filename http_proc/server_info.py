@@ -1,4 +1,5 @@
-"""GET /server_info, /model_info (and their older names /get_server_info, /get_model_info) and /get_load, in SGLang's shapes.
+"""GET /server_info, /model_info (and their older names /get_server_info, /get_model_info) and /get_load,
+in SGLang's shapes.
 
 sglang-router (0.3.2) reads them when it registers a worker: GET /health first (is it HTTP, is it up),
 then /server_info and /model_info, each falling back to the /get_ name on a 404. From /server_info it
@@ -50,7 +51,9 @@ class ServerInfo:
 
     def server_info(self, stats: dict[str, Any] | None) -> dict[str, Any]:
         """SGLang's /server_info: the settings, then the scheduler's numbers (absent when stats did not answer)."""
-        body: dict[str, Any] = {**asdict(self), "max_req_input_len": self.context_length - 1, "version": zserve_version()}
+        body: dict[str, Any] = {
+            **asdict(self), "max_req_input_len": self.context_length - 1, "version": zserve_version(),
+        }
         if stats is not None and "num_free_pages" in stats:
             num_pages = stats["num_free_pages"] + stats["num_cached_pages"] + stats["num_used_pages"]
             body["max_total_num_tokens"] = num_pages * self.page_size
@@ -115,7 +118,9 @@ def server_info_routes(info: ServerInfo, client: AsyncClient) -> list[Route]:
         try:
             stats = await asyncio.wait_for(client.stats(), STATS_TIMEOUT_S)
         except Exception as exc:  # no load to report: the router reads a failed answer as "load unknown"
-            return JSONResponse({"error": {"message": f"no stats from the server: {type(exc).__name__}"}}, status_code=503)
+            return JSONResponse(
+                {"error": {"message": f"no stats from the server: {type(exc).__name__}"}}, status_code=503,
+            )
         return JSONResponse(load_info(stats, info.page_size))
 
     routes = {"/server_info": server_info, "/get_server_info": server_info, "/model_info": model_info,

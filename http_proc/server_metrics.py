@@ -40,9 +40,11 @@ STAT_COUNTERS = (
     ("num_prefix_hit_tokens", "prefix_hit_tokens", "prompt tokens served by the prefix cache"),
     ("num_generated_tokens", "generation_tokens", "tokens generated"),
     ("num_finished", "requests_finished", "requests finished by the scheduler (stop or length)"),
-    ("num_aborted", "scheduler_requests_aborted", "requests the scheduler ended early (client aborts, disconnects, shutdown)"),
+    ("num_aborted", "scheduler_requests_aborted",
+     "requests the scheduler ended early (client aborts, disconnects, shutdown)"),
     ("num_refused", "scheduler_requests_refused", "requests the scheduler refused at submit (busy, cannot fit)"),
-    ("num_retracted", "scheduler_retracted_requests", "retractions: running requests sent back to the queue to free KV pages (they resume)"),
+    ("num_retracted", "scheduler_retracted_requests",
+     "retractions: running requests sent back to the queue to free KV pages (they resume)"),
     ("num_steps", "scheduler_steps", "scheduler steps run"),
     # speculative decoding (vLLM's vllm:spec_decode_* names); 0 while --speculative-algorithm is none
     ("num_drafts", "spec_decode_num_drafts", "decode rows that carried speculative drafts (one per request per step)"),
@@ -52,7 +54,8 @@ STAT_COUNTERS = (
 
 
 HISTOGRAM_HELP = {  # StatsOut histogram name -> help
-    "time_to_first_token_seconds": "time from a request's arrival at the frontend to its first output with text or tokens",
+    "time_to_first_token_seconds":
+        "time from a request's arrival at the frontend to its first output with text or tokens",
     "inter_token_latency_seconds": "gap between consecutive outputs with tokens of one request",
     "e2e_request_latency_seconds": "time from a request's arrival at the frontend to its final output",
     "queue_time_seconds": "time a request waited in the scheduler's queue before its first admission",
@@ -75,7 +78,9 @@ class ServerStatsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         label = ["model_name"]
-        up = GaugeMetricFamily(f"{PREFIX}_scheduler_up", "1 if the scheduler answered this scrape's stats request", labels=label)
+        up = GaugeMetricFamily(
+            f"{PREFIX}_scheduler_up", "1 if the scheduler answered this scrape's stats request", labels=label,
+        )
         up.add_metric([self.model_name], 0 if self.stats is None or self.stats.scheduler is None else 1)
         yield up
         if self.stats is None or self.stats.scheduler is None:
@@ -87,7 +92,8 @@ class ServerStatsCollector(Collector):
             yield self._one(CounterMetricFamily(f"{PREFIX}_{name}", doc, labels=label), getattr(sched, field))
         hit_rate = sched.num_prefix_hit_tokens / sched.num_prompt_tokens if sched.num_prompt_tokens else 0.0
         yield self._one(GaugeMetricFamily(
-            f"{PREFIX}_prefix_cache_hit_rate", "prefix-hit prompt tokens / prompt tokens since start", labels=label), hit_rate)
+            f"{PREFIX}_prefix_cache_hit_rate", "prefix-hit prompt tokens / prompt tokens since start", labels=label),
+            hit_rate)
         yield self._one(GaugeMetricFamily(
             f"{PREFIX}_kv_cache_usage_ratio", "KV pages held by live requests or promised to them, over the pool (0-1)",
             labels=label), kv_usage_ratio(sched))

@@ -79,7 +79,9 @@ def sglang_output(result: GenerateResult) -> dict[str, Any]:
         "cached_tokens": usage.cached_tokens,
     }
     if result.logprobs is not None:  # SGLang's (logprob, token id, text) triples; text only when asked, here never
-        meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(result.logprobs, result.output_ids, strict=False)]
+        meta["output_token_logprobs"] = [
+            [lp, tid, None] for lp, tid in zip(result.logprobs, result.output_ids, strict=False)
+        ]
     if result.top_logprobs is not None:
         meta["output_top_logprobs"] = [[[lp, tid, None] for tid, lp in top] for top in result.top_logprobs]
     return {"text": result.text, "output_ids": list(result.output_ids), "meta_info": meta}

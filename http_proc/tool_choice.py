@@ -48,7 +48,11 @@ class ForcedToolChoice:
             return ForcedToolChoice(schema if parallel else {**schema, "maxItems": 1}, None)
         name = tool_choice.get("function", {}).get("name") if isinstance(tool_choice, dict) else None
         if not isinstance(tool_choice, dict) or tool_choice.get("type") != "function" or not isinstance(name, str):
-            raise ApiError(400, 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}', param="tool_choice")
+            raise ApiError(
+                400,
+                'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}',
+                param="tool_choice",
+            )
         if name not in functions:
             raise ApiError(400, f"tool_choice names {name!r}, which is not among the tools", param="tool_choice")
         return ForcedToolChoice(functions[name], name)
@@ -77,7 +81,9 @@ def _functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:
     for i, tool in enumerate(tools or []):
         function = tool.get("function") if isinstance(tool, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise ApiError(400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", param="tools")
+            raise ApiError(
+                400, f"tools[{i}] must be {{\"type\": \"function\", \"function\": {{\"name\": ...}}}}", param="tools",
+            )
         params = function.get("parameters", ANY_OBJECT)
         if not isinstance(params, dict):
             raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema (an object)", param="tools")

@@ -25,7 +25,9 @@ class AdmissionPolicy:
         if name not in ADMISSION_POLICIES:
             raise ValueError(f"admission policy must be one of {ADMISSION_POLICIES}, got {name!r}")
         if lookahead < 1 or force_fifo_every < 1:
-            raise ValueError(f"admission_lookahead and force_fifo_every must be >= 1, got {lookahead}, {force_fifo_every}")
+            raise ValueError(
+                f"admission_lookahead and force_fifo_every must be >= 1, got {lookahead}, {force_fifo_every}"
+            )
         self.name = name
         self.lookahead = lookahead
         self.force_fifo_every = force_fifo_every

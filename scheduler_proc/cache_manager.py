@@ -95,7 +95,9 @@ class CacheManager:
         token_ids = req.token_ids(num_full_pages * self.page_size)
         match = self.tree.insert(token_ids, req.page_table[:num_full_pages])
         old = req.num_tree_pages
-        assert np.array_equal(match.page_ids[:old], req.page_table[:old]), f"request {req.req_id}: its locked prefix changed pages"
+        assert np.array_equal(match.page_ids[:old], req.page_table[:old]), (
+            f"request {req.req_id}: its locked prefix changed pages"
+        )
         own_pages = req.page_table[old:num_full_pages]
         duplicates = own_pages[own_pages != match.page_ids[old:]]  # a copy (boolean index)
         self.tree.lock(match.node)
@@ -141,7 +143,9 @@ class CacheManager:
                 f"request {req.req_id}: tree pages {req.num_tree_pages}, pages {req.num_pages}, max {req.max_num_pages}"
             )
             path = self.tree.path_page_ids(req.cache_node)
-            assert np.array_equal(path, req.page_table[: req.num_tree_pages]), f"request {req.req_id} reads tree pages not on its locked path"
+            assert np.array_equal(path, req.page_table[: req.num_tree_pages]), (
+                f"request {req.req_id} reads tree pages not on its locked path"
+            )
             held.append(req.page_table[req.num_tree_pages : req.num_pages])
             node = req.cache_node
             while node is not self.tree.root:

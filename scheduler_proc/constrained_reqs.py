@@ -87,4 +87,6 @@ class ConstrainedReqs:
         )
         if self.source is not None:
             held = self.source.held_req_ids()
-            assert held == self._req_ids, f"grammars held for {sorted(held - self._req_ids)} leaked, for {sorted(self._req_ids - held)} lost"
+            assert held == self._req_ids, (
+                f"grammars held for {sorted(held - self._req_ids)} leaked, for {sorted(self._req_ids - held)} lost"
+            )

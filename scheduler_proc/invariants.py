@@ -27,7 +27,8 @@ def check_reqs(
             continue
         is_running = decode.holds(req)
         assert is_running != req.is_prefilling, (
-            f"request {req.req_id}: running={is_running} with {req.num_prompt_tokens - req.cached_len} prompt tokens left"
+            f"request {req.req_id}: running={is_running} "
+            f"with {req.num_prompt_tokens - req.cached_len} prompt tokens left"
         )
         assert req.num_pages == -(-req.cached_len // page_size), (
             f"request {req.req_id} holds {req.num_pages} pages for {req.cached_len} tokens"
@@ -39,7 +40,9 @@ def check_reqs(
         assert prefilling == ([chunked.req] if chunked else []), "a request is prefilling but not the ChunkedReq"
 
 
-def check_pages(num_available_pages: int, num_chunk_pages: int, num_reserved_pages: int | None, num_retracted: int) -> None:
+def check_pages(
+    num_available_pages: int, num_chunk_pages: int, num_reserved_pages: int | None, num_retracted: int,
+) -> None:
     """The ChunkedReq's next chunks always find their pages. Under `full` (`num_reserved_pages`
     given) every reservation is backed, so nothing is ever retracted; under `estimated` (None) the
     estimates may exceed what is left (that is the point), and a decode step retracts when they

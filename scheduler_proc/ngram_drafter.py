@@ -147,7 +147,8 @@ class NgramDrafter:
                 state.num_misses = 0
                 return drafts
         state.num_misses += 1
-        if state.num_misses == self.miss_steps:  # nothing to copy from lately: look again later (indexing catches up then)
+        # nothing to copy from lately: look again later (indexing catches up then)
+        if state.num_misses == self.miss_steps:
             state.num_misses = 0
             state.skip_steps = self.miss_steps
         return []

@@ -38,7 +38,9 @@ class PageAllocator:
         if n == 0:
             return
         top = self._num_free
-        assert top + n <= self.num_pages, f"freeing {n} pages with {top} already free of {self.num_pages}: a double free"
+        assert top + n <= self.num_pages, (
+            f"freeing {n} pages with {top} already free of {self.num_pages}: a double free"
+        )
         self._free_stack[top : top + n] = np.asarray(page_ids, dtype=np.int32)[::-1]
         self._num_free = top + n
 

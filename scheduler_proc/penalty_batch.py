@@ -38,7 +38,9 @@ def penalty_arrays(reqs: list[Req], is_sampled: np.ndarray) -> PenaltyArrays | N
         counts.append(row_counts.astype(np.int32))
         biases.append(np.fromiter((int(t) for t in p.logit_bias), np.int32, len(p.logit_bias)))
         bias_values.append(np.fromiter(p.logit_bias.values(), np.float32, len(p.logit_bias)))
-        banned.append(np.array(sorted(req.stop_ids), np.int32) if len(req.output_ids) < p.min_tokens else np.zeros(0, np.int32))
+        banned.append(
+            np.array(sorted(req.stop_ids), np.int32) if len(req.output_ids) < p.min_tokens else np.zeros(0, np.int32)
+        )
     return PenaltyArrays(
         rows=np.array([i for i, _ in picked], np.int32),
         repetition=np.array([r.params.repetition_penalty for _, r in picked], np.float32),

@@ -132,10 +132,16 @@ class PendingList:
         waiting = [*self.ready, *self.building]
         waiting_ids = {p.req_id for p in waiting}
         num_new = sum(not p.is_retracted for p in waiting)
-        assert len(waiting_ids) == len(waiting) and num_new <= self.max_queued_requests, "the queue holds a request twice, or too many"
-        assert all(p.req_id in self.constrained and not p.is_retracted for p in self.building), "a request waits for no grammar"
+        assert len(waiting_ids) == len(waiting) and num_new <= self.max_queued_requests, (
+            "the queue holds a request twice, or too many"
+        )
+        assert all(p.req_id in self.constrained and not p.is_retracted for p in self.building), (
+            "a request waits for no grammar"
+        )
         pending_live = {i for i, e in live.items() if isinstance(e, PendingReq)}
-        assert pending_live == waiting_ids, f"live waiting requests {sorted(pending_live ^ waiting_ids)} are not queued, or the reverse"
+        assert pending_live == waiting_ids, (
+            f"live waiting requests {sorted(pending_live ^ waiting_ids)} are not queued, or the reverse"
+        )
         assert all(live[p.req_id] is p for p in waiting), "a queued request is not the live one"
         never_admitted = {p.req_id for p in waiting if not p.is_retracted}
         assert set(self._queued_since_s) == never_admitted, "queue-time clocks do not match the requests never admitted"

@@ -67,7 +67,8 @@ class PrefillAdder:
         self.wait_for_shared_prefix = wait_for_shared_prefix and cache.enable_radix_cache
         self.reqs: list[Req] = []  # scheduled this step, in order
         self.extend_lens: list[int] = []
-        self.kv_source: list[int | None] = []  # per entry of `reqs`: the index in `reqs` of its KV source, if it has one
+        # per entry of `reqs`: the index in `reqs` of its KV source, if it has one
+        self.kv_source: list[int | None] = []
         self._sources: dict[bytes, int] = {}  # prompt bytes -> index in `reqs` of the request completing it now
         self.admitted: list[Req] = []  # the newly admitted subset of `reqs`
         self.chunked: ChunkedReq | None = None  # the request left with prompt after this step
@@ -91,7 +92,9 @@ class PrefillAdder:
             return AddOutcome.NO_ROW
         num_prompt_tokens = pending.num_prompt_tokens
         # At least one prompt token is computed: its logits give the first output token.
-        max_num_hit_pages = (num_prompt_tokens - 1) // self.page_size if self.cache.enable_radix_cache and not scores_prompt else 0
+        max_num_hit_pages = (
+            (num_prompt_tokens - 1) // self.page_size if self.cache.enable_radix_cache and not scores_prompt else 0
+        )
         if not self._fits(self._num_need_pages(pending, max_num_hit_pages)):
             return AddOutcome.NO_MEMORY  # even a full prefix hit would not fit: skip the match
         match = self.cache.match_prefix(pending.input_ids, 0 if scores_prompt else num_prompt_tokens - 1)
@@ -183,7 +186,9 @@ class PrefillAdder:
         if end < req.num_prompt_tokens:
             assert self.token_budget == 0
             self.chunked = ChunkedReq(req)
-            logger.info("req %d chunked: %d of %d prompt tokens after this step", req.req_id, end, req.num_prompt_tokens)
+            logger.info(
+                "req %d chunked: %d of %d prompt tokens after this step", req.req_id, end, req.num_prompt_tokens
+            )
         elif req.prompt_scores is None:  # its prompt completes now: an identical one admitted after it shares its K/V
             self._sources.setdefault(req.input_ids.tobytes(), len(self.reqs) - 1)
 

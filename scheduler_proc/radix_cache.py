@@ -154,8 +154,12 @@ class RadixCache:
         all_pages = []
         num_evictable = 0
         for node in self.nodes():
-            assert node.num_pages >= 1 and len(node.token_ids) == node.num_pages * ps, f"node {node.node_id} edge is not whole pages"
-            assert node.parent.children.get(node.token_ids[:ps].tobytes()) is node, f"node {node.node_id} is not its parent's child"
+            assert node.num_pages >= 1 and len(node.token_ids) == node.num_pages * ps, (
+                f"node {node.node_id} edge is not whole pages"
+            )
+            assert node.parent.children.get(node.token_ids[:ps].tobytes()) is node, (
+                f"node {node.node_id} is not its parent's child"
+            )
             assert node.lock_count >= 0, f"node {node.node_id} lock_count {node.lock_count}"
             child_locks = sum(c.lock_count for c in node.children.values())
             assert node.lock_count >= child_locks, f"node {node.node_id} holds fewer locks than its children"
@@ -163,13 +167,17 @@ class RadixCache:
             num_evictable += node.num_pages if node.lock_count == 0 else 0
         pages = _concat(all_pages)
         assert len(pages) == self._num_pages, f"tree counts {self._num_pages} pages, holds {len(pages)}"
-        assert num_evictable == self._num_evictable_pages, f"tree counts {self._num_evictable_pages} evictable pages, has {num_evictable}"
+        assert num_evictable == self._num_evictable_pages, (
+            f"tree counts {self._num_evictable_pages} evictable pages, has {num_evictable}"
+        )
         assert len(pages) == 0 or np.bincount(pages).max() <= 1, "a page is held by two tree nodes"
         assert self._num_nodes == sum(1 for _ in self.nodes()), "tree node count is off"
         queued = {(a, n.node_id) for a, _, n in self._leaf_heap if n.parent is not None}
         for node in self.nodes():
             if self._is_evictable_leaf(node):
-                assert (node.last_access, node.node_id) in queued, f"evictable leaf {node.node_id} is not in the eviction heap"
+                assert (node.last_access, node.node_id) in queued, (
+                    f"evictable leaf {node.node_id} is not in the eviction heap"
+                )
         return pages
 
     # -- internals ---------------------------------------------------------------------------

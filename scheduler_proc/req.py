@@ -92,7 +92,8 @@ class Req:
     in_flight: bool = False  # part of the batch the worker is running now
     is_aborted: bool = False  # aborted while in flight: on_result frees it and sends nothing
     prompt_scores: PromptScores | None = None  # prompt logprobs asked and not yet sent (until its first output token)
-    drafts: Sequence[int] = ()  # speculative draft tokens of the decode step in flight (SpeculativeReqs), after its last token
+    # speculative draft tokens of the decode step in flight (SpeculativeReqs), after its last token
+    drafts: Sequence[int] = ()
 
     @property
     def seq_len(self) -> int:

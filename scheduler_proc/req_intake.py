@@ -40,7 +40,8 @@ class ReqIntake:
         self._rng = np.random.default_rng(seed)  # seeds for requests that give none: reproducible runs
 
     def submit(
-        self, req_id: int, input_ids: Sequence[int] | np.ndarray, params: SamplingParams, num_copies: int, live: Container[int],
+        self, req_id: int, input_ids: Sequence[int] | np.ndarray, params: SamplingParams, num_copies: int,
+        live: Container[int],
     ) -> tuple[list[PendingReq], list[tuple[int, ErrorCode, str]]]:
         """Queue the request's copies (their grammars started); returns the queued ones, for the
         Scheduler to make live, and the refused ones with why. `live`: the req_ids in use."""
@@ -70,7 +71,9 @@ class ReqIntake:
             return ErrorCode.INVALID, error
         if self._pending.is_full:
             pending = self._pending
-            return ErrorCode.BUSY, f"server busy: {len(pending)} requests waiting (max_queued_requests={pending.max_queued_requests})"
+            return ErrorCode.BUSY, (
+                f"server busy: {len(pending)} requests waiting (max_queued_requests={pending.max_queued_requests})"
+            )
         return None
 
     def max_tokens(self, num_prompt_tokens: int, params: SamplingParams) -> int:
@@ -92,7 +95,10 @@ class ReqIntake:
         if num_prompt_tokens == 0:
             return "empty prompt"
         if num_prompt_tokens >= self.context_len:
-            return f"prompt of {num_prompt_tokens} tokens leaves no room for output in the context of {self.context_len} tokens"
+            return (
+                f"prompt of {num_prompt_tokens} tokens leaves no room for output in the context of "
+                f"{self.context_len} tokens"
+            )
         if num_prompt_tokens + max_tokens > self.context_len:
             return over_context_error(self.context_len, num_prompt_tokens, max_tokens)
         num_need_pages = self.max_num_pages(num_prompt_tokens, max_tokens)
@@ -103,7 +109,9 @@ class ReqIntake:
             )
         return None
 
-    def pending(self, req_id: int, input_ids: np.ndarray, params: SamplingParams, max_tokens: int, copy_idx: int = 0) -> PendingReq:
+    def pending(
+        self, req_id: int, input_ids: np.ndarray, params: SamplingParams, max_tokens: int, copy_idx: int = 0,
+    ) -> PendingReq:
         """Copy `copy_idx` of n choices of one prompt draws with seed + copy_idx (the one place it is
         computed); without a seed, each copy draws its own from the scheduler's generator."""
         num_prompt_tokens = len(input_ids)

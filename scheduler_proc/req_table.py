@@ -65,5 +65,9 @@ class ReqTable:
                 assert row_idx in free_rows and row_idx not in live_rows, f"row {row_idx} is neither free nor owned"
             else:
                 assert row_idx not in free_rows, f"row {row_idx} is both free and owned by request {owner}"
-                assert live_rows.get(row_idx) == owner, f"row {row_idx} is owned by request {owner}, which does not hold it"
-        assert len(live_rows) + len(self._free_rows) == self.num_rows, "live requests and free rows do not add up to the table"
+                assert live_rows.get(row_idx) == owner, (
+                    f"row {row_idx} is owned by request {owner}, which does not hold it"
+                )
+        assert len(live_rows) + len(self._free_rows) == self.num_rows, (
+            "live requests and free rows do not add up to the table"
+        )

@@ -31,13 +31,16 @@ class ScheduledBatch:
     def __post_init__(self) -> None:
         self.num_draft_tokens = sum(len(r.drafts) for r in self.decode_reqs)
         self.prefill_is_sampled = [
-            r.cached_len + n == r.num_prompt_tokens for r, n in zip(self.prefill_reqs, self.prefill_extend_lens, strict=True)
+            r.cached_len + n == r.num_prompt_tokens
+            for r, n in zip(self.prefill_reqs, self.prefill_extend_lens, strict=True)
         ]
 
     @property
     def num_prefilled_tokens(self) -> int:
         """Prompt tokens computed by this step (a KV-sharing request's are not)."""
-        return sum(n for n, source in zip(self.prefill_extend_lens, self.prefill_kv_source, strict=True) if source is None)
+        return sum(
+            n for n, source in zip(self.prefill_extend_lens, self.prefill_kv_source, strict=True) if source is None
+        )
 
     @property
     def reqs(self) -> list[Req]:
@@ -45,7 +48,9 @@ class ScheduledBatch:
 
     def sampled_req_ids(self) -> list[int | None]:
         """Per row: the req_id of a request that gets a token this step, None for one that does not."""
-        prefilled = [r.req_id if sampled else None for r, sampled in zip(self.prefill_reqs, self.prefill_is_sampled, strict=True)]
+        prefilled = [
+            r.req_id if sampled else None for r, sampled in zip(self.prefill_reqs, self.prefill_is_sampled, strict=True)
+        ]
         return [r.req_id for r in self.decode_reqs] + prefilled
 
     def to_forward_batch(self, req_table: ReqTable) -> ForwardBatch:
@@ -71,7 +76,9 @@ class ScheduledBatch:
         if self.prefill_reqs:
             chunks = [
                 r.input_ids[r.cached_len : r.cached_len + e]
-                for r, e, source in zip(self.prefill_reqs, self.prefill_extend_lens, self.prefill_kv_source, strict=True)
+                for r, e, source in zip(
+                    self.prefill_reqs, self.prefill_extend_lens, self.prefill_kv_source, strict=True
+                )
                 if source is None
             ]
             input_ids = np.concatenate([input_ids, *chunks])
@@ -79,7 +86,9 @@ class ScheduledBatch:
             is_sampled[num_decode:] = self.prefill_is_sampled
             if any(source is not None for source in self.prefill_kv_source):
                 kv_source = np.arange(n, dtype=np.int32)
-                kv_source[num_decode:] = [num_decode + (i if source is None else source) for i, source in enumerate(self.prefill_kv_source)]
+                kv_source[num_decode:] = [
+                    num_decode + (i if source is None else source) for i, source in enumerate(self.prefill_kv_source)
+                ]
         sampling, return_logprob = req_table.sampling_columns(np.fromiter((r.row_idx for r in reqs), np.intp, n))
         return ForwardBatch(
             step_id=self.step_id,

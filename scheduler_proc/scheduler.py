@@ -60,15 +60,8 @@ logger = logging.getLogger(__name__)
 
 class Scheduler:
     def __init__(
-        self,
-        *,
-        num_pages: int,
-        page_size: int,
-        context_len: int,
-        eos_token_ids: Sequence[int],
-        knobs: SchedulerKnobs,
-        grammar_source: GrammarSource | None = None,
-        on_pages_freed: Callable[[np.ndarray], None] | None = None,
+        self, *, num_pages: int, page_size: int, context_len: int, eos_token_ids: Sequence[int], knobs: SchedulerKnobs,
+        grammar_source: GrammarSource | None = None, on_pages_freed: Callable[[np.ndarray], None] | None = None,
     ):
         """The sizes come from the model worker (`WorkerReady`); the policy knobs, speculative
         decoding's settings among them, from the server config (`scheduler_knobs`, the one source
@@ -116,7 +109,7 @@ class Scheduler:
     def poll_grammars(self) -> list[TokenOut]:
         """Requests whose grammar is built join the queue, in arrival order; one whose grammar
         failed ends with its ERROR update. Call it before each next_batch()."""
-        return [self._refused(pending.req_id, code, error, queued=True) for pending, code, error in self._pending.poll()]
+        return [self._refused(p.req_id, code, error, queued=True) for p, code, error in self._pending.poll()]
 
     def abort(self, req_id: int, finish_reason: FinishReason = FinishReason.ABORT) -> list[TokenOut]:
         """End a request in any state with `finish_reason` (ABORT, or STOP for a stop string the
@@ -141,7 +134,10 @@ class Scheduler:
         else:
             logger.info("req %d aborted (%s) while %s", req_id, finish_reason.text, state)
             self._totals.num_aborted += 1
-        return [self._final_update(entry, finish_reason)]
+        num_cached = entry.num_cached_tokens or 0  # a PendingReq has one only after a retraction
+        return [TokenOut(
+            req_id=entry.req_id, token_ids=NO_TOKEN_IDS, finish_reason=finish_reason, num_cached_tokens=num_cached,
+        )]
 
     # -- one step ----------------------------------------------------------------------------
 
@@ -153,13 +149,12 @@ class Scheduler:
         if decode_reqs:  # after the prefill part: prompts come first
             self._spec.plan(decode_reqs, adder.extend_lens if adder else [], self._cache, self._pending.num_chunk_pages)
         if adder is None and not decode_reqs:
-            assert not self._pending.ready and self._pending.chunked is None, "scheduler stalled: requests wait while nothing runs"
+            assert not self._pending.ready and self._pending.chunked is None, (
+                "scheduler stalled: requests wait while nothing runs"
+            )
             return None
         batch = ScheduledBatch(
-            self._totals.num_steps,
-            decode_reqs,
-            adder.reqs if adder else [],
-            adder.extend_lens if adder else [],
+            self._totals.num_steps, decode_reqs, adder.reqs if adder else [], adder.extend_lens if adder else [],
             adder.kv_source if adder else [],
         )
         for req in batch.reqs:
@@ -173,10 +168,14 @@ class Scheduler:
 
     def on_result(self, result: StepResult) -> list[TokenOut]:
         batch = self._in_flight
-        assert batch is not None and result.step_id == batch.step_id, f"result for step {result.step_id}, in flight: {batch and batch.step_id}"
+        assert batch is not None and result.step_id == batch.step_id, (
+            f"result for step {result.step_id}, in flight: {batch and batch.step_id}"
+        )
         self._in_flight = None
         outputs = StepOutputs.of(result)
-        assert len(outputs) == len(batch.reqs), f"step {batch.step_id}: {len(outputs)} rows for {len(batch.reqs)} requests"
+        assert len(outputs) == len(batch.reqs), (
+            f"step {batch.step_id}: {len(outputs)} rows for {len(batch.reqs)} requests"
+        )
         num_decode = len(batch.decode_reqs)
         self._totals.num_decoded_tokens += num_decode
         self._totals.num_prefilled_tokens += batch.num_prefilled_tokens
@@ -254,16 +253,11 @@ class Scheduler:
     def stats(self) -> SchedulerStats:
         cache = self._cache
         return replace(
-            self._totals,
-            num_waiting=len(self._pending),
-            num_prefilling=int(self._pending.chunked is not None),
-            num_running=len(self._decode),
-            num_free_pages=cache.num_free_pages,
-            num_cached_pages=cache.num_cached_pages,
+            self._totals, num_waiting=len(self._pending), num_prefilling=int(self._pending.chunked is not None),
+            num_running=len(self._decode), num_free_pages=cache.num_free_pages, num_cached_pages=cache.num_cached_pages,
             num_evictable_pages=cache.num_evictable_pages,
             num_used_pages=cache.num_pages - cache.num_free_pages - cache.num_cached_pages,
-            num_reserved_pages=self._num_reserved_pages(),
-            new_token_ratio=self._reservation.new_token_ratio,
+            num_reserved_pages=self._num_reserved_pages(), new_token_ratio=self._reservation.new_token_ratio,
             **self._spec.totals(),
         )
 
@@ -291,9 +285,15 @@ class Scheduler:
         self._pending.check_integrity(self._live)
         self._constrained.check_integrity(self._live)
         self._spec.check_integrity(self._live)
-        check_reqs(reqs, self._decode, self._pending.chunked, self._live, page_size=self.page_size, batch_in_flight=self._in_flight is not None)
+        check_reqs(
+            reqs, self._decode, self._pending.chunked, self._live,
+            page_size=self.page_size, batch_in_flight=self._in_flight is not None,
+        )
         num_reserved_pages = self._num_reserved_pages() if self._reservation.is_full else None
-        check_pages(self._cache.num_available_pages, self._pending.num_chunk_pages, num_reserved_pages, self._totals.num_retracted)
+        check_pages(
+            self._cache.num_available_pages, self._pending.num_chunk_pages, num_reserved_pages,
+            self._totals.num_retracted,
+        )
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -311,14 +311,17 @@ class Scheduler:
         for req in adder.admitted if adder is not None else ():
             self._live[req.req_id] = req
             self._totals.num_prompt_tokens += req.num_prompt_tokens
-            self._totals.num_prefix_hit_tokens += req.cached_len  # this admission's hit (cached_len moves on in on_result)
+            # this admission's hit (cached_len moves on in on_result)
+            self._totals.num_prefix_hit_tokens += req.cached_len
         return adder
 
     def _schedule_decode(self) -> list[Req]:
         """Every running request with a page for this step's token, after any retraction it took."""
         if not len(self._decode):
             return []
-        reqs, num_retracted = self._decode.schedule_decode(self._cache, lambda: self._pending.num_chunk_pages, self._retract)
+        reqs, num_retracted = self._decode.schedule_decode(
+            self._cache, lambda: self._pending.num_chunk_pages, self._retract
+        )
         if num_retracted:
             self._reservation.on_retracted()
         else:
@@ -351,7 +354,8 @@ class Scheduler:
         return self._reservation.num_reserved_pages(reqs)
 
     def _finish(self, req: Req, finish_reason: FinishReason) -> None:
-        logger.debug("req %d finished (%s): %d output tokens", req.req_id, finish_reason.text, len(req.output_ids))  # the frontend logs it at INFO, with latencies
+        # the frontend logs it at INFO, with latencies
+        logger.debug("req %d finished (%s): %d output tokens", req.req_id, finish_reason.text, len(req.output_ids))
         self._forget(req.req_id)
         self._totals.num_finished += 1
         self._release(req)
@@ -373,8 +377,3 @@ class Scheduler:
         self._detach(req)
         self._cache.release_req(req)
         self._req_table.free(req.row_idx, req.req_id)
-
-    def _final_update(self, entry: PendingReq | Req, finish_reason: FinishReason) -> TokenOut:
-        num_cached = entry.num_cached_tokens or 0  # a PendingReq has one only after a retraction
-        return TokenOut(req_id=entry.req_id, token_ids=NO_TOKEN_IDS, finish_reason=finish_reason, num_cached_tokens=num_cached)
-

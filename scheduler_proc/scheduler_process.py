@@ -24,6 +24,7 @@ import time
 
 import zmq
 
+from zserve.common.config_sections import ModelSection, SchedulerSection
 from zserve.common.error_code import ErrorCode
 from zserve.common.finish_reason import FinishReason
 from zserve.common.forward_batch import ForwardBatch, StepResult
@@ -47,10 +48,9 @@ from zserve.common.messages import (
 )
 from zserve.common.model_facts import ModelFacts
 from zserve.common.proc_runtime import child_args, child_setup
-from zserve.common.server_config import ServerConfig
 from zserve.common.transport import Addresses, Endpoint, pull, push
 from zserve.scheduler_proc.scheduler import Scheduler
-from zserve.scheduler_proc.scheduler_knobs import scheduler_knobs
+from zserve.scheduler_proc.scheduler_knobs import SchedulerKnobs, scheduler_knobs
 from zserve.scheduler_proc.stats_logger import StatsLogger
 from zserve.scheduler_proc.xgrammar_source import XGrammarSource
 
@@ -136,7 +136,9 @@ class SchedulerLoop:
         elif isinstance(msg, AbortReq):
             self.publish(self.scheduler.abort(msg.req_id, msg.finish_reason))
         elif isinstance(msg, StatsReq):
-            self.to_detok.send(StatsOut(req_id=msg.req_id, scheduler=self.scheduler.stats(), histograms=self.scheduler.histograms()))
+            self.to_detok.send(
+                StatsOut(req_id=msg.req_id, scheduler=self.scheduler.stats(), histograms=self.scheduler.histograms())
+            )
 
     def submit(self, msg: TokenizedReq) -> None:
         """Hand the request (its n copies) to the scheduler and register each accepted copy with
@@ -163,7 +165,9 @@ class SchedulerLoop:
                 ))
             else:
                 code, error = refusal
-                self.to_detok.send(ReqOutput.final(copy_id, FinishReason.ERROR, code=code, error=error, prompt_tokens=num_prompt_tokens))
+                self.to_detok.send(ReqOutput.final(
+                    copy_id, FinishReason.ERROR, code=code, error=error, prompt_tokens=num_prompt_tokens,
+                ))
 
     def wait_result(self, step_id: int) -> StepResult:
         reply = self.from_worker.recv()
@@ -177,7 +181,9 @@ class SchedulerLoop:
             self.to_detok.send(TokenOutBatch(outs=outs))
 
 
-def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts) -> None:
+def serve(
+    knobs: SchedulerKnobs, sched: SchedulerSection, model: ModelSection, addrs: Addresses, facts: ModelFacts,
+) -> None:
     ctx = zmq.Context()
     try:
         inbox = pull(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
@@ -189,10 +195,9 @@ def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts) -> None:
         assert isinstance(ready, WorkerReady), ready
         context_len = facts.context_len  # the launcher's, which the frontend checks prompts against too
         grammar_source = None
-        if cfg.grammar_backend == "xgrammar":
-            grammar_source = XGrammarSource(cfg.tokenizer_dir, ready.vocab_size, list(ready.eos_token_ids))
+        if sched.grammar_backend == "xgrammar":
+            grammar_source = XGrammarSource(model.tokenizer_dir, ready.vocab_size, list(ready.eos_token_ids))
             grammar_source.warm_up()
-        knobs = scheduler_knobs(cfg)
         scheduler = Scheduler(
             num_pages=ready.num_pages,
             page_size=ready.page_size,
@@ -203,9 +208,10 @@ def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts) -> None:
         )
         launcher.send(ProcReady(name="scheduler", pid=os.getpid(), info={"num_pages": ready.num_pages}))
         logger.info(
-            "scheduler ready: %d KV pages of %d tokens, context %d, policy %s/%s, budget %d tokens/step, %s KV reservation",
-            ready.num_pages, ready.page_size, context_len, cfg.schedule_policy, cfg.admission_policy, cfg.max_prefill_tokens,
-            cfg.kv_reservation,
+            "scheduler ready: %d KV pages of %d tokens, context %d, policy %s/%s, budget %d tokens/step, "
+            "%s KV reservation",
+            ready.num_pages, ready.page_size, context_len, knobs.schedule_policy, knobs.admission_policy,
+            knobs.max_prefill_tokens, knobs.kv_reservation,
         )
         spec = knobs.speculative
         if spec.enabled:
@@ -222,7 +228,7 @@ def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts) -> None:
             )
         gc.collect()
         gc.freeze()  # startup objects never need scanning again: shorter collector pauses in the loop
-        stats_logger = StatsLogger(interval_s=cfg.log_stats_interval_s, num_pages=ready.num_pages)
+        stats_logger = StatsLogger(interval_s=sched.log_stats_interval_s, num_pages=ready.num_pages)
         SchedulerLoop(scheduler, inbox, to_worker, from_worker, to_detok, stats_logger).run_forever()
     finally:
         ctx.destroy(linger=0)
@@ -231,4 +237,4 @@ def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts) -> None:
 def main() -> None:
     cfg, addrs, extra = child_args()
     child_setup("scheduler", cfg.log_level)
-    serve(cfg, addrs, extra.model_facts)
+    serve(scheduler_knobs(cfg), cfg.section(SchedulerSection), cfg.section(ModelSection), addrs, extra.model_facts)

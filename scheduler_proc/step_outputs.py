@@ -100,10 +100,13 @@ def gather_prompt_scores(batch: ScheduledBatch, result: StepResult) -> None:
         req = batch.reqs[row]
         lo, hi = offset, offset + num
         offset = hi
-        tops = (result.prompt_top_ids.reshape(-1, k)[lo:hi, : req.prompt_scores.num_top].reshape(-1),
-                result.prompt_top_logprobs.reshape(-1, k)[lo:hi, : req.prompt_scores.num_top].reshape(-1)) if k else (None, None)
+        num_top = req.prompt_scores.num_top
+        tops = (result.prompt_top_ids.reshape(-1, k)[lo:hi, :num_top].reshape(-1),
+                result.prompt_top_logprobs.reshape(-1, k)[lo:hi, :num_top].reshape(-1)) if k else (None, None)
         req.prompt_scores.add(result.prompt_logprobs[lo:hi], *tops)
-    assert offset == len(result.prompt_logprobs), f"step {batch.step_id}: {len(result.prompt_logprobs)} prompt logprobs for {offset}"
+    assert offset == len(result.prompt_logprobs), (
+        f"step {batch.step_id}: {len(result.prompt_logprobs)} prompt logprobs for {offset}"
+    )
 
 
 def take_prompt_logprobs(req: Req) -> PromptLogprobs | None:

@@ -123,7 +123,9 @@ class XGrammarSource:
                 from transformers import PreTrainedTokenizerFast
 
                 tokenizer = PreTrainedTokenizerFast(tokenizer_file=str(Path(self.model_dir) / "tokenizer.json"))
-                info = xgrammar.TokenizerInfo.from_huggingface(tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids)
+                info = xgrammar.TokenizerInfo.from_huggingface(
+                    tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
+                )
                 self._compiler = xgrammar.GrammarCompiler(info)
                 logger.info("structured output ready (xgrammar, vocabulary %d)", self.vocab_size)
             return self._compiler

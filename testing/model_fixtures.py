@@ -26,7 +26,8 @@ import numpy as np
 import torch
 
 from zserve.common.forward_batch import ForwardBatch, SamplingArrays
-from zserve.common.server_config import ServerConfig, env_defaults
+from zserve.common.server_config import ServerConfig
+from zserve.common.server_flags import env_defaults
 from zserve.model_proc.model_runner import ModelRunner
 
 VOCAB_SIZE = 600  # covers testing.tokenizer_fixtures' byte-level BPE of 600 tokens

@@ -63,8 +63,9 @@ class ChatTemplate:
         max_chars: int | None = None, timeout_s: float | None = None, tools: list[dict[str, Any]] | None = None,
         continue_final_message: bool = False,
     ) -> str:
-        """Render a conversation (with `tools`, the function definitions a tool-calling template lists). `special_tokens` are the template variables transformers passes
-        from the tokenizer's special tokens map (`bos_token`, `eos_token`, ...).
+        """Render a conversation (with `tools`, the function definitions a tool-calling template lists).
+        `special_tokens` are the template variables transformers passes from the tokenizer's special
+        tokens map (`bos_token`, `eos_token`, ...).
         `continue_final_message`: the text ends inside the last message, right after its content
         (its turn is left open, for the model to continue), as transformers does it: a marker is
         appended to that content and the render is cut where the marker lands.
@@ -86,7 +87,8 @@ class ChatTemplate:
         max_chars: int | None, timeout_s: float | None, tools: list[dict[str, Any]] | None,
     ) -> str:
         variables = dict(
-            messages=chat, tools=tools or None, documents=None, add_generation_prompt=add_generation_prompt, **special_tokens
+            messages=chat, tools=tools or None, documents=None, add_generation_prompt=add_generation_prompt,
+            **special_tokens,
         )
         parts: list[str] = []
         num_chars = 0
@@ -117,8 +119,10 @@ def _cut_at_marker(text: str, final_content: str) -> str:
     template that trims the content's end trims the marker's space too, so the cut then trims."""
     tag = CONTINUE_MARKER.strip()
     if tag not in text or final_content.strip() not in text:
-        raise ChatTemplateError("continue_final_message: the chat template does not show the last message's content as given, "
-                                "so it cannot be continued")
+        raise ChatTemplateError(
+            "continue_final_message: the chat template does not show the last message's content as given, "
+            "so it cannot be continued"
+        )
     loc = text.rindex(tag)
     return text[:loc] if text[loc : loc + len(CONTINUE_MARKER)] == CONTINUE_MARKER else text[:loc].rstrip()
 
@@ -147,7 +151,8 @@ def _deadline(timeout_s: float | None) -> Iterator[None]:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         if outer_delay_s > 0:  # someone else's timer (pytest-timeout's, say) runs on, less the time spent here
-            signal.setitimer(signal.ITIMER_REAL, max(outer_delay_s - (time.monotonic() - started_s), 0.001), outer_interval_s)
+            outer_left_s = max(outer_delay_s - (time.monotonic() - started_s), 0.001)
+            signal.setitimer(signal.ITIMER_REAL, outer_left_s, outer_interval_s)
 
 
 class _GenerationTag(jinja2.ext.Extension):

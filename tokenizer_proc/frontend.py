@@ -61,8 +61,9 @@ MAX_REQ_ID = 2**63 - 1  # req_ids travel as int64 (the scheduler's tables, numpy
 
 class Frontend:
     def __init__(
-        self, validator: RequestValidator, router: zmq.Socket, inbox: Endpoint, to_scheduler: Endpoint, registry: ClientRegistry,
-        api_key: str = "", to_launcher: Endpoint | None = None, server_info: dict[str, str] | None = None,
+        self, validator: RequestValidator, router: zmq.Socket, inbox: Endpoint, to_scheduler: Endpoint,
+        registry: ClientRegistry, api_key: str = "", to_launcher: Endpoint | None = None,
+        server_info: dict[str, str] | None = None,
     ):
         self.server_info = dict(server_info or {})  # what StatsOut.info says (model_path)
         self.api_key = api_key.encode()  # b"" = no key: every client is served
@@ -117,7 +118,10 @@ class Frontend:
             fields = msgpack.unpackb(frame, raw=False, strict_map_key=False)
         except (ValueError, TypeError, msgpack.ExtraData, RecursionError):
             return
-        if isinstance(fields, list) and len(fields) >= 2 and fields[0] == tag_of(GenerateReq) and isinstance(fields[1], int):
+        if (
+            isinstance(fields, list) and len(fields) >= 2 and fields[0] == tag_of(GenerateReq)
+            and isinstance(fields[1], int)
+        ):
             req_id = fields[1]
             if -(2**63) <= req_id < 2**64 and self.registry.identity_of(req_id) is None:
                 self.refuse(identity, req_id, ErrorCode.INVALID, f"malformed request: {exc}")
@@ -142,7 +146,10 @@ class Frontend:
         return not self.api_key or hmac.compare_digest(presented.encode(), self.api_key)
 
     def refuse_unauthorized(self, identity: bytes, msg: GenerateReq | Heartbeat | StatsReq) -> None:
-        error = "missing or wrong API key: this server needs the key it was started with (Client(api_key=...) or $ZSERVE_API_KEY)"
+        error = (
+            "missing or wrong API key: this server needs the key it was started with "
+            "(Client(api_key=...) or $ZSERVE_API_KEY)"
+        )
         if isinstance(msg, GenerateReq):
             logger.info("req %d refused: missing or wrong API key", msg.req_id)
             self.refuse(identity, msg.req_id, ErrorCode.UNAUTHORIZED, error)
@@ -164,11 +171,17 @@ class Frontend:
             return
         req_ids = range(msg.req_id, msg.req_id + num_copies)
         if req_ids[-1] > MAX_REQ_ID or any(self.registry.identity_of(r) is not None for r in req_ids):
-            self.refuse_all(identity, req_ids, ErrorCode.INTERNAL, f"req_id {msg.req_id} (or one of its {num_copies} copies) is already in flight or out of range")
+            self.refuse_all(
+                identity, req_ids, ErrorCode.INTERNAL,
+                f"req_id {msg.req_id} (or one of its {num_copies} copies) is already in flight or out of range",
+            )
             return
         if self.draining is not None:
             logger.info("req %d refused: the server is shutting down", msg.req_id)
-            self.refuse_all(identity, req_ids, ErrorCode.SHUTTING_DOWN, "server shutting down: it finishes the requests it has and takes no new one")
+            self.refuse_all(
+                identity, req_ids, ErrorCode.SHUTTING_DOWN,
+                "server shutting down: it finishes the requests it has and takes no new one",
+            )
             return
         try:
             input_ids, params = self.validator.validate(msg.body)
@@ -234,7 +247,10 @@ class Frontend:
     def start_drain(self, msg: Drain) -> None:
         self.draining = msg
         self.num_draining = self.registry.num_in_flight
-        logger.info("draining: %d request(s) in flight finish (up to %gs); new ones are refused", self.num_draining, msg.timeout_s)
+        logger.info(
+            "draining: %d request(s) in flight finish (up to %gs); new ones are refused",
+            self.num_draining, msg.timeout_s,
+        )
 
     def report_drained(self) -> None:
         """Once draining and nothing is in flight, tell the launcher (once)."""

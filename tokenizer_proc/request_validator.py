@@ -64,7 +64,9 @@ class RequestValidator:
             raise ValueError(f"request must be a mapping, got {type(body).__name__}")
         unknown = [k for k in body if k not in BODY_KEYS]
         if unknown:
-            names = ", ".join(_name(k) for k in unknown[:5]) + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+            names = ", ".join(_name(k) for k in unknown[:5]) + (
+                f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""
+            )
             raise ValueError(
                 f"unknown request field(s): {names}; a request has one of "
                 "prompt, input_ids, messages, and optionally sampling and n"
@@ -85,7 +87,9 @@ class RequestValidator:
             raise ValueError(f"stop_token_ids {bad_stop_ids[:5]} are not in the vocabulary (size {self.vocab_size})")
         bad_bias_ids = [t for t in params.logit_bias if int(t) >= self.vocab_size]
         if bad_bias_ids:
-            raise ValueError(f"logit_bias token ids {bad_bias_ids[:5]} are not in the vocabulary (size {self.vocab_size})")
+            raise ValueError(
+                f"logit_bias token ids {bad_bias_ids[:5]} are not in the vocabulary (size {self.vocab_size})"
+            )
         if params.top_k > self.vocab_size:
             raise ValueError(f"top_k must be at most the vocabulary size ({self.vocab_size}), got {params.top_k}")
 
@@ -153,7 +157,9 @@ class RequestValidator:
             raise ValueError(f"continue_final_message must be a boolean, got {type(value).__name__}")
         return value
 
-    def _encode_messages(self, messages: Any, tools: list[dict] | None = None, continue_final: bool = False) -> list[int]:
+    def _encode_messages(
+        self, messages: Any, tools: list[dict] | None = None, continue_final: bool = False,
+    ) -> list[int]:
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError("messages must be a non-empty list of {role, content} objects")
         max_messages = min(LIMITS.max_messages, self.context_len - 1)
@@ -177,10 +183,17 @@ class RequestValidator:
                 content = content or ""
             if not isinstance(content, str):
                 raise ValueError(f"messages[{i}].content must be a string, got {type(content).__name__}")
-            if "tool_call_id" in m and (not isinstance(m["tool_call_id"], str) or len(m["tool_call_id"]) > LIMITS.max_message_name_chars):
-                raise ValueError(f"messages[{i}].tool_call_id must be a string of at most {LIMITS.max_message_name_chars} characters")
+            if "tool_call_id" in m and (
+                not isinstance(m["tool_call_id"], str) or len(m["tool_call_id"]) > LIMITS.max_message_name_chars
+            ):
+                raise ValueError(
+                    f"messages[{i}].tool_call_id must be a string of at most "
+                    f"{LIMITS.max_message_name_chars} characters"
+                )
             if "name" in m and (not isinstance(m["name"], str) or len(m["name"]) > LIMITS.max_message_name_chars):
-                raise ValueError(f"messages[{i}].name must be a string of at most {LIMITS.max_message_name_chars} characters")
+                raise ValueError(
+                    f"messages[{i}].name must be a string of at most {LIMITS.max_message_name_chars} characters"
+                )
             num_chars += len(content)
         self._check_text_len(num_chars)
         if continue_final and messages[-1].get("role") != "assistant":
@@ -215,7 +228,9 @@ def _check_tool_calls(message: dict, idx: int) -> int:
     for j, call in enumerate(calls):
         function = call.get("function") if isinstance(call, dict) else None
         if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-            raise ValueError(f"messages[{idx}].tool_calls[{j}] must be {{type: function, function: {{name, arguments}}}}")
+            raise ValueError(
+                f"messages[{idx}].tool_calls[{j}] must be {{type: function, function: {{name, arguments}}}}"
+            )
         arguments = function.get("arguments")
         if isinstance(arguments, str):
             try:

@@ -133,8 +133,8 @@ class TextTokenizer:
     ) -> list[int]:
         """Same ids as transformers' `apply_chat_template(messages, tokenize=True)`: the rendered
         text encoded without adding special tokens, since the template writes its own BOS."""
-        text = self.apply_chat_template(messages, add_generation_prompt, max_chars=max_chars, timeout_s=timeout_s, tools=tools,
-                                        continue_final_message=continue_final_message)
+        text = self.apply_chat_template(messages, add_generation_prompt, max_chars=max_chars, timeout_s=timeout_s,
+                                        tools=tools, continue_final_message=continue_final_message)
         return self.encode(text, add_special_tokens=False)
 
     def _chat_template(self) -> ChatTemplate:

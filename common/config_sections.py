@@ -1,0 +1,149 @@
+"""The sections of the server configuration: each one a frozen record of the flags one part of the
+server reads, with their defaults. `ServerConfig` (server_config.py) is all of them at once; a
+process or component takes the section(s) it reads, typed (`cfg.section(SchedulerSection)`, or the
+`ServerConfig` itself, which is every section). What each flag means, its spellings, choices and
+ranges live in the flags table (server_flags.py), not here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from zserve.common.worker_env import OMP_SPIN_COUNT
+
+DEFAULT_HTTP_PORT = 8000  # --port: vLLM's HTTP port (SGLang's is 30000: users type --port 30000)
+# --zmq-port: Client() with no arguments connects here. Next to SGLang's HTTP port, not on it, so a SGLang user's
+# `--port 30000` never collides with it; taken by another server (and not given), the server picks a free one.
+DEFAULT_CLIENT_PORT = 30001
+API_KEY_ENV = "ZSERVE_API_KEY"  # the API key: read when --api-key is empty; how the launcher hands it to children
+
+
+@dataclass(frozen=True)
+class ModelSection:
+    """What is served: the checkpoint, its tokenizer and chat template, and the weights' number format."""
+
+    model: str = ""
+    served_model_name: str = ""
+    tokenizer: str = ""
+    chat_template: str = ""
+    trust_remote_code: bool = False
+    dtype: str = "auto"
+    quantization: str = "none"
+    context_length: int = 0
+    seed: int = 0
+
+    @property
+    def tokenizer_dir(self) -> str:
+        """Where the tokenizer files are: --tokenizer, else the model directory."""
+        return self.tokenizer or self.model
+
+
+@dataclass(frozen=True)
+class ParallelSection:
+    """Where the model worker ranks run: the device, tensor-parallel ranks and the nodes they span."""
+
+    device: str = "auto"
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str = ""
+
+
+@dataclass(frozen=True)
+class CacheSection:
+    """The paged KV pool: page size and how many tokens it holds."""
+
+    page_size: int = 16
+    kv_cache_tokens: int = 0
+    mem_fraction_static: float = 0.0
+    kv_memory_fraction: float = 0.3
+
+
+@dataclass(frozen=True)
+class SchedulerSection:
+    """What the scheduler decides by: slots, the step's token budget, the policies, the prefix cache."""
+
+    max_running_requests: int = 64
+    max_prefill_tokens: int = 512
+    prefill_max_requests: int = 0
+    schedule_policy: str = "mixed"
+    admission_policy: str = "pack"
+    admission_lookahead: int = 64
+    force_fifo_every: int = 8
+    kv_reservation: str = "estimated"
+    schedule_conservativeness: float = 1.0
+    disable_radix_cache: bool = False
+    grammar_backend: str = "xgrammar"
+    max_queued_requests: int = 1024
+    log_stats_interval_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class SpeculationSection:
+    """Speculative decoding as the flags give it (common/speculative_settings.py resolves it)."""
+
+    speculative_algorithm: str = "none"
+    speculative_num_draft_tokens: int = 5
+    speculative_ngram_min_match_window_size: int = 1
+    speculative_ngram_max_match_window_size: int = 3
+    speculative_disable_by_batch_size: int = 16
+    speculative_config: str = ""
+
+
+@dataclass(frozen=True)
+class KernelSection:
+    """How the model worker computes on a CPU: threads, the instruction level and each kernel's choice."""
+
+    num_threads: int = 0
+    omp_spin_count: int = OMP_SPIN_COUNT
+    cpu_isa: str = "auto"
+    gemm_backend: str = "auto"
+    attention_backend: str = "auto"
+    fused_ops: str = "auto"
+
+
+@dataclass(frozen=True)
+class FrontendSection:
+    """The server as a whole: the native clients' door, the processes' lifetimes, logging."""
+
+    host: str = "127.0.0.1"
+    zmq_port: int = DEFAULT_CLIENT_PORT
+    api_key: str = ""
+    max_request_bytes: int = 8 << 20  # HTTP bodies; twice this bounds a native client's frame
+    client_timeout_s: float = 10.0
+    startup_timeout_s: float = 600.0
+    drain_timeout_s: float = 30.0
+    log_level: str = "info"
+    shell: bool = False
+    ready_file: str = ""
+
+
+@dataclass(frozen=True)
+class HttpSection:
+    """The HTTP server (http_proc/)."""
+
+    http_port: int = DEFAULT_HTTP_PORT
+    allowed_hosts: str = ""
+    allowed_origins: str = ""
+    strict_requests: bool = False
+    watchdog_timeout_s: float = 300.0
+
+
+@dataclass(frozen=True)
+class FleetSection:
+    """Data-parallel replicas on this machine and sglang-router in front of them (launcher/fleet/)."""
+
+    dp_size: int = 1
+    router: bool = False
+    router_port: int = 30000
+    router_policy: str = "cache_aware"
+    router_worker_urls: str = ""
+    router_prometheus_port: int = 29000
+    router_args: str = ""
+
+
+# ServerConfig's sections in the order of its fields (and of the README's flags table)
+SECTIONS = (
+    ModelSection, ParallelSection, CacheSection, SchedulerSection, SpeculationSection, KernelSection,
+    FrontendSection, HttpSection, FleetSection,
+)

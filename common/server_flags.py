@@ -1,0 +1,435 @@
+"""The flags table: what each `launch_server` flag means, how SGLang and vLLM users may spell it, its
+choices and ranges, and the environment variable that sets its default. Keyed by the
+`ServerConfig` field it sets (the field holds the type and the default: config_sections.py);
+launcher/cli.py builds the parser from it, launcher/flags_table.py the README's table, and
+`env_defaults` reads the variables.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from zserve.common.cpu_isa_level import CPU_ISA_ENV, LEVELS
+from zserve.common.weight_formats import GEMM_CHOICES, QUANTIZATION_CHOICES
+
+
+@dataclass(frozen=True)
+class FlagSpec:
+    help: str
+    flag: str = ""  # the flag's spelling when it is not --field-name
+    aliases: tuple[str, ...] = ()  # other spellings with the same meaning (SGLang's, vLLM's)
+    choices: tuple[str, ...] | None = None
+    value_aliases: Mapping[str, str] = field(default_factory=dict)  # spelling -> the value stored (half -> float16)
+    min: float | None = None  # inclusive
+    max: float | None = None  # inclusive
+    above: float | None = None  # exclusive
+    below: float | None = None  # exclusive
+    env: str = ""  # a ZSERVE_* variable that sets the default (read only by env_defaults)
+    nargs: str | None = None  # "+": several values, stored comma-joined
+    positional: bool = False  # also taken as the one positional argument
+    switches: Mapping[str, object] = field(default_factory=dict)  # a peer's flag that sets one value
+    deprecated: Mapping[str, str] = field(default_factory=dict)  # old spelling -> why it moved
+    peer_note: str = ""  # the SGLang / vLLM counterpart, when not plain from the spellings
+
+
+def flag_of(name: str) -> str:
+    """The canonical spelling of the flag that sets field `name`."""
+    return FLAG_SPECS[name].flag or "--" + name.replace("_", "-")
+
+
+def env_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, tuple[str, str]]:
+    """field name -> (variable, value) for each flag whose environment variable is set: the one place
+    those variables are read. They are defaults only: the launcher's command line builds the config
+    with them (launcher/cli.py), a flag given there wins, and the processes take the choice from the
+    config."""
+    return {
+        name: (spec.env, environ[spec.env]) for name, spec in FLAG_SPECS.items() if spec.env and environ.get(spec.env)
+    }
+
+
+FLAG_SPECS: dict[str, FlagSpec] = {
+    # ModelSection
+    'model': FlagSpec(
+        'model directory (config.json + safetensors + tokenizer), or a Llama/Qwen2/Qwen3 .gguf file (or a '
+        'directory holding one); default: the SmolLM2-135M-Instruct demo model, fetched on first use',
+        aliases=('--model-path',),
+        positional=True,
+    ),
+    'served_model_name': FlagSpec(
+        "the model's name in the OpenAI API (/v1/models, the request's model) and the metrics' model_name "
+        "label (empty = the model directory's name)",
+    ),
+    'tokenizer': FlagSpec(
+        'a directory with the tokenizer files (tokenizer.json, tokenizer_config.json), when they are not '
+        "in --model (empty = --model's)",
+        aliases=('--tokenizer-path',),
+        peer_note='vLLM --tokenizer, SGLang --tokenizer-path',
+    ),
+    'chat_template': FlagSpec(
+        "a Jinja chat template file used instead of the model's (empty = the model's own)",
+    ),
+    'trust_remote_code': FlagSpec(
+        'accepted for SGLang and vLLM command lines; no effect: zserve runs its own code for the '
+        'architectures it supports and never code from the model directory (a note says so)',
+    ),
+    'dtype': FlagSpec(
+        'auto (bf16 on CUDA and on x86 CPUs with AVX2 + FMA + F16C or native bf16, where the CPU kernels '
+        'run; else fp32; the log says which and why), float32, bfloat16, float16',
+        choices=('auto', 'float32', 'fp32', 'bfloat16', 'bf16', 'float16', 'fp16'),
+        value_aliases={'half': 'float16', 'float': 'float32'},
+    ),
+    'quantization': FlagSpec(
+        'weights of the linear layers and the LM head: none (the --dtype) or int8 (quantized at load, '
+        'symmetric, an fp32 scale per 64 input rows of each output column; a GGUF Q8_0 tensor is taken as '
+        "stored; embeddings, norms and biases stay --dtype; CPU: zserve's int8 GEMM, elsewhere "
+        'dequantized on the fly) (model_proc/layers/int8_weights.py)',
+        choices=QUANTIZATION_CHOICES,
+        peer_note='vLLM/SGLang --quantization (their int8 schemes: w8a8 with calibrated activations; '
+        'here weights only)',
+    ),
+    'context_length': FlagSpec(
+        "tokens of prompt + output a request may use at most (0 = the model's maximum; above it is "
+        'refused)',
+        aliases=('--max-model-len',),
+        min=0,
+    ),
+    'seed': FlagSpec(
+        'seed for per-request seeds drawn when a request gives none',
+        min=0,
+    ),
+    # ParallelSection
+    'device': FlagSpec(
+        'cpu, cuda, cuda:N or auto',
+    ),
+    'tp_size': FlagSpec(
+        'tensor-parallel ranks: model worker processes holding one shard each, joined by '
+        'torch.distributed (NCCL on CUDA, gloo on CPU); on CUDA local rank i uses cuda:i',
+        aliases=('--tensor-parallel-size', '--tp'),
+        min=1,
+    ),
+    'nnodes': FlagSpec(
+        'machines the --tp-size ranks are spread over, tp_size / nnodes each; node 0 runs the whole '
+        'server',
+        min=1,
+    ),
+    'node_rank': FlagSpec(
+        "this machine's index, 0..nnodes-1; a node other than 0 runs only its model worker ranks and "
+        'joins node 0',
+        min=0,
+    ),
+    'dist_init_addr': FlagSpec(
+        'host:port of node 0, reachable from every node (required with --nnodes > 1): torch.distributed '
+        'meets on port, rank 0 broadcasts batches on port + 1; empty = a private file rendezvous, '
+        'loopback only',
+    ),
+    # CacheSection
+    'page_size': FlagSpec(
+        'tokens per KV page',
+        aliases=('--block-size',),
+        min=1,
+    ),
+    'kv_cache_tokens': FlagSpec(
+        'KV pool size in tokens (0 = size from free memory)',
+        aliases=('--max-total-tokens',),
+        min=0,
+    ),
+    'mem_fraction_static': FlagSpec(
+        "share of the device's whole memory (RAM on CPU: MemTotal or the cgroup limit) for the weights "
+        'plus the KV pool, which gets what the weights leave (0 = off: --kv-memory-fraction sizes the '
+        'pool)',
+        aliases=('--gpu-memory-utilization',),
+        min=0.0,
+        below=1.0,
+        peer_note="SGLang --mem-fraction-static (weights + KV); vLLM --gpu-memory-utilization (all of the "
+        "engine's memory; here activations are not counted)",
+    ),
+    'kv_memory_fraction': FlagSpec(
+        'fraction of free memory for the KV pool when --kv-cache-tokens is 0',
+        above=0.0,
+        below=1.0,
+    ),
+    # SchedulerSection
+    'max_running_requests': FlagSpec(
+        'request slots (rows of the request table)',
+        aliases=('--max-num-seqs',),
+        min=1,
+    ),
+    'max_prefill_tokens': FlagSpec(
+        "tokens of prompt computed per step at most (SGLang's --chunked-prefill-size, vLLM's "
+        '--max-num-batched-tokens): longer prompts are chunked',
+        flag='--chunked-prefill-size',
+        aliases=('--max-num-batched-tokens',),
+        min=1,
+        deprecated={'--max-prefill-tokens': "SGLang's --max-prefill-tokens is another budget"},
+    ),
+    'prefill_max_requests': FlagSpec(
+        'requests newly admitted per prefill step at most, next to the token budget (0 = no cap)',
+        min=0,
+    ),
+    'schedule_policy': FlagSpec(
+        'what a step runs: prefill-first, decode-first or mixed (prefill chunks and decodes together)',
+        flag='--step-policy',
+        choices=('prefill-first', 'decode-first', 'mixed'),
+        deprecated={
+            '--schedule-policy': "SGLang's --schedule-policy orders the queue; here that is --admission-policy",
+        },
+        peer_note="none (SGLang's --schedule-policy orders the queue: --admission-policy here)",
+    ),
+    'admission_policy': FlagSpec(
+        'fifo or pack',
+        choices=('fifo', 'pack'),
+        peer_note='SGLang --schedule-policy fcfs = fifo',
+    ),
+    'admission_lookahead': FlagSpec(
+        'pending requests the pack policy looks at',
+        min=1,
+    ),
+    'force_fifo_every': FlagSpec(
+        'pack policy: every N-th prefill step is fifo so long prompts cannot starve',
+        min=1,
+    ),
+    'kv_reservation': FlagSpec(
+        'KV kept promised to admitted requests: estimated (their prompt plus a decaying estimate of their '
+        'output; a decode step short of pages retracts the newest running requests, which resume later) '
+        'or full (prompt plus all of max_tokens; never retracts)',
+        choices=('estimated', 'full'),
+    ),
+    'schedule_conservativeness': FlagSpec(
+        "scales the estimated reservation's output ratio (start 0.7, floor 0.1): above 1 admits fewer "
+        'requests and retracts less',
+        above=0.0,
+    ),
+    'disable_radix_cache': FlagSpec(
+        'turn prefix caching off',
+        aliases=('--no-enable-prefix-caching',),
+        switches={'--enable-prefix-caching': False},
+    ),
+    'grammar_backend': FlagSpec(
+        'structured output (json_object, json_schema, regex, ebnf, tool_choice required or named): '
+        'xgrammar (readied in the background at startup), or none (such requests are refused)',
+        aliases=('--guided-decoding-backend',),
+        choices=('xgrammar', 'none'),
+        peer_note='SGLang --grammar-backend; vLLM --guided-decoding-backend (both default to xgrammar)',
+    ),
+    'max_queued_requests': FlagSpec(
+        "waiting requests beyond which new ones are refused with 'server busy'",
+        min=1,
+    ),
+    'log_stats_interval_s': FlagSpec(
+        "seconds between the scheduler's stats lines while busy (throughput, running/waiting/retracted, "
+        'KV usage, prefix-cache hits; silent when idle; 0 = off)',
+        min=0.0,
+        switches={'--disable-log-stats': 0.0},
+        peer_note='vLLM logs every 10 s (--disable-log-stats); SGLang every --decode-log-interval steps',
+    ),
+    # SpeculationSection
+    'speculative_algorithm': FlagSpec(
+        "speculative decoding: none, or ngram (drafts from n-gram matches in the request's own prompt + "
+        'output, verified by the model in one forward: same tokens, fewer steps on repetitive text; rows '
+        'asking for logprobs, penalties or a grammar are not drafted)',
+        choices=('none', 'ngram'),
+        value_aliases={'NGRAM': 'ngram', 'NONE': 'none'},
+        peer_note='SGLang --speculative-algorithm NGRAM; vLLM --speculative-config \'{"method": "ngram"}\'',
+    ),
+    'speculative_num_draft_tokens': FlagSpec(
+        'speculative decoding: draft tokens proposed per request per step at most',
+        min=1,
+        max=64,
+        peer_note='SGLang --speculative-num-draft-tokens; vLLM num_speculative_tokens (in --speculative-config)',
+    ),
+    'speculative_ngram_min_match_window_size': FlagSpec(
+        'ngram speculation: the shortest tail of the sequence matched against its earlier tokens',
+        aliases=('--ngram-prompt-lookup-min',),
+        min=1,
+        peer_note="SGLang's same name; vLLM prompt_lookup_min (in --speculative-config)",
+    ),
+    'speculative_ngram_max_match_window_size': FlagSpec(
+        'ngram speculation: the longest tail of the sequence matched against its earlier tokens (tried '
+        'first)',
+        aliases=('--ngram-prompt-lookup-max',),
+        min=1,
+        peer_note="SGLang's same name; vLLM prompt_lookup_max (in --speculative-config)",
+    ),
+    'speculative_disable_by_batch_size': FlagSpec(
+        'speculative decoding: no drafts in a step with at least this many decoding requests (0 = never '
+        'off): a large batch already keeps a CPU busy, and a rejected draft then costs as much as a '
+        'generated token',
+        min=0,
+        peer_note="vLLM's --speculative-disable-by-batch-size (disable_by_batch_size in --speculative-config)",
+    ),
+    'speculative_config': FlagSpec(
+        'speculative decoding as vLLM\'s JSON, e.g. {"method": "ngram", "num_speculative_tokens": 5, '
+        '"prompt_lookup_max": 3, "prompt_lookup_min": 1}: sets the four --speculative-* flags above (its '
+        'keys win); only method ngram',
+        peer_note='vLLM --speculative-config (method ngram)',
+    ),
+    # KernelSection
+    'num_threads': FlagSpec(
+        "torch threads in the model worker (0 = every core this process may use, shared among a node's "
+        'ranks)',
+        min=0,
+    ),
+    'omp_spin_count': FlagSpec(
+        'GOMP_SPINCOUNT of the model worker: iterations an idle OpenMP thread spins before it sleeps (0 = '
+        'sleep at once)',
+        min=0,
+    ),
+    'cpu_isa': FlagSpec(
+        "instruction level the CPU kernels are built for: auto (the CPU's highest, from /proc/cpuinfo) or "
+        'a lower one, so one machine runs every path; a level this CPU lacks is refused '
+        '(common/cpu_isa_level.py); default $ZSERVE_CPU_ISA when set',
+        choices=("auto", *LEVELS),
+        env=CPU_ISA_ENV,
+        peer_note='none',
+    ),
+    'gemm_backend': FlagSpec(
+        "CPU linear layers: auto (zserve's bf16 or widening GEMM where it runs, else oneDNN), "
+        'zserve_widen, onednn, or torch (torch.mm, the reference); a choice this CPU or dtype cannot run '
+        'falls back to the next (model_proc/layers/weight_kernels/); default $ZSERVE_GEMM when set',
+        choices=GEMM_CHOICES,
+        env='ZSERVE_GEMM',
+        peer_note='none',
+    ),
+    'attention_backend': FlagSpec(
+        "attention: auto (flash-attn on CUDA when installed, else zserve's CPU paged-attention kernel "
+        'where it builds, else torch), torch (the pure-torch path), or kernel (the CPU kernel; refuse to '
+        'start without it); default $ZSERVE_ATTENTION when set',
+        choices=('auto', 'torch', 'kernel'),
+        env='ZSERVE_ATTENTION',
+        peer_note="SGLang --attention-backend (its own backends' names)",
+    ),
+    'fused_ops': FlagSpec(
+        'CPU fused norms, gated activation and rotary + K/V write: auto (where the kernels build) or off '
+        "(torch's ops, the reference path); default $ZSERVE_FUSED_OPS when set",
+        choices=('auto', 'off'),
+        env='ZSERVE_FUSED_OPS',
+        peer_note='none',
+    ),
+    # FrontendSection
+    'host': FlagSpec(
+        'interface clients connect on; loopback unless set',
+    ),
+    'zmq_port': FlagSpec(
+        'the ZMQ port of the native clients, Client() / AsyncClient() / the chat shell (0 = pick a free '
+        'one and print it; the default, when another server holds it, also picks a free one)',
+        min=0,
+        max=65535,
+        peer_note="none (SGLang's and vLLM's clients speak HTTP)",
+    ),
+    'api_key': FlagSpec(
+        "when set, every HTTP route but /health needs 'Authorization: Bearer KEY' (401 otherwise) and ZMQ "
+        'clients must present it (api_key=, or $ZSERVE_API_KEY); read from $ZSERVE_API_KEY when empty',
+    ),
+    'max_request_bytes': FlagSpec(
+        'HTTP: largest request body accepted (413 above)',
+        min=1,
+    ),
+    'client_timeout_s': FlagSpec(
+        "abort a client's requests when it sends no heartbeat for this long",
+        above=0.0,
+    ),
+    'startup_timeout_s': FlagSpec(
+        'how long to wait for every process to be ready',
+        above=0.0,
+    ),
+    'drain_timeout_s': FlagSpec(
+        "on SIGTERM or a first Ctrl-C: stop admitting (new requests get 'server shutting down', HTTP 503) "
+        'and let in-flight requests finish for up to this many seconds before aborting the rest (0 = '
+        'abort at once; a second signal aborts at once)',
+        min=0.0,
+        peer_note='vLLM/SGLang drain on SIGTERM too',
+    ),
+    'log_level': FlagSpec(
+        'debug, info, warning, error',
+        choices=('debug', 'info', 'warning', 'error'),
+    ),
+    'shell': FlagSpec(
+        'after start, open a terminal chat against the server',
+    ),
+    'ready_file': FlagSpec(
+        'once every process is ready, write one JSON record there (launcher/server_ready.py: the '
+        "launcher's pid, the client and HTTP ports), next to the `zserve ready` log line: for programs "
+        'that start the server (empty = none)',
+        peer_note='none',
+    ),
+    # HttpSection
+    'http_port': FlagSpec(
+        "port of the OpenAI-compatible HTTP server on --host: the OpenAI API, SGLang's native /generate, "
+        '/metrics and /health (0 = no HTTP server)',
+        flag='--port',
+        aliases=('--http-port',),
+        min=0,
+        max=65535,
+        peer_note="same meaning as SGLang's and vLLM's --port (their defaults: 30000, 8000)",
+    ),
+    'allowed_hosts': FlagSpec(
+        'HTTP: Host names answered besides loopback names and --host, comma-separated (* = any); others '
+        'get 403',
+    ),
+    'allowed_origins': FlagSpec(
+        'HTTP: origins allowed cross-origin requests (CORS), comma-separated (* = any; empty = none: '
+        'requests with another Origin get 403)',
+    ),
+    'strict_requests': FlagSpec(
+        'HTTP: keep refusing OpenAI request fields this server does not know with a 400 (default: '
+        'ignored, and logged once per field name, as vLLM does)',
+        peer_note='none (vLLM and SGLang ignore unknown fields)',
+    ),
+    'watchdog_timeout_s': FlagSpec(
+        'HTTP /health answers 503 stalled when requests wait or run and no model step has ended for this '
+        'many seconds; a long step alone (a big model on CPU, a long prefill) keeps it 200',
+        flag='--watchdog-timeout',
+        above=0.0,
+        peer_note='SGLang --watchdog-timeout (default 300 s; it kills the server instead)',
+    ),
+    # FleetSection
+    'dp_size': FlagSpec(
+        'data-parallel replicas: N whole servers on this machine, each pinned to its own cores (the '
+        "allowed CPUs split into N disjoint sets, a NUMA node's cores to that node's replicas; "
+        'launcher/fleet/core_split.py) with --num-threads = its core count unless given, HTTP on --port + i, '
+        'ZMQ on --zmq-port + i; a replica that exits is restarted (0 = one per NUMA node)',
+        aliases=('--data-parallel-size',),
+        min=0,
+        peer_note='SGLang --dp-size (sglang_router.launch_server); vLLM --data-parallel-size',
+    ),
+    'router': FlagSpec(
+        "put sglang-router (pip install 'zserve[router]') in front of the replicas on --router-port once "
+        'every replica answers /health; a replica that dies leaves it and rejoins when restarted; the '
+        'fleet ends if the router exits',
+        peer_note='sglang_router.launch_server',
+    ),
+    'router_port': FlagSpec(
+        "with --router: the router's HTTP port (clients send requests there)",
+        min=1,
+        max=65535,
+        peer_note='sglang_router --port',
+    ),
+    'router_policy': FlagSpec(
+        'with --router: how it picks a replica: cache_aware (the replica whose prompts share the longest '
+        'prefix, unless loads are too uneven), round_robin, random, power_of_two (the less loaded of two)',
+        choices=('cache_aware', 'round_robin', 'random', 'power_of_two'),
+        peer_note='sglang_router --policy',
+    ),
+    'router_worker_urls': FlagSpec(
+        "with --router: more servers for the router besides this machine's replicas (zserve or SGLang on "
+        "other machines), URL [URL ...] (http://host:port); the router's health checks take them out and "
+        'back',
+        nargs='+',
+        peer_note='sglang_router --worker-urls',
+    ),
+    'router_prometheus_port': FlagSpec(
+        "with --router: port of the router's own Prometheus metrics (0 = a free one; a port in use stops "
+        'the router)',
+        min=0,
+        max=65535,
+        peer_note='sglang_router --prometheus-port',
+    ),
+    'router_args': FlagSpec(
+        'with --router: more sglang_router.launch_router flags as one string, e.g. '
+        "'--health-check-interval-secs 1 --retry-max-retries 3'; they come after the fleet's own, so they "
+        'win',
+        peer_note='none',
+    ),
+}
