@@ -67,7 +67,8 @@ class ToolCallParser:
         turn out to be (the start of) a call."""
         if self.kind == "llama3_json":
             stripped = text.lstrip()
-            return 0 if not stripped or stripped[0] == "{" or PYTHON_TAG.startswith(stripped[: len(PYTHON_TAG)]) else len(text)
+            may_be_call = not stripped or stripped[0] == "{" or PYTHON_TAG.startswith(stripped[: len(PYTHON_TAG)])
+            return 0 if may_be_call else len(text)
         at = text.find(HERMES_OPEN)
         if at >= 0:
             return at
