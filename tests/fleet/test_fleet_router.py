@@ -60,7 +60,8 @@ def test_a_replica_killed_mid_load_is_taken_out_restarted_and_rejoins(fleet):
     outcomes: list = []
     load = threading.Thread(target=lambda: outcomes.extend(asyncio.run(send_all(fleet.router_url, requests, concurrency=8))))
     load.start()
-    time.sleep(1.0)  # requests in flight on both replicas
+    fleet.wait_for(lambda: all(fleet.replica_stats(i)["num_finished"] > 0 for i in range(2)), 30,
+                   "both replicas serving the load")  # not a fixed sleep: a fast machine could finish the load in it
     os.kill(victim_pid, signal.SIGKILL)
     killed_at = time.monotonic()
     out_s = fleet.wait_for(lambda: not fleet.router_workers().get(victim_url, False), 10, "the dead replica left the router")

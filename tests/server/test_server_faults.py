@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from testing.processes import wait_dead
+from testing.processes import paused, wait_dead
 from testing.server_process import free_port, start_server
 from zserve.client import AsyncClient, Client, ServerError, ServerGoneError
 from zserve.launcher.runtime_dir import OWNER_FILE, PREFIX, sweep_orphans
@@ -27,12 +27,13 @@ def test_sigkill_of_model_worker_fails_requests_and_exits_nonzero(model_dir):
     handle = start_server(model_dir, *FLAGS)
     children = handle.child_pids()
     assert len(children) == 4, handle.log()
+    model_pid = handle.child_pid("model_proc")  # looked up first: the kill lands right after the first token
     with Client(handle.port, timeout_s=30) as c:
         stream = c.stream("Once upon a time", max_tokens=400, ignore_eos=True)
         next(iter(stream))
         stats = c.stats()
         assert stats["num_running"] == 1
-        os.kill(handle.child_pid("model_proc"), signal.SIGKILL)
+        os.kill(model_pid, signal.SIGKILL)
         t0 = time.monotonic()
         with pytest.raises(ServerError, match="model"):
             for _ in stream:
@@ -45,15 +46,18 @@ def test_sigkill_of_model_worker_fails_requests_and_exits_nonzero(model_dir):
 
 
 def test_sigterm_of_launcher_aborts_in_flight_and_ends_all(model_dir):
-    """With --drain-timeout-s 0, SIGTERM aborts what is in flight at once (no drain)."""
+    """With --drain-timeout-s 0, SIGTERM aborts what is in flight at once (no drain). The model
+    process is stopped until the stream ends, so it cannot finish first however fast the machine."""
     handle = start_server(model_dir, *FLAGS, "--drain-timeout-s", "0")
     children = handle.child_pids()
+    model_pid = handle.child_pid("model_proc")
     with Client(handle.port, timeout_s=30) as c:
         stream = c.stream("Once upon a time", max_tokens=400, ignore_eos=True)
         next(iter(stream))
-        handle.proc.send_signal(signal.SIGTERM)
-        for _ in stream:
-            pass
+        with paused([model_pid]):
+            handle.proc.send_signal(signal.SIGTERM)
+            for _ in stream:
+                pass
         assert stream.result.finish_reason == "abort"
     assert handle.proc.wait(timeout=15) == 0
     assert wait_dead(children, 5) == []
@@ -100,6 +104,7 @@ def test_sigkill_of_frontend_or_launcher_fails_both_clients_within_5s(model_dir,
     15 s heartbeat, and the error names the cause."""
     handle = start_server(model_dir, *FLAGS)
     children = handle.child_pids()
+    victim_pid = handle.proc.pid if victim == "launcher" else handle.child_pid(victim)  # looked up before the streams
     streaming, seen = threading.Event(), {}
 
     async def async_side() -> None:
@@ -116,7 +121,7 @@ def test_sigkill_of_frontend_or_launcher_fails_both_clients_within_5s(model_dir,
         stream = c.stream("Once upon a time", max_tokens=400, ignore_eos=True)
         next(iter(stream))
         assert streaming.wait(30)
-        os.kill(handle.proc.pid if victim == "launcher" else handle.child_pid(victim), signal.SIGKILL)
+        os.kill(victim_pid, signal.SIGKILL)
         killed_s = time.monotonic()
         with pytest.raises(ServerGoneError, match="closed the connection: its frontend process exited"):
             for _ in stream:
@@ -135,10 +140,11 @@ def test_sigkill_of_frontend_or_launcher_fails_both_clients_within_5s(model_dir,
 def test_sigkill_of_a_back_process_fails_streams_within_5s_naming_it(model_dir, victim, name):
     handle = start_server(model_dir, *FLAGS, *(("--http-port", str(free_port())) if victim == "http_proc" else ()))
     children = handle.child_pids()
+    victim_pid = handle.child_pid(victim)  # looked up first: the kill lands right after the first token
     with Client(handle.port, timeout_s=60) as c:
         stream = c.stream("Once upon a time", max_tokens=400, ignore_eos=True)
         next(iter(stream))
-        os.kill(handle.child_pid(victim), signal.SIGKILL)
+        os.kill(victim_pid, signal.SIGKILL)
         killed_s = time.monotonic()
         with pytest.raises(ServerError, match=f"the {name} process killed by SIGKILL"):
             for _ in stream:
