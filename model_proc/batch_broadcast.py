@@ -71,7 +71,9 @@ class BatchPublisher:
         while self.socket.poll(0):
             self._take_subscription()
         if self.num_subscribed < self.num_followers:
-            raise FollowerLost(f"a follower rank disconnected from {self.address} ({self.num_subscribed} of {self.num_followers} left)")
+            raise FollowerLost(
+                f"a follower rank disconnected from {self.address} ({self.num_subscribed} of {self.num_followers} left)"
+            )
 
     def publish(self, frame: bytes, step_id: int) -> None:
         self.last_step_id = step_id
@@ -94,7 +96,9 @@ class BatchPublisher:
         try:
             self.socket.send(frame, zmq.NOBLOCK)
         except zmq.Again:
-            raise FollowerLost(f"a follower rank stopped reading {self.address} ({SEND_QUEUE_LEN} frames queued)") from None
+            raise FollowerLost(
+                f"a follower rank stopped reading {self.address} ({SEND_QUEUE_LEN} frames queued)"
+            ) from None
 
     def _take_subscription(self) -> None:
         event = self.socket.recv()

@@ -53,9 +53,12 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> tuple[torch
             return torch.bfloat16, f"auto: this CPU has {feature}"
         level = widening_gemm_level()
         if level is not None:
-            return torch.bfloat16, f"auto: bf16 weights widened to fp32 in registers ({level} kernels) read half of fp32's bytes"
+            return torch.bfloat16, (
+                f"auto: bf16 weights widened to fp32 in registers ({level} kernels) read half of fp32's bytes"
+            )
         return torch.float32, (
-            f"auto: this CPU has none of {', '.join(NATIVE_BF16_CPU_FEATURES)} and the widening GEMM (AVX2 + FMA + F16C kernels) "
+            f"auto: this CPU has none of {', '.join(NATIVE_BF16_CPU_FEATURES)} "
+            "and the widening GEMM (AVX2 + FMA + F16C kernels) "
             "does not run here, so bf16 would be emulated"
         )
     if dtype not in DTYPES:

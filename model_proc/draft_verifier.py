@@ -85,8 +85,8 @@ class DraftVerifier:
         return num_accepted
 
     def _draw_until_a_miss(
-        self, draft_logits: torch.Tensor, batch: ForwardBatch, which: np.ndarray, offsets: np.ndarray, drafts: np.ndarray,
-        positions: np.ndarray,
+        self, draft_logits: torch.Tensor, batch: ForwardBatch, which: np.ndarray, offsets: np.ndarray,
+        drafts: np.ndarray, positions: np.ndarray,
     ) -> np.ndarray:
         """int32[sum(draft_lens)]: the draw at each draft position, NO_TOKEN past a row's first miss.
 
@@ -97,7 +97,11 @@ class DraftVerifier:
         todo = (batch.sampling.temperature[which] < MIN_TEMPERATURE) | (offsets == 0)
         while todo.any():
             idx = np.flatnonzero(todo)
-            logits = draft_logits if idx.size == which.size else draft_logits.index_select(0, torch.from_numpy(idx).to(draft_logits.device))
+            logits = (
+                draft_logits
+                if idx.size == which.size
+                else draft_logits.index_select(0, torch.from_numpy(idx).to(draft_logits.device))
+            )
             ids, _ = self.sampler.sample(
                 logits, batch.sampling.select(which[idx]), torch.from_numpy(positions[idx]).to(draft_logits.device),
                 np.zeros(idx.size, np.bool_),

@@ -93,7 +93,8 @@ class KVPool:
         free_cap = int(free_memory_bytes(device) * 0.9)
         if want > free_cap:
             logger.warning(
-                "--mem-fraction-static %s asks %.2f GiB for the KV pool; only %.2f GiB are free: the pool takes 90%% of that",
+                "--mem-fraction-static %s asks %.2f GiB for the KV pool; "
+                "only %.2f GiB are free: the pool takes 90%% of that",
                 fraction, want / 2**30, free_cap / 2**30,
             )
             want = free_cap

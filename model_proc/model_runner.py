@@ -104,7 +104,8 @@ class ModelRunner:
         t0 = time.perf_counter()
         self.model = self._load_model(show_progress)
         logger.info(
-            "loaded %s (%s, %s) on %s in %.1fs", self.config.architecture, self.dtype, dtype_reason, self.device, time.perf_counter() - t0
+            "loaded %s (%s, %s) on %s in %.1fs",
+            self.config.architecture, self.dtype, dtype_reason, self.device, time.perf_counter() - t0,
         )
         if self.config.context_note:
             logger.warning("%s: %s", self.config.architecture, self.config.context_note)
@@ -115,13 +116,19 @@ class ModelRunner:
         else:
             per_token = KVPool.bytes_per_token(self.config.num_layers, kvh, self.config.head_dim, self.dtype)
             if mem_fraction_static > 0:
-                weight_bytes = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
-                num_pages = KVPool.num_pages_for_static_share(mem_fraction_static, self.device, weight_bytes, per_token, page_size)
+                weight_bytes = sum(
+                    t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers())
+                )
+                num_pages = KVPool.num_pages_for_static_share(
+                    mem_fraction_static, self.device, weight_bytes, per_token, page_size
+                )
             else:
                 num_pages = KVPool.num_pages_for_memory(kv_memory_fraction, self.device, per_token, page_size)
             if tp_size > 1:  # the scheduler's page ids index every rank's pool: all take the smallest
                 num_pages = min_across_ranks(num_pages, self.device)
-        self.kv_pool = KVPool(self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device)
+        self.kv_pool = KVPool(
+            self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device
+        )
         logger.info("KV pool: %d pages x %d tokens, %.2f GiB", num_pages, page_size, self.kv_pool.num_bytes / 2**30)
         self.attention_backend = attention_backend(self.device, self.dtype, attention)
         self.sampler = Sampler(self.device)
@@ -163,7 +170,8 @@ class ModelRunner:
             model.load(ckpt)
             missing = ckpt.missing_params(model)
         assert not missing, f"parameters not filled from the checkpoint: {missing}"
-        if fused_ops_available(self.device, self.dtype, self.fused_ops_choice):  # norms, gated activation, rotary + K/V write: one call each
+        # norms, gated activation, rotary + K/V write: one call each
+        if fused_ops_available(self.device, self.dtype, self.fused_ops_choice):
             for module in model.modules():
                 if hasattr(module, "use_cpu_kernels"):
                     module.use_cpu_kernels()
@@ -208,7 +216,9 @@ class ModelRunner:
         logits, hidden, draft_logits = self._forward(batch)
         positions = torch.from_numpy((batch.cached_lens + batch.extend_lens).astype(np.int64)).to(self.device)
         want_logprob = batch.return_logprob & batch.is_sampled
-        token_ids, logprobs = self.sampler.sample(logits, batch.sampling, positions, want_logprob, batch.penalties, batch.grammar)
+        token_ids, logprobs = self.sampler.sample(
+            logits, batch.sampling, positions, want_logprob, batch.penalties, batch.grammar
+        )
         token_ids = token_ids.cpu().numpy()
         if not batch.is_sampled.all():
             token_ids[~batch.is_sampled] = NO_TOKEN
@@ -255,7 +265,9 @@ class ModelRunner:
         result.prompt_logprobs = np.concatenate(values).astype(np.float32) if values else np.zeros(0, np.float32)
         if k:
             result.prompt_top_ids = np.concatenate(top_ids) if top_ids else np.zeros(0, np.int32)
-            result.prompt_top_logprobs = np.concatenate(top_values).astype(np.float32) if top_values else np.zeros(0, np.float32)
+            result.prompt_top_logprobs = (
+                np.concatenate(top_values).astype(np.float32) if top_values else np.zeros(0, np.float32)
+            )
 
     @torch.inference_mode()
     def last_logits(self, batch: ForwardBatch) -> torch.Tensor:
@@ -273,11 +285,15 @@ class ModelRunner:
         if (seq_lens > self.config.context_len).any():
             i = int(np.argmax(seq_lens > self.config.context_len))
             raise ValueError(
-                f"ForwardBatch {batch.step_id}: request {i} reaches {int(seq_lens[i])} tokens, past the model's context of {self.config.context_len}"
+                f"ForwardBatch {batch.step_id}: request {i} reaches {int(seq_lens[i])} tokens, "
+                f"past the model's context of {self.config.context_len}"
             )
         if batch.num_tokens and (batch.input_ids.min() < 0 or batch.input_ids.max() >= self.config.vocab_size):
             bad = batch.input_ids[(batch.input_ids < 0) | (batch.input_ids >= self.config.vocab_size)][0]
-            raise ValueError(f"ForwardBatch {batch.step_id}: token id {int(bad)} is outside the vocabulary of {self.config.vocab_size}")
+            raise ValueError(
+                f"ForwardBatch {batch.step_id}: token id {int(bad)} "
+                f"is outside the vocabulary of {self.config.vocab_size}"
+            )
 
     def _forward(self, batch: ForwardBatch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """Forward the batch's computed rows, then give each KV-sharing row its source's K/V for
@@ -293,7 +309,9 @@ class ModelRunner:
         expand = None
         if batch.kv_source is not None:
             src_slots, dst_slots = batch.shared_kv_slots(self.page_size)
-            self.kv_pool.copy_slots(torch.from_numpy(src_slots).to(self.device), torch.from_numpy(dst_slots).to(self.device))
+            self.kv_pool.copy_slots(
+                torch.from_numpy(src_slots).to(self.device), torch.from_numpy(dst_slots).to(self.device)
+            )
             last_token_idx, expand = np.unique(last_token_idx, return_inverse=True)  # a source's logits once
         num_last = last_token_idx.size
         draft_token_idx = DraftVerifier.draft_token_idx(batch)  # None: no drafts (most steps)

@@ -131,7 +131,9 @@ class Sampler:
             rows = np.flatnonzero(filtered)
             floors, head_w, head_ids = self._floors(weights, params, top_k_on, rows)
             # The kept set fits in the head when the head's last token is not kept.
-            fits = (head_w[:, -1] < floors) if head_w.shape[1] < vocab_size else torch.ones_like(floors, dtype=torch.bool)
+            fits = (
+                (head_w[:, -1] < floors) if head_w.shape[1] < vocab_size else torch.ones_like(floors, dtype=torch.bool)
+            )
             fits_np = fits.cpu().numpy()
             if fits_np.any():
                 fit = torch.from_numpy(np.flatnonzero(fits_np)).to(weights.device)
@@ -182,7 +184,8 @@ class Sampler:
             p_rows = np.flatnonzero(top_p_on)
             p_index = self._tensor(p_rows)
             top_p_floors = self._top_p_floors(
-                _select_rows(row_weights, p_index), _select_rows(head_w, p_index), top_k_floors.index_select(0, p_index),
+                _select_rows(row_weights, p_index), _select_rows(head_w, p_index),
+                top_k_floors.index_select(0, p_index),
                 self._tensor(params.top_p[rows][p_rows]) * totals.index_select(0, p_index),
             )
             floors.index_copy_(0, p_index, torch.maximum(floors.index_select(0, p_index), top_p_floors))
@@ -215,7 +218,8 @@ class Sampler:
             last_idx = (mass < wanted[:, None]).sum(dim=-1).clamp_(max=head_len - 1)
             done = reached.nonzero().squeeze(1)
             floors.index_copy_(
-                0, todo.index_select(0, done), head.index_select(0, done).gather(1, last_idx.index_select(0, done)[:, None]).squeeze(1)
+                0, todo.index_select(0, done),
+                head.index_select(0, done).gather(1, last_idx.index_select(0, done)[:, None]).squeeze(1),
             )
             todo = todo[~reached]
             head, head_len = None, min(head_len * HEAD_GROWTH, vocab_size)
@@ -268,7 +272,9 @@ def _select_rows(t: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     return t if rows.numel() == t.shape[0] else t.index_select(0, rows)
 
 
-def _draw_in_head(head_w: torch.Tensor, head_ids: torch.Tensor, floors: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
+def _draw_in_head(
+    head_w: torch.Tensor, head_ids: torch.Tensor, floors: torch.Tensor, uniforms: torch.Tensor
+) -> torch.Tensor:
     """int64[r]: the inverse-CDF draw over the kept tokens, all of which are in the head.
 
     The head is put back in vocabulary order first, so the CDF is the full-row one without the

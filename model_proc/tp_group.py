@@ -35,7 +35,10 @@ def rank_device(device: str, local_index: int, tp_size: int) -> torch.device:
         if resolved.index is None:
             resolved = torch.device("cuda", local_index)
         if resolved.index >= torch.cuda.device_count():
-            raise ValueError(f"local rank {local_index} needs cuda:{resolved.index}, but {torch.cuda.device_count()} GPUs are visible")
+            raise ValueError(
+                f"local rank {local_index} needs cuda:{resolved.index}, "
+                f"but {torch.cuda.device_count()} GPUs are visible"
+            )
         torch.cuda.set_device(resolved)
     return resolved
 
@@ -68,7 +71,9 @@ def check_same_on_all_ranks(fingerprint: int, device: torch.device, what: str) -
     t = torch.tensor([fingerprint, -fingerprint], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MIN)  # [min, -max]
     if int(t[0]) != -int(t[1]):
-        raise ValueError(f"the tensor-parallel ranks were started with different {what}; start every node with the same ones")
+        raise ValueError(
+            f"the tensor-parallel ranks were started with different {what}; start every node with the same ones"
+        )
 
 
 def settings_fingerprint(model_dir: str, **settings) -> int:

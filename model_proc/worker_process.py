@@ -124,11 +124,15 @@ def serve(cfg: ServerConfig, addrs: Addresses, rank: int) -> None:
             if cfg.tp_size > 1:
                 # the resolved dtype: `auto` may differ between nodes whose CPUs differ
                 fingerprint = settings_fingerprint(
-                    cfg.model, dtype=str(resolve_dtype(cfg.dtype, device)[0]), page_size=cfg.page_size, kv_cache_tokens=cfg.kv_cache_tokens,
-                    kv_memory_fraction=cfg.kv_memory_fraction, mem_fraction_static=cfg.mem_fraction_static, seed=cfg.seed, tp_size=cfg.tp_size, nnodes=cfg.nnodes,
+                    cfg.model, dtype=str(resolve_dtype(cfg.dtype, device)[0]), page_size=cfg.page_size,
+                    kv_cache_tokens=cfg.kv_cache_tokens, kv_memory_fraction=cfg.kv_memory_fraction,
+                    mem_fraction_static=cfg.mem_fraction_static, seed=cfg.seed, tp_size=cfg.tp_size, nnodes=cfg.nnodes,
                     quantization=cfg.quantization,
                 )
-                check_same_on_all_ranks(fingerprint, device, "models or --dtype/--quantization/--page-size/--kv-cache-tokens/--kv-memory-fraction/--seed")
+                check_same_on_all_ranks(
+                    fingerprint, device,
+                    "models or --dtype/--quantization/--page-size/--kv-cache-tokens/--kv-memory-fraction/--seed",
+                )
             runner = build_runner(cfg, rank)
             if rank == 0:
                 serve_lead(cfg, addrs, runner, ctx, launcher, name)

@@ -26,7 +26,9 @@ from zserve.common.cpu_isa_level import (
     highest_level,
 )
 
-__all__ = ["LEVELS", "MARCH_FLAGS", "REQUIRED_FLAGS", "choose_level", "cpu_flags", "cpu_isa", "highest_level", "march_flags"]
+__all__ = [
+    "LEVELS", "MARCH_FLAGS", "REQUIRED_FLAGS", "choose_level", "cpu_flags", "cpu_isa", "highest_level", "march_flags",
+]
 ISA_ENV = CPU_ISA_ENV  # the worker's level, set by the launcher from --cpu-isa (worker_env)
 MARCH_FLAGS = {
     "baseline": ("-march=x86-64",),

@@ -1,12 +1,14 @@
 """Builds and loads the CPU kernels, once per machine and instruction set: one torch extension
 from paged_attention.cpp (zserve::paged_attention), gemm_widen.cpp (zserve::gemm_widen: 16-bit
 weights widened in registers, AVX2 or AVX-512), gemm_int8.cpp (zserve::gemm_int8: int8 weights
-and scales, --quantization int8; its drivers and tiles shared with gemm_widen in cpu_gemm.h), gemm_bf16.cpp (zserve::gemm_bf16, with
-AVX512-BF16) and fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store).
+and scales, --quantization int8; its drivers and tiles shared with gemm_widen in cpu_gemm.h),
+gemm_bf16.cpp (zserve::gemm_bf16, with AVX512-BF16) and fused_ops.cpp (zserve::rms_norm,
+add_rms_norm_, silu_mul, rope_store).
 
 The instruction set is cpu_isa.py's: the CPU's highest level, or a lower one forced with
 --cpu-isa. The build is cached under <cache root>/kernels
-(common/cache_root.py: $ZSERVE_CACHE_DIR, else $XDG_CACHE_HOME/zserve, else ~/.cache/zserve), in a folder keyed by the level, the source, the compile flags,
+(common/cache_root.py: $ZSERVE_CACHE_DIR, else $XDG_CACHE_HOME/zserve, else ~/.cache/zserve),
+in a folder keyed by the level, the source, the compile flags,
 torch's version and install path, the interpreter and the CPU's flags, so a new torch, a forced
 level or a copied home directory never loads a stale or foreign build, and two virtual
 environments (a CI clone beside a working tree) do not rebuild each other's folder in turn: the
@@ -45,8 +47,12 @@ from zserve.model_proc.kernels.cpu_isa import cpu_flags, cpu_isa, march_flags
 
 logger = logging.getLogger(__name__)
 
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_math.h", "cpu_gemm.h"))  # included by the sources; part of the build key
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_bf16.cpp", "fused_ops.cpp"))
+# included by the sources; part of the build key
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_math.h", "cpu_gemm.h"))
+SOURCES = tuple(
+    Path(__file__).with_name(name)
+    for name in ("paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_bf16.cpp", "fused_ops.cpp")
+)
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
 # adds); finite-math stays on (the kernel never makes inf or NaN, but must pass them through), and
 # no -ffast-math anywhere: linked, it would set flush-to-zero for the whole process.
@@ -67,7 +73,10 @@ def build_key(level: str) -> str:
     for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     install = (str(Path(torch.__file__).resolve().parent), sys.prefix, platform.python_version())
-    for part in (level, " ".join(compile_flags(level) + LDFLAGS), torch.__version__, *install, platform.machine(), " ".join(sorted(cpu_flags()))):
+    for part in (
+        level, " ".join(compile_flags(level) + LDFLAGS), torch.__version__, *install, platform.machine(),
+        " ".join(sorted(cpu_flags())),
+    ):
         digest.update(part.encode())
     return digest.hexdigest()[:16]
 
@@ -142,7 +151,9 @@ def load_cpu_kernels() -> bool:
         build()
     except Exception as exc:  # a failed build of an optional fast path must not stop the worker
         reason = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-        logger.warning("CPU kernels unavailable (%s); using the pure-torch attention path and oneDNN linear layers", reason[:300])
+        logger.warning(
+            "CPU kernels unavailable (%s); using the pure-torch attention path and oneDNN linear layers", reason[:300]
+        )
         return False
     return True
 
@@ -195,7 +206,10 @@ def main() -> None:
         ("gemm_bf16", torch.ops.zserve.gemm_bf16_supported()),
     )
     gemms = [name for name, ok in supported if ok]
-    print(f"[setup] CPU kernels for {cpu_isa()} ready in {build_dir}, GEMMs: {', '.join(gemms) or 'none'} ({time.perf_counter() - t0:.1f}s)")
+    print(
+        f"[setup] CPU kernels for {cpu_isa()} ready in {build_dir}, "
+        f"GEMMs: {', '.join(gemms) or 'none'} ({time.perf_counter() - t0:.1f}s)"
+    )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,9 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
-FUSED_GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"silu": fused_silu_and_mul, "swish": fused_silu_and_mul}
+FUSED_GATED_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "silu": fused_silu_and_mul, "swish": fused_silu_and_mul,
+}
 
 
 def get_activation(name: str, gated: bool) -> Callable[[torch.Tensor], torch.Tensor]:

@@ -25,7 +25,11 @@ from zserve.model_proc.layers.rotary import apply_rotary
 
 
 def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cuda" and dtype in (torch.float16, torch.bfloat16) and importlib.util.find_spec("flash_attn") is not None
+    return (
+        device.type == "cuda"
+        and dtype in (torch.float16, torch.bfloat16)
+        and importlib.util.find_spec("flash_attn") is not None
+    )
 
 
 def attention_backend(device: torch.device, dtype: torch.dtype, choice: str = "auto") -> str:
@@ -37,12 +41,16 @@ def attention_backend(device: torch.device, dtype: torch.dtype, choice: str = "a
         return "flash_varlen"
     if choice == "torch" or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         if choice == "kernel":
-            raise ValueError(f"--attention-backend kernel: the CPU kernel runs float32/bfloat16 on CPU, not {dtype} on {device}")
+            raise ValueError(
+                f"--attention-backend kernel: the CPU kernel runs float32/bfloat16 on CPU, not {dtype} on {device}"
+            )
         return "torch"
     if load_paged_attention() is not None:
         return "cpu_kernel"
     if choice == "kernel":
-        raise RuntimeError("--attention-backend kernel, but the CPU paged-attention kernel could not be built (see the log line above)")
+        raise RuntimeError(
+            "--attention-backend kernel, but the CPU paged-attention kernel could not be built (see the log line above)"
+        )
     return "torch"
 
 
@@ -57,7 +65,9 @@ class PagedAttention(nn.Module):
     def use_cpu_kernels(self) -> None:
         self.fused_rope = True
 
-    def forward_rotary(self, qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward_rotary(
+        self, qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """qk [T, h + kvh, d] (q heads then k heads, before rotary), v [T, kvh, d], cos and
         sin_signed [T, 1, d] (rotary.py) -> [T, h * d]: rotates q and k, writes K/V, attends."""
         h = self.num_heads
@@ -84,7 +94,9 @@ class PagedAttention(nn.Module):
             return self._decode(q, k_cache, v_cache, meta)
         out = torch.empty(T, self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
         if decode is not None:
-            out.index_copy_(0, decode.token_idx, self._decode(q.index_select(0, decode.token_idx), k_cache, v_cache, meta))
+            out.index_copy_(
+                0, decode.token_idx, self._decode(q.index_select(0, decode.token_idx), k_cache, v_cache, meta)
+            )
         for row in prefills:
             a, b = row.token_start, row.token_stop
             out[a:b] = self._prefill_row(q[a:b], k[a:b], v[a:b], k_cache, v_cache, row, meta)
@@ -99,11 +111,14 @@ class PagedAttention(nn.Module):
         )  # fmt: skip
         return out.view(T, self.num_heads * self.head_dim)
 
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def _decode(
+        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """q [B, h, d], one token per row -> [B, h * d]"""
         rows, pool = meta.decode, meta.kv_pool
         B, kvh, d = rows.num_rows, self.num_kv_heads, self.head_dim
-        q = q.view(B, kvh, self.num_heads // kvh, d).transpose(0, 1)  # [kvh, B, group, d]: query heads sharing a kv head
+        # [kvh, B, group, d]: query heads sharing a kv head
+        q = q.view(B, kvh, self.num_heads // kvh, d).transpose(0, 1)
         outs = []
         for chunk in rows.chunks:
             n = chunk.row_stop - chunk.row_start
@@ -124,10 +139,13 @@ class PagedAttention(nn.Module):
             out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scale, enable_gqa=True)
         else:
             pool, seq_len, group = meta.kv_pool, row.cached_len + q.shape[2], self.num_heads // self.num_kv_heads
-            keys = pool.pages(k_cache).index_select(1, row.page_ids).view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len]
-            values = pool.pages(v_cache).index_select(1, row.page_ids).view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len]
+            key_pages = pool.pages(k_cache).index_select(1, row.page_ids)
+            value_pages = pool.pages(v_cache).index_select(1, row.page_ids)
+            keys = key_pages.view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len]
+            values = value_pages.view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len]
             # with a mask, expanding kv heads beats enable_gqa on CPU
-            keys, values = keys.repeat_interleave(group, 0)[None], values.repeat_interleave(group, 0)[None]  # [1, h, L, d]
+            # [1, h, L, d]
+            keys, values = keys.repeat_interleave(group, 0)[None], values.repeat_interleave(group, 0)[None]
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=row.mask, scale=self.scale)
         return out[0].transpose(0, 1).reshape(-1, self.num_heads * self.head_dim)  # [E, h * d]
 

@@ -112,13 +112,16 @@ class AttentionMetadata:
 
         if backend == "flash_varlen":
             return AttentionMetadata(
-                kv_pool, to_device(positions), to_device(out_slots), None, [], _varlen(batch, seq_lens, page_starts, page_ids, page_size, to_device)
+                kv_pool, to_device(positions), to_device(out_slots), None, [],
+                _varlen(batch, seq_lens, page_starts, page_ids, page_size, to_device),
             )
         if backend == "cpu_kernel":
             kernel = _kernel_rows(cached, extend, token_starts, page_starts, page_ids, to_device)
             return AttentionMetadata(kv_pool, to_device(positions), to_device(out_slots), None, [], None, kernel)
         is_decode = extend == 1
-        decode = _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids, kv_pool, dtype, to_device)
+        decode = _decode_rows(
+            batch, is_decode, seq_lens, token_starts, page_starts, page_ids, kv_pool, dtype, to_device
+        )
         prefills = []
         for i in np.nonzero(~is_decode)[0]:
             start, c, e = int(token_starts[i]), int(cached[i]), int(extend[i])
@@ -141,7 +144,9 @@ def _kernel_rows(cached, extend, token_starts, page_starts, page_ids, to_device)
     )
 
 
-def _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids, kv_pool, dtype, to_device) -> DecodeRows | None:
+def _decode_rows(
+    batch, is_decode, seq_lens, token_starts, page_starts, page_ids, kv_pool, dtype, to_device
+) -> DecodeRows | None:
     rows = np.nonzero(is_decode)[0]
     if rows.size == 0:
         return None
@@ -162,7 +167,9 @@ def _decode_rows(batch, is_decode, seq_lens, token_starts, page_starts, page_ids
         for start, stop in ((s, min(s + chunk_rows, rows.size)) for s in range(0, rows.size, chunk_rows))
     ]
     only_these = rows.size == batch.num_reqs
-    return DecodeRows(num_rows=int(rows.size), token_idx=None if only_these else to_device(token_starts[rows]), chunks=chunks)
+    return DecodeRows(
+        num_rows=int(rows.size), token_idx=None if only_these else to_device(token_starts[rows]), chunks=chunks
+    )
 
 
 def _varlen(batch, seq_lens, page_starts, page_ids, page_size, to_device) -> VarlenRows:

@@ -47,7 +47,8 @@ class LayerNorm(nn.Module):
         self.bias = nn.Parameter(torch.empty(dim), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)  # fp32 statistics for bf16 x, as nn.LayerNorm
+        # fp32 statistics for bf16 x, as nn.LayerNorm
+        return F.layer_norm(x, (self.dim,), self.weight, self.bias, self.eps)
 
     def load(self, ckpt: Checkpoint, prefix: str) -> None:
         ckpt.copy_into(self.weight, ckpt.read(f"{prefix}.weight", (self.dim,)), f"{prefix}.weight")
