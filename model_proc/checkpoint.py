@@ -116,12 +116,8 @@ class Checkpoint:
         return tensor
 
     def read_weight(
-        self,
-        name: str,
-        expected_shape: tuple[int, ...],
-        rows: tuple[int, int] | None = None,
-        cols: tuple[int, int] | None = None,
-        transpose: bool = False,
+        self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None = None,
+        cols: tuple[int, int] | None = None, transpose: bool = False,
     ) -> torch.Tensor | QuantizedWeight:
         """A matrix a weight kernel packs: as its file stores it quantized ([in, out]) where
         `stored_weight` returns that, else float rows as `read`."""

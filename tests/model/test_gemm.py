@@ -79,18 +79,21 @@ def test_every_kernel_matches_the_fp32_product(dtype, bias):
 
 @pytest.mark.skipif(load_gemm_bf16() is None, reason=NO_GEMM_BF16)
 def test_zserve_bf16_next_to_torch_mm():
-    """Measured: 0 to 3e-4 of the outputs differ from torch.mm's, by one ulp."""
+    """Measured: 0 to 3e-4 of the outputs differ from torch.mm's, by one ulp. The share is counted over
+    all row counts of a shape: one small batch of 1,152 outputs may hold 2 such ties (0.0017) by chance."""
     for in_features, out_features in [(576, 960), (1536, 576), (576, 4096)]:
         layer, plain, _ = make_weight(in_features, out_features, torch.bfloat16, ZserveBf16Kernel(), bias=False)
+        num_differ = num_outputs = 0
         for rows in (1, 2, 8, 64, 200):
-            x = torch.randn(rows, in_features).to(torch.bfloat16)
+            x = torch.randn(rows, in_features, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
             ours, theirs = layer.matmul(x, None), torch.mm(x, plain)
-            differ = ours != theirs
-            assert differ.float().mean() < 1e-3, (in_features, out_features, rows, float(differ.float().mean()))
+            num_differ += int((ours != theirs).sum())
+            num_outputs += ours.numel()
             # one ulp of the larger of the two, plus fp32 summation error where terms cancel
             larger = torch.maximum(ours.float().abs(), theirs.float().abs()).to(torch.bfloat16)
             limit = ulp(larger) * 1.01 + 1e-5 * (x.float().abs() @ plain.float().abs())
             assert ((ours.float() - theirs.float()).abs() <= limit).all()
+        assert num_differ / num_outputs < 1e-3, (in_features, out_features, num_differ, num_outputs)
 
 
 @pytest.mark.skipif(load_gemm_widen() is None, reason=NO_GEMM_WIDEN)
