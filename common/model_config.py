@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from zserve.common.checkpoint_quantization import quantization_refusal
+
 # architecture (config.json "architectures"[0]) -> model family our code implements
 ARCH_FAMILIES: dict[str, str] = {
     "LlamaForCausalLM": "llama",
@@ -127,6 +129,9 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
     arch = archs[0]
     if arch not in ARCH_FAMILIES:
         raise ValueError(f"{path}: architecture {arch!r} is not supported; supported: {', '.join(ARCH_FAMILIES)}")
+    refusal = quantization_refusal(raw, path)
+    if refusal is not None:
+        raise ValueError(refusal)
     family = ARCH_FAMILIES[arch]
     window_capped_from = 0  # the maximum a sliding window capped the context from
 

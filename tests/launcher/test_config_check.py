@@ -208,3 +208,29 @@ def test_a_chat_template_that_does_not_compile_is_refused(model_dir, tmp_path):
     template.write_text("{% for m in messages %}")
     proc, elapsed_s = run_launcher(["--model", str(model_dir), "--chat-template", str(template)], tmp_path)
     assert_refused(proc, elapsed_s, tmp_path, "chat template does not compile")
+
+
+@pytest.mark.parametrize(
+    ("quantization_config", "needle"),
+    [
+        ({"quant_method": "fp8", "activation_scheme": "dynamic"}, "quant_method 'fp8'"),
+        ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "quant_method 'bitsandbytes', 4-bit"),
+        ({"quant_method": "bitsandbytes", "load_in_8bit": True}, "quant_method 'bitsandbytes', 8-bit"),
+        ({"quant_method": "compressed-tensors", "format": "pack-quantized"}, "quant_method 'compressed-tensors'"),
+        ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}, "quant_method 'awq', 4-bit"),
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}, "quant_method 'gptq', 4-bit"),
+        ({"quant_method": "mxfp4"}, "quant_method 'mxfp4'"),
+        ({"quant_method": "made-up"}, "quant_method 'made-up' (a method unknown to zserve)"),
+        ({"bits": 4}, "a quantization_config without a quant_method"),
+    ],
+    ids=lambda v: v.get("quant_method", "none") + str(v.get("load_in_8bit", "")) if isinstance(v, dict) else "",
+)
+def test_a_quantized_hugging_face_checkpoint_is_refused_naming_its_method(model_dir, tmp_path, quantization_config, needle):
+    """Read as plain weights, a quantized checkpoint's stored values start a server that answers garbage:
+    each quant_method is refused at start in one line, before any child starts."""
+    target = shutil.copytree(model_dir, tmp_path / "model")
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps(config | {"quantization_config": quantization_config}))
+    proc, elapsed_s = run_launcher(["--model", str(target)], tmp_path)
+    assert_refused(proc, elapsed_s, tmp_path, needle)
+    assert "the checkpoint's weights are quantized" in proc.stderr and "--quantization int8" in proc.stderr
