@@ -7,8 +7,11 @@ Variants (one ModelRunner each, built under these settings; model_proc/layers/ge
 model_proc/kernels/ say what they are):
   1. torch:   ZSERVE_GEMM=torch, ZSERVE_FUSED_OPS=off  (torch.mm on [in, out] weights, torch's ops)
   2. onednn:  ZSERVE_GEMM=onednn, ZSERVE_FUSED_OPS=off (oneDNN on prepacked weights)
-  3. kernel:  ZSERVE_GEMM=auto, ZSERVE_FUSED_OPS=off   (our bf16 GEMM where it builds; fp32: oneDNN)
+  3. kernel:  ZSERVE_GEMM=auto, ZSERVE_FUSED_OPS=off   (our bf16 GEMM where it builds, split with oneDNN by rows
+                                                        where oneDNN has native bf16; fp32: oneDNN)
   4. default: ZSERVE_GEMM=auto, ZSERVE_FUSED_OPS=auto  (3 + fused norms, activation, rotary/K-V write)
+  5. bf16_alone: ZSERVE_GEMM=zserve_bf16, fused ops     (4 with zserve's bf16 GEMM for every row count,
+                                                        where auto splits the rows with oneDNN)
 (A variant that comes out the same as an earlier one, e.g. 3 in fp32, is skipped.) Cases: one
 decode step at batch 1, 8 and 64 with 256 tokens of random context each, and a 512-token prompt.
 Steps run variant after variant in turn; medians are printed with each variant's ratio to the
@@ -36,6 +39,7 @@ VARIANTS = {
     "onednn": {"ZSERVE_GEMM": "onednn", "ZSERVE_FUSED_OPS": "off"},
     "kernel": {"ZSERVE_GEMM": "auto", "ZSERVE_FUSED_OPS": "off"},
     "default": {"ZSERVE_GEMM": "auto", "ZSERVE_FUSED_OPS": "auto"},
+    "bf16_alone": {"ZSERVE_GEMM": "zserve_bf16", "ZSERVE_FUSED_OPS": "auto"},
 }
 CONTEXT_LEN, PAGE_SIZE, PREFILL_LEN = 256, 16, 512
 

@@ -285,7 +285,9 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         peer_note='none',
     ),
     'gemm_backend': FlagSpec(
-        "CPU linear layers: auto (zserve's bf16 or widening GEMM where it runs, else oneDNN), "
+        "CPU linear layers: auto (bf16 with native bf16: zserve's bf16 GEMM for products of few rows and "
+        "oneDNN's for many, two copies of the weights, the crossover measured at start; else zserve's "
+        "widening GEMM where it runs, else oneDNN), zserve_bf16 (zserve's bf16 GEMM alone: one copy), "
         'zserve_widen, onednn, or torch (torch.mm, the reference); a choice this CPU or dtype cannot run '
         'falls back to the next (model_proc/layers/weight_kernels/); default $ZSERVE_GEMM when set',
         choices=GEMM_CHOICES,

@@ -7,5 +7,6 @@ so the launcher and the flags table import it without torch.
 
 from __future__ import annotations
 
-GEMM_CHOICES = ("auto", "zserve_widen", "onednn", "torch")  # --gemm-backend: auto picks the fastest that runs
+# --gemm-backend: auto picks the fastest that runs
+GEMM_CHOICES = ("auto", "zserve_bf16", "zserve_widen", "onednn", "torch")
 QUANTIZATION_CHOICES = ("none", "int8")  # --quantization: none keeps --dtype; int8 (model_proc/layers/int8_weights.py)

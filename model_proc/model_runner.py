@@ -175,7 +175,7 @@ class ModelRunner:
             for module in model.modules():
                 if hasattr(module, "use_cpu_kernels"):
                     module.use_cpu_kernels()
-        self.weight_kernel = choose_kernel(self.device, self.dtype, self.gemm_choice, self.quantization)
+        self.weight_kernel = choose_kernel(self.device, self.dtype, self.gemm_choice, self.quantization).calibrated()
         plain_bytes = gemm_weight_bytes(model, self.dtype)
         t0 = time.perf_counter()
         count = prepack_weights(model, self.weight_kernel)

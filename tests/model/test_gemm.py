@@ -15,11 +15,18 @@ from zserve.model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_wide
 from zserve.model_proc.layers.gemm import GemmWeight
 from zserve.model_proc.layers.weight_kernels.column_blocks import pack_bf16_blocks, pack_column_blocks
 from zserve.model_proc.layers.weight_kernels.float_kernels import (
+    OneDnnKernel,
     ZserveBf16Kernel,
     ZserveWidenKernel,
     onednn_supports,
 )
 from zserve.model_proc.layers.weight_kernels.registry import KERNELS, choose_kernel
+from zserve.model_proc.layers.weight_kernels.row_split_kernel import (
+    CALIBRATION_ROWS,
+    NEVER,
+    RowSplitBf16Kernel,
+    measure_crossover,
+)
 from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 
 CPU = torch.device("cpu")
@@ -156,13 +163,37 @@ def test_pack_layout():
     assert pairs[0, 0, 0, 1] == w[1, 0] and (pairs[1, :, 4:] == 0).all()
 
 
-def test_odd_in_features_fall_back_to_the_widening_gemm():
-    if choose_kernel(CPU, torch.bfloat16) != ZserveBf16Kernel():
-        pytest.skip(f"the VDPBF16PS GEMM is not the default at this process's level ({cpu_isa()})")
-    layer, plain, _ = make_weight(33, 40, torch.bfloat16, ZserveBf16Kernel(), bias=False)
+@pytest.mark.parametrize("kernel", [ZserveBf16Kernel(), RowSplitBf16Kernel()], ids=lambda k: k.name)
+def test_odd_in_features_fall_back_to_the_widening_gemm(kernel):
+    if not kernel.runs(CPU, torch.bfloat16):
+        pytest.skip(f"{kernel.name} does not run at this process's level ({cpu_isa()})")
+    layer, plain, _ = make_weight(33, 40, torch.bfloat16, kernel, bias=False)
     assert layer.kernel == ZserveWidenKernel()
     x = torch.randn(3, 33).to(torch.bfloat16)
     assert torch.equal(layer.matmul(x, None), (x.double() @ plain.double()).to(torch.bfloat16))
+
+
+@pytest.mark.skipif(not RowSplitBf16Kernel.runs(CPU, torch.bfloat16), reason=NO_GEMM_BF16 + ", and oneDNN's native bf16")
+@pytest.mark.parametrize("bias", [False, True])
+def test_the_row_split_kernel_runs_few_rows_on_zserve_bf16_and_many_on_onednn(bias):
+    """Below min_onednn_rows a product is zserve_bf16's, bit for bit, from there oneDNN's (torch.mm's)."""
+    split = RowSplitBf16Kernel(min_onednn_rows=9)
+    layer, plain, plain_bias = make_weight(576, 960, torch.bfloat16, split, bias)
+    few, _, _ = make_weight(576, 960, torch.bfloat16, ZserveBf16Kernel(), bias)
+    many, _, _ = make_weight(576, 960, torch.bfloat16, OneDnnKernel(), bias)
+    assert layer.packed_many_rows_values is not None  # counted with the model's buffers
+    for rows in (1, 8, 9, 64):
+        x = torch.randn(rows, 576, generator=torch.Generator().manual_seed(rows)).to(torch.bfloat16)
+        expected = (few if rows < 9 else many).matmul(x, plain_bias)
+        assert torch.equal(layer.matmul(x, plain_bias), expected), rows
+
+
+@pytest.mark.skipif(not RowSplitBf16Kernel.runs(CPU, torch.bfloat16), reason=NO_GEMM_BF16 + ", and oneDNN's native bf16")
+def test_the_crossover_is_measured_on_this_cpu():
+    min_rows, timings = measure_crossover(repeats=1)
+    assert min_rows in (*CALIBRATION_ROWS, NEVER)
+    assert [int(part.split(":")[0]) for part in timings.split(", ")] == list(CALIBRATION_ROWS)
+    assert RowSplitBf16Kernel().calibrated().min_onednn_rows in (*CALIBRATION_ROWS, NEVER)
 
 
 def name_of(*args) -> str:
@@ -172,8 +203,12 @@ def name_of(*args) -> str:
 def test_backend_choice():
     widen = load_gemm_widen() is not None
     assert name_of(CPU, torch.float16) == ("zserve_widen" if widen else "torch")
-    assert name_of(CPU, torch.bfloat16) in (("zserve_bf16", "zserve_widen") if widen else ("onednn", "torch"))
+    bf16_auto = ("zserve_bf16+onednn", "zserve_bf16", "zserve_widen") if widen else ("onednn", "torch")
+    assert name_of(CPU, torch.bfloat16) in bf16_auto
+    assert (name_of(CPU, torch.bfloat16) == "zserve_bf16+onednn") == RowSplitBf16Kernel.runs(CPU, torch.bfloat16)
     assert name_of(CPU, torch.bfloat16, "zserve_widen") == ("zserve_widen" if widen else "onednn" if onednn_supports(torch.bfloat16) else "torch")
+    bf16_alone = "zserve_bf16" if load_gemm_bf16() is not None else "zserve_widen" if widen else "onednn"
+    assert name_of(CPU, torch.bfloat16, "zserve_bf16") in (bf16_alone, "torch")
     assert name_of(CPU, torch.float32) == ("onednn" if onednn_supports(torch.float32) else "torch")
     assert name_of(torch.device("cuda"), torch.bfloat16) == "torch"
     assert name_of(CPU, torch.float32, "torch") == "torch"

@@ -150,7 +150,7 @@ def test_last_logits_close_bf16(checkpoints, kind):
             seq.tokens.append(int(ours.argmax()))
 
 
-@pytest.mark.parametrize("gemm", ["auto", "zserve_widen", "onednn", "torch"])
+@pytest.mark.parametrize("gemm", ["auto", "zserve_bf16", "zserve_widen", "onednn", "torch"])
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "gpt2"])
 def test_every_gemm_backend_bf16(checkpoints, kind, gemm, monkeypatch):
     """The linear layers' GEMM (model_proc/layers/weight_kernels/: our kernels by default where they

@@ -4,6 +4,9 @@ Weights load as plain [in, out] tensors. After loading, the runner packs each on
 `registry.choose_kernel` picked, in the layout that kernel reads best, and frees the plain one
 (layers/gemm.py, `prepack_weights`):
 
+  - "zserve_bf16+onednn" (CPU, bf16, where zserve_bf16 and oneDNN's native bf16 both run; `auto`'s
+    first choice): both layouts, products of few rows through zserve_bf16, of many through oneDNN,
+    the crossover measured at load (row_split_kernel.py);
   - "zserve_bf16" (CPU, bf16, where model_proc/kernels/ built for avx512_bf16): our kernel
     (kernels/gemm_bf16.cpp) on blocks of 16 columns x pairs of k, so a decode step streams each
     weight once, in order, at the machine's read bandwidth; a weight with odd in_features falls
@@ -28,6 +31,7 @@ Weights load as plain [in, out] tensors. After loading, the runner packs each on
     quantized_weight.py  how a checkpoint's pre-quantized weight reaches `pack` (typed, no side channel)
     column_blocks.py     the block layouts of zserve's kernels
     float_kernels.py     torch, onednn, zserve_bf16, zserve_widen
+    row_split_kernel.py  zserve_bf16+onednn, and the crossover's measurement
     int8_kernels.py      zserve_int8, int8_torch
     registry.py          KERNELS in preference order; choose_kernel (the one place a kernel is chosen)
 

@@ -59,7 +59,7 @@ class TorchKernel(WeightKernel):
 class OneDnnKernel(WeightKernel):
     name = "onednn"
     quantization = "none"
-    choices = ("auto", "zserve_widen", "onednn")
+    choices = ("auto", "zserve_bf16", "zserve_widen", "onednn")
 
     @staticmethod
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
@@ -93,7 +93,7 @@ class BlockKernel(WeightKernel):
 @dataclass(frozen=True)
 class ZserveWidenKernel(BlockKernel):
     name = "zserve_widen"
-    choices = ("auto", "zserve_widen")
+    choices = ("auto", "zserve_bf16", "zserve_widen")
     pack_blocks = staticmethod(pack_column_blocks)
 
     @staticmethod
@@ -108,7 +108,7 @@ class ZserveWidenKernel(BlockKernel):
 @dataclass(frozen=True)
 class ZserveBf16Kernel(BlockKernel):
     name = "zserve_bf16"
-    choices = ("auto",)
+    choices = ("auto", "zserve_bf16")
     pack_blocks = staticmethod(pack_bf16_blocks)
 
     @staticmethod

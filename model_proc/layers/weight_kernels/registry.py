@@ -16,9 +16,11 @@ from zserve.model_proc.layers.weight_kernels.float_kernels import (
     ZserveWidenKernel,
 )
 from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8TorchKernel, ZserveInt8Kernel
+from zserve.model_proc.layers.weight_kernels.row_split_kernel import RowSplitBf16Kernel
 from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 
 KERNELS: tuple[WeightKernel, ...] = (  # preference order: the first that may be picked and runs wins
+    RowSplitBf16Kernel(),
     ZserveBf16Kernel(),
     ZserveWidenKernel(),
     OneDnnKernel(),

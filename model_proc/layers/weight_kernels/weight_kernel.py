@@ -30,6 +30,7 @@ class PackedWeight:
     bias: torch.Tensor | None = None  # block layouts: the layer's bias, float32, padded to the blocks
     scales: torch.Tensor | None = None  # int8: float32 scales per group of input rows
     group_size: int = 0  # int8: input rows per scale
+    many_rows_values: torch.Tensor | None = None  # zserve_bf16+onednn: oneDNN's layout, for products of many rows
 
 
 class WeightKernel(ABC):
@@ -42,6 +43,10 @@ class WeightKernel(ABC):
     @abstractmethod
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
         """Whether it runs `dtype` on `device` here (a CPU kernel: whether it was built)."""
+
+    def calibrated(self) -> WeightKernel:
+        """This kernel with whatever it measures once per process on this CPU (most: nothing)."""
+        return self
 
     def kernel_for(self, in_features: int) -> WeightKernel:
         """The kernel that runs a weight of `in_features` rows: this one, or a fallback."""
