@@ -31,7 +31,7 @@ from zserve.model_proc.compute_dtype import resolve_dtype
 from zserve.model_proc.draft_verifier import DraftVerifier
 from zserve.model_proc.gguf_checkpoint import open_checkpoint
 from zserve.model_proc.kernels.cpu_kernels import fused_ops_available
-from zserve.model_proc.kv_pool import KVPool
+from zserve.model_proc.kv_pool import KVPool, free_memory_bytes
 from zserve.model_proc.layers.attention import attention_backend
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
 from zserve.model_proc.layers.gemm import gemm_weight_bytes, prepack_weights
@@ -48,6 +48,10 @@ logger = logging.getLogger(__name__)
 
 PROGRESS_MIN_PARAMS = 50_000_000  # show a loading bar for models at least this big
 
+
+# a kernel that keeps extra copies of the weights (zserve_bf16+onednn) is used while they take at most this share
+# of the memory free after loading; above it, one copy (--gemm-backend zserve_bf16)
+EXTRA_COPY_MAX_SHARE = 0.25
 
 def resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
@@ -175,8 +179,17 @@ class ModelRunner:
             for module in model.modules():
                 if hasattr(module, "use_cpu_kernels"):
                     module.use_cpu_kernels()
-        self.weight_kernel = choose_kernel(self.device, self.dtype, self.gemm_choice, self.quantization).calibrated()
         plain_bytes = gemm_weight_bytes(model, self.dtype)
+        kernel = choose_kernel(self.device, self.dtype, self.gemm_choice, self.quantization)
+        extra_bytes = plain_bytes * kernel.extra_weight_copies
+        if extra_bytes > EXTRA_COPY_MAX_SHARE * free_memory_bytes(self.device):
+            # a second copy of the weights would take much of what the KV pool gets: keep one
+            alone = choose_kernel(self.device, self.dtype, "zserve_bf16", self.quantization)
+            logger.warning("%s would keep a second %.0f MB copy of the weights, over %.0f%% of the free memory: "
+                           "%s instead (one copy)", kernel.name, extra_bytes / 1e6, 100 * EXTRA_COPY_MAX_SHARE,
+                           alone.name)
+            kernel = alone
+        self.weight_kernel = kernel.calibrated()
         t0 = time.perf_counter()
         count = prepack_weights(model, self.weight_kernel)
         if self.weight_kernel.repacks:

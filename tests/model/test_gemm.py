@@ -215,3 +215,20 @@ def test_backend_choice():
     assert name_of(CPU, torch.bfloat16, "onednn") == ("onednn" if onednn_supports(torch.bfloat16) else "torch")
     with pytest.raises(ValueError, match="--gemm-backend 'bogus': expected one of"):
         name_of(CPU, torch.float32, "bogus")
+
+
+@pytest.mark.skipif(not RowSplitBf16Kernel.runs(CPU, torch.bfloat16), reason=NO_GEMM_BF16 + ", and oneDNN's native bf16")
+def test_the_row_split_keeps_one_copy_where_memory_is_short(model_dir, monkeypatch, caplog):
+    """auto's second copy of the weights is taken only while it fits in a quarter of the free memory."""
+    from testing.model_fixtures import make_runner
+    from zserve.model_proc import model_runner
+
+    monkeypatch.delenv("ZSERVE_GEMM", raising=False)
+    settings = {"device": "cpu", "dtype": "bfloat16", "kv_cache_tokens": 256}
+    assert make_runner(model_dir, **settings).gemm_backend == "zserve_bf16+onednn"
+    monkeypatch.setattr(model_runner, "free_memory_bytes", lambda device: 1 << 10)
+    with caplog.at_level("WARNING", logger="zserve.model_proc.model_runner"):
+        runner = make_runner(model_dir, **settings)
+    assert runner.gemm_backend == "zserve_bf16"
+    assert "zserve_bf16+onednn would keep a second" in caplog.text and "zserve_bf16 instead (one copy)" in caplog.text
+    assert all(m.packed_many_rows_values is None for m in runner.model.modules() if hasattr(m, "packed_many_rows_values"))

@@ -7,7 +7,9 @@ the CPU has them): on an AVX512-BF16 + AMX Xeon (2 vCPU) it multiplies 64 rows 5
 faster than zserve_bf16, and one row 1.2-2x slower (BENCHMARKS.md section 20). So products of at
 least `min_onednn_rows` rows (prefill chunks, large decode batches) go to oneDNN, the others to
 zserve_bf16. The price is a second copy of every weight (the runner's memory count includes it,
-so the KV pool is sized after it). `calibrated()` measures the crossover on this CPU once, at load.
+so the KV pool is sized after it; where that copy would take over a quarter of the memory free after
+loading, the runner keeps one copy, zserve_bf16's). `calibrated()` measures the crossover on this
+CPU once, at load.
 
 Numerics: both sum in fp32 and round once; a row's result can differ by one ulp between the two
 (zserve_bf16 against torch.mm, see __init__.py), so in bf16 a request's tokens may depend on what
@@ -40,6 +42,7 @@ class RowSplitBf16Kernel(WeightKernel):
     name = "zserve_bf16+onednn"
     quantization = "none"
     choices = ("auto",)
+    extra_weight_copies = 1
     min_onednn_rows: int = DEFAULT_MIN_ONEDNN_ROWS
 
     @staticmethod

@@ -38,6 +38,7 @@ class WeightKernel(ABC):
     quantization: ClassVar[str]  # the --quantization it serves (common/weight_formats.py)
     choices: ClassVar[tuple[str, ...]]  # the --gemm-backend values that may pick it
     repacks: ClassVar[bool] = True  # False: it runs from the plain tensor, which the layer keeps
+    extra_weight_copies: ClassVar[int] = 0  # copies of the weights it keeps beyond one (zserve_bf16+onednn: 1)
 
     @staticmethod
     @abstractmethod
