@@ -71,7 +71,13 @@ class OneDnnKernel(WeightKernel):
         return PackedWeight(values, plain.shape[1])
 
     def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed.values, bias, "none", [], "")
+        return onednn_linear(x, packed.values, bias)
+
+
+def onednn_linear(x: torch.Tensor, reordered: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """oneDNN's linear on a weight `_reorder_linear_weight` made (OneDnnKernel, and the many-row half
+    of zserve_bf16+onednn)."""
+    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), reordered, bias, "none", [], "")
 
 
 @dataclass(frozen=True)
@@ -121,5 +127,11 @@ class ZserveBf16Kernel(BlockKernel):
         return self
 
     def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
-        packed_bias = packed.bias if bias is not None else None
-        return torch.ops.zserve.gemm_bf16(x.contiguous(), packed.values, packed.out_features, packed_bias)
+        return gemm_bf16(x, packed, bias)
+
+
+def gemm_bf16(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """kernels/gemm_bf16.cpp on `packed`'s blocks (ZserveBf16Kernel, and the few-row half of
+    zserve_bf16+onednn)."""
+    packed_bias = packed.bias if bias is not None else None
+    return torch.ops.zserve.gemm_bf16(x.contiguous(), packed.values, packed.out_features, packed_bias)

@@ -24,7 +24,13 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from zserve.model_proc.layers.weight_kernels.float_kernels import OneDnnKernel, ZserveBf16Kernel, onednn_supports
+from zserve.model_proc.layers.weight_kernels.float_kernels import (
+    OneDnnKernel,
+    ZserveBf16Kernel,
+    gemm_bf16,
+    onednn_linear,
+    onednn_supports,
+)
 from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
 from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
 
@@ -59,8 +65,8 @@ class RowSplitBf16Kernel(WeightKernel):
 
     def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         if x.shape[0] >= self.min_onednn_rows:
-            return OneDnnKernel().matmul(x, replace(packed, values=packed.many_rows_values), bias)
-        return ZserveBf16Kernel().matmul(x, packed, bias)
+            return onednn_linear(x, packed.many_rows_values, bias)
+        return gemm_bf16(x, packed, bias)
 
     def calibrated(self) -> RowSplitBf16Kernel:
         """This kernel with the crossover measured here: the fewest rows from which oneDNN is faster
