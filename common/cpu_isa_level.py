@@ -1,7 +1,9 @@
 """Which x86 instruction-set level the CPU kernels may use: the rules, torch-free, so the launcher
 checks `--cpu-isa` before it starts anything (model_proc/kernels/cpu_isa.py builds for the level).
 
-    avx512_bf16   AVX-512 F/BW/DQ/VL + AVX512-BF16: the VDPBF16PS GEMM (gemm_bf16.cpp) for bf16
+    avx512_bf16   AVX-512 F/BW/DQ/VL + AVX512-BF16 + AVX512-VNNI: the VDPBF16PS GEMM (gemm_bf16.cpp)
+                  for bf16, VPDPBUSD for int8 weights times int8 activations (gemm_int8_dot.cpp);
+                  every CPU with AVX512-BF16 (Cooper Lake, Sapphire Rapids, Zen 4/5) has VNNI
     avx512        AVX-512 F/BW/DQ/VL: 512-bit widening GEMM for 16-bit weights (gemm_widen.cpp)
     avx2          AVX2 + FMA + F16C (every current x86-64): 256-bit widening GEMM
     baseline      none of those (or not x86): scalar loops the compiler vectorizes as it can
@@ -23,7 +25,9 @@ REQUIRED_FLAGS = {
     "baseline": (),
     "avx2": ("avx2", "fma", "f16c"),
     "avx512": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"),
-    "avx512_bf16": ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16"),
+    "avx512_bf16": (
+        "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512_bf16", "avx512_vnni",
+    ),
 }
 
 

@@ -287,8 +287,10 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     'gemm_backend': FlagSpec(
         "CPU linear layers: auto (bf16 with native bf16: zserve's bf16 GEMM for products of few rows and "
         "oneDNN's for many, two copies of the weights, the crossover measured at start; else zserve's "
-        "widening GEMM where it runs, else oneDNN), zserve_bf16 (zserve's bf16 GEMM alone: one copy), "
-        'zserve_widen, onednn, or torch (torch.mm, the reference); a choice this CPU or dtype cannot run '
+        "widening GEMM where it runs, else oneDNN; with --quantization int8 in a 16-bit dtype: int8 weights "
+        "times activations quantized to int8, VNNI where the CPU has it), zserve_bf16 (zserve's bf16 GEMM "
+        "alone: one copy), zserve_widen (int8: weights widened to float, activations kept), zserve_dot "
+        "(int8 x int8 in any dtype), onednn, or torch (torch.mm, the reference); a choice this CPU or dtype cannot run "
         'falls back to the next (model_proc/layers/weight_kernels/); default $ZSERVE_GEMM when set',
         choices=GEMM_CHOICES,
         env='ZSERVE_GEMM',

@@ -8,5 +8,5 @@ so the launcher and the flags table import it without torch.
 from __future__ import annotations
 
 # --gemm-backend: auto picks the fastest that runs
-GEMM_CHOICES = ("auto", "zserve_bf16", "zserve_widen", "onednn", "torch")
+GEMM_CHOICES = ("auto", "zserve_bf16", "zserve_widen", "zserve_dot", "onednn", "torch")
 QUANTIZATION_CHOICES = ("none", "int8")  # --quantization: none keeps --dtype; int8 (model_proc/layers/int8_weights.py)

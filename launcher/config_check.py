@@ -42,6 +42,10 @@ def check_flags(cfg: ServerConfig) -> RankLayout:
     """Rules between flags and what this machine must offer; cheap, so it runs before the model is fetched."""
     if not DEVICE_PATTERN.fullmatch(cfg.device):
         raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
+    if cfg.gemm_backend == "zserve_dot" and cfg.quantization != "int8":
+        raise ValueError(
+            "--gemm-backend zserve_dot multiplies int8 weights by int8 activations: it needs --quantization int8"
+        )
     layout = RankLayout.from_config(cfg)
     if not layout.is_head_node:
         return layout  # such a node runs model worker ranks only: nothing listens on --port or --zmq-port

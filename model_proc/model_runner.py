@@ -50,7 +50,7 @@ PROGRESS_MIN_PARAMS = 50_000_000  # show a loading bar for models at least this 
 
 
 # a kernel that keeps extra copies of the weights (zserve_bf16+onednn) is used while they take at most this share
-# of the memory free after loading; above it, one copy (--gemm-backend zserve_bf16)
+# of the memory free after loading; above it, one copy (its `one_copy()`: zserve_bf16, zserve_int8_dot)
 EXTRA_COPY_MAX_SHARE = 0.25
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -184,7 +184,7 @@ class ModelRunner:
         extra_bytes = plain_bytes * kernel.extra_weight_copies
         if extra_bytes > EXTRA_COPY_MAX_SHARE * free_memory_bytes(self.device):
             # a second copy of the weights would take much of what the KV pool gets: keep one
-            alone = choose_kernel(self.device, self.dtype, "zserve_bf16", self.quantization)
+            alone = kernel.one_copy()
             logger.warning("%s would keep a second %.0f MB copy of the weights, over %.0f%% of the free memory: "
                            "%s instead (one copy)", kernel.name, extra_bytes / 1e6, 100 * EXTRA_COPY_MAX_SHARE,
                            alone.name)

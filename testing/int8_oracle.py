@@ -1,7 +1,9 @@
 """The exact oracle of --quantization int8: a model directory whose linear weights and LM head are
 replaced by what the int8 path multiplies by (quantized [in, out] as the int8 weight kernels do, then
 dequantized, Q * S), for transformers to run. Used by tests/model/test_int8_parity.py (CPU) and
-tests/model/test_model_gpu.py (CUDA)."""
+tests/model/test_model_gpu.py (CUDA). With `quantize_linear_inputs`, the inputs of every linear
+layer and the LM head are quantized as the int8 x int8 GEMM quantizes its activations
+(layers/int8_activations.py): the oracle of zserve_int8_dot."""
 
 from __future__ import annotations
 
@@ -10,7 +12,9 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from torch import nn
 
+from zserve.model_proc.layers.int8_activations import fake_quantize
 from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, dequantize_int8, quantize_int8
 
 LINEAR_SUFFIXES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight")
@@ -38,3 +42,18 @@ def dequantized_copy(model_dir: Path, target: Path, group_size: int = DEFAULT_GR
         if (model_dir / extra).is_file():
             (target / extra).write_text((model_dir / extra).read_text())
     return target
+
+
+def quantize_linear_inputs(model: nn.Module) -> int:
+    """Make every nn.Linear of a transformers model (the LM head included) see its input as the
+    int8 x int8 GEMM does: each row quantized to int8 in blocks of 32 and dequantized
+    (`fake_quantize`). Returns how many layers were hooked."""
+
+    def hook(_module: nn.Module, args: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
+        x = args[0]
+        return (fake_quantize(x.reshape(-1, x.shape[-1])).reshape(x.shape).to(x.dtype), *args[1:])
+
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    for module in linears:
+        module.register_forward_pre_hook(hook)
+    return len(linears)

@@ -34,7 +34,7 @@ MARCH_FLAGS = {
     "baseline": ("-march=x86-64",),
     "avx2": ("-march=x86-64-v3",),
     "avx512": ("-march=x86-64-v4",),
-    "avx512_bf16": ("-march=x86-64-v4", "-mavx512bf16"),
+    "avx512_bf16": ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni"),
 }
 
 

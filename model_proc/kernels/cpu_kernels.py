@@ -2,6 +2,8 @@
 from paged_attention.cpp (zserve::paged_attention), gemm_widen.cpp (zserve::gemm_widen: 16-bit
 weights widened in registers, AVX2 or AVX-512), gemm_int8.cpp (zserve::gemm_int8: int8 weights
 and scales, --quantization int8; its drivers and tiles shared with gemm_widen in cpu_gemm.h),
+gemm_int8_dot.cpp (zserve::gemm_int8_dot: int8 weights times activations quantized to int8,
+VPDPBUSD with AVX512-VNNI, VPMADDUBSW elsewhere),
 gemm_bf16.cpp (zserve::gemm_bf16, with AVX512-BF16) and fused_ops.cpp (zserve::rms_norm,
 add_rms_norm_, silu_mul, rope_store).
 
@@ -51,7 +53,9 @@ logger = logging.getLogger(__name__)
 HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_math.h", "cpu_gemm.h"))
 SOURCES = tuple(
     Path(__file__).with_name(name)
-    for name in ("paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_bf16.cpp", "fused_ops.cpp")
+    for name in (
+        "paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_int8_dot.cpp", "gemm_bf16.cpp", "fused_ops.cpp",
+    )
 )
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
 # adds); finite-math stays on (the kernel never makes inf or NaN, but must pass them through), and
@@ -194,6 +198,14 @@ def load_gemm_int8() -> Callable | None:
     if not load_cpu_kernels() or not torch.ops.zserve.gemm_int8_supported():
         return None
     return torch.ops.zserve.gemm_int8
+
+
+def load_gemm_int8_dot() -> Callable | None:
+    """torch.ops.zserve.gemm_int8_dot (int8 weights times int8 activations), or None when the
+    kernels cannot be built here or the level has no AVX2."""
+    if not load_cpu_kernels() or not torch.ops.zserve.gemm_int8_dot_supported():
+        return None
+    return torch.ops.zserve.gemm_int8_dot
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from zserve.model_proc.kernels.cpu_isa import (
 
 AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})  # a Zen 3
 AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
-AVX512_BF16 = AVX512 | {"avx512_bf16"}
+AVX512_BF16 = AVX512 | {"avx512_bf16", "avx512_vnni"}
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -37,7 +37,7 @@ def test_forcing_a_lower_level_and_refusing_a_higher_one():
     assert choose_level(AVX512_BF16, "avx2", "x86_64") == "avx2"
     assert choose_level(AVX512_BF16, None, "x86_64") == "avx512_bf16"
     assert choose_level(AVX2, "", "x86_64") == "avx2"
-    with pytest.raises(ValueError, match="lacks avx512_bf16, avx512bw, avx512dq, avx512f, avx512vl"):
+    with pytest.raises(ValueError, match="lacks avx512_bf16, avx512_vnni, avx512bw, avx512dq, avx512f, avx512vl"):
         choose_level(AVX2, "avx512_bf16", "x86_64")
     with pytest.raises(ValueError, match="expected one of baseline, avx2, avx512, avx512_bf16"):
         choose_level(AVX2, "sse9", "x86_64")
@@ -64,10 +64,30 @@ def test_kernels_at_the_next_lower_level():
         pytest.skip("this process runs the lowest level already")
     lower = LEVELS[LEVELS.index(level) - 1]
     env = {**os.environ, "ZSERVE_CPU_ISA": lower}
-    tests = ["tests/model/test_gemm.py", "tests/model/test_gemm_int8.py", "tests/model/test_attention_kernel.py", "tests/model/test_fused_ops.py", "tests/model/test_model_parity_bf16.py"]
+    tests = [
+        "tests/model/test_gemm.py", "tests/model/test_gemm_int8.py", "tests/model/test_gemm_int8_dot.py",
+        "tests/model/test_attention_kernel.py", "tests/model/test_fused_ops.py", "tests/model/test_model_parity_bf16.py",
+    ]
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests, "-k", "not test_kernels_at_the_next_lower_level"],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
     )
     assert proc.returncode == 0, f"ZSERVE_CPU_ISA={lower}:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
     assert " passed" in proc.stdout
+
+
+def test_int8_dot_kernel_at_the_levels_further_down():
+    """The int8 x int8 GEMM has three paths (VPDPBUSD at avx512_bf16, VPMADDUBSW on zmm at avx512
+    and on ymm at avx2); the test above reaches the next lower level only, so an AVX512-VNNI
+    machine also runs tests/model/test_gemm_int8_dot.py at avx2 (one more build)."""
+    level = cpu_isa()
+    further = [lower for lower in LEVELS[1 : max(1, LEVELS.index(level) - 1)]]  # avx2 .. two below, not baseline
+    if not further:
+        pytest.skip(f"no level with the kernel two or more below {level}")
+    for lower in further:
+        proc = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/model/test_gemm_int8_dot.py"],
+            cwd=REPO, env={**os.environ, "ZSERVE_CPU_ISA": lower}, capture_output=True, text=True, timeout=900,
+        )
+        assert proc.returncode == 0, f"ZSERVE_CPU_ISA={lower}:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+        assert " passed" in proc.stdout and " skipped" not in proc.stdout

@@ -175,8 +175,10 @@ def test_a_weight_stored_in_int8_is_packed_as_it_came(kernel_class):
 
 def test_backend_choice_and_bytes():
     kernel = load_gemm_int8() is not None
-    for dtype in DTYPES:
-        assert choose_kernel(CPU, dtype, "auto", "int8").name == ("zserve_int8" if kernel else "int8_torch")
+    for dtype in DTYPES:  # 16-bit dtypes: the int8 x int8 kernel (test_gemm_int8_dot.py), same build condition
+        expected = ("zserve_int8" if dtype == torch.float32 else "zserve_int8_dot") if kernel else "int8_torch"
+        assert choose_kernel(CPU, dtype, "auto", "int8").name.removesuffix("+onednn") == expected
+        assert choose_kernel(CPU, dtype, "zserve_widen", "int8").name == ("zserve_int8" if kernel else "int8_torch")
     assert choose_kernel(CPU, torch.bfloat16, "torch", "int8").name == "int8_torch"
     assert choose_kernel(torch.device("cuda"), torch.bfloat16, "auto", "int8").name == "int8_torch"
     with pytest.raises(ValueError, match="--quantization 'int4': expected one of none, int8"):

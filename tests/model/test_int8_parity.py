@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import pytest
 
-from testing.int8_oracle import dequantized_copy
+from testing.int8_oracle import dequantized_copy, quantize_linear_inputs
 from testing.model_fixtures import GreedyDriver, HfReference, make_runner, make_tiny_checkpoint, random_prompt
+from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
 
 KINDS = ("llama", "qwen2", "llama_tied")  # GQA; qkv biases; tied embeddings
 NEW_TOKENS = 16
@@ -38,3 +39,23 @@ def test_int8_differs_from_the_float_model(tmp_path):
     exact = HfReference(model_dir).last_logits(prompt)
     dequantized = HfReference(dequantized_copy(model_dir, tmp_path / "dequantized")).last_logits(prompt)
     assert 1e-4 < float((exact - dequantized).abs().max()) < 0.5
+
+
+@pytest.mark.skipif(load_gemm_int8_dot() is None, reason="the int8 x int8 GEMM needs the avx2 level and a built extension")
+@pytest.mark.parametrize("kind", KINDS)
+def test_int8_dot_greedy_equals_transformers_with_quantized_activations(tmp_path, kind):
+    """zserve_int8_dot (--gemm-backend zserve_dot, here in fp32) against its exact oracle: the
+    dequantized weights, and every linear layer's input quantized per row in blocks of 32 as the
+    kernel quantizes it (testing/int8_oracle.py `quantize_linear_inputs`)."""
+    model_dir = make_tiny_checkpoint(tmp_path / "model", kind)
+    oracle = HfReference(dequantized_copy(model_dir, tmp_path / "dequantized"))
+    assert quantize_linear_inputs(oracle.model) == 2 * 7 + 1  # q k v o gate up down per layer, the LM head
+    runner = make_runner(model_dir, device="cpu", dtype="float32", page_size=4, kv_cache_tokens=512, quantization="int8", gemm_backend="zserve_dot")
+    assert runner.gemm_backend == "zserve_int8_dot"
+    driver = GreedyDriver(runner)
+    prompts = [random_prompt(n, seed=n) for n in (1, 7, 23)]
+    ours = driver.generate([driver.add(p, NEW_TOKENS) for p in prompts])
+    for prompt, out in zip(prompts, ours, strict=True):
+        assert out == oracle.generate(prompt, NEW_TOKENS), f"{kind}: prompt of {len(prompt)} tokens"
+    plain = HfReference(dequantized_copy(model_dir, tmp_path / "plain")).last_logits(prompts[2])
+    assert float((plain - oracle.last_logits(prompts[2])).abs().max()) > 1e-3  # the oracle's rounding is not vacuous

@@ -4,7 +4,7 @@ testing/chat_prompts.py's 30 prompts, chat template applied, 32 greedy tokens ea
 batch through ModelRunner in bf16 and in bf16 + int8 weights:
 
   * greedy agreement: mean over prompts of (tokens before the first difference / tokens the bf16
-    run generates up to its EOS, at most 32) >= MIN_AGREEMENT. Not 0.90: a greedy run of this
+    run generates up to its EOS, at most 32) >= its bound in BOUNDS. Not 0.90: a greedy run of this
     model is full of near-ties, and even the same bf16 weights in fp32 compute agree 0.78 with
     the bf16 run (0.72 over all 32 tokens, past EOS); int8 with groups of 64 measured 0.74;
   * mean KL(bf16 || int8) of the next-token distributions at every position of the bf16 run's
@@ -27,8 +27,11 @@ from testing.model_fixtures import GreedyDriver, make_runner
 
 DEMO_DIR = Path.home() / ".cache" / "zserve" / "SmolLM2-135M-Instruct"
 NEW_TOKENS = 32
-MIN_AGREEMENT = 0.65  # measured 0.74 with groups of 64; bf16 weights in fp32 compute: 0.78 (int8_weights.py)
-MAX_MEAN_KL = 0.01  # nats; measured 0.0035 with groups of 64 (fp32 compute: 0.0011)
+# (agreement, KL) bounds per --gemm-backend. Weights only (zserve_widen): measured 0.69-0.74 and
+# 0.0034-0.0035 nats with groups of 64; int8 x int8 (auto: the activations quantized per 32 too,
+# as llama.cpp's Q8_0 path does): 0.637 and 0.0062 (AMX Xeon, 2026-11-26). The noise floor, bf16
+# weights in fp32 compute against the bf16 run: 0.78 and 0.0011.
+BOUNDS = {"zserve_widen": (0.65, 0.01), "auto": (0.58, 0.012)}
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
@@ -88,18 +91,20 @@ def demo_dir():
     return DEMO_DIR
 
 
-def test_int8_stays_close_to_bf16_on_the_demo_model(demo_dir):
+@pytest.mark.parametrize("gemm", ["auto", "zserve_widen"])  # int8 x int8 (activations quantized too); weights only
+def test_int8_stays_close_to_bf16_on_the_demo_model(demo_dir, gemm):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(demo_dir)
     kw = dict(device="cpu", dtype="bfloat16", page_size=16, kv_cache_tokens=8192)
     runner_bf16 = make_runner(demo_dir, **kw)
-    runner_int8 = make_runner(demo_dir, quantization="int8", **kw)
-    assert runner_int8.gemm_backend in ("zserve_int8", "int8_torch")
+    runner_int8 = make_runner(demo_dir, quantization="int8", gemm_backend=gemm, **kw)
+    assert runner_int8.gemm_backend.removesuffix("+onednn") in ("zserve_int8_dot" if gemm == "auto" else "zserve_int8", "int8_torch")
     result = int8_quality(runner_bf16, runner_int8, tokenizer)
-    print(f"\nint8 vs bf16 on {len(CHAT_PROMPTS)} chat prompts: greedy agreement {result['agreement']:.3f} up to EOS "
+    print(f"\nint8 ({runner_int8.gemm_backend}) vs bf16 on {len(CHAT_PROMPTS)} chat prompts: greedy agreement {result['agreement']:.3f} up to EOS "
           f"({result['agreement_all_tokens']:.3f} over all {NEW_TOKENS} tokens), mean KL(bf16 || int8) {result['mean_kl']:.5f} nats")
     paris = tokenizer.decode(result["int8"][CHAT_PROMPTS.index("What is the capital of France?")])
     assert "Paris" in paris, paris
-    assert result["agreement"] >= MIN_AGREEMENT, result["agreement"]
-    assert result["mean_kl"] <= MAX_MEAN_KL, result["mean_kl"]
+    min_agreement, max_mean_kl = BOUNDS[gemm]
+    assert result["agreement"] >= min_agreement, result["agreement"]
+    assert result["mean_kl"] <= max_mean_kl, result["mean_kl"]

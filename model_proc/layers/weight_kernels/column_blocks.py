@@ -3,6 +3,7 @@
     pack_column_blocks  [R, N] -> [ceil(N / 16), R, 16]      gemm_widen.cpp (16-bit weights),
                                                            gemm_int8.cpp (int8 values, their scales)
     pack_bf16_blocks    [K, N] -> [ceil(N / 16), K / 2, 16]  gemm_bf16.cpp (pairs of k in one int32)
+    pack_int8_quads     [K, N] -> [ceil(N / 16), K / 4, 16, 4]  gemm_int8_dot.cpp (Q + 128, 4 k per column)
 
 A decode step then streams each block's rows in order, once.
 """
@@ -37,6 +38,18 @@ def pack_bf16_blocks(weight_in_out: torch.Tensor) -> torch.Tensor:
     # [K/2, 2, NB, 16] -> [NB, K/2, 16, 2]
     blocks = padded.view(k // 2, 2, padded_n // BLOCK_COLS, BLOCK_COLS).permute(2, 0, 3, 1).contiguous()
     return blocks.view(torch.int32).view(padded_n // BLOCK_COLS, k // 2, BLOCK_COLS)
+
+
+def pack_int8_quads(q: torch.Tensor) -> torch.Tensor:
+    """int8 [K, N] (K a multiple of 4) -> uint8 [ceil(N / 16), K / 4, 16, 4]: block b, quad p,
+    column j, i holds Q[4p + i, 16b + j] + 128 (128, a zero, past N)."""
+    k, n = q.shape
+    padded_n = padded_cols(n)
+    padded = torch.zeros(k, padded_n, dtype=torch.int16, device=q.device)
+    padded[:, :n] = q.to(torch.int16)
+    shifted = (padded + 128).to(torch.uint8)
+    # [K/4, 4, NB, 16] -> [NB, K/4, 16, 4]
+    return shifted.view(k // 4, 4, padded_n // BLOCK_COLS, BLOCK_COLS).permute(2, 0, 3, 1).contiguous()
 
 
 def padded_bias(bias: torch.Tensor | None, num_blocks: int) -> torch.Tensor | None:

@@ -1,5 +1,11 @@
 """The kernels of int8 weights (--quantization int8, any compute dtype; layers/int8_weights.py):
 
+    zserve_int8_dot  kernels/gemm_int8_dot.cpp (CPU, avx2 level and up; `auto` in bf16 and fp16,
+                 --gemm-backend zserve_dot in any dtype): the activations quantized to int8 too,
+                 per row in blocks of 32 (layers/int8_activations.py), int8 x int8 products in
+                 int32 (VPDPBUSD with AVX512-VNNI, VPMADDUBSW elsewhere), one fp32 rescale per
+                 block. Faster than widening at every batch size measured (BENCHMARKS.md 22); a
+                 weight whose K is not a multiple of 32 takes zserve_int8
     zserve_int8  kernels/gemm_int8.cpp (CPU, avx2 or avx512 levels): int8 values and fp32 scales in
                  gemm_widen's blocks of 16 columns, widened in registers, fp32 sums
     int8_torch   CUDA, the `baseline` level or --gemm-backend torch: the same values and scales,
@@ -16,9 +22,10 @@ from dataclasses import dataclass
 import torch
 
 from zserve.common.weight_formats import GEMM_CHOICES
-from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8
+from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8, load_gemm_int8_dot
+from zserve.model_proc.layers.int8_activations import ACT_BLOCK, runs_int8_activations
 from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, Int8Weight, dequantize_int8
-from zserve.model_proc.layers.weight_kernels.column_blocks import pack_column_blocks, padded_bias
+from zserve.model_proc.layers.weight_kernels.column_blocks import pack_column_blocks, pack_int8_quads, padded_bias
 from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
 from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
 
@@ -59,6 +66,44 @@ class ZserveInt8Kernel(Int8Kernel):
         return torch.ops.zserve.gemm_int8(
             x.contiguous(), packed.values, packed.scales, packed.out_features, packed_bias, packed.group_size
         )
+
+
+@dataclass(frozen=True)
+class ZserveInt8DotKernel(Int8Kernel):
+    name = "zserve_int8_dot"
+    choices = ("auto", "zserve_dot")
+
+    @staticmethod
+    def runs(device: torch.device, dtype: torch.dtype) -> bool:
+        return device.type == "cpu" and load_gemm_int8_dot() is not None
+
+    def may_pick(self, choice: str, device: torch.device, dtype: torch.dtype) -> bool:
+        # `auto` in fp32 keeps the activations as they are (zserve_int8): fp32 is asked for exactness
+        return super().may_pick(choice, device, dtype) and (choice == "zserve_dot" or dtype != torch.float32)
+
+    def kernel_for(self, in_features: int) -> WeightKernel:
+        return self if runs_int8_activations(in_features) else ZserveInt8Kernel(self.group_size)
+
+    def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
+        weight = self.int8_weight(plain, stored)
+        in_features = plain.shape[0]
+        if weight.group_size != in_features and weight.group_size % ACT_BLOCK:
+            raise ValueError(f"zserve_int8_dot: scales per {weight.group_size} rows; it needs K or a multiple of 32")
+        values = pack_int8_quads(weight.q)
+        scales = pack_column_blocks(weight.scales.float())
+        return PackedWeight(values, plain.shape[1], padded_bias(bias, values.shape[0]), scales, weight.group_size)
+
+    def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+        return gemm_int8_dot(x, packed, bias)
+
+
+def gemm_int8_dot(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
+    """kernels/gemm_int8_dot.cpp on `packed`'s quads (ZserveInt8DotKernel, and the few-row half of
+    zserve_int8_dot+onednn)."""
+    packed_bias = packed.bias if bias is not None else None
+    return torch.ops.zserve.gemm_int8_dot(
+        x.contiguous(), packed.values, packed.scales, packed.out_features, packed_bias, packed.group_size
+    )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from zserve.model_proc.layers.weight_kernels.float_kernels import (
     ZserveBf16Kernel,
     ZserveWidenKernel,
 )
-from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8TorchKernel, ZserveInt8Kernel
+from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8TorchKernel, ZserveInt8DotKernel, ZserveInt8Kernel
+from zserve.model_proc.layers.weight_kernels.row_split_int8_kernel import RowSplitInt8Kernel
 from zserve.model_proc.layers.weight_kernels.row_split_kernel import RowSplitBf16Kernel
 from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 
@@ -25,6 +26,8 @@ KERNELS: tuple[WeightKernel, ...] = (  # preference order: the first that may be
     ZserveWidenKernel(),
     OneDnnKernel(),
     TorchKernel(),  # runs everywhere: the fallback of --quantization none
+    RowSplitInt8Kernel(),
+    ZserveInt8DotKernel(),
     ZserveInt8Kernel(),
     Int8TorchKernel(),  # runs everywhere: the fallback of --quantization int8
 )
@@ -39,4 +42,4 @@ def choose_kernel(
         raise ValueError(f"--gemm-backend {choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"--quantization {quantization!r}: expected one of {', '.join(QUANTIZATION_CHOICES)}")
-    return next(k for k in KERNELS if k.quantization == quantization and choice in k.choices and k.runs(device, dtype))
+    return next(k for k in KERNELS if k.quantization == quantization and k.may_pick(choice, device, dtype))

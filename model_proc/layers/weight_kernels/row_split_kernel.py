@@ -68,6 +68,9 @@ class RowSplitBf16Kernel(WeightKernel):
             return onednn_linear(x, packed.many_rows_values, bias)
         return gemm_bf16(x, packed, bias)
 
+    def one_copy(self) -> WeightKernel:
+        return ZserveBf16Kernel()
+
     def calibrated(self) -> RowSplitBf16Kernel:
         """This kernel with the crossover measured here: the fewest rows from which oneDNN is faster
         on a mid-size weight at that row count and every larger one measured."""
@@ -79,12 +82,16 @@ class RowSplitBf16Kernel(WeightKernel):
         return replace(self, min_onednn_rows=min_rows)
 
 
-def measure_crossover(repeats: int = 3) -> tuple[int, str]:
-    """(the crossover row count, or NEVER; the ratios measured, as text). Both kernels run on one
-    random weight of CALIBRATION_SHAPE at each of CALIBRATION_ROWS, interleaved, best of `repeats`."""
+def measure_crossover(
+    few: WeightKernel = ZserveBf16Kernel(), many: WeightKernel = OneDnnKernel(), repeats: int = 3
+) -> tuple[int, str]:
+    """(the crossover row count, or NEVER; the ratios measured, as text). `few` and `many` run on
+    one random bf16 weight of CALIBRATION_SHAPE at each of CALIBRATION_ROWS, interleaved, best of
+    `repeats`: the fewest rows from which `many` takes < ONEDNN_WINS_BELOW of `few`'s time, there and
+    at every larger row count."""
     g = torch.Generator().manual_seed(0)
     plain = torch.randn(*CALIBRATION_SHAPE, generator=g).to(torch.bfloat16)
-    kernels = (ZserveBf16Kernel(), OneDnnKernel())
+    kernels = (few, many)
     packs = [k.pack(plain, None, None) for k in kernels]
     ratios = {}
     for rows in CALIBRATION_ROWS:
@@ -100,7 +107,7 @@ def measure_crossover(repeats: int = 3) -> tuple[int, str]:
                 best_s[i] = min(best_s[i], (time.perf_counter() - t0) / calls)
         ratios[rows] = best_s[1] / best_s[0]
     min_rows = NEVER
-    for rows in reversed(CALIBRATION_ROWS):  # the smallest row count from which oneDNN keeps winning
+    for rows in reversed(CALIBRATION_ROWS):  # the smallest row count from which `many` keeps winning
         if ratios[rows] >= ONEDNN_WINS_BELOW:
             break
         min_rows = rows

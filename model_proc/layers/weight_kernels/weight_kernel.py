@@ -45,6 +45,14 @@ class WeightKernel(ABC):
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
         """Whether it runs `dtype` on `device` here (a CPU kernel: whether it was built)."""
 
+    def may_pick(self, choice: str, device: torch.device, dtype: torch.dtype) -> bool:
+        """Whether a server's --gemm-backend `choice` gets this kernel on `device` in `dtype`."""
+        return choice in self.choices and self.runs(device, dtype)
+
+    def one_copy(self) -> WeightKernel:
+        """The kernel to run instead when the extra copies do not fit (extra_weight_copies 0: itself)."""
+        return self
+
     def calibrated(self) -> WeightKernel:
         """This kernel with whatever it measures once per process on this CPU (most: nothing)."""
         return self
