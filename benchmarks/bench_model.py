@@ -137,22 +137,49 @@ class GemmBound:
         return step
 
 
-def fma_peak_gflops(num_threads: int, backend: str) -> tuple[float, str]:
-    """The CPU's fp32 FMA peak for `num_threads` cores at the clock /proc/cpuinfo reports: 2 FMA
-    units x lanes (8 with AVX2, 16 with AVX-512) x 2 FLOPs per cycle per core; VDPBF16PS (the
-    zserve_bf16 GEMM) does two products per lane. AMX tiles (which oneDNN, the many-row half of
-    zserve_bf16+onednn, uses where the CPU has them) are not counted: there a prefill can pass this
-    "peak". (peak, how it was worked out)."""
-    from zserve.model_proc.kernels.cpu_isa import cpu_isa
+PROBED = ("fma", "vdpbf16ps", "vpdpbusd", "vpmaddubsw")
+PROBE_ITERATIONS = 5_000_000
 
-    mhz = 0.0
-    for line in Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []:
-        if line.startswith("cpu MHz"):
-            mhz = float(line.split(":", 1)[1])
-            break
-    lanes = 16 if cpu_isa().startswith("avx512") else 8 if cpu_isa() == "avx2" else 4
-    per_cycle = 2 * lanes * 2 * (2 if backend.startswith("zserve_bf16") else 1)
-    return num_threads * per_cycle * mhz / 1e3, f"{num_threads} cores x {per_cycle} FLOP/cycle x {mhz / 1e3:.2f} GHz"
+
+class InstructionPeaks:
+    """The clock and each GEMM instruction's rate, measured on every thread at once (under load)
+    by kernels/cpu_probe.cpp at this process's level, and which instruction a kernel multiplies
+    with at a row count: the peak a GEMM's rate is compared with. oneDNN's AMX tiles (the many-row
+    half of the row-split kernels on a CPU with AMX) are not measured: those cases say so."""
+
+    def __init__(self) -> None:
+        from zserve.common.cpu_isa_level import cpu_flags
+        from zserve.model_proc.kernels.cpu_kernels import load_cpu_kernels
+
+        self.rates = {}
+        if load_cpu_kernels():
+            self.clock_ghz = torch.ops.zserve.probe_rate("clock", 4 * PROBE_ITERATIONS) / 1e9
+            self.rates = {name: torch.ops.zserve.probe_rate(name, PROBE_ITERATIONS) / 1e9 for name in PROBED}
+        self.amx = "amx_bf16" in cpu_flags()
+
+    def describe(self) -> str:
+        if not self.rates:
+            return "peaks not measured (no CPU kernels)"
+        rates = ", ".join(f"{name.upper()} {rate:.0f}" for name, rate in self.rates.items() if rate > 0)
+        return f"measured peaks {rates} GOP/s at {self.clock_ghz:.2f} GHz under load"
+
+    def instruction(self, kernel, rows: int) -> str:
+        """What `kernel` (a runner's weight kernel) multiplies `rows` rows with."""
+        name = kernel.name
+        if name.endswith("+onednn") and rows >= kernel.min_onednn_rows or name == "onednn":
+            return "amx" if self.amx else "vdpbf16ps" if self.rates.get("vdpbf16ps") else "fma"
+        if name.startswith("zserve_bf16"):
+            return "vdpbf16ps"
+        if name.startswith("zserve_int8_dot"):
+            return "vpdpbusd" if self.rates.get("vpdpbusd") else "vpmaddubsw"
+        return "fma"
+
+    def share(self, gflops: float, kernel, rows: int) -> str:
+        instruction = self.instruction(kernel, rows)
+        peak = self.rates.get(instruction, 0.0)
+        if not peak:
+            return f"{instruction.upper()}: peak not measured"
+        return f"{gflops / peak:.0%} of the {instruction.upper()} peak"
 
 
 def decode_batch(batch_size: int, context_len: int, step_id: int) -> ForwardBatch:
@@ -279,8 +306,8 @@ def bench_dtype(model_dir: str, dtype: torch.dtype, batch_sizes: list[int], args
     for k in ours.kv_pool.k + ours.kv_pool.v + (quantized.kv_pool.k + quantized.kv_pool.v if quantized else []):  # random context, as on the transformers side
         k.normal_()
 
-    peak, peak_how = fma_peak_gflops(num_threads, ours.gemm_backend)
-    print(f"\n{dtype}: {weight_bytes / 1e6:.0f} MB of weights, {ours.gemm_backend} GEMM; FMA peak {peak:.0f} GFLOP/s ({peak_how}); "
+    peaks = InstructionPeaks()
+    print(f"\n{dtype}: {weight_bytes / 1e6:.0f} MB of weights, {ours.gemm_backend} GEMM; {peaks.describe()}; "
           f"load average {load_average()}")
     q_cols = ""
     if quantized is not None:
@@ -303,7 +330,7 @@ def bench_dtype(model_dir: str, dtype: torch.dtype, batch_sizes: list[int], args
         else:
             rate = gemm.flops(batch_size, batch_size) / bound_fn_ms / 1e6
             bound_ms = bound_fn_ms
-            what = (f"GEMM at {rate:.0f} GFLOP/s ({rate / peak:.0%} of peak); the step's linear FLOPs at "
+            what = (f"GEMM at {rate:.0f} GFLOP/s ({peaks.share(rate, ours.weight_kernel, batch_size)}); the step's linear FLOPs at "
                     f"{gemm.flops(batch_size, batch_size) / ours_ms / 1e6:.0f} GFLOP/s")
         case = f"decode_bs{batch_size}_ctx{CONTEXT_LEN}"
         q_cols = f"{int8_ms[0]:>10.2f}{int8_ms[0] / ours_ms:>10.2f}" if int8_ms else ""
@@ -322,7 +349,8 @@ def bench_dtype(model_dir: str, dtype: torch.dtype, batch_sizes: list[int], args
         q_cols = f"{int8_ms[0]:>10.2f}{int8_ms[0] / ours_ms:>10.2f}" if int8_ms else ""
         print(
             f"{case:<22}{ours_ms:>10.2f}{hf_ms:>10.2f}{ours_ms / hf_ms:>8.2f}{bound_ms:>10.2f}{ours_ms / bound_ms:>11.2f}{q_cols}"
-            f"  GEMM at {gemm.flops(PREFILL_LEN, 1) / bound_ms / 1e6:.0f} GFLOP/s ({gemm.flops(PREFILL_LEN, 1) / bound_ms / 1e6 / peak:.0%} of peak)"
+            f"  GEMM at {gemm.flops(PREFILL_LEN, 1) / bound_ms / 1e6:.0f} GFLOP/s"
+            f" ({peaks.share(gemm.flops(PREFILL_LEN, 1) / bound_ms / 1e6, ours.weight_kernel, PREFILL_LEN)})"
             f" ({PREFILL_LEN / ours_ms * 1e3:.0f} vs {PREFILL_LEN / hf_ms * 1e3:.0f} tokens/s)",
             flush=True,
         )

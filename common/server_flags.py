@@ -83,11 +83,13 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     'quantization': FlagSpec(
         'weights of the linear layers and the LM head: none (the --dtype) or int8 (quantized at load, '
         'symmetric, an fp32 scale per 64 input rows of each output column; a GGUF Q8_0 tensor is taken as '
-        "stored; embeddings, norms and biases stay --dtype; CPU: zserve's int8 GEMM, elsewhere "
-        'dequantized on the fly) (model_proc/layers/int8_weights.py)',
+        "stored; embeddings, norms and biases stay --dtype; CPU in bf16/fp16: zserve's int8 x int8 GEMM, "
+        'the activations quantized per row in blocks of 32 at each product (--gemm-backend zserve_widen '
+        'keeps them), in fp32 the weights-only GEMM; elsewhere dequantized on the fly) '
+        '(model_proc/layers/int8_weights.py)',
         choices=QUANTIZATION_CHOICES,
-        peer_note='vLLM/SGLang --quantization (their int8 schemes: w8a8 with calibrated activations; '
-        'here weights only)',
+        peer_note="vLLM/SGLang --quantization (their int8 schemes: w8a8, activations quantized per token; "
+        "here per block of 32, as llama.cpp's Q8_0)",
     ),
     'context_length': FlagSpec(
         "tokens of prompt + output a request may use at most (0 = the model's maximum; above it is "

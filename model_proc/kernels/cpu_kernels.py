@@ -3,9 +3,9 @@ from paged_attention.cpp (zserve::paged_attention), gemm_widen.cpp (zserve::gemm
 weights widened in registers, AVX2 or AVX-512), gemm_int8.cpp (zserve::gemm_int8: int8 weights
 and scales, --quantization int8; its drivers and tiles shared with gemm_widen in cpu_gemm.h),
 gemm_int8_dot.cpp (zserve::gemm_int8_dot: int8 weights times activations quantized to int8,
-VPDPBUSD with AVX512-VNNI, VPMADDUBSW elsewhere),
-gemm_bf16.cpp (zserve::gemm_bf16, with AVX512-BF16) and fused_ops.cpp (zserve::rms_norm,
-add_rms_norm_, silu_mul, rope_store).
+VPDPBUSD with AVX512-VNNI, VPMADDUBSW elsewhere), gemm_bf16.cpp (zserve::gemm_bf16, with AVX512-BF16),
+fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store) and cpu_probe.cpp
+(zserve::probe_rate: the clock and each GEMM instruction's rate under load, for bench_model's peak).
 
 The instruction set is cpu_isa.py's: the CPU's highest level, or a lower one forced with
 --cpu-isa. The build is cached under <cache root>/kernels
@@ -55,6 +55,7 @@ SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in (
         "paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_int8_dot.cpp", "gemm_bf16.cpp", "fused_ops.cpp",
+        "cpu_probe.cpp",
     )
 )
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent

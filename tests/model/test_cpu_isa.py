@@ -65,7 +65,7 @@ def test_kernels_at_the_next_lower_level():
     lower = LEVELS[LEVELS.index(level) - 1]
     env = {**os.environ, "ZSERVE_CPU_ISA": lower}
     tests = [
-        "tests/model/test_gemm.py", "tests/model/test_gemm_int8.py", "tests/model/test_gemm_int8_dot.py",
+        "tests/model/test_gemm.py", "tests/model/test_gemm_int8.py", "tests/model/test_gemm_int8_dot.py", "tests/model/test_cpu_probe.py",
         "tests/model/test_attention_kernel.py", "tests/model/test_fused_ops.py", "tests/model/test_model_parity_bf16.py",
     ]
     proc = subprocess.run(
