@@ -9,4 +9,6 @@ from __future__ import annotations
 
 # --gemm-backend: auto picks the fastest that runs
 GEMM_CHOICES = ("auto", "zserve_bf16", "zserve_widen", "zserve_dot", "onednn", "torch")
-QUANTIZATION_CHOICES = ("none", "int8")  # --quantization: none keeps --dtype; int8 (model_proc/layers/int8_weights.py)
+# --quantization: none keeps --dtype; int8 (model_proc/layers/int8_weights.py); gguf keeps a GGUF file's quantized
+# matrices as stored (model_proc/gguf_blocks.py: 4-bit ones packed, the others as int8 codes)
+QUANTIZATION_CHOICES = ("none", "int8", "gguf")

@@ -42,7 +42,7 @@ def check_flags(cfg: ServerConfig) -> RankLayout:
     """Rules between flags and what this machine must offer; cheap, so it runs before the model is fetched."""
     if not DEVICE_PATTERN.fullmatch(cfg.device):
         raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
-    if cfg.gemm_backend == "zserve_dot" and cfg.quantization != "int8":
+    if cfg.gemm_backend == "zserve_dot" and cfg.quantization not in ("int8", "gguf"):
         raise ValueError(
             "--gemm-backend zserve_dot multiplies int8 weights by int8 activations: it needs --quantization int8"
         )
@@ -89,6 +89,10 @@ def check_model(cfg: ServerConfig, layout: RankLayout) -> ServerConfig:
             TokenizerFiles.read(cfg.tokenizer)
         except (ValueError, OSError) as exc:
             raise ValueError(f"--tokenizer {cfg.tokenizer}: {exc}") from None
+    if cfg.quantization == "gguf" and gguf_source(cfg.model) is None:
+        raise ValueError(
+            f"--quantization gguf keeps a GGUF file's matrices as stored: --model {cfg.model} is not a .gguf file"
+        )
     layout.check_model(hf.num_heads, hf.num_kv_heads, hf.intermediate_size)
     error = context_length_error(cfg.context_length, hf.context_len)
     if error is not None:

@@ -18,6 +18,11 @@ stored (`stored_weight`), an `Int8Weight` (layers/int8_weights.py: q and d un-pe
 slice the floats, group size 32), and the linear layer or LM head packs those values instead of
 quantizing its float weight again. A TP column slice through a block is read as floats. Without
 it (--quantization none), Q8_0 is dequantized like any other type.
+
+--quantization gguf keeps every matrix of a type in gguf_blocks.STORED_TYPES as stored (Q8_0,
+Q4_0, Q4_1, Q4_K, Q5_K, Q6_K: 4-bit codes as an `Int4Weight`, the others as int8 codes with
+their scales and offsets, `Int8Weight`), un-permuted and sliced as `read` slices the floats; a
+matrix of another type (F16, Q5_0, ...) comes as floats and the kernel quantizes it to int8.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ import torch
 
 from zserve.common.gguf_source import gguf_source
 from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.gguf_blocks import STORED_TYPES, decode
+from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_weights import Int8Weight
 
 logger = logging.getLogger(__name__)
@@ -121,6 +128,10 @@ class GGUFCheckpoint(Checkpoint):
         for type_name, n in sorted(counts.items()):
             if type_name in float_types:
                 logger.info("GGUF %s: %d %s tensors read as stored", self.gguf_file.name, n, type_name)
+            elif type_name in STORED_TYPES and self.quantization == "gguf":
+                logger.info("GGUF %s: %d %s tensors: matrices kept as stored for --quantization gguf (%s), a "
+                            "lookup-only embedding dequantized", self.gguf_file.name, n, type_name,
+                            "4-bit codes" if type_name in ("Q4_0", "Q4_1", "Q4_K") else "int8 codes")
             elif type_name == "Q8_0" and self.quantization == "int8":
                 logger.info("GGUF %s: %d Q8_0 tensors: matrices kept as stored for --quantization int8 (int8 values, "
                             "a scale per 32 input rows), a lookup-only embedding dequantized", self.gguf_file.name, n)
@@ -190,14 +201,42 @@ class GGUFCheckpoint(Checkpoint):
 
     def stored_weight(
         self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
-    ) -> Int8Weight | None:
+    ) -> Int8Weight | Int4Weight | None:
         """A matrix in the format --quantization runs, as stored: one branch per format."""
         t = self._tensors.get(name)
         if t is None or len(t.shape) != 2:
             return None
         if self.quantization == "int8" and t.tensor_type == self._gguf.GGMLQuantizationType.Q8_0:
             return self._q8_0_weight(name, expected_shape, rows, cols)
+        if self.quantization == "gguf" and t.tensor_type.name in STORED_TYPES:
+            return self._decoded_weight(name, expected_shape, rows, cols)
         return None
+
+    def _decoded_weight(
+        self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
+    ) -> Int8Weight | Int4Weight | None:
+        """A matrix as gguf_blocks decodes it, un-permuted and sliced as `read` slices the floats,
+        [in, out]; None for a column slice through a group (read as floats)."""
+        t = self._tensors[name]
+        out_features, in_features = (int(d) for d in reversed(t.shape))
+        self._check_shape(name, (out_features, in_features), expected_shape)
+        blocks = decode(t.tensor_type.name, np.array(t.data), out_features, in_features)
+        g = blocks.group_size
+        r0, r1 = rows or (0, out_features)
+        c0, c1 = cols or (0, in_features)
+        if c0 % g or (c1 % g and c1 != in_features):
+            return None
+        self._progress.update(1)
+        groups = slice(c0 // g, -(-c1 // g))
+
+        def part(tensor: torch.Tensor | None, columns: slice) -> torch.Tensor | None:
+            return None if tensor is None else self._unpermute(name, tensor)[r0:r1, columns].t().contiguous()
+
+        codes = part(blocks.codes, slice(c0, c1))
+        scales, offsets = part(blocks.scales, groups), part(blocks.offsets, groups)
+        if blocks.bits == 4:
+            return Int4Weight(codes, scales, offsets, g)
+        return Int8Weight(codes, scales, g, offsets)
 
     def _q8_0_weight(
         self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None

@@ -2,7 +2,8 @@
 llama.cpp's convert_hf_to_gguf.py lays it out, with the gguf package's GGUFWriter:
 
     model.layers.N.self_attn.q_proj.weight -> blk.N.attn_q.weight   (llama: rows permuted)
-    2-D weights in `weight_type` (F32, F16, BF16 or Q8_0), 1-D tensors (norms, biases) in F32
+    2-D weights in `weight_type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1; Q4_K, Q5_K, Q6_K as random
+    blocks; Q4_K_M: a mix of Q4_K, Q6_K and Q8_0), 1-D tensors (norms, biases) in F32
 
 With a tokenizer.json in the directory (byte-level BPE), its vocabulary, merges, special ids
 and chat template go into the metadata too, so transformers (and zserve) can rebuild it.
@@ -20,6 +21,7 @@ import torch
 from zserve.model_proc.gguf_checkpoint import GGUF_TO_HF
 
 HF_TO_GGUF = {hf: gg for gg, hf in GGUF_TO_HF.items()}
+QUANTIZED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
 ARCH_OF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
 
@@ -69,13 +71,14 @@ def write_gguf(model_dir: str | Path, out_path: str | Path, weight_type: str = "
             data = permute_rows(data, num_heads)
         elif arch == "llama" and ".self_attn.k_proj." in name:
             data = permute_rows(data, num_kv_heads)
-        if data.ndim == 1 or weight_type == "F32":
+        tensor_type = type_of(weight_type, gguf_name(name))
+        if data.ndim == 1 or tensor_type == "F32":
             writer.add_tensor(gguf_name(name), np.ascontiguousarray(data, np.float32))
-        elif weight_type == "F16":
+        elif tensor_type == "F16":
             writer.add_tensor(gguf_name(name), data.astype(np.float16))
-        elif weight_type == "Q8_0":  # blocks of 32 along each row: every tiny model's widths are multiples of 32
-            qtype = gguf.GGMLQuantizationType.Q8_0
-            writer.add_tensor(gguf_name(name), gguf.quants.quantize(np.ascontiguousarray(data, np.float32), qtype), raw_dtype=qtype)
+        elif tensor_type in QUANTIZED_TYPES:  # blocks along each row: 32 (Q8_0, Q4_0, Q4_1) or 256 values
+            raw, qtype = quantized_tensor(tensor_type, data, seed=len(name))
+            writer.add_tensor(gguf_name(name), raw, raw_dtype=qtype)
         else:  # BF16: raw 16-bit words, typed by raw_dtype
             words = torch.from_numpy(np.ascontiguousarray(data)).bfloat16().view(torch.int16).numpy()
             writer.add_tensor(gguf_name(name), words.view(np.uint8).reshape(data.shape[0], -1), raw_dtype=gguf.GGMLQuantizationType.BF16)
@@ -128,3 +131,51 @@ def demo_gguf(work_dir: str | Path) -> Path | None:
         while chunk := src.read(1 << 22):
             dst.write(chunk)
     return target
+
+
+K_QUANT_BLOCK_BYTES = {"Q4_K": 144, "Q5_K": 176, "Q6_K": 210}
+
+
+def random_k_blocks(type_name: str, rows: int, cols: int, seed: int, magnitude: float = 0.05) -> np.ndarray:
+    """uint8 [rows, cols / 256 * block bytes]: K-quant blocks of random codes with valid scales
+    (gguf cannot quantize to these types), values within about +-`magnitude`. Q4_K / Q5_K: fp16 d
+    and dmin, random 6-bit scales and mins, random codes; Q6_K: random codes and int8 scales, fp16 d."""
+    rng = np.random.default_rng(seed)
+    nb = rows * cols // 256
+    size = K_QUANT_BLOCK_BYTES[type_name]
+    blocks = rng.integers(0, 256, size=(nb, size), dtype=np.uint8)
+
+    def fp16(values: np.ndarray) -> np.ndarray:
+        return values.astype(np.float16).view(np.uint8).reshape(nb, 2)
+
+    if type_name in ("Q4_K", "Q5_K"):
+        levels = 15 if type_name == "Q4_K" else 31
+        blocks[:, 0:2] = fp16(rng.uniform(0.5, 1.0, nb) * 2 * magnitude / (63 * levels))  # d: d * sc * q spans 2 x magnitude
+        blocks[:, 2:4] = fp16(rng.uniform(0.5, 1.0, nb) * magnitude / 63)  # dmin: dmin * m centres it
+    else:
+        blocks[:, 192:208] = rng.integers(-127, 128, size=(nb, 16), dtype=np.int8).view(np.uint8)
+        blocks[:, 208:210] = fp16(rng.uniform(0.5, 1.0, nb) * magnitude / (127 * 32))
+    return blocks.reshape(rows, -1)
+
+
+def quantized_tensor(type_name: str, data: np.ndarray, seed: int):
+    """(raw bytes, the gguf type) of a [rows, cols] matrix in `type_name`: Q8_0, Q4_0 and Q4_1
+    quantized from `data` by gguf itself; Q4_K, Q5_K and Q6_K random blocks (random_k_blocks)."""
+    import gguf
+
+    qtype = gguf.GGMLQuantizationType[type_name]
+    if type_name in K_QUANT_BLOCK_BYTES:
+        return random_k_blocks(type_name, *data.shape, seed=seed), qtype
+    return gguf.quants.quantize(np.ascontiguousarray(data, np.float32), qtype), qtype
+
+
+# A Q4_K_M-like mix (llama-quantize's: Q6_K for attn_v and ffn_down, Q4_K elsewhere), the embedding in Q8_0
+Q4_K_M_MIX = {"attn_v": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q8_0", "output": "Q6_K"}
+
+
+def type_of(weight_type: str, gguf_tensor_name: str) -> str:
+    """A 2-D tensor's type under `weight_type` (one type, or "Q4_K_M": Q4_K_M_MIX)."""
+    if weight_type != "Q4_K_M":
+        return weight_type
+    key = gguf_tensor_name.split(".")[-2] if gguf_tensor_name.startswith("blk.") else gguf_tensor_name.split(".")[0]
+    return Q4_K_M_MIX.get(key, "Q4_K")

@@ -1,35 +1,46 @@
-// int8 weights times int8 activations (--quantization int8 and GGUF Q8_0 in a 16-bit runtime):
+// int8 and 4-bit weights times int8 activations (--quantization int8, and a GGUF file's quantized
+// matrices kept as stored):
 //
-//   zserve::gemm_int8_dot(x, w_quads, scales, out_features, bias_f32, group_size) -> y
+//   zserve::gemm_int8_dot(x, w_quads, scales, offsets, out_features, bias_f32, group_size) -> y
+//   zserve::gemm_int4_dot(x, w_nibbles, scales, offsets, out_features, bias_f32, group_size) -> y
+//
+// The weight W [K, N] is codes C times scales S plus offsets O (None: 0), with S and O per group
+// of G input rows and column: W = C * S + O. int8 codes: --quantization int8, GGUF Q8_0 and Q6_K
+// (G = 16), Q5_K's 5-bit codes; 4-bit codes: GGUF Q4_0, Q4_1 and Q4_K (offsets -8 d, m, -dmin m).
 //
 //   x           bf16, fp16 or fp32 [M, K]   contiguous, K a multiple of 32
-//   w_quads     uint8 [NB, K / 4, 16, 4]    Q + 128 for the weight Q [K, N] (int8) in blocks of 16
-//                                           output columns (NB = ceil(N / 16), zero columns past N
-//                                           hold 128): element (b, p, j, i) is Q[4p + i, 16b + j] + 128
-//   scales      float32 [NB, NG, 16]        gemm_int8's: S [ceil(K / G), N] in column blocks
+//   w_quads     uint8 [NB, K / 4, 16, 4]    C + 128 for int8 codes C [K, N], in blocks of 16 output
+//                                           columns (NB = ceil(N / 16); columns past N hold 128):
+//                                           element (b, p, j, i) is C[4p + i, 16b + j] + 128
+//   w_nibbles   uint8 [NB, K / 8, 16, 4]    codes C in [0, 15]: element (b, p, j, i) holds C[8p + i, 16b + j]
+//                                           in its low nibble and C[8p + 4 + i, 16b + j] in its high one
+//   scales      float32 [NB, NG, 16]        S [ceil(K / G), N] in column blocks (gemm_int8's layout)
+//   offsets     float32 [NB, NG, 16] or None  O, likewise
 //   bias_f32    float32 [NB * 16] or None
-//   group_size  G, a multiple of 32 (or K)
+//   group_size  G: 16, a multiple of 32, or K
 //   y           x's dtype [M, out_features]
 //
 // Each row of x is quantized first, in blocks of 32 along K: s = max|x| / 127 (fp32), and
 // xq = round-half-even(x * (127 / max|x|)) in [-127, 127] (a block of zeros: s = 0, xq = 0).
-// Then, per block of 32 k and 16 columns, the int32 dot products sum(Q * xq) are exact, and
+// Then, per sub-block a of min(G, 32) k and 16 columns, the int32 dot products sum(C * xq) are
+// exact, and
 //
-//   y[m, n] = sum over blocks a of  float(sum_a Q * xq) * (S[g(a), n] * s[m, a])    (fp32, + bias)
+//   y[m, n] = sum over a of  float(sum_a C * xq) * (S[g(a), n] * s[m, a]) + O[g(a), n] * (s[m, a] * sum_a xq)
 //
-// so what it computes is x with its rows quantized that way times the dequantized weight Q * S,
-// with the products exact and the sums in fp32 (testing/int8_activations.py is the same rule in
-// torch; tests/model/test_gemm_int8_dot.py holds the kernel to it).
+// in fp32 (+ bias), rounded once: x with its rows quantized that way times C * S + O, with the
+// products exact (layers/int8_activations.py is the same rule in torch; tests/model/
+// test_gemm_int8_dot.py and test_gemm_int4_dot.py hold the kernels to it).
 //
 // The dot products, 4 k x 16 columns per instruction and row (the quad layout: one 64-byte load
-// is 16 columns x 4 k):
-//   AVX512-VNNI (the avx512_bf16 level): VPDPBUSD (unsigned Q + 128 times signed xq, int32
-//     sums), minus 128 * sum(xq) per block, which the quantizer hands over;
-//   AVX-512 BW without VNNI, and AVX2: VPMADDUBSW + VPMADDWD on |Q| and xq with Q's sign
-//     (VPMADDUBSW saturates its 16-bit pairs; 127 * 127 * 2 does not reach it, 255 * 127 * 2 would).
-// Threads split the column blocks; rows go through a block ROWS at a time (the block, K x 16
-// bytes, stays in L1 while they do), so a decode step streams each weight byte once, and a
-// prefill reads x once per block from L2.
+// is 16 columns x 4 k, or x 8 k in nibbles):
+//   AVX512-VNNI (the avx512_bf16 level): VPDPBUSD (unsigned C + 128, or a nibble, times signed
+//     xq, int32 sums), minus 128 * sum(xq) for int8 codes, which the quantizer hands over;
+//   AVX-512 BW without VNNI, and AVX2: VPMADDUBSW + VPMADDWD; int8 codes as |C| and xq with C's
+//     sign (VPMADDUBSW saturates its 16-bit pairs: 127 * 127 * 2 does not reach it, 255 * 127 * 2
+//     would), nibbles as they are (15 * 127 * 2).
+// Threads split the column blocks; rows go through a block ROWS at a time (the block stays in L1
+// while they do), so a decode step streams each weight byte once, and a prefill reads x once per
+// block from L2.
 
 #include <torch/library.h>
 
@@ -58,18 +69,23 @@ inline ivec iload(const uint8_t* p) { return _mm512_loadu_si512(p); }
 inline ivec ibroadcast(const int8_t* p) { return _mm512_set1_epi32(*reinterpret_cast<const int32_t*>(p)); }
 inline ivec iset1(int32_t v) { return _mm512_set1_epi32(v); }
 inline ivec isub(ivec a, ivec b) { return _mm512_sub_epi32(a, b); }
+inline ivec low_nibbles(ivec v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
+inline ivec high_nibbles(ivec v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }
 inline vec to_float(ivec v) { return _mm512_cvtepi32_ps(v); }
 #if defined(__AVX512VNNI__)
-constexpr int32_t WEIGHT_OFFSET = 128;  // the dot products are of Q + 128
-inline ivec dot4(ivec acc, ivec w, ivec x) { return _mm512_dpbusd_epi32(acc, w, x); }
+constexpr int32_t WEIGHT_OFFSET = 128;  // int8 weights: the dot products are of Q + 128
+inline ivec dot4_int8(ivec acc, ivec w, ivec x) { return _mm512_dpbusd_epi32(acc, w, x); }
+inline ivec dot4_codes(ivec acc, ivec w, ivec x) { return _mm512_dpbusd_epi32(acc, w, x); }
 #else
-constexpr int32_t WEIGHT_OFFSET = 0;  // the dot products are of Q
-inline ivec dot4(ivec acc, ivec w, ivec x) {
+constexpr int32_t WEIGHT_OFFSET = 0;  // int8 weights: the dot products are of Q
+inline ivec dot4_codes(ivec acc, ivec w, ivec x) {
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
+}
+inline ivec dot4_int8(ivec acc, ivec w, ivec x) {
   const ivec q = _mm512_xor_si512(w, _mm512_set1_epi8(static_cast<char>(0x80)));
   const __mmask64 negative = _mm512_movepi8_mask(q);
   const ivec x_signed = _mm512_mask_sub_epi8(x, negative, _mm512_setzero_si512(), x);
-  const ivec pairs = _mm512_maddubs_epi16(_mm512_abs_epi8(q), x_signed);
-  return _mm512_add_epi32(acc, _mm512_madd_epi16(pairs, _mm512_set1_epi16(1)));
+  return dot4_codes(acc, _mm512_abs_epi8(q), x_signed);
 }
 #endif
 #else
@@ -81,23 +97,30 @@ inline ivec iload(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast
 inline ivec ibroadcast(const int8_t* p) { return _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(p)); }
 inline ivec iset1(int32_t v) { return _mm256_set1_epi32(v); }
 inline ivec isub(ivec a, ivec b) { return _mm256_sub_epi32(a, b); }
+inline ivec low_nibbles(ivec v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
+inline ivec high_nibbles(ivec v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f)); }
 inline vec to_float(ivec v) { return _mm256_cvtepi32_ps(v); }
-inline ivec dot4(ivec acc, ivec w, ivec x) {
+inline ivec dot4_codes(ivec acc, ivec w, ivec x) {
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+}
+inline ivec dot4_int8(ivec acc, ivec w, ivec x) {
   const ivec q = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
-  const ivec pairs = _mm256_maddubs_epi16(_mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
+  return dot4_codes(acc, _mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
 }
 #endif
 static_assert(IV == NV, "one int32 vector per fp32 vector of the block's columns");
-constexpr int64_t QUAD_BYTES = COLS * QUAD;  // one k-quad of a block: 64 bytes
+constexpr int64_t QUAD_BYTES = COLS * QUAD;  // one 64-byte load: 16 columns x 4 codes (nibbles: x 8)
+constexpr int64_t SUM_BLOCK = 16;             // k per partial sum of xq the quantizer hands over
 #if defined(__AVX512F__)
 constexpr int DOT_ROWS = 8;  // 2 accumulators per row + the weights and x: 18 of 32 zmm
 #else
 constexpr int DOT_ROWS = 2;  // 2 x 2 accumulators per row + 2 weight vectors and the temporaries: 16 ymm
 #endif
 
-// One row's 32 values (fp32) -> 32 int8, their scale, and WEIGHT_OFFSET * their sum.
-inline void quantize_block(const float* x, int8_t* q, float* scale, int32_t* offset_sum) {
+enum class Codes { INT8, NIBBLES };  // int8 C (stored C + 128) in quads; unsigned 4-bit codes in nibble pairs of quads
+
+// One row's 32 values (fp32) -> 32 int8, their scale, and the sums of each 16 of them.
+inline void quantize_block(const float* x, int8_t* q, float* scale, int32_t* sums16) {
 #if defined(__AVX512F__)
   const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x)), _mm512_abs_ps(_mm512_loadu_ps(x + 16))));
 #else
@@ -111,115 +134,161 @@ inline void quantize_block(const float* x, int8_t* q, float* scale, int32_t* off
 #endif
   const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
   *scale = amax / 127.0f;
-  int32_t sum = 0;
 #if defined(__AVX512F__)
   for (int64_t i = 0; i < ACT_BLOCK; i += 16) {
     const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + i), _mm512_set1_ps(inverse)));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(v));
-    sum += _mm512_reduce_add_epi32(v);
+    sums16[i / 16] = _mm512_reduce_add_epi32(v);
   }
 #else
   __m256i v[4];
-  __m256i total = _mm256_setzero_si256();
-  for (int i = 0; i < 4; ++i) {
-    v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), _mm256_set1_ps(inverse)));
-    total = _mm256_add_epi32(total, v[i]);
-  }
+  for (int i = 0; i < 4; ++i) v[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + 8 * i), _mm256_set1_ps(inverse)));
   // packs work within 128-bit lanes: 32 bytes come out in the order 0 2 4 6 1 3 5 7 (of 4-byte groups)
   const __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(q), _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-  alignas(32) int32_t lanes[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), total);
-  for (int i = 0; i < 8; ++i) sum += lanes[i];
+  for (int half = 0; half < 2; ++half) {
+    alignas(32) int32_t lanes[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(lanes), _mm256_add_epi32(v[2 * half], v[2 * half + 1]));
+    int32_t sum = 0;
+    for (int32_t lane : lanes) sum += lane;
+    sums16[half] = sum;
+  }
 #endif
-  *offset_sum = WEIGHT_OFFSET * sum;
 }
 
 struct QuantizedRows {
-  at::Tensor q;            // int8 [M, K]
-  at::Tensor scales;       // float32 [M, K / 32]
-  at::Tensor offset_sums;  // int32 [M, K / 32]
+  at::Tensor q;       // int8 [M, K]
+  at::Tensor scales;  // float32 [M, K / 32]
+  at::Tensor sums16;  // int32 [M, K / 16]: the sum of xq over each 16 k
 };
 
 QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, const at::TensorOptions& options) {
   const int64_t num_blocks = K / ACT_BLOCK;
   QuantizedRows rows{at::empty({M, K}, options.dtype(at::kChar)), at::empty({M, num_blocks}, options.dtype(at::kFloat)),
-                     at::empty({M, num_blocks}, options.dtype(at::kInt))};
+                     at::empty({M, K / SUM_BLOCK}, options.dtype(at::kInt))};
   int8_t* q = rows.q.data_ptr<int8_t>();
   float* s = rows.scales.data_ptr<float>();
-  int32_t* c = rows.offset_sums.data_ptr<int32_t>();
+  int32_t* c = rows.sums16.data_ptr<int32_t>();
   at::parallel_for(0, M * num_blocks, std::max<int64_t>(1, 4096 / ACT_BLOCK), [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) quantize_block(x + i * ACT_BLOCK, q + i * ACT_BLOCK, s + i, c + i);
+    for (int64_t i = i0; i < i1; ++i) quantize_block(x + i * ACT_BLOCK, q + i * ACT_BLOCK, s + i, c + 2 * i);
   });
   return rows;
 }
 
-// ROWS rows of quantized x against one block of 16 columns -> ROWS x 16 fp32 sums.
-template <int ROWS>
-inline void dot_block_rows(const int8_t* xq, const float* xs, const int32_t* xc, int64_t K, const uint8_t* w_block,
-                           const float* block_scales, int64_t G, float* sums) {
-  const int64_t num_act = K / ACT_BLOCK;
+struct Weights {
+  const uint8_t* codes;    // this column block's codes
+  const float* scales;     // [NG, 16]
+  const float* offsets;    // [NG, 16] or null
+  int64_t G;
+};
+
+// ROWS rows of quantized x against one block of 16 columns -> ROWS x 16 fp32 sums. The k range
+// goes in sub-blocks of SB = min(G, 32) k: one int32 dot product per row and sub-block, then one
+// rescale (and, with offsets, one more FMA).
+template <Codes KIND, int ROWS>
+inline void dot_block_rows(const int8_t* xq, const float* xs, const int32_t* x_sums16, int64_t K, const Weights& w, float* sums) {
+  constexpr int64_t K_PER_LOAD = KIND == Codes::NIBBLES ? 2 * QUAD : QUAD;
+  const int64_t num_act = K / ACT_BLOCK, num_sums = K / SUM_BLOCK;
+  const int64_t sub_block = std::min<int64_t>(w.G, ACT_BLOCK);
   vec total[ROWS][NV];
   for (int r = 0; r < ROWS; ++r)
     for (int v = 0; v < NV; ++v) total[r][v] = vzero();
-  for (int64_t a = 0; a < num_act; ++a) {
-    const int64_t k0 = a * ACT_BLOCK;
+  for (int64_t k0 = 0; k0 < K; k0 += sub_block) {
     ivec dot[ROWS][IV];
     for (int r = 0; r < ROWS; ++r)
       for (int v = 0; v < IV; ++v) dot[r][v] = izero();
-    for (int64_t k = k0; k < k0 + ACT_BLOCK; k += QUAD) {
-      const uint8_t* w_quad = w_block + (k / QUAD) * QUAD_BYTES;
-      _mm_prefetch(reinterpret_cast<const char*>(w_quad) + PREFETCH_BYTES, _MM_HINT_T0);
-      ivec w[IV];
-      for (int v = 0; v < IV; ++v) w[v] = iload(w_quad + v * (QUAD_BYTES / IV));
-      for (int r = 0; r < ROWS; ++r) {
-        const ivec xb = ibroadcast(xq + r * K + k);
-        for (int v = 0; v < IV; ++v) dot[r][v] = dot4(dot[r][v], w[v], xb);
+    for (int64_t k = k0; k < k0 + sub_block; k += K_PER_LOAD) {
+      const uint8_t* w_load = w.codes + (k / K_PER_LOAD) * QUAD_BYTES;
+      _mm_prefetch(reinterpret_cast<const char*>(w_load) + PREFETCH_BYTES, _MM_HINT_T0);
+      ivec wv[IV];
+      for (int v = 0; v < IV; ++v) wv[v] = iload(w_load + v * (QUAD_BYTES / IV));
+      if constexpr (KIND == Codes::NIBBLES) {
+        ivec high[IV];
+        for (int v = 0; v < IV; ++v) {
+          high[v] = high_nibbles(wv[v]);
+          wv[v] = low_nibbles(wv[v]);
+        }
+        for (int r = 0; r < ROWS; ++r) {
+          const ivec x_low = ibroadcast(xq + r * K + k), x_high = ibroadcast(xq + r * K + k + QUAD);
+          for (int v = 0; v < IV; ++v) dot[r][v] = dot4_codes(dot4_codes(dot[r][v], wv[v], x_low), high[v], x_high);
+        }
+      } else {
+        for (int r = 0; r < ROWS; ++r) {
+          const ivec xb = ibroadcast(xq + r * K + k);
+          for (int v = 0; v < IV; ++v) dot[r][v] = dot4_int8(dot[r][v], wv[v], xb);
+        }
       }
     }
-    const float* group_scales = block_scales + (k0 / G) * COLS;
-    vec weight_scale[NV];
-    for (int v = 0; v < NV; ++v) weight_scale[v] = vload(group_scales + v * LANES);
+    const int64_t g = k0 / w.G, a = k0 / ACT_BLOCK, first_sum = k0 / SUM_BLOCK;
+    vec weight_scale[NV], weight_offset[NV];
+    for (int v = 0; v < NV; ++v) weight_scale[v] = vload(w.scales + g * COLS + v * LANES);
+    if (w.offsets != nullptr)
+      for (int v = 0; v < NV; ++v) weight_offset[v] = vload(w.offsets + g * COLS + v * LANES);
     for (int r = 0; r < ROWS; ++r) {
-      const vec row_scale = vset1(xs[r * num_act + a]);
-      const ivec offset = iset1(xc[r * num_act + a]);
-      for (int v = 0; v < NV; ++v) total[r][v] = vfma(to_float(isub(dot[r][v], offset)), vmul(weight_scale[v], row_scale), total[r][v]);
+      const float row_scale = xs[r * num_act + a];
+      const int32_t* row_sums = x_sums16 + r * num_sums + first_sum;
+      const int32_t x_sum = sub_block == SUM_BLOCK ? row_sums[0] : row_sums[0] + row_sums[1];
+      const vec scale = vset1(row_scale);
+      const ivec correction = iset1(KIND == Codes::INT8 ? WEIGHT_OFFSET * x_sum : 0);  // VPDPBUSD took C + 128
+      for (int v = 0; v < NV; ++v) total[r][v] = vfma(to_float(isub(dot[r][v], correction)), vmul(weight_scale[v], scale), total[r][v]);
+      if (w.offsets != nullptr) {
+        const vec scaled_sum = vset1(row_scale * static_cast<float>(x_sum));
+        for (int v = 0; v < NV; ++v) total[r][v] = vfma(weight_offset[v], scaled_sum, total[r][v]);
+      }
     }
   }
   for (int r = 0; r < ROWS; ++r)
     for (int v = 0; v < NV; ++v) vstore(sums + r * COLS + v * LANES, total[r][v]);
 }
 
-template <int... R>
-constexpr auto dot_fns(std::integer_sequence<int, R...>) {
-  using Fn = void (*)(const int8_t*, const float*, const int32_t*, int64_t, const uint8_t*, const float*, int64_t, float*);
-  return std::array<Fn, sizeof...(R)>{{dot_block_rows<R + 1>...}};
-}
-constexpr auto DOT_FNS = dot_fns(std::make_integer_sequence<int, DOT_ROWS>{});  // DOT_FNS[rows - 1]
+using DotFn = void (*)(const int8_t*, const float*, const int32_t*, int64_t, const Weights&, float*);
 
-template <typename T>
-void run(const at::Tensor& x, const at::Tensor& w_quads, const at::Tensor& scales, int64_t out_features, const float* bias, int64_t G,
-         at::Tensor& out) {
-  const int64_t M = x.size(0), K = x.size(1), num_blocks = w_quads.size(0), num_groups = scales.size(1), num_act = K / ACT_BLOCK;
+template <Codes KIND, int... R>
+constexpr std::array<DotFn, sizeof...(R)> dot_fns(std::integer_sequence<int, R...>) {
+  return {{dot_block_rows<KIND, R + 1>...}};
+}
+template <Codes KIND>
+constexpr std::array<DotFn, DOT_ROWS> DOT_FNS = dot_fns<KIND>(std::make_integer_sequence<int, DOT_ROWS>{});  // [rows - 1]
+
+template <typename T, Codes KIND>
+void run(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const float* offsets, int64_t out_features,
+         const float* bias, int64_t G, at::Tensor& out) {
+  const int64_t M = x.size(0), K = x.size(1), num_blocks = codes.size(0), num_groups = scales.size(1);
+  const int64_t num_act = K / ACT_BLOCK, num_sums = K / SUM_BLOCK;
+  const int64_t block_bytes = codes.numel() / num_blocks;
   at::Tensor x_f32;
   const QuantizedRows rows = quantize_rows(x_as_f32<T>(x, x_f32), M, K, x.options());
   const int8_t* xq = rows.q.data_ptr<int8_t>();
   const float* xs = rows.scales.data_ptr<float>();
-  const int32_t* xc = rows.offset_sums.data_ptr<int32_t>();
-  const uint8_t* wp = w_quads.data_ptr<uint8_t>();
+  const int32_t* x_sums16 = rows.sums16.data_ptr<int32_t>();
+  const uint8_t* wp = codes.data_ptr<uint8_t>();
   const float* sp = scales.data_ptr<float>();
   T* op = reinterpret_cast<T*>(out.data_ptr());
   at::parallel_for(0, num_blocks, 1, [&](int64_t b0, int64_t b1) {
     alignas(64) float sums[DOT_ROWS * COLS];
     for (int64_t b = b0; b < b1; ++b) {
+      const Weights w{wp + b * block_bytes, sp + b * num_groups * COLS, offsets != nullptr ? offsets + b * num_groups * COLS : nullptr, G};
       const int64_t num_cols = std::min(COLS, out_features - b * COLS);
       for (int64_t m = 0; m < M; m += DOT_ROWS) {
         const int n_rows = static_cast<int>(std::min<int64_t>(DOT_ROWS, M - m));
-        DOT_FNS[n_rows - 1](xq + m * K, xs + m * num_act, xc + m * num_act, K, wp + b * K * COLS, sp + b * num_groups * COLS, G, sums);
+        DOT_FNS<KIND>[n_rows - 1](xq + m * K, xs + m * num_act, x_sums16 + m * num_sums, K, w, sums);
         store_rows(sums, n_rows, bias != nullptr ? bias + b * COLS : nullptr, op + m * out_features + b * COLS, out_features, num_cols);
       }
     }
   });
+}
+
+template <Codes KIND>
+void run_dtype(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const float* offsets, int64_t out_features,
+               const float* bias, int64_t G, at::Tensor& out) {
+  if (x.size(0) == 0) return;
+  if (x.scalar_type() == at::kBFloat16) {
+    run<c10::BFloat16, KIND>(x, codes, scales, offsets, out_features, bias, G, out);
+  } else if (x.scalar_type() == at::kHalf) {
+    run<c10::Half, KIND>(x, codes, scales, offsets, out_features, bias, G, out);
+  } else {
+    run<float, KIND>(x, codes, scales, offsets, out_features, bias, G, out);
+  }
 }
 #endif
 
@@ -234,49 +303,68 @@ std::string gemm_int8_dot_instruction() {
 #endif
 }
 
-at::Tensor gemm_int8_dot(const at::Tensor& x, const at::Tensor& w_quads, const at::Tensor& scales, int64_t out_features,
-                         const c10::optional<at::Tensor>& bias_f32, int64_t group_size) {
-  TORCH_CHECK(gemm_int8_dot_supported(), "gemm_int8_dot: this build has no AVX2 kernel");
+// The checks both ops make; returns the number of groups.
+int64_t check_args(const char* name, const at::Tensor& x, const at::Tensor& codes, int64_t k_per_row, const at::Tensor& scales,
+                   int64_t out_features, int64_t group_size) {
+  TORCH_CHECK(gemm_int8_dot_supported(), name, ": this build has no AVX2 kernel");
   const auto dtype = x.scalar_type();
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && (dtype == at::kBFloat16 || dtype == at::kHalf || dtype == at::kFloat),
-              "gemm_int8_dot: x must be contiguous bf16, fp16 or fp32 [M, K]");
+              name, ": x must be contiguous bf16, fp16 or fp32 [M, K]");
   const int64_t K = x.size(1);
-  TORCH_CHECK(K % ACT_BLOCK == 0 && K > 0, "gemm_int8_dot: K must be a positive multiple of 32, got ", K);
-  TORCH_CHECK(w_quads.dim() == 4 && w_quads.scalar_type() == at::kByte && w_quads.is_contiguous() && w_quads.size(1) == K / QUAD &&
-                  w_quads.size(2) == COLS && w_quads.size(3) == QUAD,
-              "gemm_int8_dot: w_quads must be contiguous uint8 [NB, K / 4 = ", K / QUAD, ", 16, 4]");
-  const int64_t num_blocks = w_quads.size(0);
-  TORCH_CHECK(out_features > (num_blocks - 1) * COLS && out_features <= num_blocks * COLS, "gemm_int8_dot: out_features does not match the blocks");
-  TORCH_CHECK(group_size == K || (group_size > 0 && group_size % ACT_BLOCK == 0 && group_size <= K),
-              "gemm_int8_dot: group_size must be K or a multiple of 32 up to K, got ", group_size);
+  TORCH_CHECK(K % ACT_BLOCK == 0 && K > 0, name, ": K must be a positive multiple of 32, got ", K);
+  TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(1) == K / k_per_row &&
+                  codes.size(2) == COLS && codes.size(3) == QUAD,
+              name, ": the codes must be contiguous uint8 [NB, K / ", k_per_row, " = ", K / k_per_row, ", 16, 4]");
+  const int64_t num_blocks = codes.size(0);
+  TORCH_CHECK(out_features > (num_blocks - 1) * COLS && out_features <= num_blocks * COLS, name, ": out_features does not match the blocks");
+  TORCH_CHECK(group_size == K || group_size == SUM_BLOCK || (group_size > 0 && group_size % ACT_BLOCK == 0 && group_size <= K),
+              name, ": group_size must be K, 16 or a multiple of 32 up to K, got ", group_size);
   const int64_t num_groups = (K + group_size - 1) / group_size;
   TORCH_CHECK(scales.dim() == 3 && scales.scalar_type() == at::kFloat && scales.is_contiguous() && scales.size(0) == num_blocks &&
                   scales.size(1) == num_groups && scales.size(2) == COLS,
-              "gemm_int8_dot: scales must be contiguous float32 [NB, ceil(K / group_size) = ", num_groups, ", 16]");
-  const float* bias = checked_bias("gemm_int8_dot", bias_f32, num_blocks);
+              name, ": scales must be contiguous float32 [NB, ceil(K / group_size) = ", num_groups, ", 16]");
+  return num_groups;
+}
+
+const float* checked_offsets(const char* name, const c10::optional<at::Tensor>& offsets, const at::Tensor& scales) {
+  if (!offsets.has_value()) return nullptr;
+  TORCH_CHECK(offsets->sizes() == scales.sizes() && offsets->scalar_type() == at::kFloat && offsets->is_contiguous(),
+              name, ": offsets must be contiguous float32 shaped like the scales");
+  return offsets->data_ptr<float>();
+}
+
+template <Codes KIND>
+at::Tensor gemm_dot(const char* name, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                    const c10::optional<at::Tensor>& offsets, int64_t out_features, const c10::optional<at::Tensor>& bias_f32,
+                    int64_t group_size) {
+  check_args(name, x, codes, KIND == Codes::NIBBLES ? 2 * QUAD : QUAD, scales, out_features, group_size);
+  const float* offset_ptr = checked_offsets(name, offsets, scales);
+  const float* bias = checked_bias(name, bias_f32, codes.size(0));
   at::Tensor out = at::empty({x.size(0), out_features}, x.options());
 #if ZSERVE_HAS_GEMM_WIDEN
-  if (x.size(0) > 0) {
-    if (dtype == at::kBFloat16) {
-      run<c10::BFloat16>(x, w_quads, scales, out_features, bias, group_size, out);
-    } else if (dtype == at::kHalf) {
-      run<c10::Half>(x, w_quads, scales, out_features, bias, group_size, out);
-    } else {
-      run<float>(x, w_quads, scales, out_features, bias, group_size, out);
-    }
-  }
+  run_dtype<KIND>(x, codes, scales, offset_ptr, out_features, bias, group_size, out);
 #endif
   return out;
 }
 
-// The quantizer alone (tests hold it to testing/int8_activations.py): (xq, s, WEIGHT_OFFSET * sum(xq)).
+at::Tensor gemm_int8_dot(const at::Tensor& x, const at::Tensor& w_quads, const at::Tensor& scales, const c10::optional<at::Tensor>& offsets,
+                         int64_t out_features, const c10::optional<at::Tensor>& bias_f32, int64_t group_size) {
+  return gemm_dot<Codes::INT8>("gemm_int8_dot", x, w_quads, scales, offsets, out_features, bias_f32, group_size);
+}
+
+at::Tensor gemm_int4_dot(const at::Tensor& x, const at::Tensor& w_nibbles, const at::Tensor& scales, const c10::optional<at::Tensor>& offsets,
+                         int64_t out_features, const c10::optional<at::Tensor>& bias_f32, int64_t group_size) {
+  return gemm_dot<Codes::NIBBLES>("gemm_int4_dot", x, w_nibbles, scales, offsets, out_features, bias_f32, group_size);
+}
+
+// The quantizer alone (tests hold it to layers/int8_activations.py): (xq, s, the sums of xq over each 16 k).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Tensor& x) {
   TORCH_CHECK(gemm_int8_dot_supported(), "quantize_activations: this build has no AVX2 kernel");
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.scalar_type() == at::kFloat && x.size(1) % ACT_BLOCK == 0,
               "quantize_activations: x must be contiguous float32 [M, K], K a multiple of 32");
 #if ZSERVE_HAS_GEMM_WIDEN
   QuantizedRows rows = quantize_rows(x.data_ptr<float>(), x.size(0), x.size(1), x.options());
-  return {rows.q, rows.scales, rows.offset_sums};
+  return {rows.q, rows.scales, rows.sums16};
 #else
   return {};
 #endif
@@ -287,6 +375,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Te
 TORCH_LIBRARY_FRAGMENT(zserve, m) {
   m.def("gemm_int8_dot_supported() -> bool", &gemm_int8_dot_supported);
   m.def("gemm_int8_dot_instruction() -> str", &gemm_int8_dot_instruction);
-  m.def("gemm_int8_dot(Tensor x, Tensor w_quads, Tensor scales, int out_features, Tensor? bias_f32, int group_size) -> Tensor", &gemm_int8_dot);
+  m.def("gemm_int8_dot(Tensor x, Tensor w_quads, Tensor scales, Tensor? offsets, int out_features, Tensor? bias_f32, int group_size) -> Tensor",
+        &gemm_int8_dot);
+  m.def("gemm_int4_dot(Tensor x, Tensor w_nibbles, Tensor scales, Tensor? offsets, int out_features, Tensor? bias_f32, int group_size) -> Tensor",
+        &gemm_int4_dot);
   m.def("quantize_activations(Tensor x) -> (Tensor, Tensor, Tensor)", &quantize_activations);
 }

@@ -41,7 +41,7 @@ class GemmWeight(nn.Module):
         self.packed: PackedWeight | None = None
         self.stored_parts: list[tuple[int, QuantizedWeight]] = []  # (first column, piece) stored quantized
         # the packed tensors, registered too so the model's buffers (the runner's memory count) hold them
-        for name in ("packed_values", "packed_bias", "packed_scales", "packed_many_rows_values"):
+        for name in ("packed_values", "packed_bias", "packed_scales", "packed_offsets", "packed_many_rows_values"):
             self.register_buffer(name, None, persistent=False)
 
     def fill_weight(
@@ -73,6 +73,7 @@ class GemmWeight(nn.Module):
         values = self.packed.values
         self.packed_values = None if isinstance(values, nn.Parameter) else values  # torch: the layer's own Parameter
         self.packed_bias, self.packed_scales = self.packed.bias, self.packed.scales
+        self.packed_offsets = self.packed.offsets
         self.packed_many_rows_values = self.packed.many_rows_values
         if kernel.repacks and free_plain:
             self.weight = None

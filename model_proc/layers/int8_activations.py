@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 ACT_BLOCK = 32  # k per activation scale
+SUM_BLOCK = 16  # k per partial sum of the quantized activations (offsets' term; GGUF Q6_K's groups)
 QMAX = 127
 
 

@@ -27,7 +27,7 @@ its values as they are (an `Int8Weight` from `read_weight`), so that layer runs 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -56,11 +56,14 @@ def quantize_int8(weight_in_out: torch.Tensor, group_size: int) -> tuple[torch.T
     return q.view(ng * group_size, n)[:k].contiguous(), scales.contiguous()
 
 
-def dequantize_int8(q: torch.Tensor, scales: torch.Tensor, group_size: int) -> torch.Tensor:
-    """The exact float32 weight the int8 path multiplies by: Q * S, S repeated over its group."""
+def dequantize_int8(
+    q: torch.Tensor, scales: torch.Tensor, group_size: int, offsets: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The exact float32 weight the int8 path multiplies by: Q * S (+ O), S and O repeated over their group."""
     k = q.shape[0]
     group_size = k if group_size <= 0 or group_size > k else group_size
-    return q.float() * scales.repeat_interleave(group_size, dim=0)[:k]
+    w = q.float() * scales.repeat_interleave(group_size, dim=0)[:k]
+    return w if offsets is None else w + offsets.repeat_interleave(group_size, dim=0)[:k]
 
 
 @dataclass(frozen=True)
@@ -68,11 +71,14 @@ class Int8Weight:
     """A [in, out] weight in int8 (see the top): `q` int8 [K, N] and `scales` float32
     [ceil(K / G), N]; each tensor has the output columns last, so pieces of one fused weight
     (q, k, v) sit side by side (weight_kernels/quantized_weight.py). What a checkpoint that stores
-    int8 returns (GGUF Q8_0: G = 32) and what the int8 kernels pack."""
+    int8 returns (GGUF Q8_0: G = 32) and what the int8 kernels pack. `offsets` (float32 like the
+    scales, or None) make it Q * S + O: a GGUF file's 5-bit codes (Q5_K), or 4-bit ones joined with
+    int8 ones in a fused weight (layers/int4_weights.py); only the int8 x int8 kernel takes them."""
 
     q: torch.Tensor
     scales: torch.Tensor
     group_size: int
+    offsets: torch.Tensor | None = None
 
     @staticmethod
     def quantize(weight_in_out: torch.Tensor, group_size: int) -> Int8Weight:
@@ -86,5 +92,22 @@ class Int8Weight:
         return self.q.shape[1]
 
     def dequantize(self) -> torch.Tensor:
-        """float32 [K, N]: Q * S, the weight this stands for."""
-        return dequantize_int8(self.q, self.scales, self.group_size)
+        """float32 [K, N]: Q * S (+ O), the weight this stands for."""
+        return dequantize_int8(self.q, self.scales, self.group_size, self.offsets)
+
+    def regrouped(self, group_size: int) -> Int8Weight:
+        """The same weight with scales (and offsets) per `group_size` rows, a divisor of this one's
+        group: each scale repeated, so the values do not change."""
+        if group_size == self.group_size:
+            return self
+        assert self.group_size % group_size == 0, (self.group_size, group_size)
+        k = self.q.shape[0]
+        repeat = self.group_size // group_size
+        groups = -(-k // group_size)
+        scales = self.scales.repeat_interleave(repeat, dim=0)[:groups]
+        offsets = None if self.offsets is None else self.offsets.repeat_interleave(repeat, dim=0)[:groups]
+        return Int8Weight(self.q, scales, group_size, offsets)
+
+    def with_offsets(self) -> Int8Weight:
+        """The same weight with explicit (zero) offsets."""
+        return self if self.offsets is not None else replace(self, offsets=torch.zeros_like(self.scales))

@@ -66,6 +66,7 @@ def test_kernels_at_the_next_lower_level():
     env = {**os.environ, "ZSERVE_CPU_ISA": lower}
     tests = [
         "tests/model/test_gemm.py", "tests/model/test_gemm_int8.py", "tests/model/test_gemm_int8_dot.py", "tests/model/test_cpu_probe.py",
+        "tests/model/test_gguf_blocks.py",
         "tests/model/test_attention_kernel.py", "tests/model/test_fused_ops.py", "tests/model/test_model_parity_bf16.py",
     ]
     proc = subprocess.run(
@@ -77,16 +78,17 @@ def test_kernels_at_the_next_lower_level():
 
 
 def test_int8_dot_kernel_at_the_levels_further_down():
-    """The int8 x int8 GEMM has three paths (VPDPBUSD at avx512_bf16, VPMADDUBSW on zmm at avx512
-    and on ymm at avx2); the test above reaches the next lower level only, so an AVX512-VNNI
-    machine also runs tests/model/test_gemm_int8_dot.py at avx2 (one more build)."""
+    """The int8 x int8 GEMM (and its 4-bit path) has three forms (VPDPBUSD at avx512_bf16,
+    VPMADDUBSW on zmm at avx512 and on ymm at avx2); the test above reaches the next lower level
+    only, so an AVX512-VNNI machine also runs their tests at avx2 (one more build)."""
     level = cpu_isa()
     further = [lower for lower in LEVELS[1 : max(1, LEVELS.index(level) - 1)]]  # avx2 .. two below, not baseline
     if not further:
         pytest.skip(f"no level with the kernel two or more below {level}")
     for lower in further:
         proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/model/test_gemm_int8_dot.py"],
+            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/model/test_gemm_int8_dot.py",
+             "tests/model/test_gguf_blocks.py"],
             cwd=REPO, env={**os.environ, "ZSERVE_CPU_ISA": lower}, capture_output=True, text=True, timeout=900,
         )
         assert proc.returncode == 0, f"ZSERVE_CPU_ISA={lower}:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"

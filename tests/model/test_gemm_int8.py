@@ -152,14 +152,17 @@ class CopyOnly:
 @pytest.mark.parametrize("kernel_class", INT8_KERNELS)
 def test_a_weight_stored_in_int8_is_packed_as_it_came(kernel_class):
     """Two pieces of a fused weight (q, k) a checkpoint stored in groups of 32 (GGUF Q8_0):
-    packed as stored, group 32, not quantized again; a piece in floats or another group size
-    among them makes the layer quantize its float weight instead."""
+    packed as stored, group 32, not quantized again; a piece in floats among them makes the layer
+    quantize its float weight instead; a piece in groups of 64 joins in groups of 32 (its scales
+    repeated: the same values)."""
     if kernel_class is ZserveInt8Kernel and load_gemm_int8() is None:
         pytest.skip(NO_KERNEL)
     w = torch.randn(96, 40, generator=torch.Generator().manual_seed(3))
     q_part, k_part = Int8Weight.quantize(w[:, :24], 32), Int8Weight.quantize(w[:, 24:], 32)
     assert join_columns([(0, q_part)], 40) is None and join_columns([(0, q_part), (30, k_part)], 40) is None
-    assert join_columns([(0, q_part), (24, Int8Weight.quantize(w[:, 24:], 64))], 40) is None
+    regrouped = join_columns([(0, q_part), (24, Int8Weight.quantize(w[:, 24:], 64))], 40)
+    assert regrouped.group_size == 32
+    assert torch.equal(regrouped.dequantize(), torch.cat([q_part.dequantize(), Int8Weight.quantize(w[:, 24:], 64).dequantize()], 1))
     x = torch.randn(5, 96, generator=torch.Generator().manual_seed(4))
     for second, expect_group in ((k_part, 32), (k_part.dequantize(), DEFAULT_GROUP_SIZE)):
         layer, _, _ = make_weight(96, 40, torch.float32, TorchKernel(), bias=False)

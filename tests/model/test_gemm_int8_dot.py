@@ -68,10 +68,9 @@ def test_kernel_quantizer_equals_the_reference_bit_for_bit(rows):
     for k in (32, 96, 576):
         x = random_rows(rows, k, seed=rows * k)
         q, scales = quantize_activations(x)
-        kernel_q, kernel_scales, offset_sums = torch.ops.zserve.quantize_activations(x)
+        kernel_q, kernel_scales, sums16 = torch.ops.zserve.quantize_activations(x)
         assert torch.equal(kernel_q, q) and torch.equal(kernel_scales, scales)
-        offset = 128 if torch.ops.zserve.gemm_int8_dot_instruction() == "vpdpbusd" else 0
-        assert torch.equal(offset_sums, offset * q.view(rows, -1, ACT_BLOCK).int().sum(-1))
+        assert torch.equal(sums16, q.view(rows, -1, 16).int().sum(-1))
 
 
 @needs_kernel
@@ -89,7 +88,7 @@ def test_kernel_equals_quantized_activations_times_dequantized_weights(dtype, gr
             packed_bias = padded_bias(bias, values.shape[0])
             for rows in ROWS:
                 x = random_rows(rows, k, seed=rows).to(dtype)
-                y = torch.ops.zserve.gemm_int8_dot(x, values, pack_column_blocks(scales), n, packed_bias, g)
+                y = torch.ops.zserve.gemm_int8_dot(x, values, pack_column_blocks(scales), None, n, packed_bias, g)
                 assert y.shape == (rows, n) and y.dtype == dtype
                 xq = fake_quantize(x).double()
                 exact = xq @ deq + (bias.double() if with_bias else 0)
@@ -104,7 +103,7 @@ def test_extreme_codes_do_not_saturate():
     q = torch.where(torch.rand(k, n, generator=torch.Generator().manual_seed(3)) < 0.5, -128, 127).to(torch.int8)
     scales = torch.full((k // 32, n), 0.01)
     x = torch.where(torch.rand(4, k, generator=torch.Generator().manual_seed(4)) < 0.5, -1.0, 1.0)
-    y = torch.ops.zserve.gemm_int8_dot(x, pack_int8_quads(q), pack_column_blocks(scales), n, None, 32)
+    y = torch.ops.zserve.gemm_int8_dot(x, pack_int8_quads(q), pack_column_blocks(scales), None, n, None, 32)
     exact = fake_quantize(x).double() @ dequantize_int8(q, scales, 32).double()
     assert torch.allclose(y.double(), exact, rtol=1e-6, atol=1e-6)
 
@@ -116,18 +115,18 @@ def test_kernel_rejects_bad_inputs():
     x = torch.randn(2, 64)
     gemm = torch.ops.zserve.gemm_int8_dot
     with pytest.raises(RuntimeError, match="x must be contiguous bf16, fp16 or fp32"):
-        gemm(x.double(), values, packed_scales, 40, None, 32)
+        gemm(x.double(), values, packed_scales, None, 40, None, 32)
     with pytest.raises(RuntimeError, match="K must be a positive multiple of 32, got 48"):
-        gemm(torch.randn(2, 48), values, packed_scales, 40, None, 32)
-    with pytest.raises(RuntimeError, match="w_quads must be contiguous uint8"):
-        gemm(x, values.view(torch.int8), packed_scales, 40, None, 32)
+        gemm(torch.randn(2, 48), values, packed_scales, None, 40, None, 32)
+    with pytest.raises(RuntimeError, match=r"the codes must be contiguous uint8 \[NB, K / 4 = 16, 16, 4\]"):
+        gemm(x, values.view(torch.int8), packed_scales, None, 40, None, 32)
     with pytest.raises(RuntimeError, match="out_features does not match"):
-        gemm(x, values, packed_scales, 50, None, 32)
-    with pytest.raises(RuntimeError, match="group_size must be K or a multiple of 32"):
-        gemm(x, values, packed_scales, 40, None, 16)
+        gemm(x, values, packed_scales, None, 50, None, 32)
+    with pytest.raises(RuntimeError, match="group_size must be K, 16 or a multiple of 32"):
+        gemm(x, values, packed_scales, None, 40, None, 8)
     with pytest.raises(RuntimeError, match="bias must be contiguous float32"):
-        gemm(x, values, packed_scales, 40, torch.zeros(40), 32)
-    assert gemm(torch.empty(0, 64), values, packed_scales, 40, None, 32).shape == (0, 40)
+        gemm(x, values, packed_scales, None, 40, torch.zeros(40), 32)
+    assert gemm(torch.empty(0, 64), values, packed_scales, None, 40, None, 32).shape == (0, 40)
 
 
 ROW_SPLIT = RowSplitInt8Kernel.runs(CPU, torch.bfloat16)
@@ -165,7 +164,7 @@ def test_a_stored_int8_weight_is_packed_as_it_came():
     stored = Int8Weight.quantize(w, 32)
     packed = ZserveInt8DotKernel(group_size=64).pack(w * 3, None, stored)  # the plain values are not read
     assert packed.group_size == 32 and torch.equal(packed.values, pack_int8_quads(stored.q))
-    with pytest.raises(ValueError, match="scales per 48 rows"):
+    with pytest.raises(ValueError, match="scales per 48 rows; it needs K, 16 or a multiple of 32"):
         ZserveInt8DotKernel().pack(torch.randn(96, 20), None, Int8Weight.quantize(torch.randn(96, 20), 48))
 
 

@@ -4,6 +4,7 @@
                                                            gemm_int8.cpp (int8 values, their scales)
     pack_bf16_blocks    [K, N] -> [ceil(N / 16), K / 2, 16]  gemm_bf16.cpp (pairs of k in one int32)
     pack_int8_quads     [K, N] -> [ceil(N / 16), K / 4, 16, 4]  gemm_int8_dot.cpp (Q + 128, 4 k per column)
+    pack_int4_nibbles   [K, N] -> [ceil(N / 16), K / 8, 16, 4]  gemm_int4_dot (two quads of codes per byte)
 
 A decode step then streams each block's rows in order, once.
 """
@@ -50,6 +51,19 @@ def pack_int8_quads(q: torch.Tensor) -> torch.Tensor:
     shifted = (padded + 128).to(torch.uint8)
     # [K/4, 4, NB, 16] -> [NB, K/4, 16, 4]
     return shifted.view(k // 4, 4, padded_n // BLOCK_COLS, BLOCK_COLS).permute(2, 0, 3, 1).contiguous()
+
+
+def pack_int4_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [K, N] in [0, 15] (K a multiple of 8) -> uint8 [ceil(N / 16), K / 8, 16, 4]:
+    block b, octet p, column j, byte i holds C[8p + i, 16b + j] | C[8p + 4 + i, 16b + j] << 4
+    (0 past N)."""
+    k, n = codes.shape
+    padded_n = padded_cols(n)
+    padded = torch.zeros(k, padded_n, dtype=torch.uint8, device=codes.device)
+    padded[:, :n] = codes
+    # [K/8, 2 (low, high), 4, NB, 16] -> [NB, K/8, 16, 2, 4]
+    octets = padded.view(k // 8, 2, 4, padded_n // BLOCK_COLS, BLOCK_COLS).permute(3, 0, 4, 1, 2)
+    return (octets[..., 0, :] | (octets[..., 1, :] << 4)).contiguous()
 
 
 def padded_bias(bias: torch.Tensor | None, num_blocks: int) -> torch.Tensor | None:

@@ -23,9 +23,15 @@ import torch
 
 from zserve.common.weight_formats import GEMM_CHOICES
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8, load_gemm_int8_dot
-from zserve.model_proc.layers.int8_activations import ACT_BLOCK, runs_int8_activations
+from zserve.model_proc.layers.int4_weights import Int4Weight
+from zserve.model_proc.layers.int8_activations import ACT_BLOCK, SUM_BLOCK, runs_int8_activations
 from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, Int8Weight, dequantize_int8
-from zserve.model_proc.layers.weight_kernels.column_blocks import pack_column_blocks, pack_int8_quads, padded_bias
+from zserve.model_proc.layers.weight_kernels.column_blocks import (
+    pack_column_blocks,
+    pack_int4_nibbles,
+    pack_int8_quads,
+    padded_bias,
+)
 from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
 from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
 
@@ -38,12 +44,17 @@ class Int8Kernel(WeightKernel):
     quantization = "int8"
 
     def int8_weight(self, plain: torch.Tensor, stored: QuantizedWeight | None) -> Int8Weight:
-        return stored if isinstance(stored, Int8Weight) else Int8Weight.quantize(plain, self.group_size)
+        """The stored int8 weight (without offsets: the widening kernels have none), or `plain` quantized."""
+        if isinstance(stored, Int8Weight) and stored.offsets is None:
+            return stored
+        return Int8Weight.quantize(plain, self.group_size)
 
     def weight_bytes(self, packed: PackedWeight | None, in_features: int, out_features: int, dtype: torch.dtype) -> int:
         if packed is None:
             return super().weight_bytes(packed, in_features, out_features, dtype)
-        return in_features * out_features + -(-in_features // packed.group_size) * out_features * 4
+        per_group = 4 * (1 + (packed.offsets is not None))  # fp32 scale (and offset)
+        codes = in_features * out_features * (packed.bits if packed.bits in (4, 8) else 8) // 8
+        return codes + -(-in_features // packed.group_size) * out_features * per_group
 
 
 @dataclass(frozen=True)
@@ -59,7 +70,8 @@ class ZserveInt8Kernel(Int8Kernel):
         weight = self.int8_weight(plain, stored)
         values = pack_column_blocks(weight.q)
         scales = pack_column_blocks(weight.scales.float())
-        return PackedWeight(values, plain.shape[1], padded_bias(bias, values.shape[0]), scales, weight.group_size)
+        bias_blocks = padded_bias(bias, values.shape[0])
+        return PackedWeight(values, plain.shape[1], bias_blocks, scales, weight.group_size, bits=8)
 
     def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         packed_bias = packed.bias if bias is not None else None
@@ -72,6 +84,7 @@ class ZserveInt8Kernel(Int8Kernel):
 class ZserveInt8DotKernel(Int8Kernel):
     name = "zserve_int8_dot"
     choices = ("auto", "zserve_dot")
+    stored_formats = ("gguf",)
 
     @staticmethod
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
@@ -84,14 +97,24 @@ class ZserveInt8DotKernel(Int8Kernel):
     def kernel_for(self, in_features: int) -> WeightKernel:
         return self if runs_int8_activations(in_features) else ZserveInt8Kernel(self.group_size)
 
+    def dot_weight(self, plain: torch.Tensor, stored: QuantizedWeight | None) -> Int8Weight | Int4Weight:
+        """The stored weight in either format this kernel runs (int8 codes with offsets too,
+        4-bit codes), or `plain` quantized to int8."""
+        return stored if isinstance(stored, (Int8Weight, Int4Weight)) else Int8Weight.quantize(plain, self.group_size)
+
     def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
-        weight = self.int8_weight(plain, stored)
-        in_features = plain.shape[0]
-        if weight.group_size != in_features and weight.group_size % ACT_BLOCK:
-            raise ValueError(f"zserve_int8_dot: scales per {weight.group_size} rows; it needs K or a multiple of 32")
-        values = pack_int8_quads(weight.q)
-        scales = pack_column_blocks(weight.scales.float())
-        return PackedWeight(values, plain.shape[1], padded_bias(bias, values.shape[0]), scales, weight.group_size)
+        weight = self.dot_weight(plain, stored)
+        in_features, group = plain.shape[0], weight.group_size
+        if group not in (in_features, SUM_BLOCK) and group % ACT_BLOCK:
+            raise ValueError(f"zserve_int8_dot: scales per {group} rows; it needs K, 16 or a multiple of 32")
+        four_bit = isinstance(weight, Int4Weight)
+        values = pack_int4_nibbles(weight.codes) if four_bit else pack_int8_quads(weight.q)
+        offsets = None if weight.offsets is None else pack_column_blocks(weight.offsets.float())
+        return PackedWeight(
+            values, plain.shape[1], padded_bias(bias, values.shape[0]), pack_column_blocks(weight.scales.float()),
+            group,
+            offsets=offsets, bits=4 if four_bit else 8,
+        )
 
     def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         return gemm_int8_dot(x, packed, bias)
@@ -101,26 +124,33 @@ def gemm_int8_dot(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
     """kernels/gemm_int8_dot.cpp on `packed`'s quads (ZserveInt8DotKernel, and the few-row half of
     zserve_int8_dot+onednn)."""
     packed_bias = packed.bias if bias is not None else None
-    return torch.ops.zserve.gemm_int8_dot(
-        x.contiguous(), packed.values, packed.scales, packed.out_features, packed_bias, packed.group_size
-    )
+    gemm = torch.ops.zserve.gemm_int4_dot if packed.bits == 4 else torch.ops.zserve.gemm_int8_dot
+    weights = (packed.values, packed.scales, packed.offsets)
+    return gemm(x.contiguous(), *weights, packed.out_features, packed_bias, packed.group_size)
 
 
 @dataclass(frozen=True)
 class Int8TorchKernel(Int8Kernel):
     name = "int8_torch"
     choices = GEMM_CHOICES
+    stored_formats = ("gguf",)
 
     @staticmethod
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
         return True
 
     def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
-        weight = self.int8_weight(plain, stored)
+        if isinstance(stored, Int4Weight):
+            stored = stored.as_int8()
+        weight = stored if isinstance(stored, Int8Weight) else Int8Weight.quantize(plain, self.group_size)
         scales = weight.scales.float().to(plain.device)
-        return PackedWeight(weight.q.to(plain.device), plain.shape[1], scales=scales, group_size=weight.group_size)
+        offsets = None if weight.offsets is None else weight.offsets.float().to(plain.device)
+        return PackedWeight(
+            weight.q.to(plain.device), plain.shape[1], scales=scales, group_size=weight.group_size, offsets=offsets,
+            bits=8,
+        )
 
     def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         # the reference: dequantized to fp32 on the fly, summed in fp32, rounded once
-        y = torch.mm(x.float(), dequantize_int8(packed.values, packed.scales, packed.group_size))
+        y = torch.mm(x.float(), dequantize_int8(packed.values, packed.scales, packed.group_size, packed.offsets))
         return (y + bias.float() if bias is not None else y).to(x.dtype)

@@ -16,6 +16,8 @@ from typing import Protocol
 
 import torch
 
+from zserve.model_proc.layers.int4_weights import common_format
+
 
 class QuantizedWeight(Protocol):
     @property
@@ -38,12 +40,20 @@ def join_columns(parts: Sequence[tuple[int, QuantizedWeight]], out_features: int
     unless they cover every column, in order, in one format with the same settings (group size)."""
     if not parts:
         return None
+    common = common_format([part for _, part in parts])
+    if common is not None:
+        parts = [(col, part) for (col, _), part in zip(parts, common, strict=True)]
     first = parts[0][1]
     tensor_names = [f.name for f in fields(first) if isinstance(getattr(first, f.name), torch.Tensor)]
+    # a tensor field set in one piece and None in another (offsets) differs in format: compared below
     settings = [f.name for f in fields(first) if f.name not in tensor_names]
     next_col = 0
     for col, part in parts:
-        same_format = type(part) is type(first) and all(getattr(part, s) == getattr(first, s) for s in settings)
+        same_format = (
+            type(part) is type(first)
+            and all(getattr(part, s) == getattr(first, s) for s in settings)
+            and all(isinstance(getattr(part, t), torch.Tensor) for t in tensor_names)
+        )
         if col != next_col or not same_format:
             return None
         next_col += part.out_features

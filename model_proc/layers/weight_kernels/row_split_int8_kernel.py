@@ -40,6 +40,7 @@ logger = logging.getLogger("model_proc")
 class RowSplitInt8Kernel(Int8Kernel):
     name = "zserve_int8_dot+onednn"
     choices = ("auto",)
+    stored_formats = ("gguf",)
     extra_weight_copies = 1  # a bf16 copy: the plain weights' bytes, as the runner counts them
     min_onednn_rows: int = DEFAULT_MIN_ONEDNN_ROWS
 
@@ -55,8 +56,9 @@ class RowSplitInt8Kernel(Int8Kernel):
         return ZserveInt8DotKernel(self.group_size)
 
     def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
-        weight = self.int8_weight(plain, stored)
-        few = ZserveInt8DotKernel(self.group_size).pack(plain, bias, weight)
+        few_kernel = ZserveInt8DotKernel(self.group_size)
+        weight = few_kernel.dot_weight(plain, stored)
+        few = few_kernel.pack(plain, bias, weight)
         many = OneDnnKernel().pack(weight.dequantize().to(torch.bfloat16), bias, None)
         return replace(few, many_rows_values=many.values)
 

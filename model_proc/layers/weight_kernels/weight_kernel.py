@@ -30,12 +30,15 @@ class PackedWeight:
     bias: torch.Tensor | None = None  # block layouts: the layer's bias, float32, padded to the blocks
     scales: torch.Tensor | None = None  # int8: float32 scales per group of input rows
     group_size: int = 0  # int8: input rows per scale
+    offsets: torch.Tensor | None = None  # int8 / 4-bit codes with a zero point: float32, like the scales
+    bits: int = 16  # of `values`' codes: 16 (float), 8 (int8) or 4 (nibbles)
     many_rows_values: torch.Tensor | None = None  # zserve_bf16+onednn: oneDNN's layout, for products of many rows
 
 
 class WeightKernel(ABC):
     name: ClassVar[str]  # what the log and `ModelRunner.gemm_backend` call it
     quantization: ClassVar[str]  # the --quantization it serves (common/weight_formats.py)
+    stored_formats: ClassVar[tuple[str, ...]] = ()  # more it serves: "gguf" (a GGUF file's matrices as stored)
     choices: ClassVar[tuple[str, ...]]  # the --gemm-backend values that may pick it
     repacks: ClassVar[bool] = True  # False: it runs from the plain tensor, which the layer keeps
     extra_weight_copies: ClassVar[int] = 0  # copies of the weights it keeps beyond one (zserve_bf16+onednn: 1)
@@ -44,6 +47,10 @@ class WeightKernel(ABC):
     @abstractmethod
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
         """Whether it runs `dtype` on `device` here (a CPU kernel: whether it was built)."""
+
+    def serves(self, quantization: str) -> bool:
+        """Whether it runs the weights of a server's --quantization."""
+        return quantization == self.quantization or quantization in self.stored_formats
 
     def may_pick(self, choice: str, device: torch.device, dtype: torch.dtype) -> bool:
         """Whether a server's --gemm-backend `choice` gets this kernel on `device` in `dtype`."""
