@@ -21,7 +21,8 @@ instead of a real prefill (which would take minutes). `--dtype` takes one dtype 
 (comma-separated): each runs ours and transformers in that dtype, in turn, in the same process;
 with two, a last table gives our bfloat16 / float32 time per case.
 
-`--quantization int8` adds, for each dtype, our runner with int8 weights (--quantization int8),
+`--quantization int8` (or `gguf`, with `--model X.gguf`: the file's 4-bit and other quantized
+blocks kept as stored, against the same file dequantized to the dtype) adds, for each dtype, our runner with int8 weights (--quantization int8),
 timed in turn with the plain one in the same loop (ours, ours int8, transformers, bound): its
 column `int8_ms`, and `int8/ours` the ratio of the two (< 1: int8 is faster). The weight bytes
 of both are printed.
@@ -42,6 +43,8 @@ from pathlib import Path
 
 import numpy as np
 import torch
+
+from zserve.common.weight_formats import QUANTIZATION_CHOICES
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -219,7 +222,15 @@ class HfSide:
     def __init__(self, model_dir: str, dtype: torch.dtype):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        from zserve.common.gguf_source import gguf_source
+
+        gguf_file = gguf_source(model_dir)
+        if gguf_file is not None:  # transformers' GGUF loader: dequantized, in `dtype`
+            from zserve.launcher.demo_model import _load_gguf_model
+
+            self.model = _load_gguf_model(gguf_file).to(dtype).eval()
+        else:
+            self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
         self.config, self.dtype = self.model.config, dtype
 
     @torch.inference_mode()
@@ -255,13 +266,15 @@ class HfSide:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="model directory (default: the demo model, SmolLM2-135M-Instruct)")
+    parser.add_argument("--model", default=None,
+                        help="model directory or .gguf file (default: the demo model, SmolLM2-135M-Instruct)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads for both sides (0 = the worker's default)")
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--batch-sizes", default=",".join(map(str, DECODE_BATCH_SIZES)), help="decode cases, comma-separated")
     parser.add_argument("--no-prefill", action="store_true", help="skip the prefill case")
     parser.add_argument("--dtype", default="float32", help="float32, bfloat16, or both comma-separated (each in turn, same process)")
-    parser.add_argument("--quantization", default="none", choices=["none", "int8"], help="int8: also time our runner with int8 weights, interleaved")
+    parser.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES,
+                        help="int8 (or gguf, for a .gguf model: its blocks as stored): also time our runner so, interleaved")
     args = parser.parse_args()
     dtypes = [d for d in args.dtype.split(",") if d]
     if not dtypes or set(dtypes) - set(DTYPES):
@@ -276,6 +289,10 @@ def main() -> None:
         model_dir = str(demo_model_dir())
         if not Path(model_dir).is_dir():
             sys.exit(f"demo model not found at {model_dir}: run .venv/bin/zserve-fetch-demo, or pass --model DIR")
+    if model_dir.endswith(".gguf"):  # the directory the launcher makes of it: its weights stay in the file
+        from zserve.launcher.gguf_model_dir import gguf_model_dir
+
+        model_dir = str(gguf_model_dir(Path(model_dir), with_tokenizer=False))
     num_threads = int(os.environ["ZSERVE_NUM_THREADS"])
     torch.set_num_threads(num_threads)
     batch_sizes = [int(x) for x in args.batch_sizes.split(",") if x]

@@ -28,7 +28,7 @@ class ModelSection:
     chat_template: str = ""
     trust_remote_code: bool = False
     dtype: str = "auto"
-    quantization: str = "none"
+    quantization: str = "auto"
     context_length: int = 0
     seed: int = 0
 

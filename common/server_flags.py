@@ -81,15 +81,18 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         value_aliases={'half': 'float16', 'float': 'float32'},
     ),
     'quantization': FlagSpec(
-        'weights of the linear layers and the LM head: none (the --dtype), int8 (quantized at load, '
+        'weights of the linear layers and the LM head: auto (gguf for a .gguf model on a CPU in a 16-bit '
+        'dtype, else none), none (the --dtype; a .gguf model dequantized), int8 (quantized at load, '
         'symmetric, an fp32 scale per 64 input rows of each output column; a GGUF Q8_0 tensor is taken as '
         "stored; embeddings, norms and biases stay --dtype; CPU in bf16/fp16: zserve's int8 x int8 GEMM, "
         'the activations quantized per row in blocks of 32 at each product (--gemm-backend zserve_widen '
         'keeps them), in fp32 the weights-only GEMM; elsewhere dequantized on the fly) '
-        '(model_proc/layers/int8_weights.py), or gguf (a .gguf model only: its quantized matrices kept as '
-        'the file stores them, Q4_0/Q4_1/Q4_K as 4-bit codes, Q8_0/Q5_K/Q6_K as int8 codes, run by the '
+        '(model_proc/layers/int8_weights.py), int4 (quantized at load, asymmetric 4-bit in groups of 32 input '
+        "rows as GGUF's Q4_1, run by the int8 x int8 GEMM's 4-bit path) (model_proc/layers/int4_weights.py), "
+        'or gguf (a .gguf model only: its quantized matrices kept as '
+        'the file stores them, Q4_0/Q4_1/Q4_K as 4-bit codes, Q8_0/Q5_0/Q5_1/Q5_K/Q6_K as int8 codes, run by the '
         'int8 x int8 GEMM; other matrices quantized to int8) (model_proc/gguf_blocks.py)',
-        choices=QUANTIZATION_CHOICES,
+        choices=("auto", *QUANTIZATION_CHOICES),
         peer_note="vLLM/SGLang --quantization (their int8 schemes: w8a8, activations quantized per token; "
         "here per block of 32, as llama.cpp's Q8_0)",
     ),

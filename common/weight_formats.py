@@ -11,4 +11,4 @@ from __future__ import annotations
 GEMM_CHOICES = ("auto", "zserve_bf16", "zserve_widen", "zserve_dot", "onednn", "torch")
 # --quantization: none keeps --dtype; int8 (model_proc/layers/int8_weights.py); gguf keeps a GGUF file's quantized
 # matrices as stored (model_proc/gguf_blocks.py: 4-bit ones packed, the others as int8 codes)
-QUANTIZATION_CHOICES = ("none", "int8", "gguf")
+QUANTIZATION_CHOICES = ("none", "int8", "int4", "gguf")  # int4: model_proc/layers/int4_weights.py

@@ -42,7 +42,7 @@ def check_flags(cfg: ServerConfig) -> RankLayout:
     """Rules between flags and what this machine must offer; cheap, so it runs before the model is fetched."""
     if not DEVICE_PATTERN.fullmatch(cfg.device):
         raise ValueError(f"--device must be auto, cpu, cuda or cuda:N, got {cfg.device!r}")
-    if cfg.gemm_backend == "zserve_dot" and cfg.quantization not in ("int8", "gguf"):
+    if cfg.gemm_backend == "zserve_dot" and cfg.quantization not in ("int8", "int4", "gguf"):
         raise ValueError(
             "--gemm-backend zserve_dot multiplies int8 weights by int8 activations: it needs --quantization int8"
         )

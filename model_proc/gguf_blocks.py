@@ -10,6 +10,9 @@ bit):
     Q8_0    32    fp16 d, 32 int8 q; w = d q                         int8 codes, S = d (G 32)
     Q4_0    32    fp16 d, 16 bytes of nibbles; w = d (q - 8)          4-bit codes, S = d, O = -8 d
     Q4_1    32    fp16 d, fp16 m, nibbles; w = d q + m                4-bit codes, S = d, O = m
+    Q5_0    32    fp16 d, 32 high bits, nibbles; w = d (q - 16)       int8 codes q - 16, S = d
+    Q5_1    32    fp16 d, fp16 m, high bits, nibbles; w = d q + m     int8 codes q, S = d, O = m
+                  (llama-quantize's Q4_K_M falls back to Q5_0 for rows not a multiple of 256)
     Q4_K   256    fp16 d, dmin; 8 x 6-bit (sc, m); nibbles;           4-bit codes, S = d sc, O = -(dmin m) (G 32)
                   w = d sc q - dmin m per 32
     Q5_K   256    as Q4_K, plus a fifth bit per value                 int8 codes 0..31 with offsets (G 32)
@@ -29,7 +32,7 @@ import torch
 
 QK_K = 256  # values per K-quant super-block
 K_SCALE_BYTES = 12  # Q4_K / Q5_K: 8 six-bit scales and 8 six-bit mins
-STORED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+STORED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,17 @@ def decode(type_name: str, raw: np.ndarray, rows: int, cols: int) -> DecodedBloc
         offsets = -8.0 * d if type_name == "Q4_0" else _f16(b[..., 2:4])[..., 0]
         offsets_t = torch.from_numpy(offsets.astype(np.float32))
         return DecodedBlocks(torch.from_numpy(codes), torch.from_numpy(d), offsets_t, 32, 4)
+    if type_name in ("Q5_0", "Q5_1"):
+        size = 22 if type_name == "Q5_0" else 24
+        b = blocks.reshape(rows, cols // 32, size)
+        d = _f16(b[..., :2])[..., 0]
+        high_bits = np.ascontiguousarray(b[..., size - 20 : size - 16]).view(np.uint32)  # [rows, nb, 1]: bit i, value i
+        high = ((high_bits >> np.arange(32, dtype=np.uint32)) & np.uint32(1)).astype(np.uint8)
+        codes = (_low_high_nibbles(b[..., size - 16 :], 16) | (high << np.uint8(4))).astype(np.int8).reshape(rows, cols)
+        if type_name == "Q5_0":
+            return DecodedBlocks(torch.from_numpy(codes - np.int8(16)), torch.from_numpy(d), None, 32, 8)
+        offsets = torch.from_numpy(_f16(b[..., 2:4])[..., 0])
+        return DecodedBlocks(torch.from_numpy(codes), torch.from_numpy(d), offsets, 32, 8)
     if type_name in ("Q4_K", "Q5_K"):
         size = 144 if type_name == "Q4_K" else 176
         b = blocks.reshape(rows, cols // QK_K, size)

@@ -19,7 +19,7 @@ slice the floats, group size 32), and the linear layer or LM head packs those va
 quantizing its float weight again. A TP column slice through a block is read as floats. Without
 it (--quantization none), Q8_0 is dequantized like any other type.
 
---quantization gguf keeps every matrix of a type in gguf_blocks.STORED_TYPES as stored (Q8_0,
+--quantization gguf keeps every matrix of a type in gguf_blocks.STORED_TYPES as stored (Q8_0, Q5_0, Q5_1,
 Q4_0, Q4_1, Q4_K, Q5_K, Q6_K: 4-bit codes as an `Int4Weight`, the others as int8 codes with
 their scales and offsets, `Int8Weight`), un-permuted and sliced as `read` slices the floats; a
 matrix of another type (F16, Q5_0, ...) comes as floats and the kernel quantizes it to int8.

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
+from zserve.common.gguf_source import gguf_source
 from zserve.common.model_config import ModelConfig
 from zserve.common.worker_env import default_num_threads
 from zserve.model_proc.compute_dtype import resolve_dtype
@@ -35,6 +36,7 @@ from zserve.model_proc.kv_pool import KVPool, free_memory_bytes
 from zserve.model_proc.layers.attention import attention_backend
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
 from zserve.model_proc.layers.gemm import gemm_weight_bytes, prepack_weights
+from zserve.model_proc.layers.weight_kernels.int8_kernels import ZserveInt8DotKernel
 from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 from zserve.model_proc.logits_processors import top_logprobs_of
 from zserve.model_proc.models.registry import build_model
@@ -52,6 +54,17 @@ PROGRESS_MIN_PARAMS = 50_000_000  # show a loading bar for models at least this 
 # a kernel that keeps extra copies of the weights (zserve_bf16+onednn) is used while they take at most this share
 # of the memory free after loading; above it, one copy (its `one_copy()`: zserve_bf16, zserve_int8_dot)
 EXTRA_COPY_MAX_SHARE = 0.25
+
+def resolve_quantization(choice: str, model_dir: str | Path, device: torch.device, dtype: torch.dtype) -> str:
+    """--quantization auto: gguf (the file's quantized blocks as stored, run by the int8 x int8
+    kernel) for a GGUF model on a CPU where that kernel runs in a 16-bit dtype, else none (a GGUF
+    file's blocks dequantized to the dtype, as fp32 servers and the other devices get them)."""
+    if choice != "auto":
+        return choice
+    if gguf_source(model_dir) is None or device.type != "cpu" or dtype == torch.float32:
+        return "none"
+    return "gguf" if ZserveInt8DotKernel.runs(device, dtype) else "none"
+
 
 def resolve_device(device: str | torch.device) -> torch.device:
     if str(device) == "auto":
@@ -81,7 +94,7 @@ class ModelRunner:
         show_progress: bool | None = None,
         mem_fraction_static: float = 0.0,
         gemm: str = "auto",
-        quantization: str = "none",
+        quantization: str = "auto",
         attention: str = "auto",
         fused_ops: str = "auto",
     ):
@@ -92,10 +105,11 @@ class ModelRunner:
         `default_num_threads()` on CPU. `gemm`, `attention`, `fused_ops`: the kernel choices
         (--gemm-backend, --attention-backend, --fused-ops)."""
         self.gemm_choice, self.fused_ops_choice = gemm, fused_ops  # read by _load_model
-        self.quantization = quantization  # --quantization: none or int8 (read by _load_model)
         self.config = ModelConfig.from_model_dir(model_dir)
         self.device = resolve_device(device)
         self.dtype, dtype_reason = resolve_dtype(dtype, self.device)
+        # --quantization (read by _load_model): auto keeps a GGUF file's quantized blocks where the kernel runs them
+        self.quantization = resolve_quantization(quantization, self.config.model_dir, self.device, self.dtype)
         self.page_size, self.tp_rank, self.tp_size = page_size, tp_rank, tp_size
         if page_size < 1:
             raise ValueError(f"page_size must be >= 1, got {page_size}")

@@ -21,7 +21,7 @@ import torch
 from zserve.model_proc.gguf_checkpoint import GGUF_TO_HF
 
 HF_TO_GGUF = {hf: gg for gg, hf in GGUF_TO_HF.items()}
-QUANTIZED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+QUANTIZED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 ARCH_OF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3"}
 
 
@@ -159,8 +159,8 @@ def random_k_blocks(type_name: str, rows: int, cols: int, seed: int, magnitude: 
 
 
 def quantized_tensor(type_name: str, data: np.ndarray, seed: int):
-    """(raw bytes, the gguf type) of a [rows, cols] matrix in `type_name`: Q8_0, Q4_0 and Q4_1
-    quantized from `data` by gguf itself; Q4_K, Q5_K and Q6_K random blocks (random_k_blocks)."""
+    """(raw bytes, the gguf type) of a [rows, cols] matrix in `type_name`: Q8_0, Q4_0, Q4_1, Q5_0
+    and Q5_1 quantized from `data` by gguf itself; Q4_K, Q5_K and Q6_K random blocks (random_k_blocks)."""
     import gguf
 
     qtype = gguf.GGMLQuantizationType[type_name]

@@ -14,21 +14,25 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_activations import fake_quantize
 from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, dequantize_int8, quantize_int8
 
 LINEAR_SUFFIXES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight")
 
 
-def dequantized_copy(model_dir: Path, target: Path, group_size: int = DEFAULT_GROUP_SIZE) -> Path:
+def dequantized_copy(model_dir: Path, target: Path, group_size: int = DEFAULT_GROUP_SIZE, bits: int = 8) -> Path:
     """`model_dir` with every linear weight and the LM head replaced by what the int8 path
-    multiplies by (quantized [in, out] as the int8 weight kernels do, then dequantized)."""
+    multiplies by (quantized [in, out] as the int8 weight kernels do, then dequantized); `bits` 4:
+    as --quantization int4 quantizes (layers/int4_weights.py)."""
     target.mkdir(parents=True)
     config = json.loads((model_dir / "config.json").read_text())
     tensors = load_file(str(model_dir / "model.safetensors"))
 
     def through_int8(weight_out_in: torch.Tensor) -> torch.Tensor:
         w = weight_out_in.float().t()  # [in, out], as the layers hold it
+        if bits == 4:
+            return Int4Weight.quantize(w).dequantize().t().contiguous()
         g = min(group_size, w.shape[0])
         return dequantize_int8(*quantize_int8(w, g), g).t().contiguous()
 

@@ -184,7 +184,7 @@ def test_backend_choice_and_bytes():
         assert choose_kernel(CPU, dtype, "zserve_widen", "int8").name == ("zserve_int8" if kernel else "int8_torch")
     assert choose_kernel(CPU, torch.bfloat16, "torch", "int8").name == "int8_torch"
     assert choose_kernel(torch.device("cuda"), torch.bfloat16, "auto", "int8").name == "int8_torch"
-    with pytest.raises(ValueError, match="--quantization 'int4': expected one of none, int8"):
-        choose_kernel(CPU, torch.bfloat16, "auto", "int4")
+    with pytest.raises(ValueError, match="--quantization 'int3': expected one of none, int8, int4, gguf"):
+        choose_kernel(CPU, torch.bfloat16, "auto", "int3")
     model = torch.nn.ModuleList([int8_layer(128, 48, torch.bfloat16, Int8TorchKernel(group_size=64), bias=False)[0]])
     assert gemm_weight_bytes(model, torch.bfloat16) == 128 * 48 + 2 * 48 * 4  # vs 128 * 48 * 2 in bf16

@@ -1,6 +1,6 @@
 """A GGUF file's quantized matrices kept as stored (--quantization gguf): the block decoder
 (model_proc/gguf_blocks.py) against gguf's own dequantization, bit for bit, for every type it
-keeps (Q8_0, Q4_0 and Q4_1 quantized by gguf; Q4_K, Q5_K and Q6_K as random blocks with valid
+keeps (Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 quantized by gguf; Q4_K, Q5_K and Q6_K as random blocks with valid
 scales, which gguf cannot quantize to); the 4-bit kernel zserve::gemm_int4_dot and the int8 one
 with offsets and groups of 16 against the exact product of the quantized activations and the
 dequantized weights; and the pieces of a fused weight in two formats joined exactly."""
@@ -56,8 +56,8 @@ def test_decoded_blocks_equal_gguf_dequantization_bit_for_bit(type_name):
 
 
 def test_decoding_rejects_other_types():
-    with pytest.raises(ValueError, match="GGUF type Q5_0 is not kept as stored"):
-        decode("Q5_0", np.zeros(22, np.uint8), 1, 32)
+    with pytest.raises(ValueError, match="GGUF type Q2_K is not kept as stored"):
+        decode("Q2_K", np.zeros(84, np.uint8), 1, 256)
 
 
 def test_nibble_layout():
@@ -126,3 +126,24 @@ def test_weight_kernels_pack_the_stored_formats(kernel_class):
         xq = fake_quantize(x).double() if kernel_class is ZserveInt8DotKernel else x.double()
         deq = weight.dequantize().double()
         assert_close_to_exact(layer.matmul(x, None), xq @ deq, xq.abs() @ deq.abs(), (kernel_class, type_name))
+
+
+def test_int4_quantizer_round_trip_within_half_a_step():
+    w = torch.randn(96, 40, generator=torch.Generator().manual_seed(7)) * torch.linspace(0.01, 2, 40)
+    w[:32, 3] = 0.25  # a constant group: scale 0, the offset is the value
+    weight = Int4Weight.quantize(w)
+    assert weight.codes.dtype == torch.uint8 and int(weight.codes.max()) <= 15 and weight.group_size == 32
+    step = weight.scales.repeat_interleave(32, dim=0)
+    assert ((weight.dequantize() - w).abs() <= step / 2 * (1 + 1e-5) + 1e-6).all()
+    assert float(weight.scales[0, 3]) == 0 and torch.equal(weight.dequantize()[:32, 3], torch.full((32,), 0.25))
+
+
+def test_int4_quantization_picks_the_4_bit_path():
+    from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
+
+    cpu = torch.device("cpu")
+    for dtype in (torch.bfloat16, torch.float32):
+        kernel = choose_kernel(cpu, dtype, "auto", "int4")
+        assert kernel.weight_bits == 4, kernel
+    assert ZserveInt8DotKernel(weight_bits=4).quantized(torch.randn(96, 8)).__class__ is Int4Weight
+    assert ZserveInt8DotKernel(weight_bits=4).quantized(torch.randn(100, 8)).__class__ is Int8Weight  # K off 32

@@ -40,6 +40,8 @@ VARIANTS = {  # name -> (tiny kind, GGUF weight type)
     "qwen2_q4_1": ("qwen2", "Q4_1"),
     "llama_q4_k": ("llama", "Q4_K"),
     "llama_q5_k": ("llama", "Q5_K"),
+    "qwen2_q5_0": ("qwen2", "Q5_0"),
+    "llama_q5_1": ("llama", "Q5_1"),
     "qwen2_q6_k": ("qwen2", "Q6_K"),
     "llama_tied_q4_k_m": ("llama_tied", "Q4_K_M"),
 }

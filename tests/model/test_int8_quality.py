@@ -29,9 +29,11 @@ DEMO_DIR = Path.home() / ".cache" / "zserve" / "SmolLM2-135M-Instruct"
 NEW_TOKENS = 32
 # (agreement, KL) bounds per --gemm-backend. Weights only (zserve_widen): measured 0.69-0.74 and
 # 0.0034-0.0035 nats with groups of 64; int8 x int8 (auto: the activations quantized per 32 too,
-# as llama.cpp's Q8_0 path does): 0.637 and 0.0062 (AMX Xeon, 2026-11-26). The noise floor, bf16
-# weights in fp32 compute against the bf16 run: 0.78 and 0.0011.
-BOUNDS = {"zserve_widen": (0.65, 0.01), "auto": (0.58, 0.012)}
+# as llama.cpp's Q8_0 path does): 0.637 and 0.0062 with zserve_int8_dot alone, 0.676 and 0.0035
+# where the row split sends these batched runs to oneDNN on bf16(Q * S) (AMX Xeon, 2026-11-26);
+# int4 (groups of 32, asymmetric): 0.357 and 0.043. The noise floor, bf16 weights in fp32 compute
+# against the bf16 run: 0.78 and 0.0011.
+BOUNDS = {("int8", "zserve_widen"): (0.65, 0.01), ("int8", "auto"): (0.58, 0.012), ("int4", "auto"): (0.28, 0.07)}
 
 
 def chat_ids(tokenizer, prompt: str) -> list[int]:
@@ -91,20 +93,21 @@ def demo_dir():
     return DEMO_DIR
 
 
-@pytest.mark.parametrize("gemm", ["auto", "zserve_widen"])  # int8 x int8 (activations quantized too); weights only
-def test_int8_stays_close_to_bf16_on_the_demo_model(demo_dir, gemm):
+@pytest.mark.parametrize(("quantization", "gemm"), [("int8", "auto"), ("int8", "zserve_widen"), ("int4", "auto")])
+def test_int8_stays_close_to_bf16_on_the_demo_model(demo_dir, quantization, gemm):
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(demo_dir)
     kw = dict(device="cpu", dtype="bfloat16", page_size=16, kv_cache_tokens=8192)
     runner_bf16 = make_runner(demo_dir, **kw)
-    runner_int8 = make_runner(demo_dir, quantization="int8", gemm_backend=gemm, **kw)
+    runner_int8 = make_runner(demo_dir, quantization=quantization, gemm_backend=gemm, **kw)
     assert runner_int8.gemm_backend.removesuffix("+onednn") in ("zserve_int8_dot" if gemm == "auto" else "zserve_int8", "int8_torch")
     result = int8_quality(runner_bf16, runner_int8, tokenizer)
-    print(f"\nint8 ({runner_int8.gemm_backend}) vs bf16 on {len(CHAT_PROMPTS)} chat prompts: greedy agreement {result['agreement']:.3f} up to EOS "
+    print(f"\n{quantization} ({runner_int8.gemm_backend}) vs bf16 on {len(CHAT_PROMPTS)} chat prompts: greedy agreement {result['agreement']:.3f} up to EOS "
           f"({result['agreement_all_tokens']:.3f} over all {NEW_TOKENS} tokens), mean KL(bf16 || int8) {result['mean_kl']:.5f} nats")
     paris = tokenizer.decode(result["int8"][CHAT_PROMPTS.index("What is the capital of France?")])
-    assert "Paris" in paris, paris
-    min_agreement, max_mean_kl = BOUNDS[gemm]
+    if quantization == "int8":  # int4 answers "L'Étoile (The Lion) is the capital of France." on this 135M model
+        assert "Paris" in paris, paris
+    min_agreement, max_mean_kl = BOUNDS[quantization, gemm]
     assert result["agreement"] >= min_agreement, result["agreement"]
     assert result["mean_kl"] <= max_mean_kl, result["mean_kl"]

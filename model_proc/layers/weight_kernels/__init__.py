@@ -18,6 +18,14 @@ Weights load as plain [in, out] tensors. After loading, the runner packs each on
     AVX-NE-CONVERT): oneDNN's linear on a weight reordered into its blocked layout
     (torch.ops.mkldnn._reorder_linear_weight, which raises for bf16 on an AVX2-only CPU);
   - "torch" (CUDA, other dtypes, --gemm-backend torch): torch.mm on the plain tensor;
+  - "zserve_int8_dot+onednn" (--quantization int8 or gguf, CPU, bf16 where oneDNN has native bf16;
+    `auto`'s first int8 choice): products of few rows through zserve_int8_dot, of many through oneDNN
+    on a bf16 copy of the dequantized weights, the crossover measured at load (row_split_int8_kernel.py);
+  - "zserve_int8_dot" (--quantization int8 or gguf, CPU, bf16/fp16 with `auto`, any dtype with
+    --gemm-backend zserve_dot, kernels built for avx2 and up): the activations quantized to int8 per
+    row in blocks of 32 at each product, int8 x int8 in int32 (kernels/gemm_int8_dot.cpp: VPDPBUSD with
+    AVX512-VNNI, VPMADDUBSW elsewhere), one fp32 rescale per block; int8 codes in quads (with offsets
+    and groups of 16 for a GGUF file's Q5/Q6 types) or 4-bit codes in nibbles (Q4_0, Q4_1, Q4_K);
   - "zserve_int8" (--quantization int8, CPU, any runtime dtype, kernels built for avx2 or
     avx512): each weight quantized at load to int8 with fp32 scales per group of input rows
     (layers/int8_weights.py), run by kernels/gemm_int8.cpp in gemm_widen's block layout (int8
@@ -32,7 +40,8 @@ Weights load as plain [in, out] tensors. After loading, the runner packs each on
     column_blocks.py     the block layouts of zserve's kernels
     float_kernels.py     torch, onednn, zserve_bf16, zserve_widen
     row_split_kernel.py  zserve_bf16+onednn, and the crossover's measurement
-    int8_kernels.py      zserve_int8, int8_torch
+    int8_kernels.py      zserve_int8_dot, zserve_int8, int8_torch
+    row_split_int8_kernel.py  zserve_int8_dot+onednn
     registry.py          KERNELS in preference order; choose_kernel (the one place a kernel is chosen)
 
 Measured (SmolLM2-135M's 30 layers of linear weights plus its LM head, 269 MB in bf16, streamed

@@ -17,13 +17,13 @@ weight in groups of `group_size` input rows (0: one scale per output column).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from zserve.common.weight_formats import GEMM_CHOICES
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8, load_gemm_int8_dot
-from zserve.model_proc.layers.int4_weights import Int4Weight
+from zserve.model_proc.layers.int4_weights import INT4_GROUP_SIZE, Int4Weight
 from zserve.model_proc.layers.int8_activations import ACT_BLOCK, SUM_BLOCK, runs_int8_activations
 from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, Int8Weight, dequantize_int8
 from zserve.model_proc.layers.weight_kernels.column_blocks import (
@@ -41,7 +41,17 @@ class Int8Kernel(WeightKernel):
     """What both int8 kernels share: the int8 values they pack, and their bytes."""
 
     group_size: int = DEFAULT_GROUP_SIZE  # input rows per scale when quantizing at load
+    weight_bits: int = 8  # what it quantizes a float weight to at load: 8, or 4 (--quantization int4)
     quantization = "int8"
+
+    def for_quantization(self, quantization: str) -> Int8Kernel:
+        return replace(self, weight_bits=4) if quantization == "int4" else self
+
+    def quantized(self, plain: torch.Tensor) -> Int8Weight | Int4Weight:
+        """`plain` [K, N] quantized at load: 4-bit where asked and K allows it, else int8."""
+        if self.weight_bits == 4 and plain.shape[0] % INT4_GROUP_SIZE == 0:
+            return Int4Weight.quantize(plain, INT4_GROUP_SIZE)
+        return Int8Weight.quantize(plain, self.group_size)
 
     def int8_weight(self, plain: torch.Tensor, stored: QuantizedWeight | None) -> Int8Weight:
         """The stored int8 weight (without offsets: the widening kernels have none), or `plain` quantized."""
@@ -84,7 +94,7 @@ class ZserveInt8Kernel(Int8Kernel):
 class ZserveInt8DotKernel(Int8Kernel):
     name = "zserve_int8_dot"
     choices = ("auto", "zserve_dot")
-    stored_formats = ("gguf",)
+    stored_formats = ("gguf", "int4")
 
     @staticmethod
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
@@ -95,12 +105,12 @@ class ZserveInt8DotKernel(Int8Kernel):
         return super().may_pick(choice, device, dtype) and (choice == "zserve_dot" or dtype != torch.float32)
 
     def kernel_for(self, in_features: int) -> WeightKernel:
-        return self if runs_int8_activations(in_features) else ZserveInt8Kernel(self.group_size)
+        return self if runs_int8_activations(in_features) else ZserveInt8Kernel(self.group_size)  # int8 there
 
     def dot_weight(self, plain: torch.Tensor, stored: QuantizedWeight | None) -> Int8Weight | Int4Weight:
         """The stored weight in either format this kernel runs (int8 codes with offsets too,
         4-bit codes), or `plain` quantized to int8."""
-        return stored if isinstance(stored, (Int8Weight, Int4Weight)) else Int8Weight.quantize(plain, self.group_size)
+        return stored if isinstance(stored, (Int8Weight, Int4Weight)) else self.quantized(plain)
 
     def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
         weight = self.dot_weight(plain, stored)
@@ -133,16 +143,16 @@ def gemm_int8_dot(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
 class Int8TorchKernel(Int8Kernel):
     name = "int8_torch"
     choices = GEMM_CHOICES
-    stored_formats = ("gguf",)
+    stored_formats = ("gguf", "int4")
 
     @staticmethod
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
         return True
 
     def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
-        if isinstance(stored, Int4Weight):
-            stored = stored.as_int8()
-        weight = stored if isinstance(stored, Int8Weight) else Int8Weight.quantize(plain, self.group_size)
+        weight = stored if isinstance(stored, (Int8Weight, Int4Weight)) else self.quantized(plain)
+        if isinstance(weight, Int4Weight):
+            weight = weight.as_int8()
         scales = weight.scales.float().to(plain.device)
         offsets = None if weight.offsets is None else weight.offsets.float().to(plain.device)
         return PackedWeight(

@@ -42,4 +42,5 @@ def choose_kernel(
         raise ValueError(f"--gemm-backend {choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
     if quantization not in QUANTIZATION_CHOICES:
         raise ValueError(f"--quantization {quantization!r}: expected one of {', '.join(QUANTIZATION_CHOICES)}")
-    return next(k for k in KERNELS if k.serves(quantization) and k.may_pick(choice, device, dtype))
+    kernel = next(k for k in KERNELS if k.serves(quantization) and k.may_pick(choice, device, dtype))
+    return kernel.for_quantization(quantization)

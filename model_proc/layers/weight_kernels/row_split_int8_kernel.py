@@ -40,7 +40,7 @@ logger = logging.getLogger("model_proc")
 class RowSplitInt8Kernel(Int8Kernel):
     name = "zserve_int8_dot+onednn"
     choices = ("auto",)
-    stored_formats = ("gguf",)
+    stored_formats = ("gguf", "int4")
     extra_weight_copies = 1  # a bf16 copy: the plain weights' bytes, as the runner counts them
     min_onednn_rows: int = DEFAULT_MIN_ONEDNN_ROWS
 
@@ -49,14 +49,15 @@ class RowSplitInt8Kernel(Int8Kernel):
         return dtype == torch.bfloat16 and ZserveInt8DotKernel.runs(device, dtype) and onednn_supports(dtype)
 
     def kernel_for(self, in_features: int) -> WeightKernel:
-        few = ZserveInt8DotKernel(self.group_size).kernel_for(in_features)  # zserve_int8 where K is off 32
+        # zserve_int8 where K is off 32
+        few = ZserveInt8DotKernel(self.group_size, self.weight_bits).kernel_for(in_features)
         return self if isinstance(few, ZserveInt8DotKernel) and self.min_onednn_rows < NEVER else few
 
     def one_copy(self) -> WeightKernel:
-        return ZserveInt8DotKernel(self.group_size)
+        return ZserveInt8DotKernel(self.group_size, self.weight_bits)
 
     def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
-        few_kernel = ZserveInt8DotKernel(self.group_size)
+        few_kernel = ZserveInt8DotKernel(self.group_size, self.weight_bits)
         weight = few_kernel.dot_weight(plain, stored)
         few = few_kernel.pack(plain, bias, weight)
         many = OneDnnKernel().pack(weight.dequantize().to(torch.bfloat16), bias, None)
@@ -70,7 +71,7 @@ class RowSplitInt8Kernel(Int8Kernel):
     def calibrated(self) -> RowSplitInt8Kernel:
         """This kernel with the crossover measured here (NEVER: every product through zserve_int8_dot,
         and `kernel_for` then packs no bf16 copy)."""
-        min_rows, timings = measure_crossover(ZserveInt8DotKernel(self.group_size), OneDnnKernel())
+        min_rows, timings = measure_crossover(ZserveInt8DotKernel(self.group_size, self.weight_bits), OneDnnKernel())
         logger.info(
             "int8 GEMM: zserve_int8_dot below %s rows, oneDNN bf16 from there "
             "(measured, oneDNN / zserve_int8_dot time at %s)",

@@ -56,6 +56,10 @@ class WeightKernel(ABC):
         """Whether a server's --gemm-backend `choice` gets this kernel on `device` in `dtype`."""
         return choice in self.choices and self.runs(device, dtype)
 
+    def for_quantization(self, quantization: str) -> WeightKernel:
+        """This kernel set up for a server's --quantization (int4: the int8 kernels quantize to 4 bits)."""
+        return self
+
     def one_copy(self) -> WeightKernel:
         """The kernel to run instead when the extra copies do not fit (extra_weight_copies 0: itself)."""
         return self
