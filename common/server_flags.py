@@ -81,8 +81,9 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         value_aliases={'half': 'float16', 'float': 'float32'},
     ),
     'quantization': FlagSpec(
-        'weights of the linear layers and the LM head: auto (gguf for a .gguf model on a CPU in a 16-bit '
-        'dtype, else none), none (the --dtype; a .gguf model dequantized), int8 (quantized at load, '
+        'weights of the linear layers and the LM head: auto (on a CPU in a 16-bit dtype: gguf for a .gguf '
+        'model, int8 for a 4-bit AWQ / GPTQ checkpoint, whose layers stay 4-bit; else none), none (the --dtype; '
+        'stored quantized weights dequantized to it), int8 (quantized at load, '
         'symmetric, an fp32 scale per 64 input rows of each output column; a GGUF Q8_0 tensor is taken as '
         "stored; embeddings, norms and biases stay --dtype; CPU in bf16/fp16: zserve's int8 x int8 GEMM, "
         'the activations quantized per row in blocks of 32 at each product (--gemm-backend zserve_widen '

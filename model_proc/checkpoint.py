@@ -8,6 +8,9 @@ the shape the config implies and names the tensor when they differ.
 A linear layer or LM head reads its weight through `read_weight`: the same float rows here; a
 reader of a format that stores weights quantized (gguf_checkpoint.py) returns such a weight as
 stored, typed (layers/weight_kernels/quantized_weight.py), for the --quantization that keeps it.
+A 4-bit AWQ or GPTQ checkpoint's layers (`qweight`, `qzeros`, `scales` instead of `weight`) come
+back as an `Int4Weight` (packed_int4_checkpoint.py) whatever the --quantization: a float kernel
+then packs its exact dequantized values.
 
 Layers write parameters through `copy_into`, which records what was loaded; the runner asks
 `missing_params` afterwards, so a parameter that no checkpoint tensor filled is an error,
@@ -25,7 +28,9 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
+from zserve.model_proc.packed_int4_checkpoint import PackedInt4Scheme
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +43,9 @@ class Checkpoint:
         self.model_dir = Path(model_dir)
         self.file_of: dict[str, str] = self._index()  # tensor name -> file name
         self._handles: dict[str, Any] = {}
+        config_path = self.model_dir / "config.json"
+        raw = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
+        self.packed_int4 = PackedInt4Scheme.from_config(raw)  # AWQ / GPTQ layers, or None
         self._loaded_param_ids: set[int] = set()
         self._progress = tqdm(total=len(self.file_of), desc="loading weights", unit="tensor", disable=not show_progress)
 
@@ -75,6 +83,14 @@ class Checkpoint:
 
     def has(self, name: str) -> bool:
         return name in self.file_of
+
+    def _full(self, name: str) -> torch.Tensor:
+        """The whole tensor `name`, as stored."""
+        file_name = self.file_of[name]
+        if file_name not in self._handles:
+            self._handles[file_name] = self._open(file_name)
+        self._progress.update(1)
+        return self._handles[file_name].get_tensor(name)
 
     def read(
         self,
@@ -129,9 +145,25 @@ class Checkpoint:
     def stored_weight(
         self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
     ) -> QuantizedWeight | None:
-        """Rows and columns of matrix `name` as the file stores them quantized, when --quantization
-        runs that format; safetensors: never (floats, which the int8 kernels quantize at load)."""
-        return None
+        """Rows and columns of matrix `name` as the file stores them quantized ([in, out]): an AWQ /
+        GPTQ layer's Int4Weight (rows and columns sliced at its groups), else None (floats)."""
+        prefix = name.removesuffix(".weight")
+        if self.packed_int4 is None or f"{prefix}.qweight" not in self.file_of:
+            return None
+        out_features, in_features = expected_shape
+        group = self.packed_int4.group_size
+        if self.packed_int4.method == "gptq" and f"{prefix}.g_idx" in self.file_of:
+            PackedInt4Scheme.check_g_idx(self._full(f"{prefix}.g_idx"), group)
+        weight = self.packed_int4.unpack(lambda suffix: self._full(f"{prefix}.{suffix}"), in_features, out_features)
+        r0, r1 = rows or (0, out_features)
+        c0, c1 = cols or (0, in_features)
+        if c0 % group or c1 % group:
+            raise ValueError(f"{name}: a tensor-parallel shard of columns {c0}..{c1} cuts a group of {group}")
+        groups = slice(c0 // group, c1 // group)
+        return Int4Weight(
+            weight.codes[c0:c1, r0:r1].contiguous(), weight.scales[groups, r0:r1].contiguous(),
+            weight.offsets[groups, r0:r1].contiguous(), group,
+        )
 
     def copy_into(
         self, param: torch.Tensor, tensor: torch.Tensor, name: str, row_offset: int = 0, transposed: bool = False

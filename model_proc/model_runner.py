@@ -16,6 +16,7 @@ already in them, comes with every batch. It trusts the slot ids only after `batc
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from pathlib import Path
@@ -40,6 +41,7 @@ from zserve.model_proc.layers.weight_kernels.int8_kernels import ZserveInt8DotKe
 from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 from zserve.model_proc.logits_processors import top_logprobs_of
 from zserve.model_proc.models.registry import build_model
+from zserve.model_proc.packed_int4_checkpoint import PackedInt4Scheme
 from zserve.model_proc.sampler import Sampler
 from zserve.model_proc.tp_group import min_across_ranks
 
@@ -57,13 +59,17 @@ EXTRA_COPY_MAX_SHARE = 0.25
 
 def resolve_quantization(choice: str, model_dir: str | Path, device: torch.device, dtype: torch.dtype) -> str:
     """--quantization auto: gguf (the file's quantized blocks as stored, run by the int8 x int8
-    kernel) for a GGUF model on a CPU where that kernel runs in a 16-bit dtype, else none (a GGUF
-    file's blocks dequantized to the dtype, as fp32 servers and the other devices get them)."""
+    kernel) for a GGUF model, int8 for an AWQ / GPTQ checkpoint (its 4-bit layers as stored, its
+    float LM head in int8), on a CPU where that kernel runs in a 16-bit dtype; else none (the
+    stored blocks dequantized to the dtype, as fp32 servers and the other devices get them)."""
     if choice != "auto":
         return choice
-    if gguf_source(model_dir) is None or device.type != "cpu" or dtype == torch.float32:
+    config_path = Path(model_dir) / "config.json"
+    packed_int4 = PackedInt4Scheme.from_config(json.loads(config_path.read_text(encoding="utf-8")))
+    native = "gguf" if gguf_source(model_dir) is not None else "int8" if packed_int4 is not None else "none"
+    if native == "none" or device.type != "cpu" or dtype == torch.float32:
         return "none"
-    return "gguf" if ZserveInt8DotKernel.runs(device, dtype) else "none"
+    return native if ZserveInt8DotKernel.runs(device, dtype) else "none"
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
