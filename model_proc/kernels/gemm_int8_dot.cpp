@@ -58,6 +58,9 @@ using namespace zserve_gemm;
 
 constexpr int64_t ACT_BLOCK = 32;  // k per activation scale
 constexpr int64_t QUAD = 4;        // k per 32-bit lane of a dot product
+constexpr int64_t SUM_BLOCK = 16;  // k per partial sum of xq the quantizer hands over
+
+enum class Codes { INT8, NIBBLES };  // int8 C (stored C + 128) in quads; unsigned 4-bit codes in nibble pairs of quads
 
 #if ZSERVE_HAS_GEMM_WIDEN
 
@@ -110,14 +113,11 @@ inline ivec dot4_int8(ivec acc, ivec w, ivec x) {
 #endif
 static_assert(IV == NV, "one int32 vector per fp32 vector of the block's columns");
 constexpr int64_t QUAD_BYTES = COLS * QUAD;  // one 64-byte load: 16 columns x 4 codes (nibbles: x 8)
-constexpr int64_t SUM_BLOCK = 16;             // k per partial sum of xq the quantizer hands over
 #if defined(__AVX512F__)
 constexpr int DOT_ROWS = 8;  // 2 accumulators per row + the weights and x: 18 of 32 zmm
 #else
 constexpr int DOT_ROWS = 2;  // 2 x 2 accumulators per row + 2 weight vectors and the temporaries: 16 ymm
 #endif
-
-enum class Codes { INT8, NIBBLES };  // int8 C (stored C + 128) in quads; unsigned 4-bit codes in nibble pairs of quads
 
 // One row's 32 values (fp32) -> 32 int8, their scale, and the sums of each 16 of them.
 inline void quantize_block(const float* x, int8_t* q, float* scale, int32_t* sums16) {
