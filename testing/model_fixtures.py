@@ -7,7 +7,9 @@ Other tests import these:
     model_dir = make_tiny_checkpoint(tmp_path / "m", "qwen3", with_tokenizer=True)
 
 Kinds: llama (GQA), llama3_rope (Llama-3 rope scaling, short original context so it matters),
-llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2. Options:
+llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2, and with sliding
+windows of 8 tokens (shorter than most test prompts): mistral_window (every layer) and
+qwen2_window (layers 1 and 2 slide, layer 0 is global). Options:
 `num_shards` > 1 writes model-0000i-of-0000n.safetensors + index; `stored_dtype="bfloat16"`
 stores the weights in bf16 (transformers and zserve both load them as fp32 for parity).
 Weights are drawn larger than transformers' default init, and norms and biases are random too,
@@ -47,6 +49,9 @@ TINY_KINDS: dict[str, tuple[str, dict]] = {
     "mistral": ("MistralConfig", dict(_LLAMA_SIZES, head_dim=24, sliding_window=None)),
     "qwen2": ("Qwen2Config", dict(_LLAMA_SIZES, num_key_value_heads=1)),
     "qwen3": ("Qwen3Config", dict(_LLAMA_SIZES, head_dim=32)),
+    "mistral_window": ("MistralConfig", dict(_LLAMA_SIZES, num_hidden_layers=3, sliding_window=8)),
+    "qwen2_window": ("Qwen2Config", dict(_LLAMA_SIZES, num_hidden_layers=3, use_sliding_window=True, sliding_window=8,
+                                         max_window_layers=1)),
     "gpt2": ("GPT2Config", dict(vocab_size=VOCAB_SIZE, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                 bos_token_id=1, eos_token_id=2)),
 }
