@@ -52,10 +52,10 @@ TINY_KINDS: dict[str, tuple[str, dict]] = {
                                 bos_token_id=1, eos_token_id=2)),
     # MoE: top-2 of 8 experts; layer 1 dense (mlp_only_layers); Qwen2-MoE adds a shared expert
     "qwen3_moe": ("Qwen3MoeConfig", dict(_LLAMA_SIZES, head_dim=32, num_hidden_layers=3, num_experts=8,
-                                         num_experts_per_tok=2, moe_intermediate_size=48, norm_topk_prob=True,
+                                         num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
                                          mlp_only_layers=[1])),
     "qwen2_moe": ("Qwen2MoeConfig", dict(_LLAMA_SIZES, num_experts=8, num_experts_per_tok=2,
-                                         moe_intermediate_size=48, shared_expert_intermediate_size=80)),
+                                         moe_intermediate_size=64, shared_expert_intermediate_size=96)),
     "mixtral": ("MixtralConfig", dict(_LLAMA_SIZES, num_local_experts=8, num_experts_per_tok=2)),
 }
 
