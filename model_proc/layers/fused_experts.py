@@ -6,7 +6,7 @@
         pairs  | e0 e0 e0 | e2 | e5 e5 | ...      rows = token of each pair, counts = pairs per expert
         xs     = x[rows]                           [T * k, hidden], grouped by expert
         ys[i:j] = expert_e(xs[i:j])                one gate_up GEMM and one down GEMM per expert hit
-        out    = zeros.index_add_(rows, ys * w)    weighted scatter-add back to the tokens
+        out[t] = sum over t's k pairs of ys * w    unsorted back to [T, k, hidden], summed over k
 
 Each expert's gate_up and down are GemmWeights, so the runner packs them for the server's weight
 kernel like any linear (bf16 zserve kernels, int8, 4-bit on CPU; torch matmul on CUDA and where no
@@ -60,8 +60,9 @@ class FusedExperts(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-        """x [T, hidden]; expert_ids int64 [T, k]; weights [T, k] (fp32 or x's dtype: the product with
-        an expert's output is rounded to x's dtype before the sum, as transformers does) -> [T, hidden]."""
+        """x [T, hidden]; expert_ids int64 [T, k]; weights [T, k] -> [T, hidden]. As transformers'
+        default (grouped_mm) experts: each product expert output x weight is in the wider of the
+        two dtypes (fp32 for Mixtral's fp32 weights), the k of a token summed in it, rounded once to x's dtype."""
         num_tokens, top_k = expert_ids.shape
         flat_ids = expert_ids.reshape(-1)
         order = torch.argsort(flat_ids, stable=True)  # pairs grouped by expert, tokens ascending within
@@ -74,8 +75,10 @@ class FusedExperts(nn.Module):
             if count:
                 ys[start : start + count] = expert(xs[start : start + count])
                 start += count
-        scaled = (ys * weights.reshape(-1, 1).index_select(0, order)).to(x.dtype)
-        return torch.zeros_like(x).index_add_(0, rows, scaled)
+        scaled = ys * weights.reshape(-1, 1).index_select(0, order)
+        pairs = torch.empty_like(scaled)
+        pairs[order] = scaled  # back to (token, k) order
+        return pairs.view(num_tokens, top_k, -1).sum(dim=1).to(x.dtype)
 
     def load(self, ckpt: Checkpoint, prefix: str, names: tuple[str, str, str]) -> None:
         for i, expert in enumerate(self.experts):
