@@ -100,7 +100,7 @@ def test_chunked_prefill_bf16(checkpoints, kind, chunk_size):
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "mistral", "qwen3_moe"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "mistral", "mixtral"])
 def test_prefix_hit_bf16(checkpoints, kind, page_size):
     """B's first 20 tokens come from the bf16 pages A wrote."""
     model_dir, ref = checkpoints(kind)
