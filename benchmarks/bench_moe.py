@@ -14,21 +14,27 @@ steps are timed in turn (median ms), and one MoE layer's routed experts alone (F
 the router's choice for that batch): the bytes of the experts hit, over that time, is the expert
 GEMMs' weight-read rate, printed against the copy bandwidth measured in the same loop (the bound
 of a weight-streaming GEMM). The vocabulary is small (600), so the LM head does not hide the MLPs.
+
+Each time is printed twice: wall (ms) and this process's CPU time (cpu_ms, `time.process_time`).
+On a machine other processes load, the wall time of a step holds their time slices too; with
+`--threads 1` the CPU time is the step's own cost (OpenMP spin-waits make it meaningless above one thread).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_model import CONTEXT_LEN, PAGE_SIZE, CopyBandwidth, decode_batch, timed_alternately  # noqa: E402
+from benchmarks.bench_model import CONTEXT_LEN, PAGE_SIZE, CopyBandwidth, decode_batch  # noqa: E402
 from benchmarks.machine_info import load_average, machine_info  # noqa: E402
 from testing.model_fixtures import make_runner, make_tiny_checkpoint  # noqa: E402
 from zserve.common.worker_env import worker_env  # noqa: E402
@@ -64,6 +70,22 @@ def experts_case(runner, batch_size: int):
     hit = torch.unique(expert_ids).tolist()
     num_bytes = sum(gemm_weight_bytes(block.experts.experts[e], runner.dtype) for e in hit)
     return (lambda: block.experts(x, expert_ids, weights)), num_bytes, len(hit)
+
+
+def timed_alternately(fns, repeats: int, warmup: int = 2) -> list[tuple[float, float]]:
+    """(median wall ms, median CPU ms) of each of fns(), run in turn so that load falls on all alike."""
+    for _ in range(warmup):
+        for fn in fns:
+            fn()
+    walls: list[list[float]] = [[] for _ in fns]
+    cpus: list[list[float]] = [[] for _ in fns]
+    for _ in range(repeats):
+        for fn, wall, cpu in zip(fns, walls, cpus, strict=True):
+            t0, c0 = time.perf_counter(), time.process_time()
+            fn()
+            wall.append((time.perf_counter() - t0) * 1e3)
+            cpu.append((time.process_time() - c0) * 1e3)
+    return [(statistics.median(w), statistics.median(c)) for w, c in zip(walls, cpus, strict=True)]
 
 
 def main() -> None:
@@ -103,18 +125,20 @@ def main() -> None:
         print(f"  {name:<13} {cfg.num_params / 1e6:7.1f} M params, {cfg.num_active_params / 1e6:6.1f} M active, "
               f"{gemm_weight_bytes(runner.model, dtype) / 1e6:6.0f} MB of GEMM weights")
     copier = CopyBandwidth()
-    print(f"{'batch':>5}{'moe_ms':>9}{'total_ms':>10}{'active_ms':>10}{'moe/total':>10}{'moe/active':>11}"
+    print(f"{'batch':>5}{'':>6}{'moe_ms':>9}{'total_ms':>10}{'active_ms':>10}{'moe/total':>10}{'moe/active':>11}"
           f"{'experts_hit':>12}{'expert_ms':>10}{'expert_GB/s':>12}{'copy_GB/s':>10}")
     for step_id, batch_size in enumerate(batch_sizes):
         log(f"decode batch {batch_size}")
         batch = decode_batch(batch_size, CONTEXT_LEN, step_id)
         experts_fn, expert_bytes, num_hit = experts_case(moe, batch_size)
         fns = [lambda r=r, b=batch: r.run(b) for r in runners.values()] + [experts_fn, copier.copy]
-        moe_ms, total_ms, active_ms, expert_ms, copy_ms = timed_alternately(fns, args.repeats)
-        rate = expert_bytes / (expert_ms / 1e3) / 1e9
-        print(f"{batch_size:>5}{moe_ms:>9.2f}{total_ms:>10.2f}{active_ms:>10.2f}{moe_ms / total_ms:>10.2f}"
-              f"{moe_ms / active_ms:>11.2f}{num_hit:>12}{expert_ms:>10.3f}{rate:>12.1f}{copier.gbs(copy_ms):>10.1f}",
-              flush=True)
+        timings = timed_alternately(fns, args.repeats)
+        for clock, i in (("wall", 0), ("cpu", 1)):
+            moe_ms, total_ms, active_ms, expert_ms, copy_ms = (t[i] for t in timings)
+            rate = expert_bytes / (expert_ms / 1e3) / 1e9
+            print(f"{batch_size:>5}{clock:>6}{moe_ms:>9.2f}{total_ms:>10.2f}{active_ms:>10.2f}{moe_ms / total_ms:>10.2f}"
+                  f"{moe_ms / active_ms:>11.2f}{num_hit:>12}{expert_ms:>10.3f}{rate:>12.1f}{copier.gbs(copy_ms):>10.1f}",
+                  flush=True)
     print(f"load average at the end {load_average()}")
 
 
