@@ -107,7 +107,7 @@ def make_tiny_checkpoint(
 @torch.no_grad()
 def _sharpen(model: torch.nn.Module) -> None:
     for name, p in model.named_parameters():
-        if name.endswith(".gate.weight"):  # a MoE router: wide logits, so no top-k choice is a near-tie
+        if name.endswith(".gate.weight"):  # a MoE router: wide logits, so top-k choices have clear gaps
             p.normal_(0.0, 1.0)
         elif p.dim() >= 2:
             p.normal_(0.0, 0.1 if "wpe" not in name else 0.02)
