@@ -15,6 +15,7 @@ from typing import Any
 from zserve.common.checkpoint_quantization import quantization_refusal
 from zserve.common.feature_refusal import feature_refusal
 from zserve.common.layer_windows import layer_windows_for
+from zserve.common.moe_config import MoeConfig
 
 # architecture (config.json "architectures"[0]) -> model family our code implements
 ARCH_FAMILIES: dict[str, str] = {
@@ -23,6 +24,9 @@ ARCH_FAMILIES: dict[str, str] = {
     "Qwen2ForCausalLM": "llama",
     "Qwen3ForCausalLM": "qwen3",
     "GPT2LMHeadModel": "gpt2",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "MixtralForCausalLM": "mixtral",
 }
 # architectures whose transformers attention reads config.json's attn_logit_softcapping
 LOGIT_SOFTCAP_ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
@@ -74,6 +78,7 @@ class ModelConfig:
     # every page stays in the KV cache, so windows change what attention reads, not the KV accounting
     layer_windows: tuple[int, ...] = ()
     attn_logit_softcap: float = 0.0  # config.json attn_logit_softcapping (Gemma 2); 0: none
+    moe: MoeConfig | None = None  # mixture-of-experts settings (Qwen3-MoE, Qwen2-MoE, Mixtral)
 
     @property
     def q_size(self) -> int:
@@ -85,11 +90,24 @@ class ModelConfig:
 
     @property
     def num_params(self) -> int:
-        """Approximate parameter count (weights of linears and embeddings), for progress and sizing."""
+        """Approximate parameter count (weights of linears and embeddings, every expert), for progress and sizing."""
+        return self._count_params(active_only=False)
+
+    @property
+    def num_active_params(self) -> int:
+        """Parameters one token's forward multiplies by: a MoE layer counts only its top-k experts."""
+        return self._count_params(active_only=True)
+
+    def _count_params(self, active_only: bool) -> int:
         attn = self.hidden_size * (self.q_size + 2 * self.kv_size) + self.q_size * self.hidden_size
-        mlp_mats = 2 if self.family == "gpt2" else 3
+        dense_mlp = (2 if self.family == "gpt2" else 3) * self.hidden_size * self.intermediate_size
         embed = self.vocab_size * self.hidden_size * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * (attn + mlp_mats * self.hidden_size * self.intermediate_size) + embed
+        mlp = sum(
+            self.moe.sparse_mlp_params(self.hidden_size, active_only)
+            if self.moe is not None and self.moe.is_sparse_layer(i) else dense_mlp
+            for i in range(self.num_layers)
+        )
+        return self.num_layers * attn + mlp + embed
 
     @staticmethod
     def from_model_dir(model_dir: str | Path) -> ModelConfig:
@@ -159,13 +177,15 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         context_len = get("max_position_embeddings")
         norm_eps = get("rms_norm_eps", default=1e-6, kind=float)
         hidden_act = get("hidden_act", default="silu", kind=str)
-        head_dim = get("head_dim", default=128 if family == "qwen3" else hidden // num_heads)
+        head_dim = get("head_dim", default=128 if family in ("qwen3", "qwen3_moe") else hidden // num_heads)
         tie = bool(raw.get("tie_word_embeddings", False))
         attention_bias = bool(raw.get("attention_bias", False))
         qkv_bias = True if arch == "Qwen2ForCausalLM" else attention_bias
-        o_bias = False if arch == "Qwen2ForCausalLM" else attention_bias
+        if arch == "Qwen2MoeForCausalLM":
+            qkv_bias = bool(raw.get("qkv_bias", True))
+        o_bias = False if arch in ("Qwen2ForCausalLM", "Qwen2MoeForCausalLM") else attention_bias
         mlp_bias = bool(raw.get("mlp_bias", False))
-        qk_norm = family == "qwen3"
+        qk_norm = family in ("qwen3", "qwen3_moe")
         rope_theta, rope_scaling = _parse_rope(raw, path)
         attn_scale = head_dim**-0.5
         attn_scale_by_layer = False
@@ -204,6 +224,7 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         stored_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         layer_windows=layer_windows_for(arch, raw, num_layers, path),
         attn_logit_softcap=softcap,
+        moe=MoeConfig.from_config(raw, arch, path),
     )
 
 

@@ -7,9 +7,10 @@ Other tests import these:
     model_dir = make_tiny_checkpoint(tmp_path / "m", "qwen3", with_tokenizer=True)
 
 Kinds: llama (GQA), llama3_rope (Llama-3 rope scaling, short original context so it matters),
-llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2, and with sliding
+llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2; with sliding
 windows of 8 tokens (shorter than most test prompts): mistral_window (every layer) and
-qwen2_window (layers 1 and 2 slide, layer 0 is global). Options:
+qwen2_window (layers 1 and 2 slide, layer 0 is global); mixture of experts: qwen3_moe,
+qwen2_moe (shared expert) and mixtral (top-2 of 8 experts). Options:
 `num_shards` > 1 writes model-0000i-of-0000n.safetensors + index; `stored_dtype="bfloat16"`
 stores the weights in bf16 (transformers and zserve both load them as fp32 for parity).
 Weights are drawn larger than transformers' default init, and norms and biases are random too,
@@ -54,6 +55,13 @@ TINY_KINDS: dict[str, tuple[str, dict]] = {
                                          max_window_layers=1)),
     "gpt2": ("GPT2Config", dict(vocab_size=VOCAB_SIZE, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                 bos_token_id=1, eos_token_id=2)),
+    # MoE: top-2 of 8 experts; layer 1 dense (mlp_only_layers); Qwen2-MoE adds a shared expert
+    "qwen3_moe": ("Qwen3MoeConfig", dict(_LLAMA_SIZES, head_dim=32, num_hidden_layers=3, num_experts=8,
+                                         num_experts_per_tok=2, moe_intermediate_size=64, norm_topk_prob=True,
+                                         mlp_only_layers=[1])),
+    "qwen2_moe": ("Qwen2MoeConfig", dict(_LLAMA_SIZES, num_experts=8, num_experts_per_tok=2,
+                                         moe_intermediate_size=64, shared_expert_intermediate_size=96)),
+    "mixtral": ("MixtralConfig", dict(_LLAMA_SIZES, num_local_experts=8, num_experts_per_tok=2)),
 }
 
 
@@ -104,7 +112,9 @@ def make_tiny_checkpoint(
 @torch.no_grad()
 def _sharpen(model: torch.nn.Module) -> None:
     for name, p in model.named_parameters():
-        if p.dim() >= 2:
+        if name.endswith(".gate.weight"):  # a MoE router: wide logits, so top-k choices have clear gaps
+            p.normal_(0.0, 1.0)
+        elif p.dim() >= 2:
             p.normal_(0.0, 0.1 if "wpe" not in name else 0.02)
         elif "norm" in name or ".ln_" in name or "ln_f" in name:  # norm weights around 1, biases around 0
             p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn_like(p))

@@ -79,12 +79,14 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig, attention: nn.Module, tp_rank: int, tp_size: int):
+    def __init__(
+        self, cfg: ModelConfig, attention: nn.Module, tp_rank: int, tp_size: int, mlp: nn.Module | None = None
+    ):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         self.self_attn = attention
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
-        self.mlp = LlamaMLP(cfg, tp_rank, tp_size)
+        self.mlp = mlp if mlp is not None else LlamaMLP(cfg, tp_rank, tp_size)  # a MoE layer passes its own
 
     def forward(
         self, x: torch.Tensor, delta: torch.Tensor | None, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
@@ -113,12 +115,19 @@ class LlamaForCausalLM(nn.Module):
         )
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(cfg, self.attention_cls(cfg, i, tp_rank, tp_size), tp_rank, tp_size)
+            LlamaDecoderLayer(
+                cfg, self.attention_cls(cfg, i, tp_rank, tp_size), tp_rank, tp_size,
+                mlp=self.make_mlp(cfg, i, tp_rank, tp_size),
+            )
             for i in range(cfg.num_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.norm_eps)
         tied_to = self.embed_tokens if cfg.tie_word_embeddings else None
         self.lm_head = ParallelLMHead(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size, tied_to=tied_to)
+
+    def make_mlp(self, cfg: ModelConfig, layer_idx: int, tp_rank: int, tp_size: int) -> nn.Module | None:
+        """Layer `layer_idx`'s MLP, or None for the dense LlamaMLP (the MoE families override this)."""
+        return None
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids int64[T] -> hidden states [T, hidden] (before the final norm)"""

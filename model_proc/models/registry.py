@@ -7,12 +7,16 @@ from torch import nn
 from zserve.common.model_config import ModelConfig
 from zserve.model_proc.models.gpt2 import GPT2LMHeadModel
 from zserve.model_proc.models.llama import LlamaForCausalLM
+from zserve.model_proc.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
 from zserve.model_proc.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "gpt2": GPT2LMHeadModel,
+    "qwen3_moe": Qwen3MoeForCausalLM,
+    "qwen2_moe": Qwen2MoeForCausalLM,
+    "mixtral": MixtralForCausalLM,
 }
 
 

@@ -90,7 +90,7 @@ def test_greedy_matches_transformers_bf16(checkpoints, kind):
 
 
 @pytest.mark.parametrize("chunk_size", [3, 7])
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "gpt2", "qwen3_moe", "mixtral"])
 def test_chunked_prefill_bf16(checkpoints, kind, chunk_size):
     model_dir, ref = checkpoints(kind)
     driver = GreedyDriver(bf16_runner(model_dir))
@@ -100,7 +100,7 @@ def test_chunked_prefill_bf16(checkpoints, kind, chunk_size):
 
 
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "mistral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "mistral", "mixtral"])
 def test_prefix_hit_bf16(checkpoints, kind, page_size):
     """B's first 20 tokens come from the bf16 pages A wrote."""
     model_dir, ref = checkpoints(kind)
@@ -114,7 +114,7 @@ def test_prefix_hit_bf16(checkpoints, kind, page_size):
     ref.check(b_prompt, driver.generate([b])[0])
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen3", "gpt2", "qwen3_moe", "mixtral"])
 def test_mixed_batches_and_decode_chunks_bf16(checkpoints, kind, monkeypatch):
     """Requests arrive one per step, so forwards mix prefills, chunks and decodes; decode rows
     attend one row per chunk."""

@@ -36,7 +36,16 @@ def run_and_record(runner: ModelRunner) -> dict:
     return {"outputs": outputs + shared_outputs, "logits": logits.tolist()}
 
 
-KINDS = {"llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}}  # gpt2: an odd vocab, padded on the last rank
+# gpt2: an odd vocab, padded on the last rank; the MoE kinds split every expert's intermediate dimension
+KINDS = {"llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}, "qwen3_moe": {}, "mixtral": {}, "qwen2_moe": {}}
+
+
+def expert_columns(model: torch.nn.Module) -> int:
+    """The first expert's gate_up columns on this rank (0: no experts)."""
+    from zserve.model_proc.layers.fused_experts import ExpertMLP
+
+    expert = next((m for m in model.modules() if isinstance(m, ExpertMLP)), None)
+    return 0 if expert is None else expert.gate_up_proj.weight_shape[1]
 
 
 def rank_main(rank: int, model_dirs: dict[str, str], port: int, out_path: str) -> None:
@@ -47,6 +56,7 @@ def rank_main(rank: int, model_dirs: dict[str, str], port: int, out_path: str) -
             runner = make_runner(model_dir, device="cpu", dtype="float32", page_size=4, kv_cache_tokens=512, num_threads=1, tp_rank=rank, tp_size=TP_SIZE)
             head = runner.model.lm_head
             records[kind] = {**run_and_record(runner), "shard_rows": head.shard_size}  # vocab / tp
+            records[kind]["expert_cols"] = expert_columns(runner.model)
         if rank == 0:
             with open(out_path, "w") as f:
                 json.dump(records, f)
@@ -65,7 +75,9 @@ def test_two_ranks_match_one(tmp_path, monkeypatch):
     mp.start_processes(rank_main, args=(model_dirs, free_port(), str(out_path)), nprocs=TP_SIZE, start_method="spawn")
     sharded = json.loads(out_path.read_text())
     for kind, overrides in KINDS.items():
-        single = run_and_record(make_runner(model_dirs[kind], device="cpu", dtype="float32", page_size=4, kv_cache_tokens=512))
+        single_runner = make_runner(model_dirs[kind], device="cpu", dtype="float32", page_size=4, kv_cache_tokens=512)
+        assert sharded[kind]["expert_cols"] * TP_SIZE == expert_columns(single_runner.model), kind
+        single = run_and_record(single_runner)
         vocab = overrides.get("vocab_size", 600)
         assert sharded[kind]["shard_rows"] == -(-vocab // TP_SIZE), kind  # each rank holds half the vocab
         assert sharded[kind]["outputs"] == single["outputs"], kind
