@@ -8,11 +8,12 @@ the older top-level `rope_theta` + `rope_scaling`, and transformers 5's `rope_pa
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from zserve.common.checkpoint_quantization import quantization_refusal
+from zserve.common.gemma_config import GEMMA_FAMILIES, gemma_fields, gemma_text_config
 
 # architecture (config.json "architectures"[0]) -> model family our code implements
 ARCH_FAMILIES: dict[str, str] = {
@@ -21,6 +22,9 @@ ARCH_FAMILIES: dict[str, str] = {
     "Qwen2ForCausalLM": "llama",
     "Qwen3ForCausalLM": "qwen3",
     "GPT2LMHeadModel": "gpt2",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not loaded
 }
 ROPE_TYPES = ("default", "linear", "llama3")
 DEFAULT_ROPE_THETA = 10_000.0
@@ -68,6 +72,10 @@ class ModelConfig:
     default_sampling: tuple[tuple[str, float], ...] = ()
     # config.json's maximum positions, when a sliding window capped context_len below it (else 0)
     window_capped_from: int = 0
+    # Gemma 2/3 (common/gemma_config.py)
+    final_logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: off
+    local_layers: tuple[bool, ...] = ()  # per layer: a sliding-window ("local") layer; () for other families
+    rope_local_theta: float | None = None  # Gemma 3: the local layers' RoPE base (unscaled); None: rope_theta
 
     @property
     def context_note(self) -> str:
@@ -133,6 +141,8 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
     if refusal is not None:
         raise ValueError(refusal)
     family = ARCH_FAMILIES[arch]
+    if family in GEMMA_FAMILIES:
+        raw = gemma_text_config(raw, family, path)
     window_capped_from = 0  # the maximum a sliding window capped the context from
 
     def get(*keys: str, default: Any = ..., kind: type = int) -> Any:
@@ -181,7 +191,7 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
             f"{path}: num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}"
         )
     vocab_size = get("vocab_size")
-    return ModelConfig(
+    cfg = ModelConfig(
         model_dir=model_dir,
         architecture=arch,
         family=family,
@@ -210,6 +220,9 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         stored_dtype=raw.get("torch_dtype") or raw.get("dtype"),
         window_capped_from=window_capped_from,
     )
+    if family in GEMMA_FAMILIES:
+        return replace(cfg, **gemma_fields(raw, family, num_layers, path))
+    return cfg
 
 
 def _field(raw: dict[str, Any], path: Path, keys: tuple[str, ...], default: Any, kind: type) -> Any:

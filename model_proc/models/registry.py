@@ -5,6 +5,8 @@ from __future__ import annotations
 from torch import nn
 
 from zserve.common.model_config import ModelConfig
+from zserve.model_proc.models.gemma2 import Gemma2ForCausalLM
+from zserve.model_proc.models.gemma3 import Gemma3ForCausalLM
 from zserve.model_proc.models.gpt2 import GPT2LMHeadModel
 from zserve.model_proc.models.llama import LlamaForCausalLM
 from zserve.model_proc.models.qwen3 import Qwen3ForCausalLM
@@ -13,6 +15,8 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "gpt2": GPT2LMHeadModel,
+    "gemma2": Gemma2ForCausalLM,
+    "gemma3": Gemma3ForCausalLM,
 }
 
 
