@@ -8,7 +8,8 @@ Other tests import these:
 
 Kinds: llama (GQA), llama3_rope (Llama-3 rope scaling, short original context so it matters),
 llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2, gemma2 (final
-logit soft-capping), gemma3 (q/k norm, local and global RoPE, linear scaling on the global). Options:
+logit soft-capping), gemma3 (q/k norm, local and global RoPE, linear scaling on the global),
+gemma3_mm (gemma3's text model in a Gemma3ForConditionalGeneration checkpoint). Options:
 `num_shards` > 1 writes model-0000i-of-0000n.safetensors + index; `stored_dtype="bfloat16"`
 stores the weights in bf16 (transformers and zserve both load them as fp32 for parity).
 Weights are drawn larger than transformers' default init, and norms and biases are random too,
@@ -61,6 +62,12 @@ TINY_KINDS: dict[str, tuple[str, dict]] = {
         sliding_attention=dict(rope_type="default", rope_theta=10000.0),
         full_attention=dict(rope_type="linear", factor=2.0, rope_theta=50000.0)))),
 }
+# Gemma 3 with a (tiny) vision tower: transformers saves the text model under language_model.model.
+TINY_KINDS["gemma3_mm"] = ("Gemma3Config", dict(
+    text_config=TINY_KINDS["gemma3"][1], mm_tokens_per_image=4, image_token_index=599, boi_token_index=597,
+    eoi_token_index=598, vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
+                                            num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8),
+))
 
 
 def make_runner(model_dir: str | Path, *, tp_rank: int = 0, **overrides: Any) -> ModelRunner:

@@ -92,7 +92,7 @@ def test_greedy_matches_transformers_generate(checkpoints, name, attention):
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 7])
-@pytest.mark.parametrize("name", ["llama", "llama3_rope", "qwen2", "qwen3", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "llama3_rope", "qwen2", "qwen3", "gpt2", "gemma3"])
 def test_chunked_prefill(checkpoints, name, chunk_size):
     model_dir, ref = checkpoints(name)
     driver = GreedyDriver(parity_runner(model_dir))
@@ -103,7 +103,7 @@ def test_chunked_prefill(checkpoints, name, chunk_size):
 
 @BOTH_PATHS
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "mistral"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "mistral", "gemma3"])
 def test_prefix_hit(checkpoints, name, page_size, attention):
     """B's first half comes from the pages A wrote (whole pages only, as a radix cache shares them)."""
     model_dir, ref = checkpoints(name)
@@ -121,7 +121,7 @@ def test_prefix_hit(checkpoints, name, page_size, attention):
 
 @BOTH_PATHS
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "gpt2", "llama_tied"])
+@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "gpt2", "llama_tied", "gemma2"])
 def test_mixed_batches(checkpoints, name, page_size, attention):
     """8 requests of different lengths arrive over time, so every forward mixes whole prefills,
     chunks and decodes."""
