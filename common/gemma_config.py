@@ -6,8 +6,8 @@ transformers' class defaults for missing keys (Gemma 3 multimodal configs omit m
 `hidden_activation` as `hidden_act`, and Gemma 3's per-layer-type RoPE (`rope_parameters`
 keyed by "full_attention" / "sliding_attention", or the older `rope_theta` + `rope_scaling` +
 `rope_local_base_freq`) reduced to the global layers' settings. `gemma_fields` then gives what
-the generic parser does not know: softmax scale, soft-capping, which layers are local, their
-RoPE base.
+the generic parser does not know: softmax scale, final soft-capping, which layers are local
+(for their RoPE; their windows are common/layer_windows.py's) and the local RoPE base.
 """
 
 from __future__ import annotations
@@ -72,9 +72,6 @@ def gemma_fields(flat: dict[str, Any], family: str, num_layers: int, path: Path)
     """ModelConfig fields a Gemma config sets beyond the Llama-like ones, from gemma_text_config's dict."""
     if flat.get("use_bidirectional_attention"):
         raise ValueError(f"{path}: use_bidirectional_attention (an encoder-style mask) is not supported")
-    if family == "gemma2" and flat.get("attn_logit_softcapping") is not None:
-        raise ValueError(f"{path}: attention logit soft-capping (attn_logit_softcapping) is not supported yet")
-    # Gemma 3 takes attn_logit_softcapping in its config but transformers never applies it: neither do we
     local_layers = _local_layers(flat, family, num_layers, path)
     final_softcap = flat.get("final_logit_softcapping")
     fields: dict[str, Any] = dict(
@@ -84,10 +81,8 @@ def gemma_fields(flat: dict[str, Any], family: str, num_layers: int, path: Path)
         local_layers=local_layers,
         rope_local_theta=float(flat["rope_local_base_freq"]) if family == "gemma3" else None,
     )
-    # Without sliding-window attention, the local layers are exact only within the window
-    window, max_len = flat.get("sliding_window"), int(flat["max_position_embeddings"])
-    if any(local_layers) and isinstance(window, int) and 0 < window < max_len:
-        fields.update(context_len=window, window_capped_from=max_len)
+    if family == "gemma3":  # its config has attn_logit_softcapping, but transformers' Gemma 3 never applies it
+        fields["attn_logit_softcap"] = 0.0
     return fields
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 from zserve.common.checkpoint_quantization import quantization_refusal
 from zserve.common.gemma_config import GEMMA_FAMILIES, gemma_fields, gemma_text_config
+from zserve.common.layer_windows import layer_windows_for
 
 # architecture (config.json "architectures"[0]) -> model family our code implements
 ARCH_FAMILIES: dict[str, str] = {
@@ -26,6 +27,8 @@ ARCH_FAMILIES: dict[str, str] = {
     "Gemma3ForCausalLM": "gemma3",
     "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not loaded
 }
+# architectures whose transformers attention reads config.json's attn_logit_softcapping
+LOGIT_SOFTCAP_ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 ROPE_TYPES = ("default", "linear", "llama3")
 DEFAULT_ROPE_THETA = 10_000.0
 
@@ -53,7 +56,7 @@ class ModelConfig:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    context_len: int  # max positions the model can attend over (capped at a sliding window, see below)
+    context_len: int  # max positions the model can attend over (config.json's; sliding windows do not cap it)
     norm_eps: float
     hidden_act: str  # "silu" | "gelu_new" | ...
     tie_word_embeddings: bool
@@ -70,22 +73,14 @@ class ModelConfig:
     stored_dtype: str | None  # "bfloat16", "float32"... as config.json says; weights are cast at load
     # generation_config.json's sampling, when it samples (do_sample)
     default_sampling: tuple[tuple[str, float], ...] = ()
-    # config.json's maximum positions, when a sliding window capped context_len below it (else 0)
-    window_capped_from: int = 0
+    # one per layer: its sliding window in tokens, 0 = full causal attention (common/layer_windows.py);
+    # every page stays in the KV cache, so windows change what attention reads, not the KV accounting
+    layer_windows: tuple[int, ...] = ()
+    attn_logit_softcap: float = 0.0  # config.json attn_logit_softcapping (Gemma 2); 0: none
     # Gemma 2/3 (common/gemma_config.py)
     final_logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: off
     local_layers: tuple[bool, ...] = ()  # per layer: a sliding-window ("local") layer; () for other families
     rope_local_theta: float | None = None  # Gemma 3: the local layers' RoPE base (unscaled); None: rope_theta
-
-    @property
-    def context_note(self) -> str:
-        """Why context_len is what it is, when it is not config.json's maximum (for the startup log)."""
-        if self.window_capped_from > self.context_len:
-            return (
-                f"context capped at the sliding window of {self.context_len} tokens (config.json allows "
-                f"{self.window_capped_from}; zserve has no sliding-window attention, and within the window it is exact)"
-            )
-        return ""
 
     @property
     def q_size(self) -> int:
@@ -143,7 +138,6 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
     family = ARCH_FAMILIES[arch]
     if family in GEMMA_FAMILIES:
         raw = gemma_text_config(raw, family, path)
-    window_capped_from = 0  # the maximum a sliding window capped the context from
 
     def get(*keys: str, default: Any = ..., kind: type = int) -> Any:
         return _field(raw, path, keys, default, kind)
@@ -181,16 +175,12 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         rope_theta, rope_scaling = _parse_rope(raw, path)
         attn_scale = head_dim**-0.5
         attn_scale_by_layer = False
-        # A sliding window only matters past its length; capping the context at it keeps us exact.
-        window = raw.get("sliding_window")
-        uses_window = raw.get("use_sliding_window", arch == "MistralForCausalLM")
-        if uses_window and isinstance(window, int) and 0 < window < context_len:
-            window_capped_from, context_len = context_len, window
     if num_heads % num_kv_heads:
         raise ValueError(
             f"{path}: num_attention_heads={num_heads} is not a multiple of num_key_value_heads={num_kv_heads}"
         )
     vocab_size = get("vocab_size")
+    softcap = get("attn_logit_softcapping", default=0.0, kind=float) if arch in LOGIT_SOFTCAP_ARCHS else 0.0
     cfg = ModelConfig(
         model_dir=model_dir,
         architecture=arch,
@@ -218,7 +208,8 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         default_sampling=_default_sampling(gen),
         bos_token_id=raw.get("bos_token_id") if isinstance(raw.get("bos_token_id"), int) else None,
         stored_dtype=raw.get("torch_dtype") or raw.get("dtype"),
-        window_capped_from=window_capped_from,
+        layer_windows=layer_windows_for(arch, raw, num_layers, path),
+        attn_logit_softcap=softcap,
     )
     if family in GEMMA_FAMILIES:
         return replace(cfg, **gemma_fields(raw, family, num_layers, path))

@@ -131,8 +131,6 @@ class ModelRunner:
             "loaded %s (%s, %s) on %s in %.1fs",
             self.config.architecture, self.dtype, dtype_reason, self.device, time.perf_counter() - t0,
         )
-        if self.config.context_note:
-            logger.warning("%s: %s", self.config.architecture, self.config.context_note)
 
         kvh = self.config.num_kv_heads // tp_size
         if kv_cache_tokens > 0:

@@ -7,9 +7,12 @@ Other tests import these:
     model_dir = make_tiny_checkpoint(tmp_path / "m", "qwen3", with_tokenizer=True)
 
 Kinds: llama (GQA), llama3_rope (Llama-3 rope scaling, short original context so it matters),
-llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2, gemma2 (final
-logit soft-capping), gemma3 (q/k norm, local and global RoPE, linear scaling on the global),
-gemma3_mm (gemma3's text model in a Gemma3ForConditionalGeneration checkpoint). Options:
+llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2, and with sliding
+windows of 8 tokens (shorter than most test prompts): mistral_window (every layer) and
+qwen2_window (layers 1 and 2 slide, layer 0 is global); gemma2 (final and attention logit
+soft-capping), gemma3 (q/k norm, local and global RoPE, linear scaling on the global), both with
+layers 0 and 2 sliding over 8 tokens, and gemma3_mm (gemma3's text model in a
+Gemma3ForConditionalGeneration checkpoint). Options:
 `num_shards` > 1 writes model-0000i-of-0000n.safetensors + index; `stored_dtype="bfloat16"`
 stores the weights in bf16 (transformers and zserve both load them as fp32 for parity).
 Weights are drawn larger than transformers' default init, and norms and biases are random too,
@@ -40,10 +43,10 @@ _LLAMA_SIZES = dict(
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
     bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-5,
 )
-# Gemma: 4 layers alternating sliding-window / global, head_dim != hidden / heads, a softmax
-# scale that is not head_dim ** -0.5; the window is longer than any test's prompt + output
+# Gemma: 4 layers alternating sliding-window (8 tokens, shorter than most test prompts) / global,
+# head_dim != hidden / heads, a softmax scale that is not head_dim ** -0.5
 _GEMMA_SIZES = dict(
-    _LLAMA_SIZES, num_hidden_layers=4, head_dim=24, query_pre_attn_scalar=20, sliding_window=128,
+    _LLAMA_SIZES, num_hidden_layers=4, head_dim=24, query_pre_attn_scalar=20, sliding_window=8,
     layer_types=["sliding_attention", "full_attention"] * 2,
 )
 TINY_KINDS: dict[str, tuple[str, dict]] = {
@@ -55,9 +58,12 @@ TINY_KINDS: dict[str, tuple[str, dict]] = {
     "mistral": ("MistralConfig", dict(_LLAMA_SIZES, head_dim=24, sliding_window=None)),
     "qwen2": ("Qwen2Config", dict(_LLAMA_SIZES, num_key_value_heads=1)),
     "qwen3": ("Qwen3Config", dict(_LLAMA_SIZES, head_dim=32)),
+    "mistral_window": ("MistralConfig", dict(_LLAMA_SIZES, num_hidden_layers=3, sliding_window=8)),
+    "qwen2_window": ("Qwen2Config", dict(_LLAMA_SIZES, num_hidden_layers=3, use_sliding_window=True, sliding_window=8,
+                                         max_window_layers=1)),
     "gpt2": ("GPT2Config", dict(vocab_size=VOCAB_SIZE, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                 bos_token_id=1, eos_token_id=2)),
-    "gemma2": ("Gemma2Config", dict(_GEMMA_SIZES, final_logit_softcapping=8.0, attn_logit_softcapping=None)),
+    "gemma2": ("Gemma2Config", dict(_GEMMA_SIZES, final_logit_softcapping=8.0, attn_logit_softcapping=2.0)),
     "gemma3": ("Gemma3TextConfig", dict(_GEMMA_SIZES, rope_parameters=dict(
         sliding_attention=dict(rope_type="default", rope_theta=10000.0),
         full_attention=dict(rope_type="linear", factor=2.0, rope_theta=50000.0)))),

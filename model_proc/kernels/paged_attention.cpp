@@ -1,7 +1,8 @@
 // Paged attention on CPU that reads the KV pages in place.
 //
 // zserve::paged_attention(q, k_cache, v_cache, out, req_token_starts, req_extend_lens,
-//                         req_cached_lens, req_page_starts, page_ids, page_size, scale)
+//                         req_cached_lens, req_page_starts, page_ids, page_size, scale,
+//                         sliding_window, logit_softcap)
 //
 //   q, out      [T, h, d]        this step's queries (last dim contiguous); out written only at
 //                                the tokens of the listed requests
@@ -10,7 +11,11 @@
 //                                first entry in page_ids
 //   page_ids    int64[...]       every request's pages, in position order
 //
-// Token t of request r (position p = cached + t) attends to positions 0..p of that request.
+// Token t of request r (position p = cached + t) attends to positions 0..p of that request, or,
+// with sliding_window W > 0, to positions p - W + 1 .. p (the W newest, as transformers' sliding
+// mask `kv_idx > q_idx - W`). A work item starts its walk at the first key any of its rows sees,
+// so a long context costs O(W) per token; pages before it are not read (they stay allocated).
+// With logit_softcap c > 0, each scaled score s becomes c * tanh(s / c) (Gemma 2) before the softmax.
 // Work items are (request, kv head, block of QUERY_BLOCK new tokens); each walks its pages in
 // tiles of KEY_TILE keys with an online softmax, fp32 throughout, and writes its output rows
 // once in q's dtype. In bf16 the probabilities are rounded to bf16 before they weight V, as in
@@ -30,6 +35,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -159,6 +165,8 @@ struct Args {
   int64_t q_stride_t, q_stride_h, out_stride_t, out_stride_h;
   int64_t kv_stride_h;  // slots * d
   float scale;
+  int64_t window;  // 0: full causal
+  float softcap;   // 0: none
   const int64_t *token_starts, *extend_lens, *cached_lens, *page_starts, *page_ids;
 };
 
@@ -170,6 +178,8 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
   const int64_t num_q = it.q_hi - it.q_lo, rows = num_q * group;  // row = token * group + head in group
   const int64_t cached = a.cached_lens[it.req], token0 = a.token_starts[it.req] + it.q_lo;
   const int64_t first_pos = cached + it.q_lo, num_keys = cached + it.q_hi, page_size = a.page_size;
+  // the first key any row of this item sees: with a window, the oldest key of its first row
+  const int64_t key_start = a.window > 0 ? std::max<int64_t>(0, first_pos - a.window + 1) : 0;
   const int64_t* pages = a.page_ids + a.page_starts[it.req];
 
   scratch.resize(2 * rows * d + 2 * rows + rows * KEY_TILE + 2 * KEY_TILE * d);
@@ -195,19 +205,20 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
 
   const T* k_head = k_cache + it.kv_head * a.kv_stride_h;
   const T* v_head = v_cache + it.kv_head * a.kv_stride_h;
-  prefetch_page(k_head + pages[0] * page_size * d, v_head + pages[0] * page_size * d, std::min(num_keys, page_size) * d * static_cast<int64_t>(sizeof(T)));
-  int64_t page_idx = 0, offset = 0;  // of position k0 + j, walked without a division per key
-  for (int64_t k0 = 0; k0 < num_keys; k0 += KEY_TILE) {
+  const int64_t page_bytes = page_size * d * static_cast<int64_t>(sizeof(T));
+  int64_t page_idx = key_start / page_size, offset = key_start % page_size;  // of position k0 + j, walked without a division per key
+  // pages are scattered: the hardware prefetcher stops at each one's end, so ask for the first
+  // pages now and, at each page start, for the page PREFETCH_PAGES ahead
+  for (int64_t p = page_idx; p <= page_idx + PREFETCH_PAGES && p * page_size < num_keys; ++p) {
+    prefetch_page(k_head + pages[p] * page_size * d, v_head + pages[p] * page_size * d, page_bytes);
+  }
+  for (int64_t k0 = key_start; k0 < num_keys; k0 += KEY_TILE) {
     const int64_t num_tile = std::min(KEY_TILE, num_keys - k0);
     for (int64_t j = 0; j < num_tile; ++j) {
       const int64_t slot = pages[page_idx] * page_size + offset;
-      if (offset == 0) {
-        // pages are scattered: the hardware prefetcher stops at each one's end, so ask for the
-        // page PREFETCH_PAGES ahead (and, at the first, for the ones before it too)
-        const int64_t first = page_idx == 0 ? 1 : page_idx + PREFETCH_PAGES;
-        for (int64_t p = first; p <= page_idx + PREFETCH_PAGES && p * page_size < num_keys; ++p) {
-          prefetch_page(k_head + pages[p] * page_size * d, v_head + pages[p] * page_size * d, page_size * d * static_cast<int64_t>(sizeof(T)));
-        }
+      const int64_t ahead = page_idx + PREFETCH_PAGES;
+      if (offset == 0 && k0 + j > key_start && ahead * page_size < num_keys) {
+        prefetch_page(k_head + pages[ahead] * page_size * d, v_head + pages[ahead] * page_size * d, page_bytes);
       }
       if (++offset == page_size) offset = 0, ++page_idx;
       const T* __restrict ksrc = k_head + slot * d;
@@ -216,12 +227,21 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
       zserve_cpu::widen_row(vsrc, vf + j * d, d);
     }
     for (int64_t row = 0; row < rows; ++row) {
-      // keys k0 .. pos of this row's token; none of this tile when its token comes before k0
-      const int64_t num_seen = std::min(num_tile, first_pos + row / group - k0 + 1);
-      if (num_seen <= 0) continue;
+      // tile keys [lo, num_seen) are this row's: positions up to its own, and, with a window,
+      // from pos - W + 1 on; none of this tile when its token comes before k0
+      const int64_t pos = first_pos + row / group;
+      const int64_t num_seen = std::min(num_tile, pos - k0 + 1);
+      const int64_t lo = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1 - k0) : 0;
+      if (num_seen <= lo) continue;
       const float* __restrict qr = qf + row * d;
       float* __restrict sr = s + row * KEY_TILE;
-      const float tile_max = dot_keys<D>(qr, kf, num_seen, d, sr);
+      float tile_max = dot_keys<D>(qr, kf + lo * d, num_seen - lo, d, sr + lo);
+      if (a.softcap > 0.0f) {  // c * tanh(s / c) is increasing, so it maps the max to the new max
+        const float c = a.softcap, inv_c = 1.0f / a.softcap;
+        for (int64_t j = lo; j < num_seen; ++j) sr[j] = c * std::tanh(sr[j] * inv_c);
+        tile_max = c * std::tanh(tile_max * inv_c);
+      }
+      for (int64_t j = 0; j < lo; ++j) sr[j] = NEG_BIG;
       for (int64_t j = num_seen; j < KEY_TILE; ++j) sr[j] = NEG_BIG;  // a fixed trip count vectorizes
       const float new_max = std::max(m[row], tile_max);
       const float alpha = exp_nonpos(m[row] - new_max);
@@ -246,7 +266,7 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
         __m512 local[C];
         const __m512 alpha_v = _mm512_set1_ps(alpha);
         for (int64_t c = 0; c < C; ++c) local[c] = _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * c), alpha_v);
-        for (int64_t j = 0; j < num_seen; ++j) {
+        for (int64_t j = lo; j < num_seen; ++j) {
           const __m512 p = _mm512_set1_ps(sr[j]);
           const float* __restrict vr = vf + j * D;
           for (int64_t c = 0; c < C; ++c) local[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), local[c]);
@@ -259,7 +279,7 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
         float local[D];
 #pragma omp simd
         for (int64_t x = 0; x < D; ++x) local[x] = ar[x] * alpha;
-        for (int64_t j = 0; j < num_seen; ++j) {
+        for (int64_t j = lo; j < num_seen; ++j) {
           const float p = sr[j];
           const float* __restrict vr = vf + j * D;
 #pragma omp simd
@@ -270,7 +290,7 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
       } else {
 #pragma omp simd
         for (int64_t x = 0; x < d; ++x) ar[x] *= alpha;
-        for (int64_t j = 0; j < num_seen; ++j) {
+        for (int64_t j = lo; j < num_seen; ++j) {
           const float p = sr[j];
           const float* __restrict vr = vf + j * d;
 #pragma omp simd
@@ -315,7 +335,8 @@ void run(const Args& a, const std::vector<Item>& items, const at::Tensor& q, con
 
 void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, at::Tensor out,
                      const at::Tensor& token_starts, const at::Tensor& extend_lens, const at::Tensor& cached_lens,
-                     const at::Tensor& page_starts, const at::Tensor& page_ids, int64_t page_size, double scale) {
+                     const at::Tensor& page_starts, const at::Tensor& page_ids, int64_t page_size, double scale,
+                     int64_t sliding_window, double logit_softcap) {
   TORCH_CHECK(q.device().is_cpu(), "paged_attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && out.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "paged_attention: q, out [T, h, d]; caches [kvh, slots, d]");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type() && q.scalar_type() == out.scalar_type(),
@@ -327,11 +348,12 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   for (const at::Tensor* t : {&token_starts, &extend_lens, &cached_lens, &page_starts, &page_ids}) {
     TORCH_CHECK(t->scalar_type() == at::kLong && t->is_contiguous() && t->dim() == 1, "paged_attention: index tensors are contiguous int64[n]");
   }
+  TORCH_CHECK(sliding_window >= 0 && logit_softcap >= 0.0, "paged_attention: sliding_window and logit_softcap must be >= 0");
   const int64_t num_reqs = token_starts.size(0);
   TORCH_CHECK(extend_lens.size(0) == num_reqs && cached_lens.size(0) == num_reqs && page_starts.size(0) == num_reqs, "paged_attention: per-request lengths differ");
 
   Args a{q.size(1), k_cache.size(0), q.size(2), page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-         k_cache.stride(0), static_cast<float>(scale), token_starts.data_ptr<int64_t>(), extend_lens.data_ptr<int64_t>(),
+         k_cache.stride(0), static_cast<float>(scale), sliding_window, static_cast<float>(logit_softcap), token_starts.data_ptr<int64_t>(), extend_lens.data_ptr<int64_t>(),
          cached_lens.data_ptr<int64_t>(), page_starts.data_ptr<int64_t>(), page_ids.data_ptr<int64_t>()};
   // the slots a request reads must lie in the pool: a bad table would read outside the cache
   const int64_t num_pool_pages = k_cache.size(1) / page_size;
@@ -349,7 +371,9 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   for (int64_t r = 0; r < num_reqs; ++r) {
     for (int64_t lo = 0; lo < a.extend_lens[r]; lo += QUERY_BLOCK) {
       const int64_t hi = std::min(lo + QUERY_BLOCK, a.extend_lens[r]);
-      for (int64_t h = 0; h < a.num_kv_heads; ++h) items.push_back({r, h, lo, hi, (hi - lo) * (a.cached_lens[r] + hi)});
+      const int64_t num_keys = a.cached_lens[r] + hi;  // keys the block's rows read, at most
+      const int64_t read = sliding_window > 0 ? std::min(num_keys, sliding_window + hi - lo) : num_keys;
+      for (int64_t h = 0; h < a.num_kv_heads; ++h) items.push_back({r, h, lo, hi, (hi - lo) * read});
     }
   }
   std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
@@ -366,7 +390,8 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
 
 TORCH_LIBRARY(zserve, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor token_starts, Tensor extend_lens, "
-        "Tensor cached_lens, Tensor page_starts, Tensor page_ids, int page_size, float scale) -> ()");
+        "Tensor cached_lens, Tensor page_starts, Tensor page_ids, int page_size, float scale, int sliding_window, "
+        "float logit_softcap) -> ()");
 }
 
 TORCH_LIBRARY_IMPL(zserve, CPU, m) { m.impl("paged_attention", &paged_attention); }

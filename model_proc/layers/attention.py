@@ -9,6 +9,12 @@ Paths (`attention_backend` picks one per ModelRunner):
     a padded page gather + mask, longer rows one SDPA call each. --attention-backend torch forces it.
   - flash-attn varlen (CUDA, fp16/bf16, flash_attn importable): one call for the whole batch over
     slot-gathered K/V; its causal mask is bottom-right aligned, which is what a cached prefix needs.
+
+A layer with `sliding_window` W > 0 lets the token at position p see keys p - W + 1 .. p only
+(transformers' sliding mask, `kv_idx > q_idx - W`, the same for Mistral, Qwen2 and Gemma 2/3).
+Every page stays in the KV pool and the radix cache, so the window changes only what attention
+reads: KV accounting, prefix hits and chunking are as for full attention. `logit_softcap` c > 0
+turns each scaled score s into c * tanh(s / c) before the mask and softmax (Gemma 2).
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zserve.model_proc.kernels.cpu_kernels import load_paged_attention
-from zserve.model_proc.layers.attention_metadata import AttentionMetadata
+from zserve.model_proc.layers.attention_metadata import AttentionMetadata, PrefillRow
 from zserve.model_proc.layers.rotary import apply_rotary
 
 
@@ -55,11 +61,17 @@ def attention_backend(device: torch.device, dtype: torch.dtype, choice: str = "a
 
 
 class PagedAttention(nn.Module):
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int):
+    def __init__(
+        self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float, layer_idx: int, *,
+        sliding_window: int = 0, logit_softcap: float = 0.0,
+    ):  # fmt: skip
         super().__init__()
         assert num_heads % num_kv_heads == 0, (num_heads, num_kv_heads)
+        if sliding_window < 0 or logit_softcap < 0:
+            raise ValueError(f"sliding_window={sliding_window} and logit_softcap={logit_softcap} must be >= 0")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale, self.layer_idx = scale, layer_idx
+        self.sliding_window, self.logit_softcap = sliding_window, logit_softcap  # 0: full causal, no cap
         self.fused_rope = False  # use_cpu_kernels(): rotary + K/V write in one call with the kernel backend
 
     def use_cpu_kernels(self) -> None:
@@ -108,6 +120,7 @@ class PagedAttention(nn.Module):
         torch.ops.zserve.paged_attention(
             q, k_cache, v_cache, out, rows.token_starts, rows.extend_lens, rows.cached_lens,
             rows.page_starts, rows.page_ids, meta.kv_pool.page_size, self.scale,
+            self.sliding_window, self.logit_softcap,
         )  # fmt: skip
         return out.view(T, self.num_heads * self.head_dim)
 
@@ -125,7 +138,7 @@ class PagedAttention(nn.Module):
             keys = pool.pages(k_cache).index_select(1, chunk.page_table).view(kvh, n, -1, d)  # [kvh, n, Lp, d]
             values = pool.pages(v_cache).index_select(1, chunk.page_table).view(kvh, n, -1, d)
             q_chunk = q[:, chunk.row_start : chunk.row_stop]
-            outs.append(F.scaled_dot_product_attention(q_chunk, keys, values, attn_mask=chunk.mask, scale=self.scale))
+            outs.append(self._sdpa(q_chunk, keys, values, chunk.window_mask(self.sliding_window)))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [kvh, B, group, d]
         return out.transpose(0, 1).reshape(B, self.num_heads * d)
 
@@ -134,20 +147,37 @@ class PagedAttention(nn.Module):
 
         SDPA gets 4-D inputs: with 3-D ones torch's CPU build skips its flash kernel (10x slower)."""
         q = q.transpose(0, 1)[None]  # [1, h, E, d]
+        window, group = self._window_for(row), self.num_heads // self.num_kv_heads
         if row.cached_len == 0:
             keys, values = k.transpose(0, 1)[None], v.transpose(0, 1)[None]  # [1, kvh, E, d]
-            out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scale, enable_gqa=True)
+            if window == 0 and self.logit_softcap == 0:
+                out = F.scaled_dot_product_attention(q, keys, values, is_causal=True, scale=self.scale, enable_gqa=True)
+                return out[0].transpose(0, 1).reshape(-1, self.num_heads * self.head_dim)  # [E, h * d]
         else:
-            pool, seq_len, group = meta.kv_pool, row.cached_len + q.shape[2], self.num_heads // self.num_kv_heads
+            pool, seq_len = meta.kv_pool, row.cached_len + q.shape[2]
             key_pages = pool.pages(k_cache).index_select(1, row.page_ids)
             value_pages = pool.pages(v_cache).index_select(1, row.page_ids)
-            keys = key_pages.view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len]
-            values = value_pages.view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len]
-            # with a mask, expanding kv heads beats enable_gqa on CPU
-            # [1, h, L, d]
-            keys, values = keys.repeat_interleave(group, 0)[None], values.repeat_interleave(group, 0)[None]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=row.mask, scale=self.scale)
+            keys = key_pages.view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len][None]  # [1, kvh, L, d]
+            values = value_pages.view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len][None]
+        # with a mask, expanding kv heads beats enable_gqa on CPU
+        keys, values = keys.repeat_interleave(group, 1), values.repeat_interleave(group, 1)  # [1, h, L, d]
+        out = self._sdpa(q, keys, values, row.window_mask(window, q.device))
         return out[0].transpose(0, 1).reshape(-1, self.num_heads * self.head_dim)  # [E, h * d]
+
+    def _window_for(self, row: PrefillRow) -> int:
+        """This layer's window where it masks anything in `row`, else 0 (full causal is the same)."""
+        return self.sliding_window if 0 < self.sliding_window < row.cached_len + row.token_stop - row.token_start else 0
+
+    def _sdpa(self, q, keys, values, mask: torch.Tensor) -> torch.Tensor:
+        """softmax(q k^T * scale [softcapped] + mask) v; q [..., h or group, Q, d], keys and values
+        [..., same heads, L, d], mask bool (True: attend) or additive, broadcast to [..., Q, L]."""
+        if self.logit_softcap == 0:
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
+        # as transformers' eager Gemma 2 attention: cap in the input dtype, softmax in fp32
+        cap = self.logit_softcap
+        scores = torch.tanh(q @ keys.transpose(-1, -2) * self.scale / cap) * cap
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+        return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ values
 
     def _varlen(self, q, k_cache, v_cache, meta) -> torch.Tensor:
         from flash_attn import flash_attn_varlen_func  # guarded by flash_attn_available()
@@ -158,6 +188,8 @@ class PagedAttention(nn.Module):
         out = flash_attn_varlen_func(
             q.contiguous(), keys.contiguous(), values.contiguous(),
             rows.cu_seqlens_q, rows.cu_seqlens_k, rows.max_seqlen_q, rows.max_seqlen_k,
-            softmax_scale=self.scale, causal=True,
+            softmax_scale=self.scale, causal=True, softcap=self.logit_softcap,
+            # flash-attn's window: query i sees keys [i - left, i + right], bottom-right aligned
+            window_size=(self.sliding_window - 1, 0) if self.sliding_window else (-1, -1),
         )  # [T, h, d]
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

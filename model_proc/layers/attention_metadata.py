@@ -19,11 +19,14 @@ With the CPU kernel (backend "cpu_kernel", model_proc/kernels/), there is no gat
 per-row loop: the whole batch (decodes, chunks, cached-prefix and new prompts) is one kernel call
 over KernelRows, which walks each request's page list in place. New prompts go through it too:
 it measured faster than SDPA is_causal over their own K/V (benchmarks/bench_attention.py).
+
+Sliding windows differ per layer while this metadata is shared: the torch path's rows build the
+mask of a window on first use (`window_mask`) and keep it for the step's other layers.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -40,6 +43,18 @@ class DecodeChunk:
     row_stop: int
     page_table: torch.Tensor  # int64[rows * max_pages], padded with page 0 (masked out)
     mask: torch.Tensor  # [1, rows, 1, max_pages * page_size] additive: 0 where j < seq_len, -inf after
+    seq_lens: torch.Tensor  # int64[rows]
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> mask, built on first use
+
+    def window_mask(self, window: int) -> torch.Tensor:
+        """`mask`, with -inf also where j < seq_len - window (the key is older than the window)."""
+        if window == 0:
+            return self.mask
+        if window not in self.window_masks:
+            key_pos = torch.arange(self.mask.shape[-1], device=self.mask.device)
+            too_old = key_pos[None, :] < (self.seq_lens - window)[:, None]  # [rows, L]
+            self.window_masks[window] = self.mask.masked_fill(too_old[None, :, None, :], float("-inf"))
+        return self.window_masks[window]
 
 
 @dataclass(slots=True)
@@ -56,6 +71,22 @@ class PrefillRow:
     cached_len: int
     page_ids: torch.Tensor | None  # int64[num_pages] when cached_len > 0: the prefix is read from the pool
     mask: torch.Tensor | None  # bool[extend_len, cached_len + extend_len] when cached_len > 0
+    window_masks: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> mask, built on first use
+
+    def window_mask(self, window: int, device: torch.device) -> torch.Tensor:
+        """bool[extend_len, cached_len + extend_len]: query i (position c + i) sees key j where
+        c + i - window < j <= c + i (window 0: every j <= c + i)."""
+        if window == 0 and self.mask is not None:
+            return self.mask
+        if window not in self.window_masks:
+            c, e = self.cached_len, self.token_stop - self.token_start
+            key_pos = torch.arange(c + e, device=device)[None, :]
+            query_pos = torch.arange(c, c + e, device=device)[:, None]
+            mask = key_pos <= query_pos
+            if window > 0:
+                mask &= key_pos > query_pos - window
+            self.window_masks[window] = mask
+        return self.window_masks[window]
 
 
 @dataclass(slots=True)
@@ -162,8 +193,11 @@ def _decode_rows(
     table_t, mask_t = to_device(table.reshape(-1)), to_device(mask.astype(np.float32)).to(dtype)[None, :, None, :]
     gathered_bytes_per_row = 2 * kv_pool.num_kv_heads * max_pages * page_size * kv_pool.head_dim * dtype.itemsize
     chunk_rows = rows.size if kv_pool.device.type == "cuda" else max(1, DECODE_CHUNK_BYTES // gathered_bytes_per_row)
+    row_lens = to_device(seq_lens[rows])
     chunks = [
-        DecodeChunk(start, stop, table_t[start * max_pages : stop * max_pages], mask_t[:, start:stop])
+        DecodeChunk(
+            start, stop, table_t[start * max_pages : stop * max_pages], mask_t[:, start:stop], row_lens[start:stop]
+        )
         for start, stop in ((s, min(s + chunk_rows, rows.size)) for s in range(0, rows.size, chunk_rows))
     ]
     only_these = rows.size == batch.num_reqs

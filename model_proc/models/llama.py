@@ -39,7 +39,10 @@ class LlamaAttention(nn.Module):
         qkv_sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
         self.qkv_proj = ColumnParallelLinear(cfg.hidden_size, qkv_sizes, cfg.qkv_bias, tp_rank, tp_size)
         self.o_proj = RowParallelLinear(cfg.q_size, cfg.hidden_size, cfg.o_bias, tp_rank, tp_size)
-        self.attn = PagedAttention(self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.attn_scale, layer_idx)
+        self.attn = PagedAttention(
+            self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.attn_scale, layer_idx,
+            sliding_window=cfg.layer_windows[layer_idx], logit_softcap=cfg.attn_logit_softcap,
+        )  # fmt: skip
 
     def norm_qk(self, qk: torch.Tensor) -> torch.Tensor:
         return qk  # Qwen3 normalises q and k here

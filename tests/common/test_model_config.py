@@ -62,12 +62,32 @@ def test_eos_ids_union_of_lists(tmp_path):
     assert cfg.eos_token_ids == (128001, 128008, 128009)
 
 
-def test_mistral_sliding_window_caps_context(tmp_path):
+def test_sliding_windows_do_not_cap_the_context(tmp_path):
+    """The window is per layer (attention applies it); the context stays config.json's maximum."""
     cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "architectures": ["MistralForCausalLM"], "max_position_embeddings": 32768, "sliding_window": 4096}))
-    assert cfg.context_len == 4096
-    assert "capped at the sliding window of 4096 tokens (config.json allows 32768" in cfg.context_note
+    assert cfg.context_len == 32768 and cfg.layer_windows == (4096, 4096) and cfg.attn_logit_softcap == 0.0
     plain = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "max_position_embeddings": 32768, "sliding_window": 4096}))
-    assert plain.context_len == 32768 and plain.context_note == ""  # a Llama config's window is not used
+    assert plain.context_len == 32768 and plain.layer_windows == (0, 0)  # a Llama config's window is not used
+    assert not hasattr(cfg, "context_note") and not hasattr(cfg, "window_capped_from")
+
+
+def test_qwen2_windows_only_with_use_sliding_window(tmp_path):
+    qwen2 = {**LLAMA, "architectures": ["Qwen2ForCausalLM"], "num_hidden_layers": 4, "sliding_window": 8, "max_window_layers": 1}
+    assert ModelConfig.from_model_dir(write_config(tmp_path, qwen2)).layer_windows == (0, 0, 0, 0)
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**qwen2, "use_sliding_window": True}))
+    assert cfg.layer_windows == (0, 8, 8, 8)  # layers from max_window_layers on slide, as in transformers
+
+
+def test_unknown_layer_type_is_refused(tmp_path):
+    qwen2 = {**LLAMA, "architectures": ["Qwen2ForCausalLM"], "sliding_window": 8, "use_sliding_window": True}
+    write_config(tmp_path, {**qwen2, "layer_types": ["full_attention", "chunked_attention"]})
+    with pytest.raises(ValueError, match=r"config.json: layer type 'chunked_attention' is not supported"):
+        ModelConfig.from_model_dir(tmp_path)
+
+
+def test_logit_softcap_read_only_where_transformers_applies_it(tmp_path):
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "attn_logit_softcapping": 50.0}))
+    assert cfg.attn_logit_softcap == 0.0  # transformers' Llama has no soft-capping
 
 
 def test_unsupported_architecture_names_the_supported_ones(tmp_path):

@@ -44,8 +44,11 @@ def random_batch(rng, cached_lens, extend_lens, page_size, num_pages_spare=7) ->
     return shuffled_page_batch(rng, cached_lens, extend_lens, page_size, num_needed + num_pages_spare)
 
 
-def naive_attention(q, k_cache, v_cache, batch: ForwardBatch, page_size: int, scale: float) -> torch.Tensor:
-    """fp32, one request at a time, slot by slot: softmax(q k^T * scale + causal mask) v."""
+def naive_attention(
+    q, k_cache, v_cache, batch: ForwardBatch, page_size: int, scale: float, window: int = 0, softcap: float = 0.0
+) -> torch.Tensor:
+    """fp32, one request at a time, slot by slot: softmax(q k^T * scale + causal mask) v; with
+    `window` W, query position p sees keys p - W + 1 .. p; with `softcap` c, scores s -> c tanh(s / c)."""
     T, h, d = q.shape
     group = h // k_cache.shape[0]
     out = torch.zeros(T, h, d)
@@ -58,18 +61,26 @@ def naive_attention(q, k_cache, v_cache, batch: ForwardBatch, page_size: int, sc
         values = v_cache[:, slots].float().repeat_interleave(group, 0)
         queries = q[token_start : token_start + e].float().transpose(0, 1)  # [h, E, d]
         scores = queries @ keys.transpose(1, 2) * scale
-        scores.masked_fill_(pos[None, :] > torch.arange(c, c + e)[:, None], float("-inf"))
+        if softcap:
+            scores = softcap * torch.tanh(scores / softcap)
+        query_pos = torch.arange(c, c + e)[:, None]
+        scores.masked_fill_(pos[None, :] > query_pos, float("-inf"))
+        if window:
+            scores.masked_fill_(pos[None, :] <= query_pos - window, float("-inf"))
         out[token_start : token_start + e] = (scores.softmax(-1) @ values).transpose(0, 1)
         token_start, page_start = token_start + e, page_start + n
     return out
 
 
-def run_kernel(op, q, k_cache, v_cache, batch: ForwardBatch, page_size: int, scale: float) -> torch.Tensor:
+def run_kernel(
+    op, q, k_cache, v_cache, batch: ForwardBatch, page_size: int, scale: float, window: int = 0, softcap: float = 0.0
+) -> torch.Tensor:
     extend = batch.extend_lens.astype(np.int64)
     index = [torch.from_numpy(a.astype(np.int64)) for a in (np.cumsum(extend) - extend, extend, batch.cached_lens)]
     page_starts = torch.from_numpy((np.cumsum(batch.num_pages) - batch.num_pages).astype(np.int64))
     out = torch.full_like(q, float("nan"))
-    op(q, k_cache, v_cache, out, *index, page_starts, torch.from_numpy(batch.page_ids.astype(np.int64)), page_size, scale)
+    page_ids = torch.from_numpy(batch.page_ids.astype(np.int64))
+    op(q, k_cache, v_cache, out, *index, page_starts, page_ids, page_size, scale, window, softcap)
     return out
 
 
@@ -209,3 +220,86 @@ def test_fallback_without_a_compiler(tmp_path, llama_dir):
     assert proc.returncode == 0, proc.stderr
     assert "backend torch" in proc.stdout and "tokens [" in proc.stdout
     assert proc.stderr.count("CPU kernels unavailable") == 1, proc.stderr
+
+
+def test_the_window_reference_masks_what_it_should():
+    """The reference's window: position p sees exactly p - W + 1 .. p (transformers' `kv_idx > q_idx - W`)."""
+    batch = random_batch(np.random.default_rng(0), [0], [6], 4)
+    q, k_cache, v_cache = random_inputs(batch, 1, 1, 8, 4, torch.float32)
+    slots = torch.from_numpy(batch.page_ids.astype(np.int64)).repeat_interleave(4) * 4 + torch.arange(4).repeat(2)
+    v_cache[0, slots[:6]] = torch.eye(8)[:6]  # value j is one-hot at j: the output's row is the weight of each key
+    weights = naive_attention(q, k_cache, v_cache, batch, 4, 0.5, window=3)[:, 0, :6]
+    assert ((weights > 0) == (torch.arange(6)[None] > torch.arange(6)[:, None] - 3) & (torch.arange(6)[None] <= torch.arange(6)[:, None])).all()
+
+
+WINDOW_CASES = {  # name -> (cached_lens, extend_lens): decodes and prefills around and far past the window
+    "decode": ([0, 3, 15, 16, 17, 40, 100, 299], [1] * 8),
+    "prefill": ([0, 0, 5, 16, 31, 100, 7, 200], [1, 40, 3, 17, 33, 1, 130, 70]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [1, 5, 16, 33, 1000])
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+@pytest.mark.parametrize("case", list(WINDOW_CASES))
+def test_sliding_window_against_naive(op, case, page_size, window, dtype):
+    """Windows smaller than a page, than a query block, than a key tile, and larger than every
+    context (the same as none); GQA (3 query heads per kv head), head_dim 64 (compiled) or 40 (generic)."""
+    cached, extend = WINDOW_CASES[case]
+    head_dim = 64 if window % 2 else 40
+    batch = random_batch(np.random.default_rng(page_size + window), cached, extend, page_size)
+    q, k_cache, v_cache = random_inputs(batch, 6, 2, head_dim, page_size, dtype, seed=window)
+    got = run_kernel(op, q, k_cache, v_cache, batch, page_size, 0.125, window=window)
+    want = naive_attention(q, k_cache, v_cache, batch, page_size, 0.125, window=window)
+    torch.testing.assert_close(got.float(), want, **TOLERANCE[dtype])
+    if window < 100:  # the window does mask something here: full attention differs
+        assert not torch.allclose(want, naive_attention(q, k_cache, v_cache, batch, page_size, 0.125), atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window", [0, 7])
+def test_logit_softcap_against_naive(op, window, dtype):
+    """Scores c * tanh(s / c) after the scale (Gemma 2's attention soft-capping), with and without a window."""
+    cached, extend = WINDOW_CASES["prefill"]
+    batch = random_batch(np.random.default_rng(5), cached, extend, 4)
+    q, k_cache, v_cache = random_inputs(batch, 8, 2, 64, 4, dtype, seed=9)
+    q = q * 4  # scores of tens: the cap (5) bends them a lot
+    got = run_kernel(op, q, k_cache, v_cache, batch, 4, 0.125, window=window, softcap=5.0)
+    want = naive_attention(q, k_cache, v_cache, batch, 4, 0.125, window=window, softcap=5.0)
+    torch.testing.assert_close(got.float(), want, **TOLERANCE[dtype])
+    assert not torch.allclose(want, naive_attention(q, k_cache, v_cache, batch, 4, 0.125, window=window), atol=1e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window, softcap", [(5, 0.0), (20, 0.0), (0, 5.0), (6, 5.0)])
+@pytest.mark.parametrize("page_size", [1, 4, 16])
+def test_window_and_softcap_layer_paths_against_naive(op, page_size, window, softcap, dtype):
+    """PagedAttention with a window and/or a soft-cap on each backend (the torch path's decode
+    rows, new prompts and cached-prefix rows, and the kernel) against the reference, one mixed batch."""
+    from zserve.model_proc.layers.attention import PagedAttention
+
+    rng = np.random.default_rng(page_size)
+    cached, extend = [12, 0, 33, 64, 0, 150, 3], [1, 20, 1, 9, 1, 1, 30]
+    batch = random_batch(rng, cached, extend, page_size)
+    num_pages = int(batch.page_ids.max()) + 1
+    attn = PagedAttention(8, 2, 64, 0.125, layer_idx=0, sliding_window=window, logit_softcap=softcap)
+    gen = torch.Generator().manual_seed(5)
+    q = (torch.randn(batch.num_tokens, 8, 64, generator=gen) * 3).to(dtype)
+    k, v = (torch.randn(batch.num_tokens, 2, 64, generator=gen).to(dtype) for _ in range(2))
+    for backend in ("cpu_kernel", "torch"):
+        pool = KVPool(1, 2, 64, page_size, num_pages, dtype, torch.device("cpu"))
+        fill = torch.Generator().manual_seed(6)
+        pool.k[0].copy_(torch.randn(pool.k[0].shape, generator=fill)), pool.v[0].copy_(torch.randn(pool.v[0].shape, generator=fill))
+        with torch.inference_mode():
+            got = attn(q, k, v, AttentionMetadata.build(batch, pool, dtype, backend=backend)).float()
+            want = naive_attention(q, pool.k[0], pool.v[0], batch, page_size, 0.125, window=window, softcap=softcap)
+        # the torch path caps bf16 scores, as transformers' eager attention does: scores of tens lose ~0.1
+        tolerance = {"atol": 5e-2, "rtol": 5e-2} if softcap and dtype == torch.bfloat16 and backend == "torch" else TOLERANCE[dtype]
+        torch.testing.assert_close(got.view(want.shape), want, **tolerance, msg=lambda m, b=backend: f"{b}: {m}")
+
+
+def test_negative_window_or_softcap_is_refused():
+    from zserve.model_proc.layers.attention import PagedAttention
+
+    with pytest.raises(ValueError, match="must be >= 0"):
+        PagedAttention(4, 2, 64, 0.125, 0, sliding_window=-1)

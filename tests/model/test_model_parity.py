@@ -92,7 +92,9 @@ def test_greedy_matches_transformers_generate(checkpoints, name, attention):
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 7])
-@pytest.mark.parametrize("name", ["llama", "llama3_rope", "qwen2", "qwen3", "gpt2", "gemma3"])
+@pytest.mark.parametrize(
+    "name", ["llama", "llama3_rope", "qwen2", "qwen3", "gpt2", "mistral_window", "qwen2_window", "gemma3"]
+)
 def test_chunked_prefill(checkpoints, name, chunk_size):
     model_dir, ref = checkpoints(name)
     driver = GreedyDriver(parity_runner(model_dir))
@@ -103,7 +105,7 @@ def test_chunked_prefill(checkpoints, name, chunk_size):
 
 @BOTH_PATHS
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "mistral", "gemma3"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "mistral", "mistral_window", "qwen2_window", "gemma3"])
 def test_prefix_hit(checkpoints, name, page_size, attention):
     """B's first half comes from the pages A wrote (whole pages only, as a radix cache shares them)."""
     model_dir, ref = checkpoints(name)
@@ -121,7 +123,9 @@ def test_prefix_hit(checkpoints, name, page_size, attention):
 
 @BOTH_PATHS
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "gpt2", "llama_tied", "gemma2"])
+@pytest.mark.parametrize(
+    "name", ["llama", "qwen2", "qwen3", "gpt2", "llama_tied", "mistral_window", "qwen2_window", "gemma2"]
+)
 def test_mixed_batches(checkpoints, name, page_size, attention):
     """8 requests of different lengths arrive over time, so every forward mixes whole prefills,
     chunks and decodes."""
@@ -143,7 +147,7 @@ def test_mixed_batches(checkpoints, name, page_size, attention):
         assert seq.output_ids == ref.greedy(seq.prompt), f"prompt of {len(seq.prompt)}"
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2"])
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "qwen2_window"])
 def test_decode_rows_in_chunks(checkpoints, name, monkeypatch):
     """The torch path's CPU decode attends in row chunks sized by bytes; force one row per chunk."""
     monkeypatch.setenv("ZSERVE_ATTENTION", "torch")
@@ -172,6 +176,37 @@ def test_last_logits_close(checkpoints, name, attention):
         torch.testing.assert_close(ours, theirs, atol=LOGITS_ATOL, rtol=0)
         if seq.cached_len == len(seq.tokens):
             seq.tokens.append(int(ours.argmax()))
+
+
+WINDOW_KINDS = ["mistral_window", "qwen2_window"]
+
+
+@BOTH_PATHS
+@pytest.mark.parametrize("chunk_size", [5, 11])
+@pytest.mark.parametrize("name", WINDOW_KINDS)
+def test_sliding_window_chunks_straddle_the_window(checkpoints, name, chunk_size, attention):
+    """Chunks shorter and longer than the window of 8 on both paths; prompts 3 to 6 windows long."""
+    model_dir, ref = checkpoints(name)
+    driver = GreedyDriver(parity_runner(model_dir))
+    lens = (23, 48)
+    ours = driver.generate([driver.add(p, NEW_TOKENS, chunk_size=chunk_size) for p in prompts(lens)])
+    assert ours == [ref.greedy(p) for p in prompts(lens)]
+
+
+@pytest.mark.parametrize("name", WINDOW_KINDS)
+def test_the_window_is_applied(checkpoints, name, tmp_path):
+    """The oracle does slide (the same weights without a window generate other tokens), so the
+    parity tests above would fail if our layers attended over the whole context."""
+    kind, _ = VARIANTS[name]
+    model_dir, ref = checkpoints(name)
+    no_window = make_tiny_checkpoint(tmp_path / "full", kind, sliding_window=None, use_sliding_window=False)
+    full_ref = HfReference(no_window)
+    for prompt in prompts((17, 40)):
+        assert full_ref.generate(prompt, NEW_TOKENS) != ref.greedy(prompt)
+    driver = GreedyDriver(parity_runner(no_window))
+    assert driver.generate([driver.add(p, NEW_TOKENS) for p in prompts((17, 40))]) == [
+        full_ref.generate(p, NEW_TOKENS) for p in prompts((17, 40))
+    ]
 
 
 def test_unsampled_chunk_returns_no_token(checkpoints):
