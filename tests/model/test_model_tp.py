@@ -36,7 +36,9 @@ def run_and_record(runner: ModelRunner) -> dict:
     return {"outputs": outputs + shared_outputs, "logits": logits.tolist()}
 
 
-KINDS = {"llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}}  # gpt2: an odd vocab, padded on the last rank
+KINDS = {  # gpt2, gemma3: an odd vocab, padded on the last rank (gemma3 tied to its embedding)
+    "llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}, "gemma2": {}, "gemma3": {"vocab_size": 601},
+}
 
 
 def rank_main(rank: int, model_dirs: dict[str, str], port: int, out_path: str) -> None:
