@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zserve.common.checkpoint_quantization import quantization_refusal
+from zserve.common.feature_refusal import feature_refusal
 from zserve.common.gemma_config import GEMMA_FAMILIES, gemma_fields, gemma_text_config
 from zserve.common.layer_windows import layer_windows_for
 
@@ -136,8 +137,11 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
     if refusal is not None:
         raise ValueError(refusal)
     family = ARCH_FAMILIES[arch]
-    if family in GEMMA_FAMILIES:
+    if family in GEMMA_FAMILIES:  # the refusal below then sees a multimodal checkpoint's text_config
         raw = gemma_text_config(raw, family, path)
+    refusal = feature_refusal(raw, arch, gated_mlp=family != "gpt2", path=path)
+    if refusal is not None:
+        raise ValueError(refusal)
 
     def get(*keys: str, default: Any = ..., kind: type = int) -> Any:
         return _field(raw, path, keys, default, kind)

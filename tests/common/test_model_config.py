@@ -121,3 +121,13 @@ def test_malformed_config(tmp_path):
 def test_config_reader_does_not_import_torch():
     code = "import sys, common.model_config, common.worker_env; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_refused_activation_names_agree_with_the_model_code():
+    """common/feature_refusal.py names the activations without importing torch; they must be the
+    model code's tables exactly, or a supported activation is refused (or an unsupported one let in)."""
+    from zserve.common.feature_refusal import GATED_ACTIVATION_NAMES, PLAIN_ACTIVATION_NAMES
+    from zserve.model_proc.layers.activation import ACTIVATIONS, GATED_ACTIVATIONS
+
+    assert set(GATED_ACTIVATION_NAMES) == set(GATED_ACTIVATIONS)
+    assert set(PLAIN_ACTIVATION_NAMES) == set(ACTIVATIONS)
