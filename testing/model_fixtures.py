@@ -122,11 +122,13 @@ def make_tiny_checkpoint(
 
 @torch.no_grad()
 def _sharpen(model: torch.nn.Module) -> None:
+    # norm weights around 1 (Gemma stores w and scales by 1 + w: around 0 there), biases around 0
+    unit_weight = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     for name, p in model.named_parameters():
         if p.dim() >= 2:
             p.normal_(0.0, 0.1 if "wpe" not in name else 0.02)
-        elif "norm" in name or ".ln_" in name or "ln_f" in name:  # norm weights around 1, biases around 0
-            p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn_like(p))
+        elif "norm" in name or ".ln_" in name or "ln_f" in name:
+            p.copy_((unit_weight if name.endswith("weight") else 0.0) + 0.1 * torch.randn_like(p))
         else:
             p.normal_(0.0, 0.1)
 
