@@ -116,7 +116,8 @@ def make_tiny_checkpoint(
     if with_tokenizer:
         from testing.tokenizer_fixtures import build_byte_level_bpe
 
-        build_byte_level_bpe(target, vocab_size=min(VOCAB_SIZE, config.vocab_size))
+        text_config = getattr(config, "text_config", config)  # a multimodal config keeps the vocab there
+        build_byte_level_bpe(target, vocab_size=min(VOCAB_SIZE, text_config.vocab_size))
     return target
 
 
