@@ -10,7 +10,10 @@ pages handed out in a shuffled order as a long-running pool would. Cases:
     backend sends new prompts through the kernel too, because this case measured it faster).
 Each case times `PagedAttention.forward` (K/V write included, metadata built once outside, as
 every layer of a step shares it) for both backends alternately, and prints the medians and
-kernel/torch (< 1: the kernel is faster). With `--model DIR` (or the demo model, when fetched)
+kernel/torch (< 1: the kernel is faster). Then, with `--window W` (default 1024; 0 skips), the
+kernel on a sliding-window layer against a full-attention one at a context of 4 W: decode at
+batch 1/8/64 (ideal ratio 0.25: each token reads W keys, not 4 W), a 4 W-token new prompt and
+a chunk of W after 3 W cached tokens (--quick: decode at batch 1 only). With `--model DIR` (or the demo model, when fetched)
 it then times whole decode steps (`ModelRunner.run`, 256 tokens of random context per request)
 on two runners of that model, one per backend, alternately. Run it on a quiet machine; it prints
 the load average.
@@ -67,6 +70,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="decode cases only, context 256 and 1024 at batch 1 and 64")
     parser.add_argument("--model", default=None, help="model for whole decode steps (default: the demo model if fetched)")
     parser.add_argument("--no-model", action="store_true", help="skip the whole-step cases")
+    parser.add_argument("--window", type=int, default=1024, help="sliding window for the window cases (0: skip)")
     args = parser.parse_args()
     if "ZSERVE_NUM_THREADS" not in os.environ:  # run under the model worker's environment
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **worker_env(args.threads, "cpu")})
@@ -99,10 +103,40 @@ def main() -> None:
             k, v = (torch.randn(T, NUM_KV_HEADS, HEAD_DIM, dtype=dtype) for _ in range(2))
             kernel_ms, torch_ms = timed_pair(*(functools.partial(attn, q, k, v, m) for m in metas), args.repeats)
             print(f"{name:<24}{kernel_ms:>10.3f}{torch_ms:>10.3f}{kernel_ms / torch_ms:>8.2f}", flush=True)
+    if args.window > 0:
+        window_cases(args.window, dtype, args.quick, args.repeats)
     model_dir = None if args.no_model else args.model or _demo_model_dir()
     if model_dir is not None:
         model_steps(model_dir, args.dtype, (1, 8) if args.quick else (1, 8, 32, 64), args.repeats)
     print(f"load average at the end {os.getloadavg()[0]:.2f}")
+
+
+def window_cases(window: int, dtype: torch.dtype, quick: bool, repeats: int) -> None:
+    """The kernel with a sliding window against full attention, context 4 x window, same K/V."""
+    context_len = 4 * window
+    cases: list[tuple[str, list[int], list[int]]] = [
+        (f"decode_bs{bs}_ctx{context_len}", [context_len] * bs, [1] * bs) for bs in ((1,) if quick else (1, 8, 64))
+    ]
+    if not quick:
+        cases.append((f"new_prompt_{context_len}", [0], [context_len]))
+        cases.append((f"chunk_{window}_after_{3 * window}", [3 * window], [window]))
+    max_tokens = max(sum(c) + sum(e) + PAGE_SIZE * len(c) for _, c, e in cases)
+    pool = KVPool(1, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE, -(-max_tokens // PAGE_SIZE), dtype, torch.device("cpu"))
+    pool.k[0].normal_(), pool.v[0].normal_()
+    layers = [
+        PagedAttention(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HEAD_DIM**-0.5, layer_idx=0, sliding_window=w) for w in (window, 0)
+    ]
+    print(f"sliding window {window} vs full attention, CPU kernel, load average {os.getloadavg()[0]:.2f}")
+    print(f"{'case':<24}{'window_ms':>10}{'full_ms':>10}{'ratio':>8}")
+    with torch.inference_mode():
+        for name, cached, extend in cases:
+            batch = make_batch(cached, extend, pool.num_pages)
+            meta = AttentionMetadata.build(batch, pool, dtype, backend="cpu_kernel")
+            T = batch.num_tokens
+            q = torch.randn(T, NUM_HEADS, HEAD_DIM, dtype=dtype)
+            k, v = (torch.randn(T, NUM_KV_HEADS, HEAD_DIM, dtype=dtype) for _ in range(2))
+            window_ms, full_ms = timed_pair(*(functools.partial(layer, q, k, v, meta) for layer in layers), repeats)
+            print(f"{name:<24}{window_ms:>10.3f}{full_ms:>10.3f}{window_ms / full_ms:>8.2f}", flush=True)
 
 
 def _demo_model_dir() -> str | None:

@@ -185,11 +185,14 @@ class PagedAttention(nn.Module):
         rows = meta.varlen
         keys = k_cache.index_select(1, rows.kv_slots).transpose(0, 1)  # [sum(seq_lens), kvh, d]
         values = v_cache.index_select(1, rows.kv_slots).transpose(0, 1)
+        # flash-attn's window: query i sees keys [i - left, i + right], bottom-right aligned (2.3+);
+        # softcap only when set, as flash-attn before 2.6 has no such argument
+        options = {"window_size": (self.sliding_window - 1, 0)} if self.sliding_window else {}
+        if self.logit_softcap:
+            options["softcap"] = self.logit_softcap
         out = flash_attn_varlen_func(
             q.contiguous(), keys.contiguous(), values.contiguous(),
             rows.cu_seqlens_q, rows.cu_seqlens_k, rows.max_seqlen_q, rows.max_seqlen_k,
-            softmax_scale=self.scale, causal=True, softcap=self.logit_softcap,
-            # flash-attn's window: query i sees keys [i - left, i + right], bottom-right aligned
-            window_size=(self.sliding_window - 1, 0) if self.sliding_window else (-1, -1),
+            softmax_scale=self.scale, causal=True, **options,
         )  # [T, h, d]
         return out.reshape(q.shape[0], self.num_heads * self.head_dim)

@@ -138,14 +138,15 @@ def test_bench_admission_reports_runs_and_compares_outputs(model_dir, tmp_path):
 
 
 def test_bench_attention_compares_both_paths(model_dir):
-    """Layer cases and whole decode steps, each with both paths' times and their ratio."""
+    """Layer cases and whole decode steps, each with both paths' times and their ratio; the
+    sliding-window case (window 1024, context 4096) with the window's and full attention's."""
     if load_paged_attention() is None:
         pytest.skip("the CPU paged-attention kernel did not build here")
     cmd = [sys.executable, str(REPO / "benchmarks" / "bench_attention.py"), "--quick", "--repeats", "1", "--dtype", "float32", "--model", str(model_dir)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=REPO)
     assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
     rows = {line.split()[0]: line.split()[1:] for line in proc.stdout.splitlines() if line.startswith(("decode_", "step_"))}
-    assert set(rows) == {"decode_bs1_ctx256", "decode_bs64_ctx256", "decode_bs1_ctx1024", "decode_bs64_ctx1024", "step_bs1_ctx256", "step_bs8_ctx256"}
+    assert set(rows) == {"decode_bs1_ctx256", "decode_bs64_ctx256", "decode_bs1_ctx1024", "decode_bs64_ctx1024", "decode_bs1_ctx4096", "step_bs1_ctx256", "step_bs8_ctx256"}
     for kernel_ms, torch_ms, ratio in rows.values():
         k, t = float(kernel_ms), float(torch_ms)
         rounding = 0.005 * (1 / t + k / t**2)  # the times are printed to 0.01 ms; the ratio is of the unrounded times

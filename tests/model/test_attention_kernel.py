@@ -303,3 +303,23 @@ def test_negative_window_or_softcap_is_refused():
 
     with pytest.raises(ValueError, match="must be >= 0"):
         PagedAttention(4, 2, 64, 0.125, 0, sliding_window=-1)
+
+
+@pytest.mark.parametrize("window, softcap", [(0, 0.0), (5, 0.0), (0, 5.0), (6, 5.0)])
+def test_flash_varlen_arguments_follow_its_convention(monkeypatch, window, softcap):
+    """The flash-attn path (CUDA only) on CPU through a stand-in written from flash-attn's documented
+    window_size / softcap contract (testing/fake_flash_attn.py): the same outputs as the reference."""
+    from testing import fake_flash_attn
+    from zserve.model_proc.layers.attention import PagedAttention
+
+    monkeypatch.setitem(sys.modules, "flash_attn", fake_flash_attn)
+    batch = random_batch(np.random.default_rng(2), [12, 0, 33, 3], [1, 20, 9, 30], 4)
+    attn = PagedAttention(8, 2, 64, 0.125, layer_idx=0, sliding_window=window, logit_softcap=softcap)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(batch.num_tokens, 8, 64, generator=gen) * 3
+    k, v = (torch.randn(batch.num_tokens, 2, 64, generator=gen) for _ in range(2))
+    pool = KVPool(1, 2, 64, 4, int(batch.page_ids.max()) + 1, torch.float32, torch.device("cpu"))
+    pool.k[0].normal_(generator=gen), pool.v[0].normal_(generator=gen)
+    got = attn(q, k, v, AttentionMetadata.build(batch, pool, torch.float32, backend="flash_varlen"))
+    want = naive_attention(q, pool.k[0], pool.v[0], batch, 4, 0.125, window=window, softcap=softcap)
+    torch.testing.assert_close(got.view(want.shape), want, **TOLERANCE[torch.float32])

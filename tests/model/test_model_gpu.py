@@ -19,7 +19,7 @@ BF16_LOGITS_ATOL = 0.1  # logits of the tiny fixtures are O(1)
 NEW_TOKENS = 16
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "gpt2", "llama3_rope"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3", "gpt2", "llama3_rope", "mistral_window", "qwen2_window"])
 def test_cuda_bf16_close_to_transformers_fp32(tmp_path, kind):
     model_dir = make_tiny_checkpoint(tmp_path / kind, kind)
     ref = HfReference(model_dir)
