@@ -8,12 +8,13 @@ the older top-level `rope_theta` + `rope_scaling`, and transformers 5's `rope_pa
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from zserve.common.checkpoint_quantization import quantization_refusal
 from zserve.common.feature_refusal import feature_refusal
+from zserve.common.gemma_config import GEMMA_FAMILIES, gemma_fields, gemma_text_config
 from zserve.common.layer_windows import layer_windows_for
 from zserve.common.moe_config import MoeConfig
 
@@ -27,6 +28,9 @@ ARCH_FAMILIES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "MixtralForCausalLM": "mixtral",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not loaded
 }
 # architectures whose transformers attention reads config.json's attn_logit_softcapping
 LOGIT_SOFTCAP_ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
@@ -79,6 +83,10 @@ class ModelConfig:
     layer_windows: tuple[int, ...] = ()
     attn_logit_softcap: float = 0.0  # config.json attn_logit_softcapping (Gemma 2); 0: none
     moe: MoeConfig | None = None  # mixture-of-experts settings (Qwen3-MoE, Qwen2-MoE, Mixtral)
+    # Gemma 2/3 (common/gemma_config.py)
+    final_logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: off
+    local_layers: tuple[bool, ...] = ()  # per layer: a sliding-window ("local") layer; () for other families
+    rope_local_theta: float | None = None  # Gemma 3: the local layers' RoPE base (unscaled); None: rope_theta
 
     @property
     def q_size(self) -> int:
@@ -147,6 +155,8 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
     if refusal is not None:
         raise ValueError(refusal)
     family = ARCH_FAMILIES[arch]
+    if family in GEMMA_FAMILIES:  # the refusal below then sees a multimodal checkpoint's text_config
+        raw = gemma_text_config(raw, family, path)
     refusal = feature_refusal(raw, arch, gated_mlp=family != "gpt2", path=path)
     if refusal is not None:
         raise ValueError(refusal)
@@ -195,7 +205,7 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         )
     vocab_size = get("vocab_size")
     softcap = get("attn_logit_softcapping", default=0.0, kind=float) if arch in LOGIT_SOFTCAP_ARCHS else 0.0
-    return ModelConfig(
+    cfg = ModelConfig(
         model_dir=model_dir,
         architecture=arch,
         family=family,
@@ -226,6 +236,9 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         attn_logit_softcap=softcap,
         moe=MoeConfig.from_config(raw, arch, path),
     )
+    if family in GEMMA_FAMILIES:
+        return replace(cfg, **gemma_fields(raw, family, num_layers, path))
+    return cfg
 
 
 def _field(raw: dict[str, Any], path: Path, keys: tuple[str, ...], default: Any, kind: type) -> Any:

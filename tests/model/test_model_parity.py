@@ -71,6 +71,15 @@ def attention_path(request, monkeypatch):
 
 
 BOTH_PATHS = pytest.mark.parametrize("attention", ["kernel", "torch"])
+# the kinds each scenario runs on (every kind runs greedy generation and last logits)
+CHUNKED_KINDS = [
+    "llama", "llama3_rope", "qwen2", "qwen3", "gpt2", "mistral_window", "qwen2_window", "gemma3", "qwen3_moe", "mixtral",
+]
+PREFIX_HIT_KINDS = ["llama", "qwen3", "gpt2", "mistral", "mistral_window", "qwen2_window", "gemma3", "qwen3_moe"]
+MIXED_BATCH_KINDS = [
+    "llama", "qwen2", "qwen3", "gpt2", "llama_tied", "mistral_window", "qwen2_window", "gemma2", "qwen3_moe", "mixtral",
+    "qwen2_moe",
+]
 
 
 def parity_runner(model_dir, page_size: int = 4) -> ModelRunner:
@@ -92,7 +101,7 @@ def test_greedy_matches_transformers_generate(checkpoints, name, attention):
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 7])
-@pytest.mark.parametrize("name", ["llama", "llama3_rope", "qwen2", "qwen3", "gpt2", "mistral_window", "qwen2_window", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("name", CHUNKED_KINDS)
 def test_chunked_prefill(checkpoints, name, chunk_size):
     model_dir, ref = checkpoints(name)
     driver = GreedyDriver(parity_runner(model_dir))
@@ -103,7 +112,7 @@ def test_chunked_prefill(checkpoints, name, chunk_size):
 
 @BOTH_PATHS
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "mistral", "mistral_window", "qwen2_window", "qwen3_moe"])
+@pytest.mark.parametrize("name", PREFIX_HIT_KINDS)
 def test_prefix_hit(checkpoints, name, page_size, attention):
     """B's first half comes from the pages A wrote (whole pages only, as a radix cache shares them)."""
     model_dir, ref = checkpoints(name)
@@ -121,7 +130,7 @@ def test_prefix_hit(checkpoints, name, page_size, attention):
 
 @BOTH_PATHS
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "gpt2", "llama_tied", "mistral_window", "qwen2_window", "qwen3_moe", "mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("name", MIXED_BATCH_KINDS)
 def test_mixed_batches(checkpoints, name, page_size, attention):
     """8 requests of different lengths arrive over time, so every forward mixes whole prefills,
     chunks and decodes."""
