@@ -7,7 +7,9 @@ Other tests import these:
     model_dir = make_tiny_checkpoint(tmp_path / "m", "qwen3", with_tokenizer=True)
 
 Kinds: llama (GQA), llama3_rope (Llama-3 rope scaling, short original context so it matters),
-llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2. Options:
+llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2, llama_yarn and
+llama_dynamic (those RoPE scalings), phi3 (fused qkv/gate_up, longrope), phi4_partial (partial
+rotary 0.75). Options:
 `num_shards` > 1 writes model-0000i-of-0000n.safetensors + index; `stored_dtype="bfloat16"`
 stores the weights in bf16 (transformers and zserve both load them as fp32 for parity).
 Weights are drawn larger than transformers' default init, and norms and biases are random too,
@@ -49,6 +51,22 @@ TINY_KINDS: dict[str, tuple[str, dict]] = {
     "qwen3": ("Qwen3Config", dict(_LLAMA_SIZES, head_dim=32)),
     "gpt2": ("GPT2Config", dict(vocab_size=VOCAB_SIZE, n_embd=64, n_layer=2, n_head=4, n_positions=256,
                                 bos_token_id=1, eos_token_id=2)),
+    # RoPE scaling past a short original context, so the prompts and decodes of the tests hit it
+    "llama_yarn": ("LlamaConfig", dict(_LLAMA_SIZES, max_position_embeddings=128, rope_scaling=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=32, rope_theta=10000.0))),
+    "llama_dynamic": ("LlamaConfig", dict(_LLAMA_SIZES, max_position_embeddings=48, rope_scaling=dict(
+        rope_type="dynamic", factor=2.0, rope_theta=10000.0))),
+    # longrope: short factors up to 48 tokens (prompts of the tests), long past it (their decodes)
+    "phi3": ("Phi3Config", dict(_LLAMA_SIZES, original_max_position_embeddings=48, sliding_window=None,
+                                pad_token_id=0, rope_scaling=dict(rope_type="longrope", rope_theta=10000.0,
+                                short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                                long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 8.5, 11.0, 14.0]))),
+    # Phi-4-mini's partial rotary: 12 of 16 dims rotate (also longrope, as Phi-4-mini)
+    "phi4_partial": ("Phi3Config", dict(_LLAMA_SIZES, original_max_position_embeddings=48, sliding_window=None,
+                                        pad_token_id=0, partial_rotary_factor=0.75, rope_scaling=dict(
+                                            rope_type="longrope", rope_theta=10000.0,
+                                            short_factor=[1.0, 1.2, 1.5, 2.0, 2.6, 3.3],
+                                            long_factor=[1.0, 2.0, 3.5, 5.5, 8.0, 12.0]))),
 }
 
 

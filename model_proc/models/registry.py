@@ -7,12 +7,14 @@ from torch import nn
 from zserve.common.model_config import ModelConfig
 from zserve.model_proc.models.gpt2 import GPT2LMHeadModel
 from zserve.model_proc.models.llama import LlamaForCausalLM
+from zserve.model_proc.models.phi3 import Phi3ForCausalLM
 from zserve.model_proc.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "llama": LlamaForCausalLM,
     "qwen3": Qwen3ForCausalLM,
     "gpt2": GPT2LMHeadModel,
+    "phi3": Phi3ForCausalLM,
 }
 
 
