@@ -233,10 +233,15 @@ class GreedyDriver:
 class HfReference:
     """transformers on the same directory, in `dtype` (fp32 unless told): the oracle for parity tests."""
 
-    def __init__(self, model_dir: str | Path, dtype: torch.dtype = torch.float32):
-        from transformers import AutoModelForCausalLM
+    def __init__(self, model_dir: str | Path, dtype: torch.dtype = torch.float32, keep_cache: bool = True):
+        from transformers import AutoModelForCausalLM, GenerationMixin
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        if keep_cache:
+            # Phi-3's generate drops its KV cache and recomputes the whole sequence when it first
+            # passes original_max_position_embeddings (longrope); zserve keeps the keys it wrote
+            # (rope_frequencies.py), so by default the reference keeps them too
+            self.model.prepare_inputs_for_generation = GenerationMixin.prepare_inputs_for_generation.__get__(self.model)
         # generate() merges the model's generation_config into ours: drop its EOS ids there too
         self.model.generation_config.eos_token_id = None
 
