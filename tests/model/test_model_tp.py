@@ -36,7 +36,7 @@ def run_and_record(runner: ModelRunner) -> dict:
     return {"outputs": outputs + shared_outputs, "logits": logits.tolist()}
 
 
-KINDS = {"llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}}  # gpt2: an odd vocab, padded on the last rank
+KINDS = {"llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}, "phi4_partial": {}}  # gpt2: an odd vocab, padded on the last rank; phi4_partial: fused qkv and gate_up split per rank
 
 
 def rank_main(rank: int, model_dirs: dict[str, str], port: int, out_path: str) -> None:
