@@ -71,7 +71,7 @@ class PagedAttention(nn.Module):
         """qk [T, h + kvh, d] (q heads then k heads, before rotary), v [T, kvh, d], cos and
         sin_signed [T, 1, rotary_dim] (rotary.py) -> [T, h * d]: rotates q and k, writes K/V, attends."""
         h = self.num_heads
-        if self.fused_rope and meta.kernel is not None and cos.shape[-1] == self.head_dim:  # partial rotary: unfused
+        if self.fused_rope and meta.kernel is not None:
             k_cache, v_cache = meta.kv_pool.k[self.layer_idx], meta.kv_pool.v[self.layer_idx]
             q = torch.ops.zserve.rope_store(qk, v, cos, sin, k_cache, v_cache, meta.out_slots, h)  # K/V written
             return self._kernel(q, k_cache, v_cache, meta)

@@ -71,12 +71,14 @@ def longrope_inv_freq(rotary_dim: int, theta: float, ext_factors: tuple[float, .
 
 
 def dynamic_inv_freq(rotary_dim: int, theta: float, scaling: RopeScaling, seq_lens: torch.Tensor) -> torch.Tensor:
-    """seq_lens int64[T] -> float32[T, rotary_dim / 2]: NTK base grown for lengths past max_position_embeddings."""
+    """seq_lens int64[T] -> float32[T, rotary_dim / 2]: NTK base grown for lengths past
+    max_position_embeddings. Computed once per distinct length (a step has one per request)."""
     max_len = scaling.max_position_embeddings
     seq_lens = torch.maximum(seq_lens, torch.tensor(max_len, dtype=seq_lens.dtype, device=seq_lens.device))
-    base = theta * ((scaling.factor * seq_lens / max_len) - (scaling.factor - 1)) ** (rotary_dim / (rotary_dim - 2))
+    lens, token_to_len = torch.unique(seq_lens, return_inverse=True)
+    base = theta * ((scaling.factor * lens / max_len) - (scaling.factor - 1)) ** (rotary_dim / (rotary_dim - 2))
     shape = torch.arange(0, rotary_dim, 2, dtype=torch.int64, device=seq_lens.device).float() / rotary_dim
-    return 1.0 / (base[:, None] ** shape[None, :])
+    return (1.0 / (base[:, None] ** shape[None, :]))[token_to_len]
 
 
 def _llama3(inv_freq: torch.Tensor, scaling: RopeScaling) -> torch.Tensor:
