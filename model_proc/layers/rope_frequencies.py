@@ -7,12 +7,17 @@ long ones past it). transformers recomputes them at every forward from the large
 it (`dynamic_rope_update`); for one sequence in `generate` that is the whole prompt at prefill,
 then position + 1 at each decode step. zserve does the same per request: every token of a
 request is rotated with the frequencies for the request's length after this step (cached_len +
-extend_len), so a batch mixes regimes row by row and equals transformers for one sequence whose
-prompt is computed in one step. Keys already in the cache keep the rotation they were written
-with, as in transformers. Where zserve differs: a prompt longer than the threshold that is
-prefilled in chunks has the chunks that end below it rotated in the short regime (transformers
-rotates the whole prompt long), and likewise a radix hit reuses keys in the regime of the
-request that wrote them.
+extend_len), so a batch mixes regimes row by row, and keys already in the cache keep the rotation
+they were written with. That equals transformers for one sequence whose prompt is computed in one
+step, with one exception and two serving cases:
+  - Phi-3's generate (prepare_inputs_for_generation) drops its cache and recomputes the whole
+    sequence, long, once it first passes original_max_position_embeddings; zserve keeps the
+    short-rotated keys and rotates only the new tokens long (vLLM and llama.cpp recompute nothing
+    either). A request that stays on one side of the threshold, or whose prompt starts past it,
+    is exact. "dynamic" (Llama's generate) recomputes nothing, like zserve.
+  - a prompt longer than the threshold prefilled in chunks has the chunks that end below it
+    rotated short (transformers rotates the whole prompt long);
+  - a radix hit reuses keys in the regime of the request that wrote them.
 """
 
 from __future__ import annotations
