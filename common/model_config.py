@@ -209,7 +209,7 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         attn_scale_by_layer = False
         # A sliding window only matters past its length; capping the context at it keeps us exact.
         window = raw.get("sliding_window")
-        uses_window = raw.get("use_sliding_window", arch == "MistralForCausalLM")
+        uses_window = raw.get("use_sliding_window", arch in ("MistralForCausalLM", "Phi3ForCausalLM"))
         if uses_window and isinstance(window, int) and 0 < window < context_len:
             window_capped_from, context_len = context_len, window
     if num_heads % num_kv_heads:

@@ -137,3 +137,11 @@ def test_malformed_config(tmp_path):
 def test_config_reader_does_not_import_torch():
     code = "import sys, common.model_config, common.worker_env; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_phi3_sliding_window_caps_context_like_mistral(tmp_path):
+    """transformers' Phi-3 attends within config.sliding_window (Phi-3-mini-4k: 2047) with no
+    use_sliding_window flag: capped, never silently attended in full."""
+    phi3 = {**LLAMA, "architectures": ["Phi3ForCausalLM"], "sliding_window": 100}
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, phi3))
+    assert (cfg.context_len, cfg.window_capped_from) == (100, 256)
