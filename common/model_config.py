@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from zserve.common.checkpoint_quantization import quantization_refusal
+from zserve.common.feature_refusal import feature_refusal
 
 # architecture (config.json "architectures"[0]) -> model family our code implements
 ARCH_FAMILIES: dict[str, str] = {
@@ -164,6 +165,9 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
     if refusal is not None:
         raise ValueError(refusal)
     family = ARCH_FAMILIES[arch]
+    refusal = feature_refusal(raw, arch, gated_mlp=family != "gpt2", path=path)
+    if refusal is not None:
+        raise ValueError(refusal)
     window_capped_from = 0  # the maximum a sliding window capped the context from
 
     def get(*keys: str, default: Any = ..., kind: type = int) -> Any:

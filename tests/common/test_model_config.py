@@ -61,7 +61,7 @@ def test_rope_defaults_and_unsupported_type(tmp_path):
     "rope, error",
     [
         ({"rope_type": "mrope", "factor": 2.0}, "rope type 'mrope' is not supported"),
-        ({"rope_type": "yarn", "factor": 4.0, "mrope_section": [2, 3, 3]}, "rope type 'yarn' with mrope_section is not"),
+        ({"rope_type": "yarn", "factor": 4.0, "mrope_section": [2, 3, 3]}, "mrope_section"),
         ({"rope_type": "llama3", "factor": 8.0, "beta_fast": 32}, "rope type 'llama3' with beta_fast is not"),
         ({"rope_type": "longrope", "long_factor": [1.0] * 8}, "'longrope' needs 'short_factor' and 'long_factor'"),
         ({"rope_type": "longrope", "short_factor": "x", "long_factor": [1.0]}, "'short_factor' must be a list"),
@@ -145,3 +145,13 @@ def test_phi3_sliding_window_caps_context_like_mistral(tmp_path):
     phi3 = {**LLAMA, "architectures": ["Phi3ForCausalLM"], "sliding_window": 100}
     cfg = ModelConfig.from_model_dir(write_config(tmp_path, phi3))
     assert (cfg.context_len, cfg.window_capped_from) == (100, 256)
+
+
+def test_refused_activation_names_agree_with_the_model_code():
+    """common/feature_refusal.py names the activations without importing torch; they must be the
+    model code's tables exactly, or a supported activation is refused (or an unsupported one let in)."""
+    from zserve.common.feature_refusal import GATED_ACTIVATION_NAMES, PLAIN_ACTIVATION_NAMES
+    from zserve.model_proc.layers.activation import ACTIVATIONS, GATED_ACTIVATIONS
+
+    assert set(GATED_ACTIVATION_NAMES) == set(GATED_ACTIVATIONS)
+    assert set(PLAIN_ACTIVATION_NAMES) == set(ACTIVATIONS)

@@ -238,3 +238,24 @@ def test_a_quantized_hugging_face_checkpoint_is_refused_naming_its_method(model_
     proc, elapsed_s = run_launcher(["--model", str(target)], tmp_path)
     assert_refused(proc, elapsed_s, tmp_path, needle)
     assert "the checkpoint's weights are quantized" in proc.stderr and "--quantization int8" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        ({"rope_parameters": {"rope_type": "su", "rope_theta": 1e4}}, "rope type 'su' is not supported"),
+        ({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "mrope_section": [8, 12, 12]}}, "multimodal RoPE"),
+        ({"use_bidirectional_attention": True}, "bidirectional attention"),
+        ({"add_cross_attention": True}, "cross-attention"),
+        ({"hidden_act": "relu2"}, "activation 'relu2' is not supported; supported: silu, swish"),
+    ],
+    ids=["rope-type", "mrope", "bidirectional", "cross-attention", "activation"],
+)
+def test_an_architecture_feature_without_model_code_is_refused(model_dir, tmp_path, edit, needle):
+    """A config.json of an architecture we serve that switches on a feature our model code lacks would
+    give fluent wrong text: refused at start in one line, before any child starts."""
+    target = shutil.copytree(model_dir, tmp_path / "model")
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps(config | edit))
+    proc, elapsed_s = run_launcher(["--model", str(target)], tmp_path)
+    assert_refused(proc, elapsed_s, tmp_path, needle)
