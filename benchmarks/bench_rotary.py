@@ -1,11 +1,12 @@
 """The cost of RoPE per step: cos/sin for each scaling type, and rotation fused into the K/V write
-(torch.ops.zserve.rope_store) against the unfused path a partial rotary takes.
+(torch.ops.zserve.rope_store, full and partial rotary) against the unfused torch ops.
 
     .venv/bin/python benchmarks/bench_rotary.py [--repeats R]
 
 Shapes of Phi-4-mini (24 query heads, 8 KV heads, head_dim 128, rotary 96 when partial), bf16,
-at 1, 64 and 512 tokens per step; "dynamic" and "longrope" get each token's sequence length, as
-a batch of that many decodes at lengths past their thresholds does. Medians in microseconds.
+at 1, 64 and 512 tokens per step; "dynamic" and "longrope" get each token's sequence length, all
+distinct, as a batch of that many decodes past their thresholds (dynamic's worst case: one base per
+distinct length; a prompt has one). Medians in microseconds.
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def store_row(num_tokens: int, dtype: torch.dtype, repeats: int, has_fused: bool
         c2, s2 = cos[:, 0].contiguous(), sin[:, 0].contiguous()
         fused = partial(torch.ops.zserve.rope_store, qk, v, c2, s2, k_cache, v_cache, slots, HEADS)
         row.append(f"fused full {median_us(fused, repeats):7.1f}")
+        pc2, ps2 = pcos[:, 0].contiguous(), psin[:, 0].contiguous()
+        fused_part = partial(torch.ops.zserve.rope_store, qk, v, pc2, ps2, k_cache, v_cache, slots, HEADS)
+        row.append(f"fused partial {median_us(fused_part, repeats):7.1f}")
     return f"rotate + K/V write us, {num_tokens:4d} tokens: " + ", ".join(row)
 
 
