@@ -1,4 +1,4 @@
-"""Read a Llama/Qwen2/Qwen3 GGUF file's tensors by their Hugging Face names.
+"""Read a Llama/Qwen2/Qwen3/Phi-3 GGUF file's tensors by their Hugging Face names.
 
 The launcher turns `--model X.gguf` into a small directory (launcher/gguf_model_dir.py) whose
 `gguf_source.json` names the file (common/gguf_source.py); `open_checkpoint` picks this reader
@@ -62,8 +62,11 @@ GGUF_TO_HF = {  # blk.N.<key> -> model.layers.N.<value>
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# phi3 (llama.cpp's converter): q/k/v fused, and ffn_up holds gate and up stacked (gate first)
+PHI3_TO_HF = {**GGUF_TO_HF, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-SKIPPED = {"rope_freqs.weight"}  # llama 3's rope scaling factors: we compute them from config.json
+# rope scaling factors (llama 3's, phi3's longrope): config.json carries them (launcher/gguf_model_dir.py)
+SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 Q8_0_BLOCK = 32  # values per Q8_0 block (one fp16 scale each), along the input dimension
 
 
@@ -76,17 +79,18 @@ def open_checkpoint(model_dir: str | Path, show_progress: bool = False, quantiza
     return GGUFCheckpoint(model_dir, source, show_progress=show_progress, quantization=quantization)
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor (None for one we do not load)."""
     if gguf_name in SKIPPED:
         return None
     base, _, kind = gguf_name.rpartition(".")
     if base in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[base]}.{kind}"
+    names = PHI3_TO_HF if architecture == "phi3" else GGUF_TO_HF
     m = BLOCK_NAME.fullmatch(gguf_name)
-    if m is None or m.group(2) not in GGUF_TO_HF:
+    if m is None or m.group(2) not in names:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no Llama/Qwen counterpart")
-    return f"model.layers.{m.group(1)}.{GGUF_TO_HF[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
 
 
 def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -106,13 +110,13 @@ class GGUFCheckpoint(Checkpoint):
         self.gguf_file, self.quantization = gguf_file, quantization
         self._gguf = gguf
         self._reader = gguf.GGUFReader(str(gguf_file))
-        self._tensors = {}
-        for t in self._reader.tensors:
-            name = hf_name(t.name)
-            if name is not None:
-                self._tensors[name] = t
         field = self._reader.fields.get("general.architecture")
         self.architecture = str(field.contents()) if field is not None else ""
+        self._tensors = {}
+        for t in self._reader.tensors:
+            name = hf_name(t.name, self.architecture)
+            if name is not None:
+                self._tensors[name] = t
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
         self._num_heads = int(config["num_attention_heads"])
         self._num_kv_heads = int(config.get("num_key_value_heads") or self._num_heads)

@@ -7,11 +7,12 @@ Other tests import these:
     model_dir = make_tiny_checkpoint(tmp_path / "m", "qwen3", with_tokenizer=True)
 
 Kinds: llama (GQA), llama3_rope (Llama-3 rope scaling, short original context so it matters),
-llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2; with sliding
-windows of 8 tokens (shorter than most test prompts): mistral_window (every layer) and
-qwen2_window (layers 1 and 2 slide, layer 0 is global); gemma2 (final and attention logit
-soft-capping), gemma3 (q/k norm, local and global RoPE, linear scaling on the global), both with
-layers 0 and 2 sliding over 8 tokens, and gemma3_mm (gemma3's text model in a
+llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2, llama_yarn and
+llama_dynamic (those RoPE scalings), phi3 (fused qkv/gate_up, longrope), phi4_partial (partial
+rotary 0.75); with sliding windows of 8 tokens (shorter than most test prompts): mistral_window
+(every layer) and qwen2_window (layers 1 and 2 slide, layer 0 is global); gemma2 (final and
+attention logit soft-capping), gemma3 (q/k norm, local and global RoPE, linear scaling on the
+global), both with layers 0 and 2 sliding over 8 tokens, and gemma3_mm (gemma3's text model in a
 Gemma3ForConditionalGeneration checkpoint); mixture of experts: qwen3_moe, qwen2_moe (shared
 expert) and mixtral (top-2 of 8 experts). Options:
 `num_shards` > 1 writes model-0000i-of-0000n.safetensors + index; `stored_dtype="bfloat16"`
@@ -75,6 +76,22 @@ TINY_KINDS: dict[str, tuple[str, dict]] = {
     "gemma3": ("Gemma3TextConfig", dict(_GEMMA_SIZES, rope_parameters=dict(
         sliding_attention=dict(rope_type="default", rope_theta=10000.0),
         full_attention=dict(rope_type="linear", factor=2.0, rope_theta=50000.0)))),
+    # RoPE scaling past a short original context, so the prompts and decodes of the tests hit it
+    "llama_yarn": ("LlamaConfig", dict(_LLAMA_SIZES, max_position_embeddings=128, rope_scaling=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=32, rope_theta=10000.0))),
+    "llama_dynamic": ("LlamaConfig", dict(_LLAMA_SIZES, max_position_embeddings=48, rope_scaling=dict(
+        rope_type="dynamic", factor=2.0, rope_theta=10000.0))),
+    # longrope: short factors up to 48 tokens (prompts of the tests), long past it (their decodes)
+    "phi3": ("Phi3Config", dict(_LLAMA_SIZES, original_max_position_embeddings=48, sliding_window=None,
+                                pad_token_id=0, rope_scaling=dict(rope_type="longrope", rope_theta=10000.0,
+                                short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                                long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 8.5, 11.0, 14.0]))),
+    # Phi-4-mini's partial rotary: 12 of 16 dims rotate (also longrope, as Phi-4-mini)
+    "phi4_partial": ("Phi3Config", dict(_LLAMA_SIZES, original_max_position_embeddings=48, sliding_window=None,
+                                        pad_token_id=0, partial_rotary_factor=0.75, rope_scaling=dict(
+                                            rope_type="longrope", rope_theta=10000.0,
+                                            short_factor=[1.0, 1.2, 1.5, 2.0, 2.6, 3.3],
+                                            long_factor=[1.0, 2.0, 3.5, 5.5, 8.0, 12.0]))),
 }
 # Gemma 3 with a (tiny) vision tower: transformers saves the text model under language_model.model.
 TINY_KINDS["gemma3_mm"] = ("Gemma3Config", dict(
@@ -252,10 +269,15 @@ class GreedyDriver:
 class HfReference:
     """transformers on the same directory, in `dtype` (fp32 unless told): the oracle for parity tests."""
 
-    def __init__(self, model_dir: str | Path, dtype: torch.dtype = torch.float32):
-        from transformers import AutoModelForCausalLM
+    def __init__(self, model_dir: str | Path, dtype: torch.dtype = torch.float32, keep_cache: bool = True):
+        from transformers import AutoModelForCausalLM, GenerationMixin
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        if keep_cache:
+            # Phi-3's generate drops its KV cache and recomputes the whole sequence when it first
+            # passes original_max_position_embeddings (longrope); zserve keeps the keys it wrote
+            # (rope_frequencies.py), so by default the reference keeps them too
+            self.model.prepare_inputs_for_generation = GenerationMixin.prepare_inputs_for_generation.__get__(self.model)
         # generate() merges the model's generation_config into ours: drop its EOS ids there too
         self.model.generation_config.eos_token_id = None
 

@@ -73,7 +73,7 @@ class Gemma2ForCausalLM(nn.Module):
 
     def rotaries(self, meta: AttentionMetadata, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(cos, sin) for each layer; Gemma 2 has one RoPE for all."""
-        return [self.rotary(meta.positions, dtype)] * len(self.layers)
+        return [self.rotary(meta.positions, dtype, meta.seq_lens_by_token)] * len(self.layers)
 
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids int64[T] -> hidden states [T, hidden] (before the final norm)"""

@@ -42,5 +42,6 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
         self.local_rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_local_theta, None)
 
     def rotaries(self, meta: AttentionMetadata, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        global_rope, local_rope = self.rotary(meta.positions, dtype), self.local_rotary(meta.positions, dtype)
+        global_rope = self.rotary(meta.positions, dtype, meta.seq_lens_by_token)
+        local_rope = self.local_rotary(meta.positions, dtype)
         return [local_rope if local else global_rope for local in self.local_layers]

@@ -10,6 +10,7 @@ from zserve.model_proc.models.gemma3 import Gemma3ForCausalLM
 from zserve.model_proc.models.gpt2 import GPT2LMHeadModel
 from zserve.model_proc.models.llama import LlamaForCausalLM
 from zserve.model_proc.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from zserve.model_proc.models.phi3 import Phi3ForCausalLM
 from zserve.model_proc.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -21,6 +22,7 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "mixtral": MixtralForCausalLM,
     "gemma2": Gemma2ForCausalLM,
     "gemma3": Gemma3ForCausalLM,
+    "phi3": Phi3ForCausalLM,
 }
 
 

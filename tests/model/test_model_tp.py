@@ -40,7 +40,7 @@ def run_and_record(runner: ModelRunner) -> dict:
 # expert's intermediate dimension
 KINDS = {
     "llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}, "gemma2": {}, "gemma3": {"vocab_size": 601},
-    "qwen3_moe": {}, "mixtral": {}, "qwen2_moe": {},
+    "qwen3_moe": {}, "mixtral": {}, "qwen2_moe": {}, "phi4_partial": {},  # phi4_partial: fused qkv, gate_up split per rank
 }
 
 
