@@ -85,7 +85,9 @@ def test_gemma3_4b_details(tmp_path):
         "Gemma3ForConditionalGeneration", "gemma3", (1, 106), "bfloat16"
     )
     assert [i for i, local in enumerate(cfg.local_layers) if not local] == [5, 11, 17, 23, 29]  # pattern 6
-    assert cfg.rope_scaling == RopeScaling("linear", 8.0, original_max_position_embeddings=131072)
+    assert cfg.rope_scaling == RopeScaling(
+        "linear", 8.0, original_max_position_embeddings=131072, max_position_embeddings=131072
+    )
 
 
 def test_fixture_checkpoints(tmp_path):
