@@ -8,28 +8,15 @@ from __future__ import annotations
 import torch
 
 from zserve.common.model_config import ModelConfig
-from zserve.model_proc.checkpoint import Checkpoint
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
 from zserve.model_proc.layers.norm import GemmaRMSNorm
 from zserve.model_proc.layers.rotary import RotaryEmbedding
 from zserve.model_proc.models.gemma2 import Gemma2ForCausalLM
-from zserve.model_proc.models.llama import LlamaAttention
+from zserve.model_proc.models.qwen3 import Qwen3Attention
 
 
-class Gemma3Attention(LlamaAttention):
-    def __init__(self, cfg: ModelConfig, layer_idx: int, tp_rank: int, tp_size: int):
-        super().__init__(cfg, layer_idx, tp_rank, tp_size)
-        self.q_norm = GemmaRMSNorm(cfg.head_dim, cfg.norm_eps)
-        self.k_norm = GemmaRMSNorm(cfg.head_dim, cfg.norm_eps)
-
-    def norm_qk(self, qk: torch.Tensor) -> torch.Tensor:
-        h = self.num_heads  # qk [T, h + kvh, d]
-        return torch.cat((self.q_norm(qk[:, :h]), self.k_norm(qk[:, h:])), dim=1)
-
-    def load(self, ckpt: Checkpoint, prefix: str) -> None:
-        super().load(ckpt, prefix)
-        self.q_norm.load(ckpt, f"{prefix}.q_norm.weight")
-        self.k_norm.load(ckpt, f"{prefix}.k_norm.weight")
+class Gemma3Attention(Qwen3Attention):
+    qk_norm_cls = GemmaRMSNorm
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
