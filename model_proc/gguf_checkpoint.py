@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
 from zserve.common.gguf_source import gguf_source
 from zserve.model_proc.checkpoint import Checkpoint
 from zserve.model_proc.gguf_blocks import STORED_TYPES, decode
@@ -76,7 +77,7 @@ def open_checkpoint(model_dir: str | Path, show_progress: bool = False, quantiza
     return GGUFCheckpoint(model_dir, source, show_progress=show_progress, quantization=quantization)
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, block_names: dict[str, str] = GGUF_TO_HF) -> str | None:
     """The Hugging Face name of a GGUF tensor (None for one we do not load)."""
     if gguf_name in SKIPPED:
         return None
@@ -84,9 +85,9 @@ def hf_name(gguf_name: str) -> str | None:
     if base in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[base]}.{kind}"
     m = BLOCK_NAME.fullmatch(gguf_name)
-    if m is None or m.group(2) not in GGUF_TO_HF:
+    if m is None or m.group(2) not in block_names:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no Llama/Qwen counterpart")
-    return f"model.layers.{m.group(1)}.{GGUF_TO_HF[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{block_names[m.group(2)]}.{m.group(3)}"
 
 
 def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -106,13 +107,15 @@ class GGUFCheckpoint(Checkpoint):
         self.gguf_file, self.quantization = gguf_file, quantization
         self._gguf = gguf
         self._reader = gguf.GGUFReader(str(gguf_file))
-        self._tensors = {}
-        for t in self._reader.tensors:
-            name = hf_name(t.name)
-            if name is not None:
-                self._tensors[name] = t
         field = self._reader.fields.get("general.architecture")
         self.architecture = str(field.contents()) if field is not None else ""
+        self._gemma = self.architecture in GEMMA_GGUF_ARCHITECTURES  # norms stored as 1 + w (common/gguf_gemma.py)
+        block_names = {**GGUF_TO_HF, **GEMMA_GGUF_TO_HF} if self._gemma else GGUF_TO_HF
+        self._tensors = {}
+        for t in self._reader.tensors:
+            name = hf_name(t.name, block_names)
+            if name is not None:
+                self._tensors[name] = t
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
         self._num_heads = int(config["num_attention_heads"])
         self._num_kv_heads = int(config.get("num_key_value_heads") or self._num_heads)
@@ -169,6 +172,8 @@ class GGUFCheckpoint(Checkpoint):
         else:
             tensor = torch.from_numpy(self._gguf.quants.dequantize(t.data, t.tensor_type))
         tensor = tensor.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGML lists dims innermost first
+        if self._gemma and is_shifted_norm(name):
+            tensor = tensor - NORM_SHIFT  # exact in fp32 for stored values in [0.5, 2] (Sterbenz)
         return self._unpermute(name, tensor)
 
     def _check_shape(self, name: str, shape: tuple[int, ...], expected_shape: tuple[int, ...]) -> None:
