@@ -67,7 +67,6 @@ def _build(gguf_file: Path, out_dir: Path, with_tokenizer: bool) -> None:
 
 def _write_config(gguf_file: Path, out_dir: Path) -> None:
     import gguf
-    from transformers import AutoConfig
 
     fields = gguf.GGUFReader(str(gguf_file)).fields
     arch = str(fields["general.architecture"].contents())
