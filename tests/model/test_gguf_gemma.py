@@ -10,9 +10,10 @@ fp32 on CPU:
     (--quantization none), kept as int8 (--quantization int8) and as stored blocks
     (--quantization gguf, exact torch GEMM).
 
-The fixtures keep what llama.cpp derives: query_pre_attn_scalar = head_dim, and Gemma 3 on its
-default pattern (6 layers: 5 sliding over 8 tokens, then a global one), so the metadata alone
-rebuilds them; prompts are longer than the window.
+The fixtures keep what llama.cpp derives (query_pre_attn_scalar = head_dim), so the metadata alone
+rebuilds them; their 4 layers alternate sliding (8 tokens, shorter than the prompts) and global,
+which for Gemma 3 (default: every 6th layer global) the file states in
+attention.sliding_window_pattern.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ NEW_TOKENS = 16
 PROMPT_LENS = (1, 7, 23)
 LLAMA_CPP_LAYOUT = {  # what llama.cpp derives from a Gemma GGUF, so the source is what the file describes
     "gemma2": dict(query_pre_attn_scalar=24),
-    "gemma3": dict(query_pre_attn_scalar=24, num_hidden_layers=6, layer_types=None),
+    "gemma3": dict(query_pre_attn_scalar=24),
 }
 
 
