@@ -1,4 +1,4 @@
-"""Read a Llama/Qwen2/Qwen3 GGUF file's tensors by their Hugging Face names.
+"""Read a Llama/Qwen2/Qwen3 (and Gemma 2/3: common/gguf_gemma.py) GGUF file's tensors by their HF names.
 
 The launcher turns `--model X.gguf` into a small directory (launcher/gguf_model_dir.py) whose
 `gguf_source.json` names the file (common/gguf_source.py); `open_checkpoint` picks this reader
