@@ -1,4 +1,4 @@
-"""Read a Llama/Qwen2/Qwen3/Phi-3 GGUF file's tensors by their Hugging Face names.
+"""Read a Llama/Qwen2/Qwen3/Phi-3 (and Gemma 2/3: common/gguf_gemma.py) GGUF file's tensors by their HF names.
 
 The launcher turns `--model X.gguf` into a small directory (launcher/gguf_model_dir.py) whose
 `gguf_source.json` names the file (common/gguf_source.py); `open_checkpoint` picks this reader
@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
 from zserve.common.gguf_source import gguf_source
 from zserve.model_proc.checkpoint import Checkpoint
 from zserve.model_proc.gguf_blocks import STORED_TYPES, decode
@@ -64,6 +65,10 @@ GGUF_TO_HF = {  # blk.N.<key> -> model.layers.N.<value>
 }
 # phi3 (llama.cpp's converter): q/k/v fused, and ffn_up holds gate and up stacked (gate first)
 PHI3_TO_HF = {**GGUF_TO_HF, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+# a GGUF architecture's block tensor names, where they differ from llama's
+BLOCK_NAMES_BY_ARCH = {
+    "phi3": PHI3_TO_HF, **{arch: {**GGUF_TO_HF, **GEMMA_GGUF_TO_HF} for arch in GEMMA_GGUF_ARCHITECTURES},
+}
 BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # rope scaling factors (llama 3's, phi3's longrope): config.json carries them (launcher/gguf_model_dir.py)
 SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
@@ -79,18 +84,17 @@ def open_checkpoint(model_dir: str | Path, show_progress: bool = False, quantiza
     return GGUFCheckpoint(model_dir, source, show_progress=show_progress, quantization=quantization)
 
 
-def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
+def hf_name(gguf_name: str, block_names: dict[str, str] = GGUF_TO_HF) -> str | None:
     """The Hugging Face name of a GGUF tensor (None for one we do not load)."""
     if gguf_name in SKIPPED:
         return None
     base, _, kind = gguf_name.rpartition(".")
     if base in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[base]}.{kind}"
-    names = PHI3_TO_HF if architecture == "phi3" else GGUF_TO_HF
     m = BLOCK_NAME.fullmatch(gguf_name)
-    if m is None or m.group(2) not in names:
+    if m is None or m.group(2) not in block_names:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no Llama/Qwen counterpart")
-    return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{block_names[m.group(2)]}.{m.group(3)}"
 
 
 def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -112,9 +116,11 @@ class GGUFCheckpoint(Checkpoint):
         self._reader = gguf.GGUFReader(str(gguf_file))
         field = self._reader.fields.get("general.architecture")
         self.architecture = str(field.contents()) if field is not None else ""
+        self._gemma = self.architecture in GEMMA_GGUF_ARCHITECTURES  # norms stored as 1 + w (common/gguf_gemma.py)
+        block_names = BLOCK_NAMES_BY_ARCH.get(self.architecture, GGUF_TO_HF)
         self._tensors = {}
         for t in self._reader.tensors:
-            name = hf_name(t.name, self.architecture)
+            name = hf_name(t.name, block_names)
             if name is not None:
                 self._tensors[name] = t
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
@@ -173,6 +179,8 @@ class GGUFCheckpoint(Checkpoint):
         else:
             tensor = torch.from_numpy(self._gguf.quants.dequantize(t.data, t.tensor_type))
         tensor = tensor.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGML lists dims innermost first
+        if self._gemma and is_shifted_norm(name):
+            tensor = tensor - NORM_SHIFT  # exact in fp32 for stored values in [0.5, 2] (Sterbenz)
         return self._unpermute(name, tensor)
 
     def _check_shape(self, name: str, shape: tuple[int, ...], expected_shape: tuple[int, ...]) -> None:
