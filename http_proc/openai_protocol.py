@@ -348,11 +348,12 @@ class ChatCompletionRequest(SamplingRequest):
         if parser is None:
             return None
         if parser.thinks(self.chat_template_kwargs) and self.grammar_fields():
-            what = "tool_choice required or a named function" if self.forced_tool_choice else "response_format"
+            field = "tool_choice" if self.forced_tool_choice else "regex" if self.regex else "ebnf" if self.ebnf else (
+                "response_format")
             raise ApiError(
-                400, f"{what} cannot be combined with thinking (--reasoning-parser {parser.kind}): the grammar would "
+                400, f"{field} cannot be combined with thinking (--reasoning-parser {parser.kind}): its grammar would "
                 "constrain the thinking; send chat_template_kwargs {\"enable_thinking\": false} (qwen3)",
-                param="tool_choice" if self.forced_tool_choice else "response_format",
+                param=field,
             )
         if not self.separate_reasoning:
             return None
