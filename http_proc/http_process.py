@@ -36,10 +36,10 @@ from zserve.common.transport import Addresses, push
 from zserve.http_proc.health_monitor import HealthMonitor
 from zserve.http_proc.http_app import build_app
 from zserve.http_proc.http_state import HttpState
+from zserve.http_proc.reasoning_parser import ReasoningParser
 from zserve.http_proc.request_gate import WILDCARD_HOSTS, GatePolicy
 from zserve.http_proc.server_info import ServerInfo
 from zserve.http_proc.server_metrics import ServerMetrics
-from zserve.http_proc.reasoning_parser import ReasoningParser
 from zserve.http_proc.tool_call_parser import ToolCallParser
 from zserve.http_proc.unknown_fields import UnknownFieldPolicy
 

@@ -3,8 +3,9 @@
 A body (decoded from msgpack, so only plain values, and untrusted) has exactly one of
   prompt: str | input_ids: list[int] | messages: list[{role, content}]
 plus an optional `sampling` dict of SamplingParams fields (and, with messages, `tools`,
-`continue_final_message` and `chat_template_kwargs`: more variables for the chat template). Anything wrong raises ValueError with
-a message fit to send back to the client as the request's error; nothing is dropped silently.
+`continue_final_message` and `chat_template_kwargs`: more variables for the chat template).
+Anything wrong raises ValueError with a message fit to send back to the client as the request's
+error; nothing is dropped silently.
 
 prompt + max_tokens must fit the context (the model's, or less with --context-length): a request
 that asks for more is refused at once, naming both numbers, as vLLM does. Without max_tokens it
@@ -97,7 +98,7 @@ class RequestValidator:
         if kind != "messages" and body.get("continue_final_message"):
             raise ValueError("continue_final_message continues a chat's last message: it needs messages, not a prompt")
         if kind != "messages" and body.get("chat_template_kwargs"):
-            raise ValueError("chat_template_kwargs are variables of the chat template: they need messages, not a prompt")
+            raise ValueError("chat_template_kwargs are chat template variables: they need messages, not a prompt")
         if kind == "prompt":
             input_ids = self._encode_prompt(body["prompt"])
         elif kind == "input_ids":
