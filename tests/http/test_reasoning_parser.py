@@ -169,3 +169,12 @@ def test_a_grammar_with_thinking_on_is_refused_and_allowed_with_thinking_off(fie
         chat(**fields, chat_template_kwargs=OFF).reasoning(R1)  # deepseek-r1 always thinks
     assert chat(**fields, chat_template_kwargs=OFF).reasoning(QWEN3) == ReasoningOptions(QWEN3, OFF)
     assert chat(**fields).reasoning(None) is None  # no parser: as before
+
+
+def test_the_flag_takes_vllms_and_sglangs_spellings():
+    from zserve.launcher.cli import build_parser
+
+    parser = build_parser()
+    assert [parser.parse_args(["--reasoning-parser", name]).reasoning_parser
+            for name in ("qwen3", "deepseek-r1", "deepseek_r1")] == ["qwen3", "deepseek-r1", "deepseek-r1"]
+    assert parser.parse_args([]).reasoning_parser == "none"
