@@ -127,6 +127,7 @@ class HttpSection:
     allowed_origins: str = ""
     strict_requests: bool = False
     watchdog_timeout_s: float = 300.0
+    reasoning_parser: str = "none"  # qwen3 | deepseek-r1: chat answers' <think>...</think> as reasoning_content
 
 
 @dataclass(frozen=True)

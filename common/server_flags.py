@@ -396,6 +396,15 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         above=0.0,
         peer_note='SGLang --watchdog-timeout (default 300 s; it kills the server instead)',
     ),
+    'reasoning_parser': FlagSpec(
+        "HTTP chat: a reasoning model's thinking (<think>...</think>) split from the answer into "
+        'message.reasoning_content (streamed: delta.reasoning_content): qwen3 (thinking unless the request '
+        'sends chat_template_kwargs enable_thinking false) or deepseek-r1 (always thinking); none keeps it '
+        'in content (http_proc/reasoning_parser.py)',
+        choices=('none', 'qwen3', 'deepseek-r1'),
+        value_aliases={'deepseek_r1': 'deepseek-r1'},
+        peer_note="vLLM --reasoning-parser (qwen3, deepseek_r1); SGLang --reasoning-parser (qwen3, deepseek-r1)",
+    ),
     # FleetSection
     'dp_size': FlagSpec(
         'data-parallel replicas: N whole servers on this machine, each pinned to its own cores (the '

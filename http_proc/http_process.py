@@ -36,6 +36,7 @@ from zserve.common.transport import Addresses, push
 from zserve.http_proc.health_monitor import HealthMonitor
 from zserve.http_proc.http_app import build_app
 from zserve.http_proc.http_state import HttpState
+from zserve.http_proc.reasoning_parser import ReasoningParser
 from zserve.http_proc.request_gate import WILDCARD_HOSTS, GatePolicy
 from zserve.http_proc.server_info import ServerInfo
 from zserve.http_proc.server_metrics import ServerMetrics
@@ -92,7 +93,8 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
             )
             state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate,
                               tool_parser=ToolCallParser.for_format(facts.tool_call_format),  # the chat template's
-                              unknown_fields=UnknownFieldPolicy(strict=cfg.strict_requests), server_info=info)
+                              unknown_fields=UnknownFieldPolicy(strict=cfg.strict_requests), server_info=info,
+                              reasoning_parser=ReasoningParser.of(cfg.reasoning_parser))
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

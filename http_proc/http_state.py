@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from zserve.client.async_client import AsyncClient
 from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.health_monitor import HealthMonitor
+from zserve.http_proc.reasoning_parser import ReasoningParser
 from zserve.http_proc.request_gate import GatePolicy
 from zserve.http_proc.server_info import ServerInfo
 from zserve.http_proc.server_metrics import ServerMetrics
@@ -29,6 +30,7 @@ class HttpState:
     health: HealthMonitor
     gate: GatePolicy
     tool_parser: ToolCallParser | None = None  # the chat template's tool-call format (ModelFacts), when zserve knows it
+    reasoning_parser: ReasoningParser | None = None  # --reasoning-parser: chat answers' thinking split out
     # ignored and logged, or refused (--strict-requests)
     unknown_fields: UnknownFieldPolicy = field(default_factory=UnknownFieldPolicy)
     created_s: int = field(default_factory=lambda: int(time.time()))

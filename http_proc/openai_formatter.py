@@ -3,6 +3,8 @@
 Completions: object "text_completion", choices [{index, text, finish_reason, logprobs}].
 Chat: object "chat.completion" / "chat.completion.chunk", choices [{index, message | delta,
 finish_reason, logprobs}]; each streamed choice starts with a {"role": "assistant"} delta.
+With a reasoning parser (http_proc/reasoning_parser.py) the thinking is `message.reasoning_content`
+(streamed: `delta.reasoning_content`), the rest `content`, and tool calls are parsed from the content.
 usage: prompt tokens counted once per prompt (not per copy of n), completion tokens summed,
 cached prompt tokens in prompt_tokens_details.
 """
@@ -23,6 +25,7 @@ from zserve.http_proc.logprob_format import (
     with_texts,
 )
 from zserve.http_proc.openai_protocol import SubRequest
+from zserve.http_proc.reasoning_parser import ReasoningOptions, ReasoningSplit
 from zserve.http_proc.request_group import ChoiceEvent
 from zserve.http_proc.tool_call_parser import ToolCallParser
 from zserve.http_proc.tool_choice import ForcedToolChoice
@@ -53,13 +56,19 @@ class OpenAIFormatter:
         self, is_chat: bool, model_name: str, include_usage: bool = False, req_id: int | None = None,
         wants_logprobs: bool = False, tool_parser: ToolCallParser | ForcedToolChoice | None = None,
         echoes: dict[int, str | None] | None = None, prompt_only: bool = False,
+        reasoning: ReasoningOptions | None = None,
     ):
         """`req_id`: the request's id in the server's logs, which the OpenAI `id` then carries.
         `wants_logprobs`: the request asked for logprobs (their token texts come with the results).
         `echoes`: completions' echo, each choice's prompt text, which its text starts with; None for
         a prompt of token ids, whose text the server sends (the result's prompt_text).
-        `prompt_only`: echo with max_tokens 0; the token generated is dropped from every answer."""
+        `prompt_only`: echo with max_tokens 0; the token generated is dropped from every answer.
+        `reasoning`: chat with a reasoning parser: the thinking is split from the content."""
         self.prompt_only = prompt_only
+        self.reasoning = reasoning
+        self._splits: dict[int, ReasoningSplit] = {}  # streamed choices' reasoning splits
+        self._contents: dict[int, str] = {}  # with a reasoning parser: each streamed choice's content so far
+        self._thoughts: dict[int, str] = {}  # stream_reasoning false: each choice's thinking not yet sent
         self.wants_logprobs = wants_logprobs
         self.tool_parser = tool_parser  # chat with tools: the answer's calls become tool_calls
         self.echoes = echoes
@@ -101,10 +110,15 @@ class OpenAIFormatter:
         result = event.result
         start = len(result.output_ids) - len(event.new_ids)
         logprobs = self._logprobs(result, start, len(result.output_ids), len(result.text) - len(event.delta))
-        if self.is_chat and self.tool_parser is not None:
-            return self._tool_chunk(event.choice_idx, result, logprobs)
         if self.is_chat:
-            delta = {"content": event.delta} if event.delta else {}
+            thought, content, content_delta = self._streamed_split(event)
+            if self.tool_parser is not None:
+                return self._tool_chunk(event.choice_idx, content, finish_reason, logprobs, thought)
+            delta = {"reasoning_content": thought} if thought else {}
+            if content_delta:
+                delta["content"] = content_delta
+            if not delta and finish_reason is None and logprobs is None:
+                return None
             choice = {"index": event.choice_idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}
             return self._chunk([choice])
         text = event.delta
@@ -156,12 +170,18 @@ class OpenAIFormatter:
     def _choice(self, idx: int, result: GenerateResult) -> dict[str, Any]:
         logprobs = self._logprobs(result, 0, len(result.output_ids), 0)
         if self.is_chat:
-            message: dict[str, Any] = {"role": "assistant", "content": result.text}
+            text, thought = result.text, None
+            if self.reasoning is not None:  # as vLLM: empty parts are null
+                thought, text = self.reasoning.splitter().split(result.text)
+                thought, text = thought or None, text or None
+            message: dict[str, Any] = {"role": "assistant", "content": text}
+            if self.reasoning is not None:
+                message["reasoning_content"] = thought
             finish_reason = result.finish_reason
-            if self.tool_parser is not None:
-                content, calls = self.tool_parser.parse(result.text)
+            if self.tool_parser is not None and text is not None:
+                content, calls = self.tool_parser.parse(text)
                 if calls:
-                    message = {"role": "assistant", "content": content, "tool_calls": calls}
+                    message = {**message, "content": content, "tool_calls": calls}
                     finish_reason = "tool_calls"
             return {"index": idx, "message": message, "logprobs": logprobs, "finish_reason": finish_reason}
         echo = self._echo(idx, result) if self.echoes is not None else ""
@@ -187,27 +207,48 @@ class OpenAIFormatter:
         echo = self.echoes[idx]
         return echo if echo is not None else result.prompt_text or ""
 
-    def _tool_chunk(self, idx: int, result: GenerateResult, logprobs: dict[str, Any] | None) -> bytes | None:
-        """A streamed chat choice with tools: content as far as no call may begin; at the end the
-        rest of the content and the calls, each call whole in one delta."""
+    def _streamed_split(self, event: ChoiceEvent) -> tuple[str, str, str]:
+        """(thinking to send, the content so far (with a tool parser), its new part) of a streamed
+        chat event; without a reasoning parser, no thinking and the whole text content."""
+        if self.reasoning is None:
+            return "", event.result.text, event.delta
+        idx = event.choice_idx
+        split = self._splits.setdefault(idx, self.reasoning.splitter())
+        thought, content = split.feed(event.delta)
+        if event.result.finish_reason is not None:
+            more_thought, more_content = split.finish()
+            thought, content = thought + more_thought, content + more_content
+        if not self.reasoning.stream_reasoning:  # held until the thinking ends (or the answer does)
+            thought = self._thoughts.get(idx, "") + thought
+            done = not split.thinking or event.result.finish_reason is not None
+            self._thoughts[idx], thought = ("", thought) if done else (thought, "")
+        if self.tool_parser is not None:  # (kept only where needed: the tool parser reads the whole content)
+            self._contents[idx] = self._contents.get(idx, "") + content
+        return thought, self._contents.get(idx, ""), content
+
+    def _tool_chunk(
+        self, idx: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None, thought: str = "",
+    ) -> bytes | None:
+        """A streamed chat choice with tools: content (`text`, the answer's so far) as far as no call
+        may begin; at the end the rest of the content and the calls, each call whole in one delta.
+        `thought`: thinking to send first (a reasoning parser's)."""
         sent = self._streamed.get(idx, 0)
-        delta: dict[str, Any] = {}
-        finish_reason = result.finish_reason
+        delta: dict[str, Any] = {"reasoning_content": thought} if thought else {}
         if finish_reason is None:
-            safe = self.tool_parser.safe_prefix_len(result.text)
+            safe = self.tool_parser.safe_prefix_len(text)
             if safe > sent:
-                delta["content"] = result.text[sent:safe]
+                delta["content"] = text[sent:safe]
                 self._streamed[idx] = safe
         else:
-            content, calls = self.tool_parser.parse(result.text)
+            content, calls = self.tool_parser.parse(text)
             if calls:
-                rest = (content or "")[sent:] if content and content.startswith(result.text[:sent]) else ""
+                rest = (content or "")[sent:] if content and content.startswith(text[:sent]) else ""
                 if rest:
                     delta["content"] = rest
                 delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
                 finish_reason = "tool_calls"
-            elif len(result.text) > sent:
-                delta["content"] = result.text[sent:]
+            elif len(text) > sent:
+                delta["content"] = text[sent:]
         if not delta and finish_reason is None and logprobs is None:
             return None
         return self._chunk([{"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])

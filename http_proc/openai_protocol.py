@@ -20,6 +20,7 @@ from typing import Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.reasoning_parser import ReasoningOptions, ReasoningParser
 from zserve.http_proc.tool_call_parser import ToolCallParser
 from zserve.http_proc.tool_choice import ForcedToolChoice
 from zserve.http_proc.unknown_fields import field_path
@@ -282,6 +283,11 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None  # false: at most one call in the answer
     # the last (assistant) message is continued, its turn left open (vLLM's, SGLang's)
     continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None  # more chat template variables (Qwen3's enable_thinking)
+    # with --reasoning-parser (SGLang's): false keeps the thinking in content; stream_reasoning false sends
+    # the thinking in one delta once it ends
+    separate_reasoning: bool = True
+    stream_reasoning: bool = True
 
     def sub_requests(self) -> list[SubRequest]:
         """Without max_tokens (or max_completion_tokens) a chat may generate until the context is
@@ -302,6 +308,8 @@ class ChatCompletionRequest(SamplingRequest):
         prompt = {"messages": messages, **({"tools": self.tool_dicts} if self.tools else {})}
         if self.continue_final_message:
             prompt["continue_final_message"] = True
+        if self.chat_template_kwargs:
+            prompt["chat_template_kwargs"] = self.chat_template_kwargs
         return self.expand([prompt], max_tokens)
 
     @cached_property
@@ -332,6 +340,24 @@ class ChatCompletionRequest(SamplingRequest):
         if self.forced_tool_choice is not None:
             return self.forced_tool_choice
         return template_parser if template_parser is None or self.parallel else template_parser.single_call()
+
+    def reasoning(self, parser: ReasoningParser | None) -> ReasoningOptions | None:
+        """How the answer's thinking is split (the server's --reasoning-parser; None without one, or
+        with separate_reasoning false). A grammar (response_format, regex, ebnf, tool_choice required
+        or named) would constrain the thinking from its first token: with the thinking on, a 400."""
+        if parser is None:
+            return None
+        if parser.thinks(self.chat_template_kwargs) and self.grammar_fields():
+            field = "tool_choice" if self.forced_tool_choice else "regex" if self.regex else "ebnf" if self.ebnf else (
+                "response_format")
+            raise ApiError(
+                400, f"{field} cannot be combined with thinking (--reasoning-parser {parser.kind}): its grammar would "
+                "constrain the thinking; send chat_template_kwargs {\"enable_thinking\": false} (qwen3)",
+                param=field,
+            )
+        if not self.separate_reasoning:
+            return None
+        return ReasoningOptions(parser, self.chat_template_kwargs, self.stream_reasoning)
 
     def grammar_fields(self) -> dict[str, Any]:
         forced = self.forced_tool_choice

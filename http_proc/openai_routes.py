@@ -66,9 +66,11 @@ async def serve(
         echoes = {s.choice_idx: s.prompt.get("prompt") for s in subs}
     group = RequestGroup(state.client, subs, state.metrics, state.health)
     tool_parser = body.tool_parser(state.tool_parser) if is_chat else None
+    reasoning = body.reasoning(state.reasoning_parser) if is_chat else None
     formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id, body.wants_logprobs,
                                 tool_parser, echoes,
-                                prompt_only=isinstance(body, CompletionRequest) and body.scores_prompt_only)
+                                prompt_only=isinstance(body, CompletionRequest) and body.scores_prompt_only,
+                                reasoning=reasoning)
     if not body.stream:
         results = await until_disconnect(request, group.run())
         return JSONResponse(formatter.body(subs, results), headers=group.headers)

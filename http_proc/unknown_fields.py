@@ -10,8 +10,8 @@ The request models keep undeclared fields aside (pydantic `extra="allow"`, in `m
 this walks the parsed body, nested models in lists included, to find them.
 
 SGLang's own request fields that change nothing here (SGLANG_IGNORED_FIELDS: sglang-router 0.3.2
-adds several to every request it forwards, e.g. `separate_reasoning`, `return_hidden_states`,
-`log_metrics`) are not unknown: they are accepted, also under --strict-requests, and noted once
+adds several to every request it forwards, e.g. `return_hidden_states`, `log_metrics`) are not
+unknown: they are accepted, also under --strict-requests, and noted once
 per name at INFO, so a router's traffic does not fill the log with warnings.
 """
 
@@ -33,8 +33,9 @@ FieldPath = tuple[str | int, ...]  # ("tools", 0, "function") is tools[0].functi
 
 # Named as `field_name` joins a path: "sampling_params.x" is x inside /generate's sampling_params.
 SGLANG_IGNORED_FIELDS = frozenset((
-    # /v1/chat/completions and /v1/completions (sglang-router 0.3.2 sends the first three on every chat request)
-    "separate_reasoning", "stream_reasoning", "return_hidden_states", "chat_template_kwargs", "lora_path",
+    # /v1/chat/completions and /v1/completions (sglang-router 0.3.2 sends return_hidden_states on every chat
+    # request, and separate_reasoning, stream_reasoning and chat_template_kwargs, which the chat route honours)
+    "return_hidden_states", "lora_path",
     "session_params", "rid", "bootstrap_host", "bootstrap_port", "bootstrap_room", "data_parallel_rank",
     "custom_logit_processor", "custom_params", "priority",
     # /generate, SGLang's shape (sglang-router 0.3.2 sends model, log_metrics ... return_entropy on every request)

@@ -32,6 +32,9 @@ import jinja2.sandbox
 import jinja2.utils
 
 CONTINUE_MARKER = "CONTINUE_FINAL_MESSAGE_TAG "  # transformers' own marker, so renders match it
+# The variables the render sets itself: a request's chat_template_kwargs may not name them.
+RESERVED_VARIABLES = frozenset(("messages", "tools", "documents", "add_generation_prompt", "continue_final_message",
+                                "chat_template", "tokenize"))
 
 class ChatTemplateError(ValueError):
     """The template refused the conversation (e.g. `raise_exception('roles must alternate')`);
@@ -61,11 +64,13 @@ class ChatTemplate:
     def render(
         self, messages: list[dict[str, Any]], *, add_generation_prompt: bool, special_tokens: dict[str, str],
         max_chars: int | None = None, timeout_s: float | None = None, tools: list[dict[str, Any]] | None = None,
-        continue_final_message: bool = False,
+        continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """Render a conversation (with `tools`, the function definitions a tool-calling template lists).
         `special_tokens` are the template variables transformers passes from the tokenizer's special
-        tokens map (`bos_token`, `eos_token`, ...).
+        tokens map (`bos_token`, `eos_token`, ...). `template_kwargs`: more variables (a request's
+        chat_template_kwargs, e.g. Qwen3's `enable_thinking`), as transformers' `**kwargs` pass them;
+        they may override a special token, not a RESERVED_VARIABLES name (ValueError).
         `continue_final_message`: the text ends inside the last message, right after its content
         (its turn is left open, for the model to continue), as transformers does it: a marker is
         appended to that content and the render is cut where the marker lands.
@@ -79,16 +84,20 @@ class ChatTemplate:
             if not chat or not isinstance(chat[-1].get("content"), str):
                 raise ChatTemplateError("continue_final_message needs a last message with text content to continue")
             chat[-1] = {**chat[-1], "content": chat[-1]["content"] + CONTINUE_MARKER}
-        text = self._render_bounded(chat, add_generation_prompt, special_tokens, max_chars, timeout_s, tools)
+        reserved = sorted(RESERVED_VARIABLES.intersection(template_kwargs or {}))
+        if reserved:
+            raise ValueError(f"chat_template_kwargs cannot set {reserved[0]!r}: the server sets it")
+        variables = {**special_tokens, **(template_kwargs or {})}
+        text = self._render_bounded(chat, add_generation_prompt, variables, max_chars, timeout_s, tools)
         return _cut_at_marker(text, messages[-1]["content"]) if continue_final_message else text
 
     def _render_bounded(
-        self, chat: list[dict[str, Any]], add_generation_prompt: bool, special_tokens: dict[str, str],
+        self, chat: list[dict[str, Any]], add_generation_prompt: bool, extra_variables: dict[str, Any],
         max_chars: int | None, timeout_s: float | None, tools: list[dict[str, Any]] | None,
     ) -> str:
         variables = dict(
             messages=chat, tools=tools or None, documents=None, add_generation_prompt=add_generation_prompt,
-            **special_tokens,
+            **extra_variables,
         )
         parts: list[str] = []
         num_chars = 0

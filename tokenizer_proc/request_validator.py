@@ -2,9 +2,10 @@
 
 A body (decoded from msgpack, so only plain values, and untrusted) has exactly one of
   prompt: str | input_ids: list[int] | messages: list[{role, content}]
-plus an optional `sampling` dict of SamplingParams fields (and, with messages, `tools` and
-`continue_final_message`). Anything wrong raises ValueError with
-a message fit to send back to the client as the request's error; nothing is dropped silently.
+plus an optional `sampling` dict of SamplingParams fields (and, with messages, `tools`,
+`continue_final_message` and `chat_template_kwargs`: more variables for the chat template).
+Anything wrong raises ValueError with a message fit to send back to the client as the request's
+error; nothing is dropped silently.
 
 prompt + max_tokens must fit the context (the model's, or less with --context-length): a request
 that asks for more is refused at once, naming both numbers, as vLLM does. Without max_tokens it
@@ -28,7 +29,7 @@ from zserve.common.sampling_params import SamplingParams
 from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
-BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n", "tools", "continue_final_message"))
+BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n", "tools", "continue_final_message", "chat_template_kwargs"))
 MESSAGE_KEYS = frozenset(("role", "content", "name", "tool_calls", "tool_call_id"))
 ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
 
@@ -96,13 +97,16 @@ class RequestValidator:
         kind = given[0]
         if kind != "messages" and body.get("continue_final_message"):
             raise ValueError("continue_final_message continues a chat's last message: it needs messages, not a prompt")
+        if kind != "messages" and body.get("chat_template_kwargs"):
+            raise ValueError("chat_template_kwargs are chat template variables: they need messages, not a prompt")
         if kind == "prompt":
             input_ids = self._encode_prompt(body["prompt"])
         elif kind == "input_ids":
             input_ids = self._check_ids(body["input_ids"])
         else:
             input_ids = self._encode_messages(body["messages"], self._check_tools(body.get("tools")),
-                                              self._check_continue(body.get("continue_final_message", False)))
+                                              self._check_continue(body.get("continue_final_message", False)),
+                                              _check_template_kwargs(body.get("chat_template_kwargs")))
 
         if not input_ids:
             raise ValueError("the prompt is empty after tokenization")
@@ -159,6 +163,7 @@ class RequestValidator:
 
     def _encode_messages(
         self, messages: Any, tools: list[dict] | None = None, continue_final: bool = False,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError("messages must be a non-empty list of {role, content} objects")
@@ -202,6 +207,7 @@ class RequestValidator:
         return self.tokenizer.encode_chat(
             list(messages), add_generation_prompt=not continue_final, max_chars=self.max_prompt_chars,
             timeout_s=LIMITS.render_timeout_s, tools=tools, continue_final_message=continue_final,
+            template_kwargs=template_kwargs,
         )
 
     def _check_text_len(self, num_chars: int) -> None:
@@ -216,6 +222,18 @@ def _name(value: Any) -> str:
     """A client's key or value in an error message, cut short."""
     text = value if isinstance(value, str) else repr(value)
     return repr(text[:64] + "...") if len(text) > 64 else repr(text) if isinstance(value, str) else text
+
+
+def _check_template_kwargs(value: Any) -> dict[str, Any] | None:
+    """`chat_template_kwargs`: an object of template variables, bounded like `tools` (the render
+    itself refuses a name it sets: ChatTemplate.render)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ValueError(f"chat_template_kwargs must be an object of template variables, got {type(value).__name__}")
+    if len(json.dumps(value)) > LIMITS.max_tools_json_chars:
+        raise ValueError(f"chat_template_kwargs is more than {LIMITS.max_tools_json_chars} characters of JSON")
+    return value
 
 
 def _check_tool_calls(message: dict, idx: int) -> int:

@@ -115,7 +115,7 @@ class TextTokenizer:
     def apply_chat_template(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
         max_chars: int | None = None, timeout_s: float | None = None, tools: list[dict[str, Any]] | None = None,
-        continue_final_message: bool = False,
+        continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
     ) -> str:
         """Render `messages` with the model's default chat template. Raises ValueError (fit for
         the client) when the model has none or the template rejects the conversation, fails on
@@ -124,17 +124,19 @@ class TextTokenizer:
         return self._chat_template().render(
             messages, add_generation_prompt=add_generation_prompt, special_tokens=self.special_tokens,
             max_chars=max_chars, timeout_s=timeout_s, tools=tools, continue_final_message=continue_final_message,
+            template_kwargs=template_kwargs,
         )
 
     def encode_chat(
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
         max_chars: int | None = None, timeout_s: float | None = None, tools: list[dict[str, Any]] | None = None,
-        continue_final_message: bool = False,
+        continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Same ids as transformers' `apply_chat_template(messages, tokenize=True)`: the rendered
         text encoded without adding special tokens, since the template writes its own BOS."""
         text = self.apply_chat_template(messages, add_generation_prompt, max_chars=max_chars, timeout_s=timeout_s,
-                                        tools=tools, continue_final_message=continue_final_message)
+                                        tools=tools, continue_final_message=continue_final_message,
+                                        template_kwargs=template_kwargs)
         return self.encode(text, add_special_tokens=False)
 
     def _chat_template(self) -> ChatTemplate:
