@@ -215,3 +215,34 @@ def type_of(weight_type: str, gguf_tensor_name: str) -> str:
         return weight_type
     key = gguf_tensor_name.split(".")[-2] if gguf_tensor_name.startswith("blk.") else gguf_tensor_name.split(".")[0]
     return Q4_K_M_MIX.get(key, "Q4_K")
+
+
+def dequantized_hf_dir(model_dir: str | Path, gguf_file: str | Path, out_dir: str | Path) -> Path:
+    """A copy of `model_dir` whose weights are the GGUF file's, dequantized by gguf itself (the
+    oracle for a quantized file: transformers on exactly the weights the file holds). Each tensor
+    is found by write_gguf's names (an expert by its slice of the stack), llama's q/k rows put back."""
+    import shutil
+
+    import gguf
+    from safetensors.torch import load_file, save_file
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    arch = ARCH_OF[config["architectures"][0]]
+    stored = {t.name: t for t in gguf.GGUFReader(str(gguf_file)).tensors}
+    out = {}
+    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
+        m = EXPERT_NAME.fullmatch(name)
+        t = stored[f"blk.{m.group(1)}.{EXPERT_GGUF[m.group(3)]}.weight" if m else gguf_name(name)]
+        data = np.array(t.data) if t.tensor_type.name == "F32" else gguf.quants.dequantize(t.data, t.tensor_type)
+        data = data.reshape([int(d) for d in reversed(t.shape)])
+        data = data[int(m.group(2))] if m else data
+        heads = {".self_attn.q_proj.": config["num_attention_heads"], ".self_attn.k_proj.": config["num_key_value_heads"]}
+        for part, num_heads in heads.items():
+            if arch == "llama" and part in name:  # undo permute_rows: rows = file rows at the inverse order
+                order = permute_rows(np.arange(data.shape[0]), num_heads)
+                data = data[np.argsort(order)]
+        out[name] = torch.from_numpy(np.ascontiguousarray(data, np.float32)).reshape(tensor.shape)
+    shutil.copytree(model_dir, out_dir)
+    save_file(out, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir
