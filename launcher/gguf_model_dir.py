@@ -99,7 +99,9 @@ def _int_field(fields, key: str) -> int:
 def _moe_keys(gguf_file: Path, arch: str) -> dict:
     """config.json's MoE keys from the metadata: Qwen3-MoE (expert width `expert_feed_forward_length`;
     llama.cpp renormalises the top-k; layers without stacked experts are dense) or Mixtral (llama
-    with experts: every layer sparse, the experts as wide as feed_forward_length)."""
+    with experts: every layer sparse, the experts as wide as feed_forward_length, no sliding window, as
+    Mixtral's own config.json says: transformers reads a llama file named "mistral" as MistralConfig,
+    whose default window is 4096)."""
     import gguf
 
     reader = gguf.GGUFReader(str(gguf_file))
@@ -110,7 +112,7 @@ def _moe_keys(gguf_file: Path, arch: str) -> dict:
             fields, f"{arch}.feed_forward_length"
         )
         return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": num_experts,
-                "num_experts_per_tok": top_k, "intermediate_size": width}
+                "num_experts_per_tok": top_k, "intermediate_size": width, "sliding_window": None}
     sparse = {int(t.name.split(".")[1]) for t in reader.tensors if ".ffn_gate_exps." in t.name}
     dense = sorted(set(range(_int_field(fields, f"{arch}.block_count"))) - sparse)
     return {"num_experts": num_experts, "num_experts_per_tok": top_k, "norm_topk_prob": True,

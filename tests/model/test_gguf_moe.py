@@ -74,6 +74,7 @@ def test_moe_config_from_the_metadata(tmp_path):
     config = json.loads((gguf_model_dir(write_gguf(hf_dir, tmp_path / "x.gguf", "F32"), False) / "config.json").read_text())
     assert config["architectures"] == ["MixtralForCausalLM"]
     assert (config["num_local_experts"], config["num_experts_per_tok"], config["intermediate_size"]) == (8, 2, 96)
+    assert config.get("sliding_window") is None
 
 
 def test_an_unsupported_moe_gguf_arch_is_refused_in_one_line(tmp_path):
