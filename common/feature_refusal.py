@@ -15,7 +15,7 @@ from typing import Any
 
 # config.json activation names the model code implements; model_proc/layers/activation.py holds the
 # functions (a test checks the two agree)
-GATED_ACTIVATION_NAMES = ("silu", "swish")
+GATED_ACTIVATION_NAMES = ("silu", "swish", "gelu_pytorch_tanh")
 PLAIN_ACTIVATION_NAMES = ("gelu_new", "gelu_pytorch_tanh", "gelu", "relu")
 
 

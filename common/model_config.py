@@ -8,12 +8,13 @@ the older top-level `rope_theta` + `rope_scaling`, and transformers 5's `rope_pa
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from zserve.common.checkpoint_quantization import quantization_refusal
 from zserve.common.feature_refusal import feature_refusal
+from zserve.common.gemma_config import GEMMA_FAMILIES, gemma_fields, gemma_text_config
 from zserve.common.layer_windows import layer_windows_for
 from zserve.common.moe_config import MoeConfig
 
@@ -27,22 +28,50 @@ ARCH_FAMILIES: dict[str, str] = {
     "Qwen3MoeForCausalLM": "qwen3_moe",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "MixtralForCausalLM": "mixtral",
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",
+    "Gemma3ForConditionalGeneration": "gemma3",  # its text model; the vision tower is not loaded
+    "Phi3ForCausalLM": "phi3",
 }
 # architectures whose transformers attention reads config.json's attn_logit_softcapping
 LOGIT_SOFTCAP_ARCHS = ("Gemma2ForCausalLM", "Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn", "dynamic", "longrope")
+# rope_parameters keys each type reads (besides rope_type, rope_theta, factor, partial_rotary_factor); others refused
+ROPE_KEYS: dict[str, tuple[str, ...]] = {
+    "default": (),
+    "linear": (),
+    "llama3": ("low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": (
+        "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow", "mscale", "mscale_all_dim",
+        "truncate",
+    ),
+    "dynamic": (),
+    "longrope": ("original_max_position_embeddings", "attention_factor", "short_factor", "long_factor"),
+}
 DEFAULT_ROPE_THETA = 10_000.0
 
 
 @dataclass(frozen=True, slots=True)
 class RopeScaling:
-    """RoPE frequency scaling; `rope_type` is "linear" or "llama3" (Llama 3.1 style)."""
+    """RoPE frequency scaling, as transformers' modeling_rope_utils reads it: `rope_type` is "linear",
+    "llama3" (Llama 3.1), "yarn", "dynamic" (NTK-aware, base grown with the sequence length) or
+    "longrope" (Phi-3: per-frequency short/long factors). model_proc/layers/rope_frequencies.py
+    computes the frequencies."""
 
     rope_type: str
     factor: float
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int = 8192
+    max_position_embeddings: int = 8192  # config.json's: "dynamic" grows the base past it
+    attention_factor: float | None = None  # yarn / longrope: multiplies cos and sin; None: from `factor`
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    mscale: float = 0.0  # yarn: 0 means unset, as transformers tests it (`if mscale and mscale_all_dim`)
+    mscale_all_dim: float = 0.0
+    truncate: bool = True
+    short_factor: tuple[float, ...] = ()  # longrope: one per rotary frequency
+    long_factor: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +108,16 @@ class ModelConfig:
     layer_windows: tuple[int, ...] = ()
     attn_logit_softcap: float = 0.0  # config.json attn_logit_softcapping (Gemma 2); 0: none
     moe: MoeConfig | None = None  # mixture-of-experts settings (Qwen3-MoE, Qwen2-MoE, Mixtral)
+    # Gemma 2/3 (common/gemma_config.py)
+    final_logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: off
+    local_layers: tuple[bool, ...] = ()  # per layer: a sliding-window ("local") layer; () for other families
+    rope_local_theta: float | None = None  # Gemma 3: the local layers' RoPE base (unscaled); None: rope_theta
+    # Phi-4-mini: only the first head_dim * partial_rotary_factor dims of each head rotate
+    partial_rotary_factor: float = 1.0
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)  # int(), as transformers truncates
 
     @property
     def q_size(self) -> int:
@@ -147,6 +186,8 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
     if refusal is not None:
         raise ValueError(refusal)
     family = ARCH_FAMILIES[arch]
+    if family in GEMMA_FAMILIES:  # the refusal below then sees a multimodal checkpoint's text_config
+        raw = gemma_text_config(raw, family, path)
     refusal = feature_refusal(raw, arch, gated_mlp=family != "gpt2", path=path)
     if refusal is not None:
         raise ValueError(refusal)
@@ -166,6 +207,7 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         head_dim = hidden // num_heads
         tie, qkv_bias, o_bias, mlp_bias, qk_norm = True, True, True, True, False
         rope_theta, rope_scaling = None, None
+        partial_rotary_factor = 1.0
         attn_scale = head_dim**-0.5 if raw.get("scale_attn_weights", True) else 1.0
         attn_scale_by_layer = bool(raw.get("scale_attn_by_inverse_layer_idx", False))
     else:
@@ -187,6 +229,10 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         mlp_bias = bool(raw.get("mlp_bias", False))
         qk_norm = family in ("qwen3", "qwen3_moe")
         rope_theta, rope_scaling = _parse_rope(raw, path)
+        partial_rotary_factor = _partial_rotary_factor(raw, path, head_dim)
+        if rope_scaling is not None and rope_scaling.rope_type in ("yarn", "dynamic"):
+            # as vLLM: these scale the context past the maximum they were trained at
+            context_len = max(context_len, int(_extended_len(rope_scaling)))
         attn_scale = head_dim**-0.5
         attn_scale_by_layer = False
     if num_heads % num_kv_heads:
@@ -195,7 +241,7 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         )
     vocab_size = get("vocab_size")
     softcap = get("attn_logit_softcapping", default=0.0, kind=float) if arch in LOGIT_SOFTCAP_ARCHS else 0.0
-    return ModelConfig(
+    cfg = ModelConfig(
         model_dir=model_dir,
         architecture=arch,
         family=family,
@@ -225,7 +271,11 @@ def _parse(raw: dict[str, Any], gen: dict[str, Any], model_dir: str, path: Path)
         layer_windows=layer_windows_for(arch, raw, num_layers, path),
         attn_logit_softcap=softcap,
         moe=MoeConfig.from_config(raw, arch, path),
+        partial_rotary_factor=partial_rotary_factor,
     )
+    if family in GEMMA_FAMILIES:
+        return replace(cfg, **gemma_fields(raw, family, num_layers, path))
+    return cfg
 
 
 def _field(raw: dict[str, Any], path: Path, keys: tuple[str, ...], default: Any, kind: type) -> Any:
@@ -243,33 +293,87 @@ def _field(raw: dict[str, Any], path: Path, keys: tuple[str, ...], default: Any,
 
 
 def _parse_rope(raw: dict[str, Any], path: Path) -> tuple[float, RopeScaling | None]:
-    """theta and scaling from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`."""
+    """theta and scaling from `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`.
+    Keys a rope type does not read, and types we do not implement, are refused, never ignored."""
+    params = _rope_params(raw, path)
+    theta = float(params.get("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA)))
+    rope_type = params.get("rope_type", params.get("type", "default"))
+    is_phi3 = raw.get("architectures", [None])[0] == "Phi3ForCausalLM"
+    if is_phi3 and rope_type in ("su", "yarn"):
+        rope_type = "longrope"  # what transformers' Phi3Config reads these old names as
+    if rope_type not in ROPE_TYPES:
+        raise ValueError(f"{path}: rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
+    known = {"rope_type", "type", "rope_theta", "factor", "partial_rotary_factor", *ROPE_KEYS[rope_type]}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        raise ValueError(f"{path}: rope type {rope_type!r} with {', '.join(unknown)} is not supported")
+    if rope_type == "default":
+        return theta, None
+    max_len = _field(raw, path, ("max_position_embeddings",), 8192, int)
+    # transformers: a top-level original_max_position_embeddings (Phi-3 always has one, 4096 by
+    # default) wins over the one in rope_parameters, which wins over max_position_embeddings
+    original_max_len = raw.get("original_max_position_embeddings", 4096 if is_phi3 else None)
+    original_max_len = int(original_max_len or params.get("original_max_position_embeddings") or max_len)
+    if rope_type == "longrope":
+        factor = float(params.get("factor") or max_len / original_max_len)
+    elif "factor" not in params:
+        raise ValueError(f"{path}: rope type {rope_type!r} needs a 'factor'")
+    else:
+        factor = float(params["factor"])
+    attention_factor = params.get("attention_factor")
+    scaling = RopeScaling(
+        rope_type=rope_type,
+        factor=factor,
+        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=original_max_len,
+        max_position_embeddings=max_len,
+        attention_factor=None if attention_factor is None else float(attention_factor),
+        beta_fast=float(params.get("beta_fast") or 32.0),
+        beta_slow=float(params.get("beta_slow") or 1.0),
+        mscale=float(params.get("mscale") or 0.0),
+        mscale_all_dim=float(params.get("mscale_all_dim") or 0.0),
+        truncate=bool(params.get("truncate", True)),
+        short_factor=_factor_list(params, "short_factor", path),
+        long_factor=_factor_list(params, "long_factor", path),
+    )
+    if rope_type == "longrope" and not (scaling.short_factor and scaling.long_factor):
+        raise ValueError(f"{path}: rope type 'longrope' needs 'short_factor' and 'long_factor'")
+    return theta, scaling
+
+
+def _extended_len(scaling: RopeScaling) -> float:
+    if scaling.rope_type == "yarn":
+        return scaling.original_max_position_embeddings * scaling.factor
+    return scaling.max_position_embeddings * scaling.factor
+
+
+def _rope_params(raw: dict[str, Any], path: Path) -> dict[str, Any]:
     params = raw.get("rope_parameters")
     if params is None:
         params = dict(raw.get("rope_scaling") or {})
         params.setdefault("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA))
     if not isinstance(params, dict):
         raise ValueError(f"{path}: 'rope_parameters' must be an object, got {params!r}")
-    theta = float(params.get("rope_theta", raw.get("rope_theta", DEFAULT_ROPE_THETA)))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if rope_type not in ROPE_TYPES:
-        raise ValueError(f"{path}: rope type {rope_type!r} is not supported; supported: {', '.join(ROPE_TYPES)}")
-    if float(params.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ValueError(f"{path}: partial_rotary_factor != 1 is not supported")
-    if rope_type == "default":
-        return theta, None
-    if "factor" not in params:
-        raise ValueError(f"{path}: rope type {rope_type!r} needs a 'factor'")
-    scaling = RopeScaling(
-        rope_type=rope_type,
-        factor=float(params["factor"]),
-        low_freq_factor=float(params.get("low_freq_factor", 1.0)),
-        high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=int(
-            params.get("original_max_position_embeddings", raw.get("max_position_embeddings", 8192))
-        ),
-    )
-    return theta, scaling
+    return params
+
+
+def _factor_list(params: dict[str, Any], key: str, path: Path) -> tuple[float, ...]:
+    value = params.get(key) or []
+    if not isinstance(value, list) or not all(isinstance(v, (int, float)) for v in value):
+        raise ValueError(f"{path}: rope {key!r} must be a list of numbers, got {value!r}")
+    return tuple(float(v) for v in value)
+
+
+def _partial_rotary_factor(raw: dict[str, Any], path: Path, head_dim: int) -> float:
+    """The fraction of each head that rotates (Phi-4-mini: 0.75), from rope_parameters or the top level."""
+    factor = _rope_params(raw, path).get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1:
+        raise ValueError(f"{path}: partial_rotary_factor must be in (0, 1], got {factor!r}")
+    rotary_dim = int(head_dim * factor)
+    if rotary_dim < 2 or rotary_dim % 2:
+        raise ValueError(f"{path}: partial_rotary_factor {factor} rotates {rotary_dim} of {head_dim} dims; need even")
+    return float(factor)
 
 
 SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p")

@@ -25,8 +25,10 @@ from zserve.launcher.model_cache import build_dir, ensure_chat_template, split_d
 
 logger = logging.getLogger("launcher")
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM",
-                 "qwen3moe": "Qwen3MoeForCausalLM"}
+ARCHITECTURES = {
+    "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+}
 
 
 def gguf_file_of(model: str) -> Path | None:
@@ -82,6 +84,8 @@ def _write_config(gguf_file: Path, out_dir: Path) -> None:
     # transformers' GGUF config reader leaves the tie to the default; the file says: no output.weight, tied
     has_output = any(t.name == "output.weight" for t in gguf.GGUFReader(str(gguf_file)).tensors)
     config.tie_word_embeddings = not has_output
+    if arch == "phi3":
+        _set_phi3_rope(gguf.GGUFReader(str(gguf_file)), config)
     config.to_json_file(str(out_dir / "config.json"))
     if _int_field(fields, f"{arch}.expert_count"):
         raw = {**json.loads((out_dir / "config.json").read_text(encoding="utf-8")), **_moe_keys(gguf_file, arch)}
@@ -90,6 +94,24 @@ def _write_config(gguf_file: Path, out_dir: Path) -> None:
                   if f"tokenizer.ggml.{k}" in fields}
     if generation:
         (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
+
+
+def _set_phi3_rope(reader, config) -> None:
+    """What transformers' GGUF config reader leaves out for phi3: the partial rotary (from
+    rope.dimension_count), the original context and the longrope factors (stored as tensors)."""
+    fields = reader.fields
+    head_dim = config.hidden_size // config.num_attention_heads
+    if "phi3.rope.dimension_count" in fields:
+        config.partial_rotary_factor = int(fields["phi3.rope.dimension_count"].contents()) / head_dim
+    factors = {t.name: [float(x) for x in t.data] for t in reader.tensors if t.name.startswith("rope_factors_")}
+    original = fields.get("phi3.rope.scaling.original_context_length")
+    config.original_max_position_embeddings = int(original.contents()) if original else config.max_position_embeddings
+    theta = config.rope_parameters.get("rope_theta", 10000.0) if config.rope_parameters else 10000.0
+    rope = {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": config.partial_rotary_factor}
+    if factors:
+        rope.update(rope_type="longrope", original_max_position_embeddings=config.original_max_position_embeddings,
+                    long_factor=factors["rope_factors_long.weight"], short_factor=factors["rope_factors_short.weight"])
+    config.rope_parameters = rope
 
 
 def _int_field(fields, key: str) -> int:

@@ -1,4 +1,4 @@
-"""Read a Llama/Qwen2/Qwen3 (and Qwen3-MoE, Mixtral) GGUF file's tensors by their Hugging Face names.
+"""Read a Llama/Qwen2/Qwen3/Phi-3 (and Qwen3-MoE, Mixtral) GGUF file's tensors by their Hugging Face names.
 
 The launcher turns `--model X.gguf` into a small directory (launcher/gguf_model_dir.py) whose
 `gguf_source.json` names the file (common/gguf_source.py); `open_checkpoint` picks this reader
@@ -69,8 +69,11 @@ GGUF_TO_HF = {  # blk.N.<key> -> model.layers.N.<value>
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+# phi3 (llama.cpp's converter): q/k/v fused, and ffn_up holds gate and up stacked (gate first)
+PHI3_TO_HF = {**GGUF_TO_HF, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
 BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
-SKIPPED = {"rope_freqs.weight"}  # llama 3's rope scaling factors: we compute them from config.json
+# rope scaling factors (llama 3's, phi3's longrope): config.json carries them (launcher/gguf_model_dir.py)
+SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 Q8_0_BLOCK = 32  # values per Q8_0 block (one fp16 scale each), along the input dimension
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # stacked [n_expert, out, in]: MoeNames.projections
 ROUTER_TENSOR = "ffn_gate_inp"
@@ -95,17 +98,18 @@ def open_checkpoint(model_dir: str | Path, show_progress: bool = False, quantiza
     return GGUFCheckpoint(model_dir, source, show_progress=show_progress, quantization=quantization)
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
     """The Hugging Face name of a GGUF tensor (None for one we do not load)."""
     if gguf_name in SKIPPED:
         return None
     base, _, kind = gguf_name.rpartition(".")
     if base in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[base]}.{kind}"
+    names = PHI3_TO_HF if architecture == "phi3" else GGUF_TO_HF
     m = BLOCK_NAME.fullmatch(gguf_name)
-    if m is None or m.group(2) not in GGUF_TO_HF:
+    if m is None or m.group(2) not in names:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no Llama/Qwen counterpart")
-    return f"model.layers.{m.group(1)}.{GGUF_TO_HF[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
 
 
 def moe_tensors(t, names: MoeNames) -> dict[str, object] | None:
@@ -146,12 +150,12 @@ class GGUFCheckpoint(Checkpoint):
         self._reader = gguf.GGUFReader(str(gguf_file))
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
         moe_names = MixtralForCausalLM.names if config.get("architectures") == ["MixtralForCausalLM"] else MoeNames()
-        self._tensors = {}
-        for t in self._reader.tensors:
-            self._tensors.update(moe_tensors(t, moe_names) or {hf_name(t.name): t})
-        self._tensors.pop(None, None)
         field = self._reader.fields.get("general.architecture")
         self.architecture = str(field.contents()) if field is not None else ""
+        self._tensors = {}
+        for t in self._reader.tensors:
+            self._tensors.update(moe_tensors(t, moe_names) or {hf_name(t.name, self.architecture): t})
+        self._tensors.pop(None, None)
         self._num_heads = int(config["num_attention_heads"])
         self._num_kv_heads = int(config.get("num_key_value_heads") or self._num_heads)
         super().__init__(model_dir, show_progress=show_progress)

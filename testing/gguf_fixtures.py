@@ -24,12 +24,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zserve.model_proc.gguf_checkpoint import GGUF_TO_HF
+from zserve.model_proc.gguf_checkpoint import GGUF_TO_HF, PHI3_TO_HF
 
 HF_TO_GGUF = {hf: gg for gg, hf in GGUF_TO_HF.items()}
+HF_TO_GGUF.update({hf: gg for gg, hf in PHI3_TO_HF.items() if gg in ("attn_qkv", "ffn_up")})
 QUANTIZED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-ARCH_OF = {"LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3",
-           "Qwen3MoeForCausalLM": "qwen3moe", "MixtralForCausalLM": "llama"}
+ARCH_OF = {
+    "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
+    "Qwen3MoeForCausalLM": "qwen3moe", "MixtralForCausalLM": "llama",
+}
 EXPERT_NAME = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
 ROUTER_NAME = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.gate\.weight")
 EXPERT_GGUF = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps",
@@ -75,7 +78,7 @@ def write_gguf(model_dir: str | Path, out_path: str | Path, weight_type: str = "
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
     head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(head_dim if arch != "phi3" else _add_phi3_rope(writer, config, head_dim))
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
     num_experts = config.get("num_experts") or config.get("num_local_experts") or 0
@@ -122,6 +125,17 @@ def _stacked_experts(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     for key, experts in stacks.items():
         out[key] = np.stack([experts[e] for e in range(len(experts))])
     return out
+
+
+def _add_phi3_rope(writer, config: dict, head_dim: int) -> int:
+    """llama.cpp's phi3 layout: the original context in metadata, longrope factors as tensors;
+    returns the rotary dims (head_dim * partial_rotary_factor)."""
+    rope = config.get("rope_parameters") or {}
+    writer.add_rope_scaling_orig_ctx_len(config.get("original_max_position_embeddings", config["max_position_embeddings"]))
+    if rope.get("rope_type") == "longrope":
+        writer.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], np.float32))
+        writer.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], np.float32))
+    return int(head_dim * rope.get("partial_rotary_factor", 1.0))
 
 
 def _add_tokenizer(writer, model_dir: Path, config: dict) -> None:

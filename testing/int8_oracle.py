@@ -18,7 +18,10 @@ from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_activations import fake_quantize
 from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, dequantize_int8, quantize_int8
 
-LINEAR_SUFFIXES = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight")
+LINEAR_SUFFIXES = (
+    "q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight",
+    "qkv_proj.weight", "gate_up_proj.weight",  # Phi-3 stores them fused
+)
 
 
 def dequantized_copy(model_dir: Path, target: Path, group_size: int = DEFAULT_GROUP_SIZE, bits: int = 8) -> Path:

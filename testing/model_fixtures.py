@@ -7,10 +7,14 @@ Other tests import these:
     model_dir = make_tiny_checkpoint(tmp_path / "m", "qwen3", with_tokenizer=True)
 
 Kinds: llama (GQA), llama3_rope (Llama-3 rope scaling, short original context so it matters),
-llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2; with sliding
-windows of 8 tokens (shorter than most test prompts): mistral_window (every layer) and
-qwen2_window (layers 1 and 2 slide, layer 0 is global); mixture of experts: qwen3_moe,
-qwen2_moe (shared expert) and mixtral (top-2 of 8 experts). Options:
+llama_tied (tied embeddings), mistral, qwen2 (qkv bias), qwen3 (q/k norm), gpt2, llama_yarn and
+llama_dynamic (those RoPE scalings), phi3 (fused qkv/gate_up, longrope), phi4_partial (partial
+rotary 0.75); with sliding windows of 8 tokens (shorter than most test prompts): mistral_window
+(every layer) and qwen2_window (layers 1 and 2 slide, layer 0 is global); gemma2 (final and
+attention logit soft-capping), gemma3 (q/k norm, local and global RoPE, linear scaling on the
+global), both with layers 0 and 2 sliding over 8 tokens, and gemma3_mm (gemma3's text model in a
+Gemma3ForConditionalGeneration checkpoint); mixture of experts: qwen3_moe, qwen2_moe (shared
+expert) and mixtral (top-2 of 8 experts). Options:
 `num_shards` > 1 writes model-0000i-of-0000n.safetensors + index; `stored_dtype="bfloat16"`
 stores the weights in bf16 (transformers and zserve both load them as fp32 for parity).
 Weights are drawn larger than transformers' default init, and norms and biases are random too,
@@ -41,6 +45,12 @@ _LLAMA_SIZES = dict(
     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
     bos_token_id=1, eos_token_id=2, rms_norm_eps=1e-5,
 )
+# Gemma: 4 layers alternating sliding-window (8 tokens, shorter than most test prompts) / global,
+# head_dim != hidden / heads, a softmax scale that is not head_dim ** -0.5
+_GEMMA_SIZES = dict(
+    _LLAMA_SIZES, num_hidden_layers=4, head_dim=24, query_pre_attn_scalar=20, sliding_window=8,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+)
 TINY_KINDS: dict[str, tuple[str, dict]] = {
     "llama": ("LlamaConfig", dict(_LLAMA_SIZES, rope_theta=10000.0)),
     "llama3_rope": ("LlamaConfig", dict(_LLAMA_SIZES, rope_scaling=dict(
@@ -62,7 +72,33 @@ TINY_KINDS: dict[str, tuple[str, dict]] = {
     "qwen2_moe": ("Qwen2MoeConfig", dict(_LLAMA_SIZES, num_experts=8, num_experts_per_tok=2,
                                          moe_intermediate_size=64, shared_expert_intermediate_size=96)),
     "mixtral": ("MixtralConfig", dict(_LLAMA_SIZES, num_local_experts=8, num_experts_per_tok=2)),
+    "gemma2": ("Gemma2Config", dict(_GEMMA_SIZES, final_logit_softcapping=8.0, attn_logit_softcapping=2.0)),
+    "gemma3": ("Gemma3TextConfig", dict(_GEMMA_SIZES, rope_parameters=dict(
+        sliding_attention=dict(rope_type="default", rope_theta=10000.0),
+        full_attention=dict(rope_type="linear", factor=2.0, rope_theta=50000.0)))),
+    # RoPE scaling past a short original context, so the prompts and decodes of the tests hit it
+    "llama_yarn": ("LlamaConfig", dict(_LLAMA_SIZES, max_position_embeddings=128, rope_scaling=dict(
+        rope_type="yarn", factor=4.0, original_max_position_embeddings=32, rope_theta=10000.0))),
+    "llama_dynamic": ("LlamaConfig", dict(_LLAMA_SIZES, max_position_embeddings=48, rope_scaling=dict(
+        rope_type="dynamic", factor=2.0, rope_theta=10000.0))),
+    # longrope: short factors up to 48 tokens (prompts of the tests), long past it (their decodes)
+    "phi3": ("Phi3Config", dict(_LLAMA_SIZES, original_max_position_embeddings=48, sliding_window=None,
+                                pad_token_id=0, rope_scaling=dict(rope_type="longrope", rope_theta=10000.0,
+                                short_factor=[1.0, 1.1, 1.3, 1.6, 2.0, 2.5, 3.1, 3.8],
+                                long_factor=[1.0, 1.5, 2.5, 4.0, 6.0, 8.5, 11.0, 14.0]))),
+    # Phi-4-mini's partial rotary: 12 of 16 dims rotate (also longrope, as Phi-4-mini)
+    "phi4_partial": ("Phi3Config", dict(_LLAMA_SIZES, original_max_position_embeddings=48, sliding_window=None,
+                                        pad_token_id=0, partial_rotary_factor=0.75, rope_scaling=dict(
+                                            rope_type="longrope", rope_theta=10000.0,
+                                            short_factor=[1.0, 1.2, 1.5, 2.0, 2.6, 3.3],
+                                            long_factor=[1.0, 2.0, 3.5, 5.5, 8.0, 12.0]))),
 }
+# Gemma 3 with a (tiny) vision tower: transformers saves the text model under language_model.model.
+TINY_KINDS["gemma3_mm"] = ("Gemma3Config", dict(
+    text_config=TINY_KINDS["gemma3"][1], mm_tokens_per_image=4, image_token_index=599, boi_token_index=597,
+    eoi_token_index=598, vision_config=dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=32,
+                                            num_hidden_layers=1, num_attention_heads=2, image_size=16, patch_size=8),
+))
 
 
 def make_runner(model_dir: str | Path, *, tp_rank: int = 0, **overrides: Any) -> ModelRunner:
@@ -105,19 +141,22 @@ def make_tiny_checkpoint(
     if with_tokenizer:
         from testing.tokenizer_fixtures import build_byte_level_bpe
 
-        build_byte_level_bpe(target, vocab_size=min(VOCAB_SIZE, config.vocab_size))
+        text_config = getattr(config, "text_config", config)  # a multimodal config keeps the vocab there
+        build_byte_level_bpe(target, vocab_size=min(VOCAB_SIZE, text_config.vocab_size))
     return target
 
 
 @torch.no_grad()
 def _sharpen(model: torch.nn.Module) -> None:
+    # norm weights around 1 (Gemma stores w and scales by 1 + w: around 0 there), biases around 0
+    unit_weight = 0.0 if model.config.model_type.startswith("gemma") else 1.0
     for name, p in model.named_parameters():
         if name.endswith(".gate.weight"):  # a MoE router: wide logits, so top-k choices have clear gaps
             p.normal_(0.0, 1.0)
         elif p.dim() >= 2:
             p.normal_(0.0, 0.1 if "wpe" not in name else 0.02)
-        elif "norm" in name or ".ln_" in name or "ln_f" in name:  # norm weights around 1, biases around 0
-            p.copy_((1.0 if name.endswith("weight") else 0.0) + 0.1 * torch.randn_like(p))
+        elif "norm" in name or ".ln_" in name or "ln_f" in name:
+            p.copy_((unit_weight if name.endswith("weight") else 0.0) + 0.1 * torch.randn_like(p))
         else:
             p.normal_(0.0, 0.1)
 
@@ -230,10 +269,15 @@ class GreedyDriver:
 class HfReference:
     """transformers on the same directory, in `dtype` (fp32 unless told): the oracle for parity tests."""
 
-    def __init__(self, model_dir: str | Path, dtype: torch.dtype = torch.float32):
-        from transformers import AutoModelForCausalLM
+    def __init__(self, model_dir: str | Path, dtype: torch.dtype = torch.float32, keep_cache: bool = True):
+        from transformers import AutoModelForCausalLM, GenerationMixin
 
         self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+        if keep_cache:
+            # Phi-3's generate drops its KV cache and recomputes the whole sequence when it first
+            # passes original_max_position_embeddings (longrope); zserve keeps the keys it wrote
+            # (rope_frequencies.py), so by default the reference keeps them too
+            self.model.prepare_inputs_for_generation = GenerationMixin.prepare_inputs_for_generation.__get__(self.model)
         # generate() merges the model's generation_config into ours: drop its EOS ids there too
         self.model.generation_config.eos_token_id = None
 

@@ -9,10 +9,11 @@
 //   zserve::silu_mul(gate_up) -> y
 //       gate_up [T, 2I] = [gate | up]: y = dtype(dtype(silu(gate)) * up)
 //   zserve::rope_store(qk, v, cos, sin_signed, k_cache, v_cache, out_slots, num_q_heads) -> q
-//       qk [T, h + kvh, d] (q heads, then k heads), v [T, kvh, d], cos/sin_signed [T, d] in
-//       the dtype: rotated = dtype(dtype(x * cos) + dtype(swap_halves(x) * sin_signed)) (NeoX
-//       layout, as model_proc/layers/rotary.py); returns rotated q [T, h, d] and writes rotated
-//       k and v at out_slots of k_cache/v_cache [kvh, slots, d]
+//       qk [T, h + kvh, d] (q heads, then k heads), v [T, kvh, d], cos/sin_signed [T, r] in
+//       the dtype (r = rotary dims, even, <= d): rotated = dtype(dtype(x * cos) +
+//       dtype(swap_halves(x) * sin_signed)) over the first r dims of each head (NeoX layout, as
+//       model_proc/layers/rotary.py), dims r..d-1 copied (a partial rotary); returns rotated q
+//       [T, h, d] and writes rotated k and v at out_slots of k_cache/v_cache [kvh, slots, d]
 //
 // In bf16 every product is rounded to the dtype before the sum, as in the torch ops; in fp32 the
 // compiler may fuse a product and a sum into one FMA (one rounding instead of two: an ulp).
@@ -186,7 +187,10 @@ at::Tensor rope_store(const at::Tensor& qk, const at::Tensor& v, const at::Tenso
   TORCH_CHECK(qk.scalar_type() == at::kFloat || qk.scalar_type() == at::kBFloat16, "rope_store: float32 or bfloat16");
   const int64_t T = qk.size(0), d = qk.size(2), h = num_q_heads, kvh = qk.size(1) - num_q_heads;
   TORCH_CHECK(kvh >= 1 && v.size(0) == T && v.size(1) == kvh && v.size(2) == d && d % 2 == 0, "rope_store: qk holds h + kvh heads, v kvh");
-  TORCH_CHECK(cos.is_contiguous() && sin_signed.is_contiguous() && cos.numel() == T * d && sin_signed.numel() == T * d, "rope_store: cos, sin [T, d]");
+  const int64_t r = T > 0 ? cos.numel() / T : d;  // rotary dims
+  TORCH_CHECK(cos.is_contiguous() && sin_signed.is_contiguous() && r % 2 == 0 && r <= d && cos.numel() == T * r &&
+                  sin_signed.numel() == T * r,
+              "rope_store: cos, sin [T, r], r even and <= d");
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 3 && k_cache.sizes() == v_cache.sizes() &&
                   k_cache.size(0) == kvh && k_cache.size(2) == d,
               "rope_store: caches [kvh, slots, d], contiguous");
@@ -205,22 +209,23 @@ at::Tensor rope_store(const at::Tensor& qk, const at::Tensor& v, const at::Tenso
     T_* qp = q.data_ptr<T_>();
     T_* kc = k_cache.data_ptr<T_>();
     T_* vc = v_cache.data_ptr<T_>();
-    const int64_t half = d / 2, qk_t = qk.stride(0), qk_h = qk.stride(1), v_t = v.stride(0), v_h = v.stride(1);
+    const int64_t half = r / 2, qk_t = qk.stride(0), qk_h = qk.stride(1), v_t = v.stride(0), v_h = v.stride(1);
     for_rows(T, (h + 2 * kvh) * d, [&](int64_t t0, int64_t t1) {
-      std::vector<float> buf(4 * d);
+      std::vector<float> buf(2 * r + 2 * d);
       float* __restrict cf = buf.data();
-      float* __restrict sf = cf + d;
-      float* __restrict xf = sf + d;
+      float* __restrict sf = cf + r;
+      float* __restrict xf = sf + r;
       float* __restrict of = xf + d;
       for (int64_t t = t0; t < t1; ++t) {
-        widen(cp + t * d, cf, d);
-        widen(sp + t * d, sf, d);
+        widen(cp + t * r, cf, r);
+        widen(sp + t * r, sf, r);
         for (int64_t head = 0; head < h + kvh; ++head) {
           widen(qkp + t * qk_t + head * qk_h, xf, d);
           _Pragma("omp simd") for (int64_t i = 0; i < half; ++i) {
             of[i] = round_to<T_>(xf[i] * cf[i]) + round_to<T_>(xf[i + half] * sf[i]);
             of[i + half] = round_to<T_>(xf[i + half] * cf[i + half]) + round_to<T_>(xf[i] * sf[i + half]);
           }
+          std::memcpy(of + r, xf + r, (d - r) * sizeof(float));  // a partial rotary's pass-through dims
           narrow(of, head < h ? qp + (t * h + head) * d : kc + ((head - h) * num_slots + slots[t]) * d, d);
         }
         for (int64_t head = 0; head < kvh; ++head) {

@@ -81,7 +81,7 @@ class PagedAttention(nn.Module):
         self, qk: torch.Tensor, v: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata
     ) -> torch.Tensor:
         """qk [T, h + kvh, d] (q heads then k heads, before rotary), v [T, kvh, d], cos and
-        sin_signed [T, 1, d] (rotary.py) -> [T, h * d]: rotates q and k, writes K/V, attends."""
+        sin_signed [T, 1, rotary_dim] (rotary.py) -> [T, h * d]: rotates q and k, writes K/V, attends."""
         h = self.num_heads
         if self.fused_rope and meta.kernel is not None:
             k_cache, v_cache = meta.kv_pool.k[self.layer_idx], meta.kv_pool.v[self.layer_idx]

@@ -122,6 +122,8 @@ class AttentionMetadata:
     prefills: list[PrefillRow]
     varlen: VarlenRows | None  # set only when the flash-attn path runs
     kernel: KernelRows | None = None  # set only when the CPU kernel runs
+    # int64[T]: each token's request length after this step (cached + extend), for RoPE types that depend on it
+    seq_lens_by_token: torch.Tensor | None = None
 
     @staticmethod
     def build(batch: ForwardBatch, kv_pool: KVPool, dtype: torch.dtype, backend: str = "torch") -> AttentionMetadata:
@@ -141,14 +143,18 @@ class AttentionMetadata:
         def to_device(a: np.ndarray) -> torch.Tensor:
             return torch.from_numpy(a).to(device, non_blocking=True)
 
+        seq_lens_by_token = to_device(seq_lens[req_of_token])
         if backend == "flash_varlen":
             return AttentionMetadata(
                 kv_pool, to_device(positions), to_device(out_slots), None, [],
                 _varlen(batch, seq_lens, page_starts, page_ids, page_size, to_device),
+                seq_lens_by_token=seq_lens_by_token,
             )
         if backend == "cpu_kernel":
             kernel = _kernel_rows(cached, extend, token_starts, page_starts, page_ids, to_device)
-            return AttentionMetadata(kv_pool, to_device(positions), to_device(out_slots), None, [], None, kernel)
+            return AttentionMetadata(
+                kv_pool, to_device(positions), to_device(out_slots), None, [], None, kernel, seq_lens_by_token
+            )
         is_decode = extend == 1
         decode = _decode_rows(
             batch, is_decode, seq_lens, token_starts, page_starts, page_ids, kv_pool, dtype, to_device
@@ -162,7 +168,9 @@ class AttentionMetadata:
                 # query i (position c + i) sees keys 0..c + i
                 mask = torch.arange(c + e, device=device)[None, :] <= torch.arange(c, c + e, device=device)[:, None]
             prefills.append(PrefillRow(start, start + e, c, row_pages, mask))
-        return AttentionMetadata(kv_pool, to_device(positions), to_device(out_slots), decode, prefills, None)
+        return AttentionMetadata(
+            kv_pool, to_device(positions), to_device(out_slots), decode, prefills, None, None, seq_lens_by_token
+        )
 
 
 def _kernel_rows(cached, extend, token_starts, page_starts, page_ids, to_device) -> KernelRows:

@@ -1,4 +1,4 @@
-"""RMSNorm (Llama, Qwen) and LayerNorm (GPT-2), replicated on every rank."""
+"""RMSNorm (Llama, Qwen), GemmaRMSNorm and LayerNorm (GPT-2), replicated on every rank."""
 
 from __future__ import annotations
 
@@ -34,6 +34,24 @@ class RMSNorm(nn.Module):
         if self.fused:
             return torch.ops.zserve.add_rms_norm_(delta, x, self.weight, self.eps)
         return self(x.add_(delta))
+
+    def load(self, ckpt: Checkpoint, name: str) -> None:
+        ckpt.copy_into(self.weight, ckpt.read(name, (self.dim,)), name)
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: x / rms(x) * (1 + weight), all in fp32, rounded to x's dtype once at the
+    end (Llama rounds before the weight). The checkpoint stores `weight`, not 1 + weight."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.dim, self.eps = dim, eps
+        self.weight = nn.Parameter(torch.empty(dim), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()  # transformers' formula, op for op
+        normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
 
     def load(self, ckpt: Checkpoint, name: str) -> None:
         ckpt.copy_into(self.weight, ckpt.read(name, (self.dim,)), name)

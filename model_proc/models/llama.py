@@ -113,7 +113,7 @@ class LlamaForCausalLM(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(
             cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size, transposed=cfg.tie_word_embeddings
         )
-        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+        self.rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling, cfg.rotary_dim)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(
                 cfg, self.attention_cls(cfg, i, tp_rank, tp_size), tp_rank, tp_size,
@@ -132,7 +132,7 @@ class LlamaForCausalLM(nn.Module):
     def forward(self, input_ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """input_ids int64[T] -> hidden states [T, hidden] (before the final norm)"""
         x = self.embed_tokens(input_ids)  # a fresh tensor: the layers add to it in place
-        cos, sin = self.rotary(meta.positions, x.dtype)
+        cos, sin = self.rotary(meta.positions, x.dtype, meta.seq_lens_by_token)
         delta = None
         for layer in self.layers:
             delta = layer(x, delta, cos, sin, meta)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch import nn
 
 from zserve.common.model_config import ModelConfig
 from zserve.model_proc.checkpoint import Checkpoint
@@ -11,10 +12,12 @@ from zserve.model_proc.models.llama import LlamaAttention, LlamaForCausalLM
 
 
 class Qwen3Attention(LlamaAttention):
+    qk_norm_cls: type[nn.Module] = RMSNorm  # Gemma 3 normalises q and k with its (1 + w) norm
+
     def __init__(self, cfg: ModelConfig, layer_idx: int, tp_rank: int, tp_size: int):
         super().__init__(cfg, layer_idx, tp_rank, tp_size)
-        self.q_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
-        self.k_norm = RMSNorm(cfg.head_dim, cfg.norm_eps)
+        self.q_norm = self.qk_norm_cls(cfg.head_dim, cfg.norm_eps)
+        self.k_norm = self.qk_norm_cls(cfg.head_dim, cfg.norm_eps)
 
     def norm_qk(self, qk: torch.Tensor) -> torch.Tensor:
         h = self.num_heads  # qk [T, h + kvh, d]

@@ -5,9 +5,12 @@ from __future__ import annotations
 from torch import nn
 
 from zserve.common.model_config import ModelConfig
+from zserve.model_proc.models.gemma2 import Gemma2ForCausalLM
+from zserve.model_proc.models.gemma3 import Gemma3ForCausalLM
 from zserve.model_proc.models.gpt2 import GPT2LMHeadModel
 from zserve.model_proc.models.llama import LlamaForCausalLM
 from zserve.model_proc.models.moe import MixtralForCausalLM, Qwen2MoeForCausalLM, Qwen3MoeForCausalLM
+from zserve.model_proc.models.phi3 import Phi3ForCausalLM
 from zserve.model_proc.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_CLASSES: dict[str, type[nn.Module]] = {
@@ -17,6 +20,9 @@ MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "qwen3_moe": Qwen3MoeForCausalLM,
     "qwen2_moe": Qwen2MoeForCausalLM,
     "mixtral": MixtralForCausalLM,
+    "gemma2": Gemma2ForCausalLM,
+    "gemma3": Gemma3ForCausalLM,
+    "phi3": Phi3ForCausalLM,
 }
 
 

@@ -35,26 +35,62 @@ def test_saved_checkpoints_of_every_kind(tmp_path):
     assert (cfg.qkv_bias, cfg.o_bias, cfg.num_kv_heads) == (True, False, 1)
     cfg = ModelConfig.from_model_dir(make_tiny_checkpoint(tmp_path / "l3", "llama3_rope"))  # written by transformers 5
     assert cfg.rope_theta == 500000.0
-    assert cfg.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 32)
+    assert cfg.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 32, max_position_embeddings=256)
 
 
 def test_rope_old_spelling(tmp_path):
     cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "rope_theta": 500000.0, "rope_scaling": {"type": "llama3", **LLAMA3_SCALING}}))
-    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 8192, 256)
 
 
 def test_rope_new_spelling(tmp_path):
     params = {"rope_type": "llama3", "rope_theta": 500000.0, **LLAMA3_SCALING}
     cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "rope_parameters": params}))
-    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 8192)
+    assert cfg.rope_theta == 500000.0 and cfg.rope_scaling == RopeScaling("llama3", 8.0, 1.0, 4.0, 8192, 256)
 
 
 def test_rope_defaults_and_unsupported_type(tmp_path):
     cfg = ModelConfig.from_model_dir(write_config(tmp_path, LLAMA))
     assert (cfg.rope_theta, cfg.rope_scaling, cfg.head_dim, cfg.num_kv_heads) == (10000.0, None, 16, 2)
-    write_config(tmp_path, {**LLAMA, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
-    with pytest.raises(ValueError, match="rope type 'yarn' is not supported"):
+    write_config(tmp_path, {**LLAMA, "rope_scaling": {"rope_type": "su", "factor": 4.0}})  # "su" is longrope on Phi-3 only
+    with pytest.raises(ValueError, match="rope type 'su' is not supported"):
         ModelConfig.from_model_dir(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "rope, error",
+    [
+        ({"rope_type": "mrope", "factor": 2.0}, "rope type 'mrope' is not supported"),
+        ({"rope_type": "yarn", "factor": 4.0, "mrope_section": [2, 3, 3]}, "mrope_section"),
+        ({"rope_type": "llama3", "factor": 8.0, "beta_fast": 32}, "rope type 'llama3' with beta_fast is not"),
+        ({"rope_type": "longrope", "long_factor": [1.0] * 8}, "'longrope' needs 'short_factor' and 'long_factor'"),
+        ({"rope_type": "longrope", "short_factor": "x", "long_factor": [1.0]}, "'short_factor' must be a list"),
+        ({"rope_type": "dynamic"}, "rope type 'dynamic' needs a 'factor'"),
+        ({"rope_type": "default", "partial_rotary_factor": 0.2}, "rotates 3 of 16 dims; need even"),
+        ({"rope_type": "default", "partial_rotary_factor": 1.5}, "partial_rotary_factor must be in"),
+    ],
+)
+def test_rope_features_we_do_not_run_are_refused(tmp_path, rope, error):
+    write_config(tmp_path, {**LLAMA, "rope_parameters": {"rope_theta": 10000.0, **rope}})
+    with pytest.raises(ValueError, match=error):
+        ModelConfig.from_model_dir(tmp_path)
+
+
+def test_rope_scalings_and_phi3(tmp_path):
+    """yarn and dynamic extend the context (as vLLM); Phi-3's top-level original maximum wins, its
+    old 'su'/'yarn' names mean longrope, and longrope's factor defaults to max / original."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 128, "rope_theta": 1e4}
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "rope_parameters": yarn}))
+    assert (cfg.context_len, cfg.rope_scaling.rope_type, cfg.rope_scaling.factor) == (512, "yarn", 4.0)
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, {**LLAMA, "rope_scaling": {"type": "dynamic", "factor": 2.0}}))
+    assert (cfg.context_len, cfg.rope_scaling.max_position_embeddings) == (512, 256)
+    factors = {"short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    phi3 = {**LLAMA, "architectures": ["Phi3ForCausalLM"], "original_max_position_embeddings": 64,
+            "partial_rotary_factor": 0.75, "rope_scaling": {"type": "su", "original_max_position_embeddings": 32, **factors}}
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, phi3))
+    scaling = cfg.rope_scaling
+    assert (cfg.family, scaling.rope_type, scaling.original_max_position_embeddings, scaling.factor) == ("phi3", "longrope", 64, 4.0)
+    assert (cfg.context_len, cfg.rotary_dim, scaling.long_factor) == (256, 12, (2.0,) * 8)
 
 
 def test_eos_ids_union_of_lists(tmp_path):
@@ -121,6 +157,14 @@ def test_malformed_config(tmp_path):
 def test_config_reader_does_not_import_torch():
     code = "import sys, common.model_config, common.worker_env; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_phi3_sliding_window_applies_to_every_layer_like_mistral(tmp_path):
+    """transformers' Phi-3 attends within config.sliding_window (Phi-3-mini-4k: 2047) with no
+    use_sliding_window flag: every layer slides, over the full context."""
+    phi3 = {**LLAMA, "architectures": ["Phi3ForCausalLM"], "sliding_window": 100}
+    cfg = ModelConfig.from_model_dir(write_config(tmp_path, phi3))
+    assert cfg.context_len == 256 and cfg.layer_windows == (100,) * cfg.num_layers
 
 
 def test_refused_activation_names_agree_with_the_model_code():

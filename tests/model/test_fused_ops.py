@@ -66,11 +66,12 @@ def test_silu_mul(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("heads", [(9, 3), (4, 4), (8, 1)])
-def test_rope_store(dtype, heads):
+@pytest.mark.parametrize("rotary_dim", [64, 48])  # 48: a partial rotary, the last 16 dims passed through
+def test_rope_store(dtype, heads, rotary_dim):
     """Rotated q returned; rotated k and v written at their slots; other slots untouched."""
     h, kvh = heads
     d, num_slots = 64, 40
-    rotary = RotaryEmbedding(d, 10000.0, None)
+    rotary = RotaryEmbedding(d, 10000.0, None, rotary_dim)
     for rows in (1, 5, 17):
         qkv = torch.randn(rows, h + 2 * kvh, d).to(dtype)
         qk, v = qkv[:, : h + kvh], qkv[:, h + kvh :]  # views with qkv's strides, as the model passes them

@@ -137,3 +137,22 @@ def test_demo_q4_1_matches_transformers(demo_gguf_file):
     model_dir = gguf_model_dir(demo_gguf_file, with_tokenizer=False)
     prompt = [1, 4093, 198, 1780, 314, 260, 3575, 282, 4649, 47, 2, 198, 1, 520, 9531, 198]
     assert zserve_greedy(model_dir, [prompt], NEW_TOKENS)[0] == transformers_greedy(demo_gguf_file, prompt, NEW_TOKENS)
+
+
+@pytest.mark.parametrize("kind", ["phi3", "phi4_partial"])
+def test_phi3_gguf_matches_transformers_on_the_safetensors(tmp_path, kind):
+    """A phi3 GGUF as llama.cpp lays it out (fused attn_qkv and ffn_up, longrope factors as
+    tensors, rope.dimension_count for a partial rotary), in F32: zserve on the .gguf gives
+    transformers' greedy tokens on the safetensors it came from (transformers' GGUF loader reads
+    no longrope factors, so it cannot be the oracle here). Prompts on both sides of the original
+    context (48) and a decode across it."""
+    from testing.model_fixtures import HfReference
+
+    hf_dir = make_tiny_checkpoint(tmp_path / "hf", kind)
+    gguf_file = write_gguf(hf_dir, tmp_path / f"{kind}.gguf", "F32")
+    model_dir = gguf_model_dir(gguf_file, with_tokenizer=False)
+    prompts = [random_prompt(n, seed=n) for n in (7, 40, 60)]
+    ours = zserve_greedy(model_dir, prompts, NEW_TOKENS)
+    ref = HfReference(hf_dir)
+    for prompt, out in zip(prompts, ours, strict=True):
+        assert out == ref.generate(prompt, NEW_TOKENS), f"{kind}: prompt of {len(prompt)} tokens"

@@ -29,6 +29,7 @@ from zserve.model_proc.model_runner import ModelRunner
 PROMPT_LENS = (1, 5, 17, 40)
 NEW_TOKENS = 32
 LOGITS_ATOL = 1e-4
+ROPE_KINDS = ["llama_yarn", "llama_dynamic", "phi3", "phi4_partial"]  # RoPE scalings, Phi-3, partial rotary
 VARIANTS = {  # checkpoint name -> (kind, make_tiny_checkpoint options)
     **{kind: (kind, {}) for kind in TINY_KINDS},
     "llama_sharded": ("llama", {"num_shards": 3}),
@@ -71,6 +72,18 @@ def attention_path(request, monkeypatch):
 
 
 BOTH_PATHS = pytest.mark.parametrize("attention", ["kernel", "torch"])
+# the kinds each scenario runs on (every kind runs greedy generation and last logits)
+CHUNKED_KINDS = [
+    "llama", "llama3_rope", "qwen2", "qwen3", "gpt2", "mistral_window", "qwen2_window", "gemma3", "qwen3_moe", "mixtral",
+    *ROPE_KINDS,
+]
+PREFIX_HIT_KINDS = [
+    "llama", "qwen3", "gpt2", "mistral", "mistral_window", "qwen2_window", "gemma3", "qwen3_moe", *ROPE_KINDS,
+]
+MIXED_BATCH_KINDS = [
+    "llama", "qwen2", "qwen3", "gpt2", "llama_tied", "mistral_window", "qwen2_window", "gemma2", "qwen3_moe", "mixtral",
+    "qwen2_moe", *ROPE_KINDS,
+]
 
 
 def parity_runner(model_dir, page_size: int = 4) -> ModelRunner:
@@ -92,7 +105,7 @@ def test_greedy_matches_transformers_generate(checkpoints, name, attention):
 
 
 @pytest.mark.parametrize("chunk_size", [1, 3, 7])
-@pytest.mark.parametrize("name", ["llama", "llama3_rope", "qwen2", "qwen3", "gpt2", "mistral_window", "qwen2_window", "qwen3_moe", "mixtral"])
+@pytest.mark.parametrize("name", CHUNKED_KINDS)
 def test_chunked_prefill(checkpoints, name, chunk_size):
     model_dir, ref = checkpoints(name)
     driver = GreedyDriver(parity_runner(model_dir))
@@ -103,7 +116,7 @@ def test_chunked_prefill(checkpoints, name, chunk_size):
 
 @BOTH_PATHS
 @pytest.mark.parametrize("page_size", [1, 4, 16])
-@pytest.mark.parametrize("name", ["llama", "qwen3", "gpt2", "mistral", "mistral_window", "qwen2_window", "qwen3_moe"])
+@pytest.mark.parametrize("name", PREFIX_HIT_KINDS)
 def test_prefix_hit(checkpoints, name, page_size, attention):
     """B's first half comes from the pages A wrote (whole pages only, as a radix cache shares them)."""
     model_dir, ref = checkpoints(name)
@@ -121,7 +134,7 @@ def test_prefix_hit(checkpoints, name, page_size, attention):
 
 @BOTH_PATHS
 @pytest.mark.parametrize("page_size", [1, 16])
-@pytest.mark.parametrize("name", ["llama", "qwen2", "qwen3", "gpt2", "llama_tied", "mistral_window", "qwen2_window", "qwen3_moe", "mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("name", MIXED_BATCH_KINDS)
 def test_mixed_batches(checkpoints, name, page_size, attention):
     """8 requests of different lengths arrive over time, so every forward mixes whole prefills,
     chunks and decodes."""
@@ -277,3 +290,20 @@ def test_kv_sharers_read_the_source_logits_and_sample_with_their_own_parameters(
         assert result.next_token_ids[i] == expected.next_token_ids[0], i
         np.testing.assert_allclose(result.logprobs[i], expected.logprobs[0], rtol=0, atol=1e-6)
     assert result.next_token_ids[0] == int(logits[0].argmax())
+
+
+@BOTH_PATHS
+@pytest.mark.parametrize("name", ["phi3", "phi4_partial"])
+def test_longrope_against_unmodified_transformers(checkpoints, name, attention):
+    """The parity oracle keeps Phi-3's cache across the longrope switch (HfReference); here is
+    transformers' own generate, which drops it: equal for requests that stay on one side of
+    original_max_position_embeddings (48), a prompt past it included, and different only after a
+    request crosses it during decode (zserve keeps the short-rotated keys; rope_frequencies.py)."""
+    model_dir, _ = checkpoints(name)
+    ref = HfReference(model_dir, keep_cache=False)
+    driver = GreedyDriver(parity_runner(model_dir))
+    short, long = random_prompt(20, seed=20), random_prompt(60, seed=60)  # 20 + 28 = 48: never past it
+    ours = driver.generate([driver.add(short, 28), driver.add(long, NEW_TOKENS)])
+    assert ours == [ref.generate(short, 28), ref.generate(long, NEW_TOKENS)]
+    crossing = random_prompt(40, seed=40)
+    assert driver.generate([driver.add(crossing, NEW_TOKENS)])[0] != ref.generate(crossing, NEW_TOKENS)

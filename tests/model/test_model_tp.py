@@ -36,8 +36,12 @@ def run_and_record(runner: ModelRunner) -> dict:
     return {"outputs": outputs + shared_outputs, "logits": logits.tolist()}
 
 
-# gpt2: an odd vocab, padded on the last rank; the MoE kinds split every expert's intermediate dimension
-KINDS = {"llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}, "qwen3_moe": {}, "mixtral": {}, "qwen2_moe": {}}
+# gpt2, gemma3: an odd vocab, padded on the last rank (gemma3 tied to its embedding); the MoE kinds split every
+# expert's intermediate dimension
+KINDS = {
+    "llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}, "gemma2": {}, "gemma3": {"vocab_size": 601},
+    "qwen3_moe": {}, "mixtral": {}, "qwen2_moe": {}, "phi4_partial": {},  # phi4_partial: fused qkv, gate_up split per rank
+}
 GGUF_KINDS = {"llama": "F16", "qwen3_moe": "Q8_0"}  # kind -> the GGUF weight type of its file (dequantized)
 
 

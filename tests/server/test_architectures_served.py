@@ -23,7 +23,7 @@ FLAGS = ("--dtype", "float32", "--chunked-prefill-size", "16", "--page-size", "4
          "--num-threads", "1")  # fmt: skip
 # the architectures the model-level parity tests do not already serve end to end (tests/tp serves llama,
 # qwen3 and gpt2); sliding-window kinds have windows shorter than the long prompts here
-KINDS = ["mistral", "qwen2"]
+KINDS = ["mistral", "qwen2", "gemma2", "gemma3_mm", "qwen2_moe"]  # qwen3_moe, mixtral: test_moe_served.py
 PREFIX = "The quick brown fox jumps over the lazy dog, and the dog did not mind at all. " * 2
 BATCH_PROMPTS = ["Hello, world!", PREFIX + "Then it slept.", "你好，世界！ 🙂", "A", PREFIX[:50]]
 HIT_PROMPT = PREFIX + "And then it ran away."
