@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 
 from zserve.common.cache_root import cache_root
+from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, gemma_config
 from zserve.common.gguf_source import GGUF_SOURCE_FILE, write_gguf_source
 from zserve.launcher.model_cache import build_dir, ensure_chat_template, split_digits
 
@@ -69,14 +70,42 @@ def _build(gguf_file: Path, out_dir: Path, with_tokenizer: bool) -> None:
 
 def _write_config(gguf_file: Path, out_dir: Path) -> None:
     import gguf
-    from transformers import AutoConfig
 
     fields = gguf.GGUFReader(str(gguf_file)).fields
     arch = str(fields["general.architecture"].contents())
-    if arch not in ARCHITECTURES:
+    if arch in GEMMA_GGUF_ARCHITECTURES:  # transformers' GGUF config drops Gemma's softcaps, windows, local RoPE
+        _write_gemma_config(gguf_file, arch, out_dir)
+    elif arch not in ARCHITECTURES:
         raise ValueError(
-            f"{gguf_file.name}: GGUF architecture {arch!r} is not supported; supported: {', '.join(ARCHITECTURES)}"
+            f"{gguf_file.name}: GGUF architecture {arch!r} is not supported; "
+            f"supported: {', '.join([*ARCHITECTURES, *GEMMA_GGUF_ARCHITECTURES])}"
         )
+    else:
+        _write_transformers_config(gguf_file, arch, out_dir)
+    generation = {k: int(fields[f"tokenizer.ggml.{k}"].contents()) for k in ("bos_token_id", "eos_token_id")
+                  if f"tokenizer.ggml.{k}" in fields}
+    if generation:
+        (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_gemma_config(gguf_file: Path, arch: str, out_dir: Path) -> None:
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_file))
+    fields = {name: field.contents() for name, field in reader.fields.items() if name.startswith(f"{arch}.")}
+    embedding = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+    if embedding is None:
+        raise ValueError(f"{gguf_file.name}: no token_embd.weight tensor")
+    has_output = any(t.name == "output.weight" for t in reader.tensors)
+    config = gemma_config(arch, fields, has_output, int(embedding.shape[-1]), gguf_file.name)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+
+
+def _write_transformers_config(gguf_file: Path, arch: str, out_dir: Path) -> None:
+    import gguf
+    from transformers import AutoConfig
+
+    fields = gguf.GGUFReader(str(gguf_file)).fields
     config = AutoConfig.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     config.architectures = [ARCHITECTURES[arch]]
     if f"{arch}.attention.key_length" in fields:  # transformers leaves Qwen3's head_dim at its default (128)
@@ -90,10 +119,6 @@ def _write_config(gguf_file: Path, out_dir: Path) -> None:
     if _int_field(fields, f"{arch}.expert_count"):
         raw = {**json.loads((out_dir / "config.json").read_text(encoding="utf-8")), **_moe_keys(gguf_file, arch)}
         (out_dir / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    generation = {k: int(fields[f"tokenizer.ggml.{k}"].contents()) for k in ("bos_token_id", "eos_token_id")
-                  if f"tokenizer.ggml.{k}" in fields}
-    if generation:
-        (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n", encoding="utf-8")
 
 
 def _set_phi3_rope(reader, config) -> None:

@@ -1,4 +1,4 @@
-"""Read a Llama/Qwen2/Qwen3/Phi-3 (and Qwen3-MoE, Mixtral) GGUF file's tensors by their Hugging Face names.
+"""Read a Llama/Qwen2/Qwen3/Phi-3/Qwen3-MoE/Mixtral (and Gemma 2/3: common/gguf_gemma.py) GGUF file's tensors.
 
 The launcher turns `--model X.gguf` into a small directory (launcher/gguf_model_dir.py) whose
 `gguf_source.json` names the file (common/gguf_source.py); `open_checkpoint` picks this reader
@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
 from zserve.common.gguf_source import gguf_source
 from zserve.model_proc.checkpoint import Checkpoint
 from zserve.model_proc.gguf_blocks import STORED_TYPES, decode
@@ -71,6 +72,10 @@ GGUF_TO_HF = {  # blk.N.<key> -> model.layers.N.<value>
 }
 # phi3 (llama.cpp's converter): q/k/v fused, and ffn_up holds gate and up stacked (gate first)
 PHI3_TO_HF = {**GGUF_TO_HF, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
+# a GGUF architecture's block tensor names, where they differ from llama's
+BLOCK_NAMES_BY_ARCH = {
+    "phi3": PHI3_TO_HF, **{arch: {**GGUF_TO_HF, **GEMMA_GGUF_TO_HF} for arch in GEMMA_GGUF_ARCHITECTURES},
+}
 BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # rope scaling factors (llama 3's, phi3's longrope): config.json carries them (launcher/gguf_model_dir.py)
 SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
@@ -98,18 +103,17 @@ def open_checkpoint(model_dir: str | Path, show_progress: bool = False, quantiza
     return GGUFCheckpoint(model_dir, source, show_progress=show_progress, quantization=quantization)
 
 
-def hf_name(gguf_name: str, architecture: str = "llama") -> str | None:
+def hf_name(gguf_name: str, block_names: dict[str, str] = GGUF_TO_HF) -> str | None:
     """The Hugging Face name of a GGUF tensor (None for one we do not load)."""
     if gguf_name in SKIPPED:
         return None
     base, _, kind = gguf_name.rpartition(".")
     if base in GLOBAL_NAMES:
         return f"{GLOBAL_NAMES[base]}.{kind}"
-    names = PHI3_TO_HF if architecture == "phi3" else GGUF_TO_HF
     m = BLOCK_NAME.fullmatch(gguf_name)
-    if m is None or m.group(2) not in names:
+    if m is None or m.group(2) not in block_names:
         raise ValueError(f"GGUF tensor {gguf_name!r} has no Llama/Qwen counterpart")
-    return f"model.layers.{m.group(1)}.{names[m.group(2)]}.{m.group(3)}"
+    return f"model.layers.{m.group(1)}.{block_names[m.group(2)]}.{m.group(3)}"
 
 
 def moe_tensors(t, names: MoeNames) -> dict[str, object] | None:
@@ -152,9 +156,11 @@ class GGUFCheckpoint(Checkpoint):
         moe_names = MixtralForCausalLM.names if config.get("architectures") == ["MixtralForCausalLM"] else MoeNames()
         field = self._reader.fields.get("general.architecture")
         self.architecture = str(field.contents()) if field is not None else ""
+        self._gemma = self.architecture in GEMMA_GGUF_ARCHITECTURES  # norms stored as 1 + w (common/gguf_gemma.py)
+        block_names = BLOCK_NAMES_BY_ARCH.get(self.architecture, GGUF_TO_HF)
         self._tensors = {}
         for t in self._reader.tensors:
-            self._tensors.update(moe_tensors(t, moe_names) or {hf_name(t.name, self.architecture): t})
+            self._tensors.update(moe_tensors(t, moe_names) or {hf_name(t.name, block_names): t})
         self._tensors.pop(None, None)
         self._num_heads = int(config["num_attention_heads"])
         self._num_kv_heads = int(config.get("num_key_value_heads") or self._num_heads)
@@ -211,6 +217,8 @@ class GGUFCheckpoint(Checkpoint):
         else:
             tensor = torch.from_numpy(self._gguf.quants.dequantize(t.data, t.tensor_type))
         tensor = tensor.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGML lists dims innermost first
+        if self._gemma and is_shifted_norm(name):
+            tensor = tensor - NORM_SHIFT  # exact in fp32 for stored values in [0.5, 2] (Sterbenz)
         return self._unpermute(name, tensor)
 
     def _check_shape(self, name: str, shape: tuple[int, ...], expected_shape: tuple[int, ...]) -> None:

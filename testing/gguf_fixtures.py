@@ -24,13 +24,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zserve.common.gguf_gemma import GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
 from zserve.model_proc.gguf_checkpoint import GGUF_TO_HF, PHI3_TO_HF
 
 HF_TO_GGUF = {hf: gg for gg, hf in GGUF_TO_HF.items()}
 HF_TO_GGUF.update({hf: gg for gg, hf in PHI3_TO_HF.items() if gg in ("attn_qkv", "ffn_up")})
+GEMMA_HF_TO_GGUF = {hf: gg for gg, hf in {**GGUF_TO_HF, **GEMMA_GGUF_TO_HF}.items()}
 QUANTIZED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 ARCH_OF = {
     "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
+    "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
     "Qwen3MoeForCausalLM": "qwen3moe", "MixtralForCausalLM": "llama",
 }
 EXPERT_NAME = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
@@ -44,7 +47,7 @@ def permute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
     return weight.reshape(num_heads, 2, weight.shape[0] // num_heads // 2, *weight.shape[1:]).swapaxes(1, 2).reshape(weight.shape)
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, block_names: dict[str, str] = HF_TO_GGUF) -> str:
     if hf_name.startswith("blk."):  # stacked experts (_stacked_experts) are named already
         return hf_name
     if m := ROUTER_NAME.fullmatch(hf_name):
@@ -52,7 +55,7 @@ def gguf_name(hf_name: str) -> str:
     if hf_name.startswith("model.layers."):
         _, _, layer, rest = hf_name.split(".", 3)
         module, _, kind = rest.rpartition(".")
-        return f"blk.{layer}.{HF_TO_GGUF[module]}.{kind}"
+        return f"blk.{layer}.{block_names[module]}.{kind}"
     return {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
             "lm_head.weight": "output.weight"}[hf_name]
 
@@ -74,7 +77,9 @@ def write_gguf(model_dir: str | Path, out_path: str | Path, weight_type: str = "
     writer.add_feed_forward_length(config["intermediate_size"])
     writer.add_head_count(num_heads)
     writer.add_head_count_kv(num_kv_heads)
-    writer.add_rope_freq_base(float(config.get("rope_theta") or config.get("rope_parameters", {}).get("rope_theta", 10000.0)))
+    rope = config.get("rope_parameters") or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3: the global layers' base, as convert_hf_to_gguf writes it
+    writer.add_rope_freq_base(float(config.get("rope_theta") or rope.get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
     writer.add_vocab_size(config["vocab_size"])
     head_dim = config.get("head_dim") or config["hidden_size"] // num_heads
@@ -86,24 +91,31 @@ def write_gguf(model_dir: str | Path, out_path: str | Path, weight_type: str = "
         writer.add_expert_count(num_experts)
         writer.add_expert_used_count(config["num_experts_per_tok"])
         writer.add_expert_feed_forward_length(config.get("moe_intermediate_size") or config["intermediate_size"])
+    if arch in ("gemma2", "gemma3"):
+        from testing.gguf_gemma_fixtures import add_gemma_metadata
+
+        add_gemma_metadata(writer, arch, config)
     if (model_dir / "tokenizer.json").is_file():
         _add_tokenizer(writer, model_dir, config)
+    block_names = GEMMA_HF_TO_GGUF if arch in ("gemma2", "gemma3") else HF_TO_GGUF
     for name, data in _stacked_experts(load_file(str(model_dir / "model.safetensors"))).items():
+        if arch in ("gemma2", "gemma3") and is_shifted_norm(name):
+            data = data + np.float32(NORM_SHIFT)  # convert_hf_to_gguf stores Gemma's norms as 1 + w
         if arch == "llama" and ".self_attn.q_proj." in name:
             data = permute_rows(data, num_heads)
         elif arch == "llama" and ".self_attn.k_proj." in name:
             data = permute_rows(data, num_kv_heads)
-        tensor_type = "F32" if ROUTER_NAME.fullmatch(name) else type_of(weight_type, gguf_name(name))
+        tensor_type = "F32" if ROUTER_NAME.fullmatch(name) else type_of(weight_type, gguf_name(name, block_names))
         if data.ndim == 1 or tensor_type == "F32":
-            writer.add_tensor(gguf_name(name), np.ascontiguousarray(data, np.float32))
+            writer.add_tensor(gguf_name(name, block_names), np.ascontiguousarray(data, np.float32))
         elif tensor_type == "F16":
-            writer.add_tensor(gguf_name(name), data.astype(np.float16))
+            writer.add_tensor(gguf_name(name, block_names), data.astype(np.float16))
         elif tensor_type in QUANTIZED_TYPES:  # blocks along each row: 32 (Q8_0, Q4_0, Q4_1) or 256 values
             raw, qtype = quantized_tensor(tensor_type, data, seed=len(name))
-            writer.add_tensor(gguf_name(name), raw, raw_dtype=qtype)
+            writer.add_tensor(gguf_name(name, block_names), raw, raw_dtype=qtype)
         else:  # BF16: raw 16-bit words, typed by raw_dtype
             words = torch.from_numpy(np.ascontiguousarray(data)).bfloat16().view(torch.int16).numpy()
-            writer.add_tensor(gguf_name(name), words.view(np.uint8).reshape(*data.shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType.BF16)
+            writer.add_tensor(gguf_name(name, block_names), words.view(np.uint8).reshape(*data.shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType.BF16)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
