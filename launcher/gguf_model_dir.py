@@ -28,6 +28,7 @@ logger = logging.getLogger("launcher")
 
 ARCHITECTURES = {
     "llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "phi3": "Phi3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
 }
 
 
@@ -115,6 +116,9 @@ def _write_transformers_config(gguf_file: Path, arch: str, out_dir: Path) -> Non
     if arch == "phi3":
         _set_phi3_rope(gguf.GGUFReader(str(gguf_file)), config)
     config.to_json_file(str(out_dir / "config.json"))
+    if _int_field(fields, f"{arch}.expert_count"):
+        raw = {**json.loads((out_dir / "config.json").read_text(encoding="utf-8")), **_moe_keys(gguf_file, arch)}
+        (out_dir / "config.json").write_text(json.dumps(raw, indent=2, sort_keys=True) + "\n", encoding="utf-8")
 
 
 def _set_phi3_rope(reader, config) -> None:
@@ -133,6 +137,34 @@ def _set_phi3_rope(reader, config) -> None:
         rope.update(rope_type="longrope", original_max_position_embeddings=config.original_max_position_embeddings,
                     long_factor=factors["rope_factors_long.weight"], short_factor=factors["rope_factors_short.weight"])
     config.rope_parameters = rope
+
+
+def _int_field(fields, key: str) -> int:
+    return int(fields[key].contents()) if key in fields else 0
+
+
+def _moe_keys(gguf_file: Path, arch: str) -> dict:
+    """config.json's MoE keys from the metadata: Qwen3-MoE (expert width `expert_feed_forward_length`;
+    llama.cpp renormalises the top-k; layers without stacked experts are dense) or Mixtral (llama
+    with experts: every layer sparse, the experts as wide as feed_forward_length, no sliding window, as
+    Mixtral's own config.json says: transformers reads a llama file named "mistral" as MistralConfig,
+    whose default window is 4096)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(gguf_file))
+    fields = reader.fields
+    num_experts, top_k = _int_field(fields, f"{arch}.expert_count"), _int_field(fields, f"{arch}.expert_used_count")
+    if arch == "llama":
+        width = _int_field(fields, f"{arch}.expert_feed_forward_length") or _int_field(
+            fields, f"{arch}.feed_forward_length"
+        )
+        return {"architectures": ["MixtralForCausalLM"], "model_type": "mixtral", "num_local_experts": num_experts,
+                "num_experts_per_tok": top_k, "intermediate_size": width, "sliding_window": None}
+    sparse = {int(t.name.split(".")[1]) for t in reader.tensors if ".ffn_gate_exps." in t.name}
+    dense = sorted(set(range(_int_field(fields, f"{arch}.block_count"))) - sparse)
+    return {"num_experts": num_experts, "num_experts_per_tok": top_k, "norm_topk_prob": True,
+            "moe_intermediate_size": _int_field(fields, f"{arch}.expert_feed_forward_length"),
+            "decoder_sparse_step": 1, "mlp_only_layers": dense}
 
 
 def _write_tokenizer(gguf_file: Path, out_dir: Path) -> None:

@@ -1,4 +1,4 @@
-"""Read a Llama/Qwen2/Qwen3/Phi-3 (and Gemma 2/3: common/gguf_gemma.py) GGUF file's tensors by their HF names.
+"""Read a Llama/Qwen2/Qwen3/Phi-3/Qwen3-MoE/Mixtral (and Gemma 2/3: common/gguf_gemma.py) GGUF file's tensors.
 
 The launcher turns `--model X.gguf` into a small directory (launcher/gguf_model_dir.py) whose
 `gguf_source.json` names the file (common/gguf_source.py); `open_checkpoint` picks this reader
@@ -7,6 +7,10 @@ for such a directory and the safetensors `Checkpoint` otherwise. gguf.GGUFReader
     blk.N.attn_q.weight  -> model.layers.N.self_attn.q_proj.weight   (llama: rows un-permuted)
     blk.N.ffn_gate.weight -> model.layers.N.mlp.gate_proj.weight      ... (GGUF_TO_HF below)
     token_embd / output_norm / output -> model.embed_tokens / model.norm / lm_head
+    blk.N.ffn_gate_inp.weight  -> model.layers.N.mlp.gate.weight   (the MoE router)
+    blk.N.ffn_gate_exps.weight [n_expert, I, H] -> model.layers.N.mlp.experts.{e}.gate_proj.weight, one 2-D
+        slice per expert (ffn_up_exps, ffn_down_exps likewise; Mixtral, llama.cpp arch `llama`:
+        block_sparse_moe.experts.{e}.w1 / w3 / w2); a slice is read, dequantized or kept as stored like a matrix
 
 F32/F16/BF16 tensors are taken as stored; every other type is dequantized (float32, then cast
 to the parameter's dtype by `copy_into`), one log line per type. A tensor-parallel rank
@@ -31,6 +35,7 @@ import json
 import logging
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -42,6 +47,8 @@ from zserve.model_proc.checkpoint import Checkpoint
 from zserve.model_proc.gguf_blocks import STORED_TYPES, decode
 from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_weights import Int8Weight
+from zserve.model_proc.layers.sparse_moe import MoeNames
+from zserve.model_proc.models.moe import MixtralForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +80,18 @@ BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # rope scaling factors (llama 3's, phi3's longrope): config.json carries them (launcher/gguf_model_dir.py)
 SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
 Q8_0_BLOCK = 32  # values per Q8_0 block (one fp16 scale each), along the input dimension
+EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # stacked [n_expert, out, in]: MoeNames.projections
+ROUTER_TENSOR = "ffn_gate_inp"
+
+
+@dataclass(frozen=True)
+class ExpertSlice:
+    """One expert's 2-D matrix of a stacked GGUF tensor, read like a ReaderTensor (shape innermost first)."""
+
+    name: str
+    tensor_type: object  # gguf.GGMLQuantizationType
+    shape: tuple[int, int]
+    data: np.ndarray  # this expert's rows (bytes per row for a quantized type)
 
 
 def open_checkpoint(model_dir: str | Path, show_progress: bool = False, quantization: str = "none") -> Checkpoint:
@@ -97,6 +116,25 @@ def hf_name(gguf_name: str, block_names: dict[str, str] = GGUF_TO_HF) -> str | N
     return f"model.layers.{m.group(1)}.{block_names[m.group(2)]}.{m.group(3)}"
 
 
+def moe_tensors(t, names: MoeNames) -> dict[str, object] | None:
+    """A MoE layer's router or stacked experts (`t` a ReaderTensor) by Hugging Face name (one
+    ExpertSlice per expert); None for any other tensor."""
+    m = BLOCK_NAME.fullmatch(t.name)
+    if m is None or m.group(3) != "weight" or (m.group(2) != ROUTER_TENSOR and m.group(2) not in EXPERT_TENSORS):
+        return None
+    block = f"model.layers.{m.group(1)}.{names.block}"
+    if m.group(2) == ROUTER_TENSOR:
+        return {f"{block}.gate.weight": t}
+    projection = names.projections[EXPERT_TENSORS.index(m.group(2))]
+    if len(t.shape) != 3:
+        raise ValueError(f"GGUF tensor {t.name!r} has shape {list(t.shape)}; expected [in, out, n_expert]")
+    shape = (int(t.shape[0]), int(t.shape[1]))
+    return {
+        f"{block}.experts.{e}.{projection}.weight": ExpertSlice(f"{t.name}[{e}]", t.tensor_type, shape, t.data[e])
+        for e in range(int(t.shape[2]))
+    }
+
+
 def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Undo convert_hf_to_gguf's `permute` of q/k rows, as transformers' LlamaTensorProcessor does.
 
@@ -114,16 +152,16 @@ class GGUFCheckpoint(Checkpoint):
         self.gguf_file, self.quantization = gguf_file, quantization
         self._gguf = gguf
         self._reader = gguf.GGUFReader(str(gguf_file))
+        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+        moe_names = MixtralForCausalLM.names if config.get("architectures") == ["MixtralForCausalLM"] else MoeNames()
         field = self._reader.fields.get("general.architecture")
         self.architecture = str(field.contents()) if field is not None else ""
         self._gemma = self.architecture in GEMMA_GGUF_ARCHITECTURES  # norms stored as 1 + w (common/gguf_gemma.py)
         block_names = BLOCK_NAMES_BY_ARCH.get(self.architecture, GGUF_TO_HF)
         self._tensors = {}
         for t in self._reader.tensors:
-            name = hf_name(t.name, block_names)
-            if name is not None:
-                self._tensors[name] = t
-        config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
+            self._tensors.update(moe_tensors(t, moe_names) or {hf_name(t.name, block_names): t})
+        self._tensors.pop(None, None)
         self._num_heads = int(config["num_attention_heads"])
         self._num_kv_heads = int(config.get("num_key_value_heads") or self._num_heads)
         super().__init__(model_dir, show_progress=show_progress)

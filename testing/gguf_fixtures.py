@@ -5,6 +5,11 @@ llama.cpp's convert_hf_to_gguf.py lays it out, with the gguf package's GGUFWrite
     2-D weights in `weight_type` (F32, F16, BF16, Q8_0, Q4_0, Q4_1; Q4_K, Q5_K, Q6_K as random
     blocks; Q4_K_M: a mix of Q4_K, Q6_K and Q8_0), 1-D tensors (norms, biases) in F32
 
+Mixture of experts (Qwen3-MoE as `qwen3moe`, Mixtral as `llama` with experts): each layer's experts
+stacked into ffn_gate_exps / ffn_up_exps / ffn_down_exps [n_expert, out, in] in `weight_type`, the
+router ffn_gate_inp in F32 (as convert_hf_to_gguf keeps it), expert_count / expert_used_count /
+expert_feed_forward_length in the metadata.
+
 With a tokenizer.json in the directory (byte-level BPE), its vocabulary, merges, special ids
 and chat template go into the metadata too, so transformers (and zserve) can rebuild it.
 transformers' own GGUF loader is the oracle for the tests that read these files.
@@ -13,6 +18,7 @@ transformers' own GGUF loader is the oracle for the tests that read these files.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +34,12 @@ QUANTIZED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K
 ARCH_OF = {
     "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",
     "Gemma2ForCausalLM": "gemma2", "Gemma3ForCausalLM": "gemma3",
+    "Qwen3MoeForCausalLM": "qwen3moe", "MixtralForCausalLM": "llama",
 }
+EXPERT_NAME = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.experts\.(\d+)\.(\w+)\.weight")
+ROUTER_NAME = re.compile(r"model\.layers\.(\d+)\.(?:mlp|block_sparse_moe)\.gate\.weight")
+EXPERT_GGUF = {"gate_proj": "ffn_gate_exps", "up_proj": "ffn_up_exps", "down_proj": "ffn_down_exps",
+               "w1": "ffn_gate_exps", "w3": "ffn_up_exps", "w2": "ffn_down_exps"}
 
 
 def permute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
@@ -37,6 +48,10 @@ def permute_rows(weight: np.ndarray, num_heads: int) -> np.ndarray:
 
 
 def gguf_name(hf_name: str, block_names: dict[str, str] = HF_TO_GGUF) -> str:
+    if hf_name.startswith("blk."):  # stacked experts (_stacked_experts) are named already
+        return hf_name
+    if m := ROUTER_NAME.fullmatch(hf_name):
+        return f"blk.{m.group(1)}.ffn_gate_inp.weight"
     if hf_name.startswith("model.layers."):
         _, _, layer, rest = hf_name.split(".", 3)
         module, _, kind = rest.rpartition(".")
@@ -71,6 +86,11 @@ def write_gguf(model_dir: str | Path, out_path: str | Path, weight_type: str = "
     writer.add_rope_dimension_count(head_dim if arch != "phi3" else _add_phi3_rope(writer, config, head_dim))
     writer.add_key_length(head_dim)
     writer.add_value_length(head_dim)
+    num_experts = config.get("num_experts") or config.get("num_local_experts") or 0
+    if num_experts:
+        writer.add_expert_count(num_experts)
+        writer.add_expert_used_count(config["num_experts_per_tok"])
+        writer.add_expert_feed_forward_length(config.get("moe_intermediate_size") or config["intermediate_size"])
     if arch in ("gemma2", "gemma3"):
         from testing.gguf_gemma_fixtures import add_gemma_metadata
 
@@ -78,15 +98,14 @@ def write_gguf(model_dir: str | Path, out_path: str | Path, weight_type: str = "
     if (model_dir / "tokenizer.json").is_file():
         _add_tokenizer(writer, model_dir, config)
     block_names = GEMMA_HF_TO_GGUF if arch in ("gemma2", "gemma3") else HF_TO_GGUF
-    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
-        data = tensor.float().numpy()
+    for name, data in _stacked_experts(load_file(str(model_dir / "model.safetensors"))).items():
         if arch in ("gemma2", "gemma3") and is_shifted_norm(name):
             data = data + np.float32(NORM_SHIFT)  # convert_hf_to_gguf stores Gemma's norms as 1 + w
         if arch == "llama" and ".self_attn.q_proj." in name:
             data = permute_rows(data, num_heads)
         elif arch == "llama" and ".self_attn.k_proj." in name:
             data = permute_rows(data, num_kv_heads)
-        tensor_type = type_of(weight_type, gguf_name(name, block_names))
+        tensor_type = "F32" if ROUTER_NAME.fullmatch(name) else type_of(weight_type, gguf_name(name, block_names))
         if data.ndim == 1 or tensor_type == "F32":
             writer.add_tensor(gguf_name(name, block_names), np.ascontiguousarray(data, np.float32))
         elif tensor_type == "F16":
@@ -96,12 +115,28 @@ def write_gguf(model_dir: str | Path, out_path: str | Path, weight_type: str = "
             writer.add_tensor(gguf_name(name, block_names), raw, raw_dtype=qtype)
         else:  # BF16: raw 16-bit words, typed by raw_dtype
             words = torch.from_numpy(np.ascontiguousarray(data)).bfloat16().view(torch.int16).numpy()
-            writer.add_tensor(gguf_name(name, block_names), words.view(np.uint8).reshape(data.shape[0], -1), raw_dtype=gguf.GGMLQuantizationType.BF16)
+            writer.add_tensor(gguf_name(name, block_names), words.view(np.uint8).reshape(*data.shape[:-1], -1), raw_dtype=gguf.GGMLQuantizationType.BF16)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
     return out_path
+
+
+def _stacked_experts(tensors: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """float32 arrays by name (GGUF names for stacked experts, Hugging Face names otherwise): each
+    layer's experts.{e}.<projection> stacked in expert order as one [n_expert, out, in] array."""
+    out: dict[str, np.ndarray] = {}
+    stacks: dict[str, dict[int, np.ndarray]] = {}
+    for name, tensor in tensors.items():
+        if m := EXPERT_NAME.fullmatch(name):
+            key = f"blk.{m.group(1)}.{EXPERT_GGUF[m.group(3)]}.weight"
+            stacks.setdefault(key, {})[int(m.group(2))] = tensor.float().numpy()
+        else:
+            out[name] = tensor.float().numpy()
+    for key, experts in stacks.items():
+        out[key] = np.stack([experts[e] for e in range(len(experts))])
+    return out
 
 
 def _add_phi3_rope(writer, config: dict, head_dim: int) -> int:
@@ -191,7 +226,8 @@ def quantized_tensor(type_name: str, data: np.ndarray, seed: int):
 
     qtype = gguf.GGMLQuantizationType[type_name]
     if type_name in K_QUANT_BLOCK_BYTES:
-        return random_k_blocks(type_name, *data.shape, seed=seed), qtype
+        rows = int(np.prod(data.shape[:-1]))  # stacked experts: [n_expert, out, in] as n_expert * out rows
+        return random_k_blocks(type_name, rows, data.shape[-1], seed=seed).reshape(*data.shape[:-1], -1), qtype
     return gguf.quants.quantize(np.ascontiguousarray(data, np.float32), qtype), qtype
 
 
@@ -205,3 +241,34 @@ def type_of(weight_type: str, gguf_tensor_name: str) -> str:
         return weight_type
     key = gguf_tensor_name.split(".")[-2] if gguf_tensor_name.startswith("blk.") else gguf_tensor_name.split(".")[0]
     return Q4_K_M_MIX.get(key, "Q4_K")
+
+
+def dequantized_hf_dir(model_dir: str | Path, gguf_file: str | Path, out_dir: str | Path) -> Path:
+    """A copy of `model_dir` whose weights are the GGUF file's, dequantized by gguf itself (the
+    oracle for a quantized file: transformers on exactly the weights the file holds). Each tensor
+    is found by write_gguf's names (an expert by its slice of the stack), llama's q/k rows put back."""
+    import shutil
+
+    import gguf
+    from safetensors.torch import load_file, save_file
+
+    model_dir, out_dir = Path(model_dir), Path(out_dir)
+    config = json.loads((model_dir / "config.json").read_text(encoding="utf-8"))
+    arch = ARCH_OF[config["architectures"][0]]
+    stored = {t.name: t for t in gguf.GGUFReader(str(gguf_file)).tensors}
+    out = {}
+    for name, tensor in load_file(str(model_dir / "model.safetensors")).items():
+        m = EXPERT_NAME.fullmatch(name)
+        t = stored[f"blk.{m.group(1)}.{EXPERT_GGUF[m.group(3)]}.weight" if m else gguf_name(name)]
+        data = np.array(t.data) if t.tensor_type.name == "F32" else gguf.quants.dequantize(t.data, t.tensor_type)
+        data = data.reshape([int(d) for d in reversed(t.shape)])
+        data = data[int(m.group(2))] if m else data
+        heads = {".self_attn.q_proj.": config["num_attention_heads"], ".self_attn.k_proj.": config["num_key_value_heads"]}
+        for part, num_heads in heads.items():
+            if arch == "llama" and part in name:  # undo permute_rows: rows = file rows at the inverse order
+                order = permute_rows(np.arange(data.shape[0]), num_heads)
+                data = data[np.argsort(order)]
+        out[name] = torch.from_numpy(np.ascontiguousarray(data, np.float32)).reshape(tensor.shape)
+    shutil.copytree(model_dir, out_dir)
+    save_file(out, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    return out_dir

@@ -42,6 +42,7 @@ KINDS = {
     "llama": {}, "gpt2": {"vocab_size": 601}, "qwen3": {}, "gemma2": {}, "gemma3": {"vocab_size": 601},
     "qwen3_moe": {}, "mixtral": {}, "qwen2_moe": {}, "phi4_partial": {},  # phi4_partial: fused qkv, gate_up split per rank
 }
+GGUF_KINDS = {"llama": "F16", "qwen3_moe": "Q8_0"}  # kind -> the GGUF weight type of its file (dequantized)
 
 
 def expert_columns(model: torch.nn.Module) -> int:
@@ -70,11 +71,13 @@ def rank_main(rank: int, model_dirs: dict[str, str], port: int, out_path: str) -
 
 def test_two_ranks_match_one(tmp_path, monkeypatch):
     """One pair of rank processes runs every kind (process start-up dominates the cost), and the llama
-    as an F16 GGUF file (each rank dequantizes whole tensors and keeps its rows)."""
+    as an F16 GGUF file and the qwen3_moe as a Q8_0 one (each rank dequantizes whole tensors, or
+    expert slices, and keeps its rows)."""
     model_dirs = {kind: str(make_tiny_checkpoint(tmp_path / kind, kind, **overrides)) for kind, overrides in KINDS.items()}
     monkeypatch.setenv("ZSERVE_CACHE_DIR", str(private_cache_dir(tmp_path / "cache")))  # the kernels' build shared
-    gguf_file = write_gguf(model_dirs["llama"], tmp_path / "llama.gguf", "F16")
-    model_dirs["llama_gguf"] = str(gguf_model_dir(gguf_file, with_tokenizer=False))
+    for kind, weight_type in GGUF_KINDS.items():  # each expert slice of a stacked MoE tensor split too
+        gguf_file = write_gguf(model_dirs[kind], tmp_path / f"{kind}.gguf", weight_type)
+        model_dirs[f"{kind}_gguf"] = str(gguf_model_dir(gguf_file, with_tokenizer=False))
     out_path = tmp_path / "rank0.json"
     mp.start_processes(rank_main, args=(model_dirs, free_port(), str(out_path)), nprocs=TP_SIZE, start_method="spawn")
     sharded = json.loads(out_path.read_text())
@@ -87,9 +90,10 @@ def test_two_ranks_match_one(tmp_path, monkeypatch):
         assert sharded[kind]["outputs"] == single["outputs"], kind
         assert single["outputs"][-1] == single["outputs"][-2], kind  # the KV-sharing one decodes as its source
         np.testing.assert_allclose(np.array(sharded[kind]["logits"]), np.array(single["logits"]), atol=1e-4, rtol=0, err_msg=kind)
-    single = run_and_record(make_runner(model_dirs["llama_gguf"], device="cpu", dtype="float32", page_size=4, kv_cache_tokens=512))
-    assert sharded["llama_gguf"]["outputs"] == single["outputs"]
-    np.testing.assert_allclose(np.array(sharded["llama_gguf"]["logits"]), np.array(single["logits"]), atol=1e-4, rtol=0)
+    for name in (f"{kind}_gguf" for kind in GGUF_KINDS):
+        single = run_and_record(make_runner(model_dirs[name], device="cpu", dtype="float32", page_size=4, kv_cache_tokens=512))
+        assert sharded[name]["outputs"] == single["outputs"], name
+        np.testing.assert_allclose(np.array(sharded[name]["logits"]), np.array(single["logits"]), atol=1e-4, rtol=0, err_msg=name)
 
 
 def test_heads_must_split(tmp_path):
