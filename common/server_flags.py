@@ -52,8 +52,8 @@ def env_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, tuple[str
 FLAG_SPECS: dict[str, FlagSpec] = {
     # ModelSection
     'model': FlagSpec(
-        'model directory (config.json + safetensors + tokenizer), or a Llama/Qwen2/Qwen3 .gguf file (or a '
-        'directory holding one); default: the SmolLM2-135M-Instruct demo model, fetched on first use',
+        'model directory (config.json + safetensors + tokenizer), or a .gguf file (llama, qwen2, qwen3, '
+        'qwen3moe, phi3, gemma2, gemma3; or a directory holding one); default: the SmolLM2-135M-Instruct demo model, fetched on first use',
         aliases=('--model-path',),
         positional=True,
     ),
