@@ -53,7 +53,8 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     # ModelSection
     'model': FlagSpec(
         'model directory (config.json + safetensors + tokenizer), or a .gguf file (llama, qwen2, qwen3, '
-        'qwen3moe, phi3, gemma2, gemma3; or a directory holding one); default: the SmolLM2-135M-Instruct demo model, fetched on first use',
+        'qwen3moe, phi3, gemma2, gemma3; or a directory holding one); default: the SmolLM2-135M-Instruct demo '
+        'model, fetched on first use',
         aliases=('--model-path',),
         positional=True,
     ),
