@@ -97,11 +97,11 @@ class RequestValidator:
         if kind != "messages" and body.get("continue_final_message"):
             raise ValueError("continue_final_message continues a chat's last message: it needs messages, not a prompt")
         if kind == "prompt":
-            input_ids = self._encode_prompt(body["prompt"])
+            input_ids = self.encode_prompt(body["prompt"])
         elif kind == "input_ids":
-            input_ids = self._check_ids(body["input_ids"])
+            input_ids = self.check_ids(body["input_ids"])
         else:
-            input_ids = self._encode_messages(body["messages"], self._check_tools(body.get("tools")),
+            input_ids = self.encode_messages(body["messages"], self.check_tools(body.get("tools")),
                                               self._check_continue(body.get("continue_final_message", False)))
 
         if not input_ids:
@@ -116,15 +116,15 @@ class RequestValidator:
             raise ValueError(over_context_error(self.context_len, len(input_ids), params.max_tokens, prompt_word))
         return input_ids, params
 
-    def _encode_prompt(self, prompt: Any) -> list[int]:
+    def encode_prompt(self, prompt: Any, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(prompt, str):
             raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
         if not prompt:
             raise ValueError("prompt is empty")
         self._check_text_len(len(prompt))
-        return self.tokenizer.encode(prompt)
+        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
 
-    def _check_ids(self, ids: Any) -> list[int]:
+    def check_ids(self, ids: Any) -> list[int]:
         if not isinstance(ids, (list, tuple)):
             raise ValueError(f"input_ids must be a list of integers, got {type(ids).__name__}")
         if not ids:
@@ -141,7 +141,7 @@ class RequestValidator:
                 raise ValueError(f"input_ids[{i}] = {t} is not a token id (vocabulary size {self.vocab_size})")
         return list(ids)
 
-    def _check_tools(self, tools: Any) -> list[dict] | None:
+    def check_tools(self, tools: Any) -> list[dict] | None:
         """`tools`: function definitions for the chat template ({"type": "function", "function": {...}})."""
         if tools is None:
             return None
@@ -157,7 +157,7 @@ class RequestValidator:
             raise ValueError(f"continue_final_message must be a boolean, got {type(value).__name__}")
         return value
 
-    def _encode_messages(
+    def encode_messages(
         self, messages: Any, tools: list[dict] | None = None, continue_final: bool = False,
     ) -> list[int]:
         if not isinstance(messages, (list, tuple)) or not messages:

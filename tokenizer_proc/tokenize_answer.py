@@ -22,13 +22,12 @@ def answer_tokenize(validator: RequestValidator, msg: TokenizeReq) -> TokenizeOu
         if len(given) != 1 or not isinstance(msg.add_special_tokens, bool):
             raise ValueError(f"give exactly one of prompt, messages, input_ids; got {' and '.join(given) or 'none'}")
         if given == ["input_ids"]:
-            ids = validator._check_ids(body["input_ids"])
+            ids = validator.check_ids(body["input_ids"])
             return TokenizeOut(msg.req_id, input_ids=ids, text=validator.tokenizer.decode(ids))
         if given == ["prompt"]:
-            validator._encode_prompt(body["prompt"])  # the type and length checks
-            ids = validator.tokenizer.encode(body["prompt"], add_special_tokens=msg.add_special_tokens)
+            ids = validator.encode_prompt(body["prompt"], msg.add_special_tokens)
         else:
-            ids = validator._encode_messages(body["messages"], validator._check_tools(body.get("tools")))
+            ids = validator.encode_messages(body["messages"], validator.check_tools(body.get("tools")))
     except ValueError as exc:
         return TokenizeOut(msg.req_id, code=ErrorCode.INVALID, error=str(exc))
     return TokenizeOut(msg.req_id, input_ids=list(ids))
