@@ -3,7 +3,8 @@
 SGLang's request fields `lora_path`, `return_hidden_states`, `priority`, `logprob_start_len`,
 `custom_logit_processor` and `session_params` each ask for something zserve does not do (an adapter, the
 hidden states, a queue order, the prompt's logprobs from a position, a client's logit processor, a session's
-history). Accepting them silently would answer a 200 with something other than what was asked, so a value
+history), as do vLLM's `guided_whitespace_pattern` and a `guided_decoding_backend` other than xgrammar. Accepting
+them silently would answer a 200 with something other than what was asked, so a value
 other than the field's default is refused, --strict-requests or not. At its default (null, false, -1: what
 sglang-router adds to every request it forwards) the field changes nothing and stays accepted with the one
 INFO note of unknown_fields.py.
@@ -24,6 +25,9 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[tuple[Any, ...], str]] = {
     "logprob_start_len": ((None, -1), "prompt logprobs from a position are not supported (use prompt_logprobs)"),
     "custom_logit_processor": ((None, ""), "custom logit processors are not supported"),
     "session_params": ((None, {}), "sessions are not supported"),
+    # vLLM's older structured-output tuning (structured_output.py refuses the same inside structured_outputs)
+    "guided_whitespace_pattern": ((None, ""), "the grammar's whitespace is xgrammar's"),
+    "guided_decoding_backend": ((None, "", "xgrammar", "auto"), "the grammar backend is --grammar-backend's"),
 }
 
 

@@ -26,6 +26,8 @@ REFUSED = [
     ("logprob_start_len", 0),
     ("custom_logit_processor", "{\"callable\": \"...\"}"),
     ("session_params", {"id": "s1"}),
+    ("guided_whitespace_pattern", "[ ]?"),
+    ("guided_decoding_backend", "outlines"),
 ]
 DEFAULTS = [("lora_path", None), ("return_hidden_states", False), ("priority", 0), ("logprob_start_len", -1),
             ("custom_logit_processor", None), ("session_params", None)]
@@ -58,6 +60,12 @@ def test_the_same_field_at_its_default_is_accepted_also_under_strict(path, name,
     status, body, client = post({**BODIES[path], name: value}, path, strict=True)
     assert status == 200, body
     assert len(client.submitted) == 1 and name not in client.submitted[0]
+
+
+def test_vllms_backend_field_naming_xgrammar_is_accepted():
+    """Not SGLang's: a field this server does not declare, so ignored with the warning (a 400 under strict)."""
+    status, body, client = post({**CHAT, "guided_decoding_backend": "xgrammar"}, "/v1/chat/completions")
+    assert status == 200 and len(client.submitted) == 1, body
 
 
 def test_a_default_of_the_wrong_type_is_refused():
