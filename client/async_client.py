@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -26,7 +27,7 @@ from zserve.client.connection_watch import ConnectionWatch, lost_message
 from zserve.client.request_body import num_copies, refuse_copies
 from zserve.client.result_builder import ResultBuilder
 from zserve.client.types import GenerateResult, RequestTimeoutError, ServerGoneError, resolve_api_key
-from zserve.common.messages import StatsOut
+from zserve.common.messages import StatsOut, TokenizeOut
 from zserve.common.server_config import DEFAULT_CLIENT_PORT
 
 LOST_GRACE_S = 0.2  # after the connection closes, outputs already received are filed before requests fail
@@ -174,6 +175,20 @@ class AsyncClient:
             return stats
         finally:
             self._core.drop_stats(req_id)
+
+    async def tokenize(self, body: dict[str, Any], add_special_tokens: bool = True) -> TokenizeOut:
+        """The server's tokenizer on `body` (ClientCore.tokenize_request): the ids, or for input_ids the text."""
+        self._ensure_started()
+        req_id, frame = self._core.tokenize_request(body, add_special_tokens)
+        await self._sock.send(frame)
+        deadline = time.monotonic() + (self.timeout_s or 10.0)
+        try:
+            while (answer := self._core.take_tokenize(req_id)) is None:
+                if not await self._arrival(req_id, deadline):
+                    raise TimeoutError(f"no tokenize answer within {self.timeout_s or 10.0}s")
+            return answer
+        finally:
+            self._core.drop_tokenize(req_id)
 
     async def close(self) -> None:
         for frame in self._core.close():

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zserve.client.request_body import build_body, encode_request, new_req_id, num_copies
-from zserve.client.types import stats_or_raise
+from zserve.client.types import server_error, stats_or_raise
 from zserve.common.messages import (
     CLIENT_TO_FRONTEND,
     FRONTEND_TO_CLIENT,
@@ -38,6 +38,8 @@ from zserve.common.messages import (
     ReqOutput,
     StatsOut,
     StatsReq,
+    TokenizeOut,
+    TokenizeReq,
 )
 
 
@@ -58,6 +60,8 @@ class ClientCore:
         self.finished_ids: set[int] = set()  # in flight, with their last output among their unread ones
         # stats requests sent -> answer, once it came
         self.stats_answers: dict[int, StatsOut | BaseException | None] = {}
+        # tokenize requests sent -> answer, once it came
+        self.tokenize_answers: dict[int, TokenizeOut | BaseException | None] = {}
         self.last_ack_s = time.monotonic()  # when the server last answered a heartbeat
 
     # ---- frames out -----------------------------------------------------------------------------
@@ -85,6 +89,12 @@ class ClientCore:
         self.stats_answers[req_id] = None
         return req_id, CLIENT_TO_FRONTEND.encode(StatsReq(req_id, api_key=self.api_key))
 
+    def tokenize_request(self, body: dict[str, Any], add_special_tokens: bool = True) -> tuple[int, bytes]:
+        """`body`: {"prompt": str}, {"messages": [...], "tools"?: [...]} (to encode) or {"input_ids": [...]}."""
+        req_id = new_req_id()
+        self.tokenize_answers[req_id] = None
+        return req_id, CLIENT_TO_FRONTEND.encode(TokenizeReq(req_id, body, add_special_tokens, self.api_key))
+
     def heartbeat(self) -> bytes:
         return CLIENT_TO_FRONTEND.encode(Heartbeat(self.client_id, self.api_key))
 
@@ -94,6 +104,7 @@ class ClientCore:
         self.requests.clear()
         self.finished_ids.clear()
         self.stats_answers.clear()
+        self.tokenize_answers.clear()
         return frames
 
     # ---- frames in ------------------------------------------------------------------------------
@@ -115,6 +126,11 @@ class ClientCore:
                 return None
             self.stats_answers[msg.req_id] = msg
             return msg.req_id
+        if isinstance(msg, TokenizeOut):
+            if self.tokenize_answers.get(msg.req_id, False) is not None:
+                return None  # not asked, or already answered
+            self.tokenize_answers[msg.req_id] = msg
+            return msg.req_id
         if isinstance(msg, HeartbeatAck):
             self.last_ack_s = time.monotonic()
         return None
@@ -124,9 +140,10 @@ class ClientCore:
         are read, and each stats request waiting raises it (requests sent later are not failed)."""
         for request in self.requests.values():
             request.error = error
-        for req_id, answer in self.stats_answers.items():
-            if answer is None:
-                self.stats_answers[req_id] = error
+        for answers in (self.stats_answers, self.tokenize_answers):
+            for req_id, answer in answers.items():
+                if answer is None:
+                    answers[req_id] = error
 
     # ---- reading --------------------------------------------------------------------------------
 
@@ -175,6 +192,22 @@ class ClientCore:
 
     def drop_stats(self, req_id: int) -> None:
         self.stats_answers.pop(req_id, None)
+
+    def take_tokenize(self, req_id: int) -> TokenizeOut | None:
+        """The answer to `tokenize_request`'s req_id once it came (then forgotten), else None; ServerError
+        when the server refused it."""
+        answer = self.tokenize_answers.get(req_id)
+        if answer is None:
+            return None
+        del self.tokenize_answers[req_id]
+        if isinstance(answer, BaseException):
+            raise answer
+        if answer.code is not None:
+            raise server_error(answer.error or "tokenize refused", answer.code)
+        return answer
+
+    def drop_tokenize(self, req_id: int) -> None:
+        self.tokenize_answers.pop(req_id, None)
 
     def silent_for_s(self) -> float:
         """Seconds since the server last answered a heartbeat (or since this core began)."""

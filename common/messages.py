@@ -8,9 +8,9 @@ exactly the messages it carries (bottom of this file).
 
 Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the client port):
 
-    client  <-> frontend     ROUTER (tcp, --host/--port)  GenerateReq AbortReq Heartbeat StatsReq |
-                                                          ReqOutput StatsOut HeartbeatAck
-                             (GenerateReq, Heartbeat and StatsReq carry the --api-key; an AbortReq
+    client  <-> frontend     ROUTER (tcp, --host/--port)  GenerateReq AbortReq Heartbeat StatsReq TokenizeReq |
+                                                          ReqOutput StatsOut HeartbeatAck TokenizeOut
+                             (GenerateReq, Heartbeat, StatsReq and TokenizeReq carry the --api-key; an AbortReq
                              only stops a request its own connection sent)
     frontend -> scheduler    inbox                        TokenizedReq AbortReq StatsReq
     detok   -> scheduler     inbox                        AbortReq (a stop string matched)
@@ -119,6 +119,27 @@ class StatsOut(Message, tag=15):
             out.update({f"requests_finished_{reason.text}": n for reason, n in self.frontend.num_finished.items()})
             out.update({f"requests_error_{code.text}": n for code, n in self.frontend.num_errors.items()})
         return {**out, **self.info, "histograms": {name: h.to_dict() for name, h in self.histograms.items()}}
+
+
+class TokenizeReq(Message, tag=17):
+    """POST /tokenize and /detokenize: the frontend's tokenizer and chat template, nothing scheduled.
+    `body` is what to encode ({"prompt": str} or {"messages": [...], "tools"?: [...]}) or to decode
+    ({"input_ids": [...]})."""
+
+    req_id: int
+    body: dict[str, Any]
+    add_special_tokens: bool = True  # with a prompt: the tokenizer's BOS (and such), as vLLM's field says
+    api_key: str = ""
+
+
+class TokenizeOut(Message, tag=18):
+    """The answer to a TokenizeReq: the prompt's ids, or the ids' text; `code` and `error` when refused."""
+
+    req_id: int
+    input_ids: list[int] = field(default_factory=list)
+    text: str | None = None
+    code: ErrorCode | None = None
+    error: str | None = None
 
 
 class PromptLogprobs(Message):
@@ -286,8 +307,8 @@ class DrainDone(Message, tag=53):
     num_drained: int  # requests that were in flight when the drain began
 
 
-CLIENT_TO_FRONTEND = Codec(GenerateReq, AbortReq, Heartbeat, StatsReq)
-FRONTEND_TO_CLIENT = Codec(ReqOutput, StatsOut, HeartbeatAck)
+CLIENT_TO_FRONTEND = Codec(GenerateReq, AbortReq, Heartbeat, StatsReq, TokenizeReq)
+FRONTEND_TO_CLIENT = Codec(ReqOutput, StatsOut, HeartbeatAck, TokenizeOut)
 SCHEDULER_INBOX = Codec(TokenizedReq, AbortReq, StatsReq)
 DETOK_INBOX = Codec(DetokRegister, TokenOutBatch, ReqOutput, StatsOut)
 FRONTEND_INBOX = Codec(ReqOutput, StatsOut, FailAll, Drain)

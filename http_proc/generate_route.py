@@ -33,6 +33,7 @@ from zserve.http_proc.disconnect_watch import until_disconnect
 from zserve.http_proc.http_state import HttpState
 from zserve.http_proc.openai_formatter import SSE_DONE, sse
 from zserve.http_proc.openai_protocol import SubRequest
+from zserve.http_proc.refused_fields import refuse_unhonoured
 from zserve.http_proc.request_group import ChoiceEvent, RequestGroup
 from zserve.http_proc.response_guard import guarded, guarded_stream
 from zserve.http_proc.sglang_generate import from_sglang_body, is_batch, is_sglang_body, sglang_output
@@ -61,6 +62,7 @@ async def parse_body(state: HttpState, request: Request) -> tuple[list[SubReques
         raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     sglang = is_sglang_body(body)
     if sglang:
+        refuse_unhonoured(body)
         body, ignored = from_sglang_body(body)
         state.unknown_fields.check_paths([tuple(name.split(".")) for name in ignored], "/generate")
     stream = body.pop("stream", False)

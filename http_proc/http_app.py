@@ -10,6 +10,7 @@
     GET  /v1/models            the one model served (openai_routes.py)
     POST /v1/completions       openai_routes.py
     POST /v1/chat/completions  openai_routes.py
+    POST /tokenize, /detokenize  vLLM's: the frontend's tokenizer (tokenize_route.py)
     POST /generate             generate_route.py
 
 Every request first passes the RequestGate (request_gate.py: Host, Origin/CORS, API key, JSON
@@ -36,6 +37,7 @@ from zserve.http_proc.openai_routes import openai_routes
 from zserve.http_proc.request_gate import RequestGate
 from zserve.http_proc.response_guard import error_response
 from zserve.http_proc.server_info import server_info_routes
+from zserve.http_proc.tokenize_route import tokenize_routes
 
 
 def build_app(state: HttpState) -> RequestGate:
@@ -67,6 +69,7 @@ def build_app(state: HttpState) -> RequestGate:
     routes = [
         *openai_routes(state),
         *generate_routes(state),
+        *tokenize_routes(state),
         *server_info_routes(state.info, state.client),
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),

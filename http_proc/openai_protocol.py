@@ -21,10 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.reasoning_parser import ReasoningOptions, ReasoningParser
+from zserve.http_proc.structured_output import StructuredOutput
 from zserve.http_proc.tool_call_parser import ToolCallParser
 from zserve.http_proc.tool_choice import ForcedToolChoice
 from zserve.http_proc.unknown_fields import field_path
 
+STRUCTURED_OUTPUT_FIELDS = (
+    "regex", "ebnf", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
+)
 MAX_CHOICES = 128  # n x prompts: each is one request in the server's queue
 RequestT = TypeVar("RequestT", bound=BaseModel)
 
@@ -96,6 +100,11 @@ class SamplingRequest(RequestModel):
     response_format: dict[str, Any] | None = None
     regex: str | None = None  # structured output extras, as SGLang names them
     ebnf: str | None = None
+    structured_outputs: dict[str, Any] | None = None  # vLLM's: {json | regex | choice | grammar | json_object}
+    guided_json: dict[str, Any] | str | None = None  # vLLM's older spellings
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
     skip_special_tokens: bool = True  # SGLang's and vLLM's extras (sglang-router sends both on every request)
     no_stop_trim: bool = False  # the text keeps the stop string that ended it
 
@@ -136,25 +145,30 @@ class SamplingRequest(RequestModel):
         return {}
 
     def grammar_fields(self) -> dict[str, Any]:
-        """Structured output: `response_format` (OpenAI's), or `regex` / `ebnf` (SGLang's extras)."""
-        fields: dict[str, Any] = {"regex": self.regex, "ebnf": self.ebnf}
+        """Structured output in any of its spellings (http_proc/structured_output.py)."""
+        fields = {name: getattr(self, name) for name in STRUCTURED_OUTPUT_FIELDS}
+        fields["response_format"] = self._response_format_grammar()
+        return StructuredOutput.of(fields).sampling_fields()
+
+    def _response_format_grammar(self) -> tuple[str, Any] | None:
+        """OpenAI's `response_format` as (kind, value), None for text."""
         kind = (self.response_format or {}).get("type", "text")
         if kind == "json_object":
-            fields["json_object"] = True
-        elif kind == "json_schema":
+            return "json_object", True
+        if kind == "json_schema":
             spec = self.response_format.get("json_schema")
             if not isinstance(spec, dict) or not isinstance(spec.get("schema"), (dict, bool)):
                 raise ApiError(
                     400, "response_format json_schema needs json_schema.schema (a JSON schema)",
                     param="response_format",
                 )
-            fields["json_schema"] = json.dumps(spec["schema"])
-        elif kind != "text":
+            return "json", spec["schema"]
+        if kind != "text":
             raise ApiError(
                 400, f"response_format type must be text, json_object or json_schema, got {kind!r}",
                 param="response_format",
             )
-        return {k: v for k, v in fields.items() if v is not None}
+        return None
 
     @property
     def wants_logprobs(self) -> bool:
@@ -365,7 +379,7 @@ class ChatCompletionRequest(SamplingRequest):
             return super().grammar_fields()
         if super().grammar_fields():
             raise ApiError(
-                400, "tool_choice required or a named function cannot be combined with response_format, regex or ebnf",
+                400, "tool_choice required or a named function cannot be combined with structured output",
                 param="tool_choice",
             )
         return {"json_schema": json.dumps(forced.schema)}

@@ -23,6 +23,7 @@ from zserve.http_proc.openai_protocol import (
     SubRequest,
     parse_body,
 )
+from zserve.http_proc.refused_fields import refuse_unhonoured
 from zserve.http_proc.request_group import ChoiceEvent, RequestGroup
 from zserve.http_proc.response_guard import guarded, guarded_stream
 from zserve.http_proc.sse_response import SseResponse
@@ -55,6 +56,7 @@ async def serve(
     state: HttpState, request: Request, model: type[CompletionRequest | ChatCompletionRequest],
 ) -> Response | SseResponse:
     body = parse_body(model, await request.body())
+    refuse_unhonoured(body.model_extra)
     state.unknown_fields.check(body, request.url.path)
     state.check_model(body.model)
     state.check_accepting()

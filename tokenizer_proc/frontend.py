@@ -15,7 +15,8 @@ AbortReq needs no key: it stops only requests its own connection sent, which had
         wait for a client frame or an inbox message (or the heartbeat tick)
         client: wrong API key -> UNAUTHORIZED to that request
                 GenerateReq -> validate, encode, forward | error to that client
-                AbortReq -> forward if the client owns it;  Heartbeat -> ack;  StatsReq -> forward
+                AbortReq -> forward if the client owns it;  Heartbeat -> ack;  StatsReq -> forward;
+                TokenizeReq -> answered here (tokenize_answer.py)
         inbox:  ReqOutput -> route to its client;  FailAll -> end everything in flight
         tick:   abort the requests of silent clients
 """
@@ -47,12 +48,15 @@ from zserve.common.messages import (
     StatsOut,
     StatsReq,
     TokenizedReq,
+    TokenizeOut,
+    TokenizeReq,
 )
 from zserve.common.transport import Endpoint
 from zserve.common.wire import WireError, tag_of
 from zserve.tokenizer_proc.client_registry import ClientRegistry
 from zserve.tokenizer_proc.request_metrics import RequestMetrics
 from zserve.tokenizer_proc.request_validator import RequestValidator
+from zserve.tokenizer_proc.tokenize_answer import answer_tokenize
 
 logger = logging.getLogger("tokenizer_proc")
 TICK_MS = 250
@@ -141,11 +145,13 @@ class Frontend:
         elif isinstance(msg, StatsReq):
             self.stats_waiters[msg.req_id] = identity
             self.to_scheduler.send(StatsReq(req_id=msg.req_id))  # the key stays here
+        elif isinstance(msg, TokenizeReq):
+            self.send_to(identity, answer_tokenize(self.validator, msg))
 
     def key_matches(self, presented: str) -> bool:
         return not self.api_key or hmac.compare_digest(presented.encode(), self.api_key)
 
-    def refuse_unauthorized(self, identity: bytes, msg: GenerateReq | Heartbeat | StatsReq) -> None:
+    def refuse_unauthorized(self, identity: bytes, msg: GenerateReq | Heartbeat | StatsReq | TokenizeReq) -> None:
         error = (
             "missing or wrong API key: this server needs the key it was started with "
             "(Client(api_key=...) or $ZSERVE_API_KEY)"
@@ -155,6 +161,8 @@ class Frontend:
             self.refuse(identity, msg.req_id, ErrorCode.UNAUTHORIZED, error)
         elif isinstance(msg, StatsReq):
             self.send_to(identity, StatsOut(req_id=msg.req_id, code=ErrorCode.UNAUTHORIZED, error=error))
+        elif isinstance(msg, TokenizeReq):
+            self.send_to(identity, TokenizeOut(req_id=msg.req_id, code=ErrorCode.UNAUTHORIZED, error=error))
         else:  # a Heartbeat: answered, so the client's liveness check holds, but not counted
             self.send_to(identity, HeartbeatAck(client_id=msg.client_id))
 

@@ -100,13 +100,13 @@ class RequestValidator:
         if kind != "messages" and body.get("chat_template_kwargs"):
             raise ValueError("chat_template_kwargs are chat template variables: they need messages, not a prompt")
         if kind == "prompt":
-            input_ids = self._encode_prompt(body["prompt"])
+            input_ids = self.encode_prompt(body["prompt"])
         elif kind == "input_ids":
-            input_ids = self._check_ids(body["input_ids"])
+            input_ids = self.check_ids(body["input_ids"])
         else:
-            input_ids = self._encode_messages(body["messages"], self._check_tools(body.get("tools")),
-                                              self._check_continue(body.get("continue_final_message", False)),
-                                              _check_template_kwargs(body.get("chat_template_kwargs")))
+            input_ids = self.encode_messages(body["messages"], self.check_tools(body.get("tools")),
+                                             self._check_continue(body.get("continue_final_message", False)),
+                                             _check_template_kwargs(body.get("chat_template_kwargs")))
 
         if not input_ids:
             raise ValueError("the prompt is empty after tokenization")
@@ -120,15 +120,15 @@ class RequestValidator:
             raise ValueError(over_context_error(self.context_len, len(input_ids), params.max_tokens, prompt_word))
         return input_ids, params
 
-    def _encode_prompt(self, prompt: Any) -> list[int]:
+    def encode_prompt(self, prompt: Any, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(prompt, str):
             raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
         if not prompt:
             raise ValueError("prompt is empty")
         self._check_text_len(len(prompt))
-        return self.tokenizer.encode(prompt)
+        return self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
 
-    def _check_ids(self, ids: Any) -> list[int]:
+    def check_ids(self, ids: Any) -> list[int]:
         if not isinstance(ids, (list, tuple)):
             raise ValueError(f"input_ids must be a list of integers, got {type(ids).__name__}")
         if not ids:
@@ -145,7 +145,7 @@ class RequestValidator:
                 raise ValueError(f"input_ids[{i}] = {t} is not a token id (vocabulary size {self.vocab_size})")
         return list(ids)
 
-    def _check_tools(self, tools: Any) -> list[dict] | None:
+    def check_tools(self, tools: Any) -> list[dict] | None:
         """`tools`: function definitions for the chat template ({"type": "function", "function": {...}})."""
         if tools is None:
             return None
@@ -161,7 +161,7 @@ class RequestValidator:
             raise ValueError(f"continue_final_message must be a boolean, got {type(value).__name__}")
         return value
 
-    def _encode_messages(
+    def encode_messages(
         self, messages: Any, tools: list[dict] | None = None, continue_final: bool = False,
         template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:

@@ -21,6 +21,8 @@ from zserve.common.messages import (
     ReqOutput,
     StatsOut,
     StatsReq,
+    TokenizeOut,
+    TokenizeReq,
 )
 from zserve.common.scheduler_stats import SchedulerStats
 
@@ -120,6 +122,25 @@ def test_stats_answers_are_filed_by_req_id_and_a_refusal_raises():
     core.fail_all(ServerGoneError("gone"))
     with pytest.raises(ServerGoneError):
         core.take_stats(gone_id)
+
+
+def test_tokenize_answers_are_filed_by_req_id_and_a_refusal_raises():
+    core = ClientCore(api_key="k")
+    req_id, frame = core.tokenize_request({"prompt": "hi"}, add_special_tokens=False)
+    assert CLIENT_TO_FRONTEND.decode(frame) == TokenizeReq(req_id, {"prompt": "hi"}, False, api_key="k")
+    assert core.take_tokenize(req_id) is None
+    assert core.receive(FRONTEND_TO_CLIENT.encode(TokenizeOut(req_id + 1, input_ids=[1]))) is None  # not asked
+    assert core.receive(FRONTEND_TO_CLIENT.encode(TokenizeOut(req_id, input_ids=[5, 6]))) == req_id
+    assert core.receive(FRONTEND_TO_CLIENT.encode(TokenizeOut(req_id, input_ids=[7]))) is None  # answered already
+    assert core.take_tokenize(req_id) == TokenizeOut(req_id, input_ids=[5, 6]) and core.tokenize_answers == {}
+    refused_id, _ = core.tokenize_request({"input_ids": [10**9]})
+    core.receive(FRONTEND_TO_CLIENT.encode(TokenizeOut(refused_id, code=ErrorCode.INVALID, error="not a token id")))
+    with pytest.raises(InvalidRequestError, match="not a token id"):
+        core.take_tokenize(refused_id)
+    gone_id, _ = core.tokenize_request({"prompt": "x"})
+    core.fail_all(ServerGoneError("gone"))
+    with pytest.raises(ServerGoneError):
+        core.take_tokenize(gone_id)
 
 
 def test_heartbeats_and_their_acks():
