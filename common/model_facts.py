@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-TOOL_CALL_FORMATS = ("hermes", "llama3_json")
+from zserve.common.tool_call_format import TOOL_CALL_FORMATS
 
 
 @dataclass(frozen=True, slots=True)

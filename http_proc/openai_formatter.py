@@ -4,7 +4,8 @@ Completions: object "text_completion", choices [{index, text, finish_reason, log
 Chat: object "chat.completion" / "chat.completion.chunk", choices [{index, message | delta,
 finish_reason, logprobs}]; each streamed choice starts with a {"role": "assistant"} delta.
 With a reasoning parser (http_proc/reasoning_parser.py) the thinking is `message.reasoning_content`
-(streamed: `delta.reasoning_content`), the rest `content`, and tool calls are parsed from the content.
+(streamed: `delta.reasoning_content`), the rest `content`, and tool calls are parsed from the content
+(streamed as vLLM streams them: each call's name once, then its arguments in pieces; tool_call_stream.py).
 usage: prompt tokens counted once per prompt (not per copy of n), completion tokens summed,
 cached prompt tokens in prompt_tokens_details.
 """
@@ -28,6 +29,7 @@ from zserve.http_proc.openai_protocol import SubRequest
 from zserve.http_proc.reasoning_parser import ReasoningOptions, ReasoningSplit
 from zserve.http_proc.request_group import ChoiceEvent
 from zserve.http_proc.tool_call_parser import ToolCallParser
+from zserve.http_proc.tool_call_stream import ToolCallStream
 from zserve.http_proc.tool_choice import ForcedToolChoice
 
 SSE_DONE = b"data: [DONE]\n\n"
@@ -73,7 +75,7 @@ class OpenAIFormatter:
         self.tool_parser = tool_parser  # chat with tools: the answer's calls become tool_calls
         self.echoes = echoes
         self._echoed: set[int] = set()  # streamed choices whose prompt went out
-        self._streamed: dict[int, int] = {}  # with a tool parser: characters of each choice's text sent as content
+        self._tool_streams: dict[int, ToolCallStream] = {}  # with a tool parser: each streamed choice's calls
         self.is_chat = is_chat
         self.model_name = model_name
         self.include_usage = include_usage
@@ -229,29 +231,24 @@ class OpenAIFormatter:
     def _tool_chunk(
         self, idx: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None, thought: str = "",
     ) -> bytes | None:
-        """A streamed chat choice with tools: content (`text`, the answer's so far) as far as no call
-        may begin; at the end the rest of the content and the calls, each call whole in one delta.
-        `thought`: thinking to send first (a reasoning parser's)."""
-        sent = self._streamed.get(idx, 0)
-        delta: dict[str, Any] = {"reasoning_content": thought} if thought else {}
-        if finish_reason is None:
-            safe = self.tool_parser.safe_prefix_len(text)
-            if safe > sent:
-                delta["content"] = text[sent:safe]
-                self._streamed[idx] = safe
-        else:
-            content, calls = self.tool_parser.parse(text)
-            if calls:
-                rest = (content or "")[sent:] if content and content.startswith(text[:sent]) else ""
-                if rest:
-                    delta["content"] = rest
-                delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(calls)]
-                finish_reason = "tool_calls"
-            elif len(text) > sent:
-                delta["content"] = text[sent:]
-        if not delta and finish_reason is None and logprobs is None:
-            return None
-        return self._chunk([{"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
+        """A streamed chat choice with tools (`text`, the answer's content so far): content as far as
+        no call may begin, each call's name once, then its arguments as they are written
+        (http_proc/tool_call_stream.py), one chunk per delta. `thought`: thinking to send first."""
+        stream = self._tool_streams.setdefault(idx, ToolCallStream(self.tool_parser))
+        deltas = stream.feed(text, final=finish_reason is not None)
+        if thought:
+            deltas = [{"reasoning_content": thought, **(deltas[0] if deltas else {})}, *deltas[1:]]
+        if finish_reason is not None and stream.made_calls:
+            finish_reason = "tool_calls"
+        if not deltas:
+            if finish_reason is None and logprobs is None:
+                return None
+            deltas = [{}]
+        last = len(deltas) - 1
+        return b"".join(self._chunk([{
+            "index": idx, "delta": delta, "logprobs": logprobs if i == last else None,
+            "finish_reason": finish_reason if i == last else None,
+        }]) for i, delta in enumerate(deltas))
 
     def _logprobs(self, result: GenerateResult, start: int, end: int, text_offset: int) -> dict[str, Any] | None:
         """The logprobs of output tokens start..end, when the request asked."""

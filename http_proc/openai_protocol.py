@@ -353,7 +353,10 @@ class ChatCompletionRequest(SamplingRequest):
             return None
         if self.forced_tool_choice is not None:
             return self.forced_tool_choice
-        return template_parser if template_parser is None or self.parallel else template_parser.single_call()
+        if template_parser is None:
+            return None
+        parser = template_parser.with_tools(self.tool_dicts)
+        return parser if self.parallel else parser.single_call()
 
     def reasoning(self, parser: ReasoningParser | None) -> ReasoningOptions | None:
         """How the answer's thinking is split (the server's --reasoning-parser; None without one, or

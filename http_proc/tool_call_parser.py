@@ -1,34 +1,62 @@
 """ToolCallParser: function calls in a chat model's text, as OpenAI's `tool_calls`.
 
-Two formats, picked from the model's chat template (common/tool_call_format.py):
-- hermes (Qwen2.5, Qwen3, Hermes): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
-  any number of them; the text outside them is the message's content;
-- llama3_json (Llama 3.1-3.3): the whole answer is `{"name": ..., "parameters": {...}}`
-  (optionally after `<|python_tag|>`), or several separated by `;`.
+One scanner per format (http_proc/tool_format_*.py; the names are vLLM's and SGLang's):
+- hermes (Qwen2.5, Qwen3, Hermes; SGLang's qwen25): `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`;
+- llama3_json (Llama 3.1-3.3): the whole answer `{"name": ..., "parameters": {...}}` (after an optional
+  `<|python_tag|>`), or several separated by `;`;
+- mistral: `[TOOL_CALLS][{"name": ..., "arguments": {...}}, ...]` or `[TOOL_CALLS]name[ARGS]{...}`;
+- qwen3_coder: `<tool_call>\\n<function=NAME>\\n<parameter=P>\\nVALUE\\n</parameter>...</function>\\n</tool_call>`,
+  values typed by the tool's schema;
+- pythonic (Llama 3.2/4): `[f(a=1, b="x"), g()]`, read with `ast`, never evaluated.
 
-A block that is not valid JSON with a string `name` stays text: a model that writes something
-else is not made to have called a tool. Streaming holds back text from where a call may begin
-(`safe_prefix_len`), so a call is never streamed as content. Under `parallel_tool_calls: false`
+The format comes from --tool-call-parser, else from the chat template (common/tool_call_format.py).
+A block that is not a call in its format stays text: a model that writes something else is not
+made to have called a tool. The same scan reads the whole answer and each streamed prefix of it
+(http_proc/tool_scan.py), so streamed arguments concatenate to the non-streamed ones. Arguments
+are the JSON text the model wrote (JSON formats), or the JSON of the values read (the others).
+Content: the text outside the calls, trailing whitespace dropped, null when nothing is left; an
+answer without calls is all content, as written. Under `parallel_tool_calls: false`
 (`single_call()`) only the first call is kept; the text of the others is dropped with them.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from zserve.common.tool_call_format import HERMES_OPEN, PYTHON_TAG, template_tool_call_format
+from zserve.common.tool_call_format import TOOL_CALL_FORMATS, template_tool_call_format
+from zserve.http_proc import (
+    tool_format_hermes,
+    tool_format_llama3_json,
+    tool_format_mistral,
+    tool_format_pythonic,
+    tool_format_qwen3_coder,
+)
+from zserve.http_proc.tool_scan import ToolScan
 
-HERMES_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.S)
+Scanner = Callable[[str, bool, tuple[dict[str, Any], ...]], ToolScan]
+SCANNERS: dict[str, Scanner] = {
+    "hermes": tool_format_hermes.scan,
+    "llama3_json": tool_format_llama3_json.scan,
+    "mistral": tool_format_mistral.scan,
+    "pythonic": tool_format_pythonic.scan,
+    "qwen3_coder": tool_format_qwen3_coder.scan,
+}
+assert tuple(SCANNERS) == TOOL_CALL_FORMATS, "one scanner per format common/tool_call_format.py names"
 
 
 @dataclass(frozen=True)
 class ToolCallParser:
-    kind: str  # "hermes" | "llama3_json"
+    kind: str  # one of TOOL_CALL_FORMATS
     parallel: bool = True  # False: only the answer's first call is kept
+    tools: tuple[dict[str, Any], ...] = ()  # the request's tools (qwen3_coder types values by their schemas)
+
+    def __post_init__(self) -> None:
+        if self.kind not in SCANNERS:
+            raise ValueError(f"tool-call format must be one of {', '.join(SCANNERS)}, got {self.kind!r}")
 
     @staticmethod
     def for_template(source: str | None) -> ToolCallParser | None:
@@ -44,54 +72,31 @@ class ToolCallParser:
         """This parser keeping only the first call (parallel_tool_calls false)."""
         return replace(self, parallel=False)
 
+    def with_tools(self, tools: list[dict[str, Any]]) -> ToolCallParser:
+        """This parser reading calls to a request's `tools`."""
+        return replace(self, tools=tuple(tools))
+
+    def scan(self, text: str, final: bool) -> ToolScan:
+        """The answer so far (`final`: all of it) read in this format (http_proc/tool_scan.py)."""
+        scan = SCANNERS[self.kind](text, final, self.tools)
+        return scan if self.parallel else ToolScan(scan.content, scan.calls[:1])
+
     def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """(content, tool_calls in OpenAI's shape); content None when only calls were written."""
-        content, calls = self._parse_all(text)
-        return content, calls if self.parallel else calls[:1]
-
-    def _parse_all(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
-        if self.kind == "hermes":
-            calls = [c for c in (_call(block, "arguments") for block in HERMES_BLOCK.findall(text)) if c is not None]
-            if not calls:
-                return text, []
-            content = HERMES_BLOCK.sub("", text).strip()
-            return content or None, calls
-        body = text.strip().removeprefix(PYTHON_TAG).strip()
-        calls = [_call(part, "parameters", "arguments") for part in body.split(";")] if body.startswith("{") else [None]
-        if not calls or any(c is None for c in calls):
+        scan = self.scan(text, True)
+        if not scan.calls:
             return text, []
-        return None, calls
-
-    def safe_prefix_len(self, text: str) -> int:
-        """How much of a streamed answer can go out as content: all of it but what may still
-        turn out to be (the start of) a call."""
-        if self.kind == "llama3_json":
-            stripped = text.lstrip()
-            may_be_call = not stripped or stripped[0] == "{" or PYTHON_TAG.startswith(stripped[: len(PYTHON_TAG)])
-            return 0 if may_be_call else len(text)
-        at = text.find(HERMES_OPEN)
-        if at >= 0:
-            return at
-        for n in range(min(len(HERMES_OPEN) - 1, len(text)), 0, -1):
-            if HERMES_OPEN.startswith(text[-n:]):
-                return len(text) - n
-        return len(text)
+        return scan.content.rstrip() or None, [tool_call(c.name, c.arguments) for c in scan.calls]
 
 
-def _call(raw: str, *argument_keys: str) -> dict[str, Any] | None:
-    try:
-        data = json.loads(raw)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        return None
-    return tool_call(data["name"], next((data[k] for k in argument_keys if k in data), {}))
+def new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
 
 
 def tool_call(name: str, arguments: Any) -> dict[str, Any]:
     """One call in OpenAI's shape (arguments as JSON text, as OpenAI sends them)."""
     return {
-        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "id": new_call_id(),
         "type": "function",
         "function": {"name": name, "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments)},
     }

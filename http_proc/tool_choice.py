@@ -16,6 +16,7 @@ from typing import Any
 
 from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.tool_call_parser import tool_call
+from zserve.http_proc.tool_scan import ParsedCall, ToolScan
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -70,9 +71,15 @@ class ForcedToolChoice:
             return text, []
         return None, [tool_call(c["name"], c.get("parameters", {})) for c in data]
 
-    def safe_prefix_len(self, text: str) -> int:
-        """Nothing streams as content: the whole answer is the call."""
-        return 0
+    def scan(self, text: str, final: bool) -> ToolScan:
+        """For the stream (http_proc/tool_call_stream.py): nothing until the answer is done (the
+        whole answer is the call, checked against the grammar's JSON only then), then the calls,
+        each whole in one delta."""
+        if not final:
+            return ToolScan("")
+        content, calls = self.parse(text)
+        parsed = tuple(ParsedCall(c["function"]["name"], c["function"]["arguments"]) for c in calls)
+        return ToolScan(content or "", parsed)
 
 
 def _functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:

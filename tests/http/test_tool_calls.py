@@ -48,10 +48,15 @@ def test_llama3_json_calls():
 
 
 def test_streaming_holds_back_what_may_start_a_call():
-    assert HERMES.safe_prefix_len("Hello <tool") == len("Hello ")
-    assert HERMES.safe_prefix_len("Hello <tool_call>{") == len("Hello ")
-    assert HERMES.safe_prefix_len("Hello world") == len("Hello world")
-    assert LLAMA.safe_prefix_len('{"name"') == 0 and LLAMA.safe_prefix_len("Sure") == 4
+    assert HERMES.scan("Hello <tool", False).content == "Hello "
+    assert HERMES.scan("Hello <tool_call>{", False).content == "Hello "
+    assert HERMES.scan("Hello world", False).content == "Hello world"
+    assert LLAMA.scan('{"name"', False).content == "" and LLAMA.scan("Sure", False).content == "Sure"
+
+
+def sse_objects(blob: bytes | None) -> list[dict]:
+    """The JSON objects of an event's SSE chunks (a streamed tool call may take several)."""
+    return [json.loads(part[len(b"data: "):]) for part in (blob or b"").split(b"\n\n") if part]
 
 
 def result(text: str, finish: str | None) -> GenerateResult:
@@ -68,19 +73,20 @@ def test_chat_response_shapes_with_tool_calls_streamed_and_not():
     [choice] = body["choices"]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] == "Sure."
     assert choice["message"]["tool_calls"][0]["function"] == {"name": "add", "arguments": json.dumps({"a": 1, "b": 2})}
-    # streamed: the text before the call goes out as content, the call only at the end, whole
+    # streamed: the text before the call goes out as content, then the call's name, then its arguments
     chunks = []
     text = ""
     for piece in ["Sure. ", "<tool_", "call>\n{\"name\": \"add\", ", "\"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call>"]:
         text += piece
         chunk = fmt.event_chunk(ChoiceEvent(0, piece, [0], result(text, None)))
-        chunks += [json.loads(chunk[len(b"data: "):])] if chunk else []
+        chunks += sse_objects(chunk)
     final = fmt.event_chunk(ChoiceEvent(0, "", [], result(text, "stop")))
-    chunks.append(json.loads(final[len(b"data: "):]))
+    chunks += sse_objects(final)
     deltas = [c["choices"][0]["delta"] for c in chunks]
-    assert "".join(d.get("content", "") for d in deltas) == "Sure. "
-    [calls] = [d["tool_calls"] for d in deltas if "tool_calls" in d]
-    assert calls[0]["index"] == 0 and calls[0]["function"]["name"] == "add"
+    assert "".join(d.get("content", "") for d in deltas) == "Sure."  # as the non-streamed content
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    assert calls[0] == {"index": 0, "id": calls[0]["id"], "type": "function", "function": {"name": "add", "arguments": ""}}
+    assert "".join(c["function"]["arguments"] for c in calls) == json.dumps({"a": 1, "b": 2}) and len(calls) == 2
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
@@ -154,7 +160,7 @@ def test_forced_tool_choice_builds_the_schema_and_parses_its_answer():
     assert required.parse('[{"name": "add", "param') == ('[{"name": "add", "param', [])  # cut short by max_tokens: text
 
     named = ForcedToolChoice.of(TOOLS, {"type": "function", "function": {"name": "add"}})
-    assert named.schema == TOOLS[1]["function"]["parameters"] and named.safe_prefix_len('{"a": 1') == 0
+    assert named.schema == TOOLS[1]["function"]["parameters"] and named.scan('{"a": 1', False).calls == ()
     content, [call] = named.parse('{"a": 1, "b": 2}')
     assert content is None and call["function"] == {"name": "add", "arguments": '{"a": 1, "b": 2}'}
     assert ForcedToolChoice.of(TOOLS, "auto") is None and ForcedToolChoice.of(None, "none") is None
@@ -235,18 +241,19 @@ TWO_CALLS = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}
 def test_parallel_tool_calls_false_keeps_only_the_first_call_streamed_and_not():
     single = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS, parallel_tool_calls=False)
     parser = single.tool_parser(HERMES)
-    assert parser == HERMES.single_call() and HERMES.parse(TWO_CALLS)[1][1]["function"]["name"] == "add"
+    assert parser == HERMES.with_tools(TOOLS).single_call() and HERMES.parse(TWO_CALLS)[1][1]["function"]["name"] == "add"
     assert [c["function"]["name"] for c in parser.parse(TWO_CALLS)[1]] == ["get_weather"]
     assert len(LLAMA.single_call().parse('{"name": "add", "parameters": {}}; {"name": "add", "parameters": {"a": 1}}')[1]) == 1
     default = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS)
-    assert default.tool_parser(HERMES) == HERMES and default.tool_parser(None) is None
+    assert default.tool_parser(HERMES) == HERMES.with_tools(TOOLS) and default.tool_parser(None) is None
 
     fmt = OpenAIFormatter(True, "m", tool_parser=parser)
     [choice] = fmt.body(single.sub_requests(), [result(TWO_CALLS, "stop")])["choices"]
     assert choice["finish_reason"] == "tool_calls" and [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
     final = fmt.event_chunk(ChoiceEvent(0, TWO_CALLS, [0], result(TWO_CALLS, "stop")))
-    [delta_calls] = [c["choices"][0]["delta"]["tool_calls"] for c in [json.loads(final[len(b"data: "):])]]
-    assert [c["function"]["name"] for c in delta_calls] == ["get_weather"] and delta_calls[0]["index"] == 0
+    delta_calls = [call for c in sse_objects(final) for call in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert [c["function"]["name"] for c in delta_calls if "id" in c] == ["get_weather"]
+    assert {c["index"] for c in delta_calls} == {0}
 
 
 def test_parallel_tool_calls_false_makes_tool_choice_required_one_call():
