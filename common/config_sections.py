@@ -128,6 +128,8 @@ class HttpSection:
     strict_requests: bool = False
     watchdog_timeout_s: float = 300.0
     reasoning_parser: str = "none"  # qwen3 | deepseek-r1: chat answers' <think>...</think> as reasoning_content
+    tool_call_parser: str = "auto"  # the tool-call format chat answers are read in; auto: the chat template's
+    enable_auto_tool_choice: bool = False  # vLLM's; accepted, no effect (tool_choice auto needs no switch here)
 
 
 @dataclass(frozen=True)

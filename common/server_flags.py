@@ -406,6 +406,22 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         value_aliases={'deepseek_r1': 'deepseek-r1'},
         peer_note="vLLM --reasoning-parser (qwen3, deepseek_r1); SGLang --reasoning-parser (qwen3, deepseek-r1)",
     ),
+    'tool_call_parser': FlagSpec(
+        'HTTP chat: the format tool calls are read in from answers to requests with tools: hermes '
+        '(<tool_call> JSON; qwen25 is its SGLang name), llama3_json, mistral ([TOOL_CALLS]), qwen3_coder '
+        '(<function=...> XML), pythonic ([f(a=1)]); auto picks it from the chat template (none found: '
+        'calls stay text) (http_proc/tool_call_parser.py)',
+        choices=('auto', 'hermes', 'llama3_json', 'mistral', 'qwen3_coder', 'pythonic'),
+        value_aliases={'qwen25': 'hermes', 'qwen': 'hermes', 'llama3': 'llama3_json', 'llama4_pythonic': 'pythonic'},
+        peer_note='vLLM --tool-call-parser (hermes, llama3_json, mistral, qwen3_coder, pythonic); SGLang '
+        '--tool-call-parser (qwen25, llama3, mistral, qwen3_coder, pythonic)',
+    ),
+    'enable_auto_tool_choice': FlagSpec(
+        'accepted for vLLM command lines; no effect: zserve reads tool calls under tool_choice auto (or '
+        'none given) whenever it knows the format (--tool-call-parser or the chat template), where vLLM '
+        'refuses tool_choice auto without this flag',
+        peer_note='vLLM --enable-auto-tool-choice (SGLang has none)',
+    ),
     # FleetSection
     'dp_size': FlagSpec(
         'data-parallel replicas: N whole servers on this machine, each pinned to its own cores (the '

@@ -14,14 +14,15 @@ from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
 
 def resolve_model_facts(cfg: ServerConfig) -> ModelFacts:
     """The served context (the model's maximum, or --context-length), the default chat template
-    (--chat-template's file, else the tokenizer's) and its tool-call format, the vocabulary size and
-    generation_config.json's sampling defaults. The flags were checked before
-    (launcher/config_check.py)."""
+    (--chat-template's file, else the tokenizer's) and its tool-call format (--tool-call-parser's,
+    else the template's), the vocabulary size and generation_config.json's sampling defaults. The
+    flags were checked before (launcher/config_check.py)."""
     model_config = ModelConfig.from_model_dir(cfg.model)
     context_len = served_context_len(model_config.context_len, cfg.context_length)
     if cfg.chat_template:
         source, origin = Path(cfg.chat_template).read_text(encoding="utf-8"), cfg.chat_template
     else:
         source, origin = TokenizerFiles.read(cfg.tokenizer_dir).chat_templates.get("default", (None, ""))
-    return ModelFacts(context_len, source, origin, template_tool_call_format(source),
+    tool_format = template_tool_call_format(source) if cfg.tool_call_parser == "auto" else cfg.tool_call_parser
+    return ModelFacts(context_len, source, origin, tool_format,
                       vocab_size=model_config.vocab_size, default_sampling=dict(model_config.default_sampling))

@@ -33,6 +33,8 @@ ALIASES = [
     (["--dtype", "half"], ["--dtype", "float16"]),
     (["--dtype", "float"], ["--dtype", "float32"]),
     (["--guided-decoding-backend", "none"], ["--grammar-backend", "none"]),
+    (["--tool-call-parser", "qwen25"], ["--tool-call-parser", "hermes"]),  # SGLang's names for vLLM's formats
+    (["--tool-call-parser", "llama3"], ["--tool-call-parser", "llama3_json"]),
 ]
 DEPRECATED = [
     (["--max-prefill-tokens", "256"], ["--chunked-prefill-size", "256"], "--max-prefill-tokens is deprecated, use --chunked-prefill-size"),
@@ -47,6 +49,8 @@ REFUSED = [
     (["/a", "--model", "/b"], "the model is given twice"),
     (["--served-model-name"], "expected one argument"),
     (["--grammar-backend", "outlines"], "argument --grammar-backend: invalid choice: 'outlines'"),
+    (["--tool-call-parser", "xml"],
+     "invalid choice: 'xml' (choose from 'auto', 'hermes', 'llama3_json', 'mistral', 'qwen3_coder', 'pythonic'"),
 ]
 
 
@@ -85,6 +89,7 @@ def test_defaults_are_fixed_documented_ports():
         (["/m", "--port", "8001"], "http_port", 8001),  # vLLM's habit
         (["--zmq-port", "5557"], "zmq_port", 5557),
         (["--trust-remote-code"], "trust_remote_code", True),
+        (["--enable-auto-tool-choice", "--tool-call-parser", "pythonic"], "tool_call_parser", "pythonic"),
         (["--tokenizer", "/tok"], "tokenizer_dir", "/tok"),
         (["--model", "/m"], "tokenizer_dir", "/m"),
     ],

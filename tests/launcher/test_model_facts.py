@@ -45,6 +45,14 @@ def test_chat_template_is_the_tokenizers_unless_the_flag_names_a_file(model_dir,
     assert (facts.chat_template, facts.chat_template_origin, facts.tool_call_format) == (HERMES_TEMPLATE, str(path), "hermes")
 
 
+def test_tool_call_parser_flag_wins_over_the_templates_format(model_dir, tmp_path):
+    path = tmp_path / "tools.jinja"
+    path.write_text(HERMES_TEMPLATE)
+    cfg = ServerConfig(model=str(model_dir), chat_template=str(path), tool_call_parser="qwen3_coder")
+    assert resolve_model_facts(cfg).tool_call_format == "qwen3_coder"
+    assert resolve_model_facts(ServerConfig(model=str(model_dir), tool_call_parser="mistral")).tool_call_format == "mistral"
+
+
 def test_children_read_the_facts_from_their_command_line():
     facts = ModelFacts(context_len=300, chat_template="{{ x }}\n<|python_tag|>", chat_template_origin="t.jinja",
                        tool_call_format="llama3_json")
