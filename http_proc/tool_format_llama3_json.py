@@ -12,7 +12,7 @@ from typing import Any
 
 from zserve.common.tool_call_format import PYTHON_TAG
 from zserve.http_proc.tool_format_hermes import read_json_call
-from zserve.http_proc.tool_scan import PARTIAL, ParsedCall, ToolScan, expect, json_value_end, skip_ws
+from zserve.http_proc.tool_scan import PARTIAL, ParsedCall, ToolScan, expect, skip_ws
 
 
 def scan(text: str, final: bool, tools: tuple[dict[str, Any], ...] = ()) -> ToolScan:
@@ -28,13 +28,12 @@ def scan_json_calls(text: str, pos: int, final: bool, separator: str) -> ToolSca
     call ends them (all of the text is content when there is none)."""
     calls: list[ParsedCall] = []
     while True:
-        got = read_json_call(text, pos, False)
+        got, end = read_json_call(text, pos, len(text))  # end: the call object's
         if got == PARTIAL:
             return ToolScan(text if final and not calls else "", tuple(calls))
         if not isinstance(got, ParsedCall):
             return ToolScan(text[pos:] if calls else text, tuple(calls))
         calls.append(got)
-        end = json_value_end(text, skip_ws(text, pos))  # the call object's end
         if end is None:
             return ToolScan("", tuple(calls))
         after = skip_ws(text, end)

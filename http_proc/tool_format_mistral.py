@@ -91,14 +91,13 @@ def _read_list(text: str, start: int, calls: list[ParsedCall]) -> tuple[str | bo
     in another shape is taken whole once closed, when it parses as calls."""
     pos, found = start + 1, []
     while True:
-        got = read_json_call(text, pos, False)
+        got, end = read_json_call(text, pos, len(text))
         if not isinstance(got, ParsedCall):
             if found:  # after a call: what is not another call ends the list
                 return (True, None) if got == PARTIAL else (True, pos)
             return _whole_list(text, start, calls)
         found.append(got)
         calls.append(got)
-        end = json_value_end(text, skip_ws(text, pos))
         if end is None:
             return True, None
         after = skip_ws(text, end)

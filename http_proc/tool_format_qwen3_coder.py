@@ -34,30 +34,33 @@ def scan(text: str, final: bool, tools: tuple[dict[str, Any], ...] = ()) -> Tool
         t["function"]["name"]: t["function"].get("parameters") or {}
         for t in tools if isinstance(t.get("function"), dict) and "name" in t["function"]
     }
-    return scan_blocks(text, final, OPEN, CLOSE, lambda s, start, closed: _read(s, start, schemas), lambda raw: None)
+    read = lambda view, start, head_limit: _read(view, start, head_limit, schemas)  # noqa: E731
+    return scan_blocks(text, final, OPEN, CLOSE, read, lambda _: None)
 
 
-def _read(text: str, start: int, schemas: dict[str, dict[str, Any]]) -> ParsedCall | str | None:
-    opened = expect(text, skip_ws(text, start), FUNCTION)
+def _read(text: str, start: int, head_limit: int, schemas: dict[str, dict[str, Any]]) -> tuple[Any, int | None]:
+    """(the block's call, where its `</function>` ends); see tool_scan.BlockReader."""
+    head = text[:head_limit]
+    opened = expect(head, skip_ws(head, start), FUNCTION)
     if not isinstance(opened, int):
-        return opened
-    name_end = text.find(">", opened)
+        return opened, None
+    name_end = head.find(">", opened)
     if name_end < 0:
-        return PARTIAL
-    name = text[opened:name_end].strip()
+        return PARTIAL, None
+    name = head[opened:name_end].strip()
     if not name or any(ch in name for ch in "<\n"):
-        return None
+        return None, None
     properties = schemas.get(name, {}).get("properties") or {}
     pairs: list[str] = []
     pos = name_end + 1
     while True:
         param_at, end_at = text.find(PARAMETER, pos), text.find(FUNCTION_END, pos)
         if end_at >= 0 and (param_at < 0 or end_at < param_at):
-            return ParsedCall(name, "{" + ", ".join(pairs) + "}")
+            return ParsedCall(name, "{" + ", ".join(pairs) + "}"), end_at + len(FUNCTION_END)
         param_name_end = text.find(">", param_at) if param_at >= 0 else -1
         value_end = text.find(PARAMETER_END, param_name_end) if param_name_end >= 0 else -1
         if value_end < 0:
-            return ParsedCall(name, "{" + ", ".join(pairs))
+            return ParsedCall(name, "{" + ", ".join(pairs)), None
         param = text[param_at + len(PARAMETER):param_name_end].strip()
         value = text[param_name_end + 1:value_end].removeprefix("\n").removesuffix("\n")
         pairs.append(f"{json.dumps(param)}: {json.dumps(typed_value(value, properties.get(param)))}")

@@ -136,9 +136,10 @@ def loads_call(raw: str, argument_keys: tuple[str, ...]) -> ParsedCall | None:
     return ParsedCall(data["name"], arguments if isinstance(arguments, str) else json.dumps(arguments))
 
 
-# read(block text up to its close or the text's end, start, closed) -> the block's call, None when
-# the block is not one, PARTIAL when the text ends before that is known
-BlockReader = Callable[[str, int, bool], "ParsedCall | str | None"]
+# read(text, start, head_limit) -> (the block's call, or None when the block is not one, or PARTIAL
+# when the text ends before that is known; where the call's own text ends, None while unfinished).
+# The call's head is read before head_limit (the first close tag): a head never holds one.
+BlockReader = Callable[[str, int, int], "tuple[ParsedCall | str | None, int | None]"]
 
 
 def scan_blocks(
@@ -147,14 +148,16 @@ def scan_blocks(
 ) -> ToolScan:
     """A format whose calls are `open_tag ... close_tag` blocks among text (Hermes, Qwen3-Coder).
 
-        text <open> block <close> text <open> block <close> ...
-                    ^start        ^close
+        text <open> head arguments <close> text <open> ... <close> ...
+                    ^start          ^end   ^close
 
-    `read` reads a block incrementally; a block it does not take is given whole to `whole` once
-    closed (a call in another shape, say another key order), else it stays text. A block the
-    answer ends inside (max_tokens) is text unless its call was already announced."""
+    `read` reads a block incrementally (its arguments may hold the close tag, inside a JSON
+    string); a block it does not take is given whole to `whole` once closed (a call in another
+    shape, say another key order), else it stays text. A block the answer ends inside
+    (max_tokens) is text unless its call was already announced."""
     outside: list[str] = []
     calls: list[ParsedCall] = []
+    view = text if final else text[:len(text) - held_suffix_len(text, close_tag)]
     pos = 0
     while True:
         at = text.find(open_tag, pos)
@@ -165,11 +168,10 @@ def scan_blocks(
         outside.append(text[pos:at])
         start = at + len(open_tag)
         close = text.find(close_tag, start)
-        limit = close if close >= 0 else len(text)
-        held = 0 if close >= 0 or final else held_suffix_len(text, close_tag)
-        got = read(text[:limit - held], start, close >= 0)
+        got, end = read(view, start, close if close >= 0 else len(view))
         if isinstance(got, ParsedCall):
             calls.append(got)
+            close = -1 if end is None else text.find(close_tag, end)
             if close < 0:
                 break
         elif close < 0:  # not (yet) a call and not closed: text at the end, held while streaming
