@@ -174,6 +174,19 @@ def test_forced_tool_choice_sends_its_schema_as_the_grammar():
     assert "json_schema" not in auto.sub_requests()[0].sampling
 
 
+def merged_calls(chunks) -> list:
+    """A streamed answer's calls (openai SDK chunks): each call's first delta (id, type, name) with
+    the argument pieces of its later deltas appended, as clients accumulate them by index."""
+    calls = {}
+    for chunk in chunks:
+        for entry in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            if entry.index not in calls:
+                calls[entry.index] = entry.model_copy(deep=True)
+            else:
+                calls[entry.index].function.arguments += entry.function.arguments
+    return list(calls.values())
+
+
 BOUNDED_TOOLS = [  # two tools whose arguments a random model finishes in a few tokens
     {"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"enum": ["Paris", "Oslo"]}}, "required": ["city"], "additionalProperties": False}}},
@@ -225,8 +238,7 @@ def test_tool_choice_required_and_named_are_enforced_streamed_and_not(model_dir,
         chunks = list(oai.chat.completions.create(model=tool_model.name, messages=messages, max_tokens=150, temperature=1.0, seed=4,
                                                   tools=BOUNDED_TOOLS, tool_choice="required", stream=True))
         assert not any(c.choices[0].delta.content for c in chunks if c.choices)  # the call never streams as content
-        streamed = [call for c in chunks if c.choices and c.choices[0].delta.tool_calls for call in c.choices[0].delta.tool_calls]
-        check(streamed, schemas)
+        check(merged_calls(chunks), schemas)
         assert chunks[-1].choices[0].finish_reason == "tool_calls"
         with pytest.raises(openai.BadRequestError, match="not among the tools"):
             oai.chat.completions.create(model=tool_model.name, messages=messages, tools=BOUNDED_TOOLS,
@@ -300,8 +312,7 @@ def test_tool_calls_parse_in_the_chat_template_given_by_flag(model_dir, tmp_path
         first = oai.chat.completions.create(**kwargs, parallel_tool_calls=False).choices[0]
         assert first.finish_reason == "tool_calls" and [c.function.name for c in first.message.tool_calls] == ["get_weather"]
         chunks = list(oai.chat.completions.create(**kwargs, parallel_tool_calls=False, stream=True))
-        streamed = [call for c in chunks if c.choices and c.choices[0].delta.tool_calls for call in c.choices[0].delta.tool_calls]
-        assert [c.function.name for c in streamed] == ["get_weather"] and chunks[-1].choices[0].finish_reason == "tool_calls"
+        assert [c.function.name for c in merged_calls(chunks)] == ["get_weather"] and chunks[-1].choices[0].finish_reason == "tool_calls"
         assert not any(c.choices[0].delta.content for c in chunks if c.choices)
 
         forced = dict(kwargs, tools=BOUNDED_TOOLS, tool_choice="required", parallel_tool_calls=False, temperature=1.0, max_tokens=150)
