@@ -29,7 +29,7 @@ class HttpState:
     metrics: ServerMetrics
     health: HealthMonitor
     gate: GatePolicy
-    tool_parser: ToolCallParser | None = None  # the chat template's tool-call format (ModelFacts), when zserve knows it
+    tool_parser: ToolCallParser | None = None  # --tool-call-parser, else the chat template's format; None: unknown
     reasoning_parser: ReasoningParser | None = None  # --reasoning-parser: chat answers' thinking split out
     # ignored and logged, or refused (--strict-requests)
     unknown_fields: UnknownFieldPolicy = field(default_factory=UnknownFieldPolicy)

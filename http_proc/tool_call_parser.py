@@ -68,6 +68,12 @@ class ToolCallParser:
         """The parser of a tool-call format (ModelFacts.tool_call_format); None for none."""
         return None if kind is None else ToolCallParser(kind)
 
+    @property
+    def needs_special_tokens(self) -> bool:
+        """Whether the calls' markers are special tokens, kept in the text for this parser
+        (Mistral's [TOOL_CALLS] and [ARGS]; the request's skip_special_tokens is set false)."""
+        return self.kind == "mistral"
+
     def single_call(self) -> ToolCallParser:
         """This parser keeping only the first call (parallel_tool_calls false)."""
         return replace(self, parallel=False)

@@ -175,3 +175,9 @@ def test_one_scanner_per_format_and_a_clear_error_for_others():
     assert tuple(SCANNERS) == TOOL_CALL_FORMATS
     with pytest.raises(ValueError, match="tool-call format must be one of hermes, llama3_json"):
         ToolCallParser("xml")
+
+
+def test_mistral_keeps_its_special_tokens_in_the_text():
+    """[TOOL_CALLS] and [ARGS] are special tokens: the route asks for them (skip_special_tokens false)."""
+    assert ToolCallParser("mistral").needs_special_tokens
+    assert not any(ToolCallParser(kind).needs_special_tokens for kind in TOOL_CALL_FORMATS if kind != "mistral")
