@@ -6,17 +6,19 @@ tools' `parameters`, and the answer parses into OpenAI's `tool_calls` by constru
 - a named function: the answer is that function's arguments (an object of its `parameters`);
 - required: the answer is a non-empty array of `{"name": <one of the tools>, "parameters": {...}}`,
   of one item under `parallel_tool_calls: false`.
+Streamed as the formats' calls are (http_proc/tool_call_stream.py): each name once, then the
+arguments in pieces as they are written.
 """
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from typing import Any
 
 from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.tool_call_parser import tool_call
-from zserve.http_proc.tool_scan import ParsedCall, ToolScan
+from zserve.http_proc.tool_json_calls import read_json_list
+from zserve.http_proc.tool_scan import ParsedCall, ToolScan, skip_ws
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
@@ -60,26 +62,27 @@ class ForcedToolChoice:
 
     def parse(self, text: str) -> tuple[str | None, list[dict[str, Any]]]:
         """(content, tool_calls) as ToolCallParser answers: the calls, or the text when it is not
-        the JSON the grammar asked for (an answer cut short by max_tokens)."""
-        try:
-            data = json.loads(text)
-        except ValueError:
+        the JSON the grammar asked for (an answer cut short by max_tokens before a call began)."""
+        scan = self.scan(text, True)
+        if not scan.calls:
             return text, []
-        if self.function_name is not None:
-            return (None, [tool_call(self.function_name, data)]) if isinstance(data, dict) else (text, [])
-        if not isinstance(data, list) or not all(isinstance(c, dict) and isinstance(c.get("name"), str) for c in data):
-            return text, []
-        return None, [tool_call(c["name"], c.get("parameters", {})) for c in data]
+        return None, [tool_call(c.name, c.arguments) for c in scan.calls]
 
     def scan(self, text: str, final: bool) -> ToolScan:
-        """For the stream (http_proc/tool_call_stream.py): nothing until the answer is done (the
-        whole answer is the call, checked against the grammar's JSON only then), then the calls,
-        each whole in one delta."""
-        if not final:
-            return ToolScan("")
-        content, calls = self.parse(text)
-        parsed = tuple(ParsedCall(c["function"]["name"], c["function"]["arguments"]) for c in calls)
-        return ToolScan(content or "", parsed)
+        """The answer read as it is written, for the stream too (http_proc/tool_scan.py): under a
+        named function all of it is that function's arguments; under required it is the array of
+        calls, each announced once its name is read. Arguments are the JSON text written (cut
+        short by max_tokens: as far as written, as vLLM sends them)."""
+        start = skip_ws(text, 0)
+        if start == len(text):
+            return ToolScan(text if final else "")
+        if self.function_name is not None:
+            return ToolScan("", (ParsedCall(self.function_name, text[start:]),))
+        calls: list[ParsedCall] = []
+        got, _ = read_json_list(text, start, calls) if text[start] == "[" else (None, None)
+        if got is True:
+            return ToolScan("", tuple(calls))
+        return ToolScan(text if final or got is None else "")
 
 
 def _functions(tools: list[dict[str, Any]] | None) -> dict[str, dict[str, Any]]:

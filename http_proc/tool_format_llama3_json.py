@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from zserve.common.tool_call_format import PYTHON_TAG
-from zserve.http_proc.tool_format_hermes import read_json_call
+from zserve.http_proc.tool_json_calls import read_json_call
 from zserve.http_proc.tool_scan import PARTIAL, ParsedCall, ToolScan, expect, skip_ws
 
 

@@ -10,10 +10,9 @@ them stripped, an answer that begins with the JSON list `[{"name": ...` is still
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from zserve.http_proc.tool_format_hermes import ARGUMENT_KEYS, read_json_call
+from zserve.http_proc.tool_json_calls import read_json_list
 from zserve.http_proc.tool_scan import (
     PARTIAL,
     ParsedCall,
@@ -21,7 +20,6 @@ from zserve.http_proc.tool_scan import (
     expect,
     held_suffix_len,
     json_value_end,
-    loads_call,
     skip_ws,
 )
 
@@ -47,7 +45,7 @@ def scan(text: str, final: bool, tools: tuple[dict[str, Any], ...] = ()) -> Tool
             break
         outside.append(text[pos:at])
         start = skip_ws(text, at + len(MARK))
-        read = _read_list if text.startswith("[", start) else _read_named
+        read = read_json_list if text.startswith("[", start) else _read_named
         got, end = read(text, start, calls)
         if got == PARTIAL:
             if final and end is None:
@@ -84,40 +82,3 @@ def _read_named(text: str, start: int, calls: list[ParsedCall]) -> tuple[str | b
     value_end = json_value_end(text, args_start)
     calls.append(ParsedCall(text[start:end], text[args_start:len(text) if value_end is None else value_end]))
     return True, value_end
-
-
-def _read_list(text: str, start: int, calls: list[ParsedCall]) -> tuple[str | bool | None, int | None]:
-    """`[{"name": ..., "arguments": {...}}, ...]`, each call announced once its head is read; a list
-    in another shape is taken whole once closed, when it parses as calls."""
-    pos, found = start + 1, []
-    while True:
-        got, end = read_json_call(text, pos, len(text))
-        if not isinstance(got, ParsedCall):
-            if found:  # after a call: what is not another call ends the list
-                return (True, None) if got == PARTIAL else (True, pos)
-            return _whole_list(text, start, calls)
-        found.append(got)
-        calls.append(got)
-        if end is None:
-            return True, None
-        after = skip_ws(text, end)
-        if after == len(text):
-            return True, None
-        if text[after] != ",":
-            return True, after + 1 if text[after] == "]" else after
-        pos = after + 1
-
-
-def _whole_list(text: str, start: int, calls: list[ParsedCall]) -> tuple[str | bool | None, int | None]:
-    end = json_value_end(text, start)
-    if end is None:
-        return PARTIAL, None
-    try:
-        items = json.loads(text[start:end])
-    except ValueError:
-        return None, None
-    parsed = [loads_call(json.dumps(item), ARGUMENT_KEYS) for item in items] if isinstance(items, list) else [None]
-    if not parsed or any(p is None for p in parsed):
-        return None, None
-    calls.extend(parsed)
-    return True, end

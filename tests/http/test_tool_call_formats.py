@@ -17,6 +17,7 @@ from zserve.http_proc.openai_formatter import OpenAIFormatter
 from zserve.http_proc.openai_protocol import ChatCompletionRequest
 from zserve.http_proc.request_group import ChoiceEvent
 from zserve.http_proc.tool_call_parser import SCANNERS, ToolCallParser
+from zserve.http_proc.tool_choice import ForcedToolChoice
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -77,17 +78,18 @@ def parser_of(kind: str) -> ToolCallParser:
     return ToolCallParser(kind).with_tools(TOOLS)
 
 
-def non_streamed(kind: str, text: str) -> dict:
+def non_streamed(kind: str | ForcedToolChoice, text: str) -> dict:
+    parser = parser_of(kind) if isinstance(kind, str) else kind
     subs = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS).sub_requests()
-    [choice] = OpenAIFormatter(True, "m", tool_parser=parser_of(kind)).body(subs, [result(text, "stop")])["choices"]
+    [choice] = OpenAIFormatter(True, "m", tool_parser=parser).body(subs, [result(text, "stop")])["choices"]
     return choice
 
 
-def streamed(kind: str, pieces: list[str]) -> tuple[str, list[tuple[str, str]], str]:
+def streamed(kind: str | ForcedToolChoice, pieces: list[str]) -> tuple[str, list[tuple[str, str]], str]:
     """(content, [(name, arguments)], finish_reason) of the answer sent in `pieces`, checking the
     chunks' shapes on the way: a call's id, type and name once, with arguments ""; then only
     index and argument pieces."""
-    fmt = OpenAIFormatter(True, "m", tool_parser=parser_of(kind))
+    fmt = OpenAIFormatter(True, "m", tool_parser=parser_of(kind) if isinstance(kind, str) else kind)
     text, events = "", []
     for piece in pieces:
         text += piece
@@ -181,3 +183,22 @@ def test_mistral_keeps_its_special_tokens_in_the_text():
     """[TOOL_CALLS] and [ARGS] are special tokens: the route asks for them (skip_special_tokens false)."""
     assert ToolCallParser("mistral").needs_special_tokens
     assert not any(ToolCallParser(kind).needs_special_tokens for kind in TOOL_CALL_FORMATS if kind != "mistral")
+
+
+@pytest.mark.parametrize(("tool_choice", "text", "calls"), [
+    ({"type": "function", "function": {"name": "add"}}, '{"a": 1, "b": 2}', [ADD]),
+    ("required", '[{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "add", "parameters": {"a": 1, "b": 2}}]',
+     [PARIS, ADD]),
+    ("required", '[{"name": "add", "param', []),  # cut short by max_tokens before a call began: text
+], ids=["named", "required", "required-cut-short"])
+def test_forced_tool_choice_streams_like_the_formats(tool_choice, text, calls):
+    forced = ForcedToolChoice.of(TOOLS, tool_choice)
+    choice = non_streamed(forced, text)
+    got = [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in choice["message"].get("tool_calls", [])]
+    assert got == calls and choice["message"]["content"] == (None if calls else text)
+    expected = (choice["message"]["content"] or "",
+                [(c["function"]["name"], c["function"]["arguments"]) for c in choice["message"].get("tool_calls", [])],
+                choice["finish_reason"])
+    assert streamed(forced, list(text)) == expected
+    for cut in range(len(text) + 1):
+        assert streamed(forced, [text[:cut], text[cut:]]) == expected, cut

@@ -12,6 +12,7 @@ from zserve.http_proc.openai_formatter import OpenAIFormatter
 from zserve.http_proc.openai_protocol import ChatCompletionRequest
 from zserve.http_proc.request_group import ChoiceEvent
 from zserve.http_proc.tool_call_parser import ToolCallParser
+from zserve.http_proc.tool_scan import ParsedCall
 from zserve.tokenizer_proc.chat_template import ChatTemplate
 
 HERMES = ToolCallParser("hermes")
@@ -160,7 +161,7 @@ def test_forced_tool_choice_builds_the_schema_and_parses_its_answer():
     assert required.parse('[{"name": "add", "param') == ('[{"name": "add", "param', [])  # cut short by max_tokens: text
 
     named = ForcedToolChoice.of(TOOLS, {"type": "function", "function": {"name": "add"}})
-    assert named.schema == TOOLS[1]["function"]["parameters"] and named.scan('{"a": 1', False).calls == ()
+    assert named.schema == TOOLS[1]["function"]["parameters"] and named.scan('{"a": 1', False).calls == (ParsedCall("add", '{"a": 1'),)
     content, [call] = named.parse('{"a": 1, "b": 2}')
     assert content is None and call["function"] == {"name": "add", "arguments": '{"a": 1, "b": 2}'}
     assert ForcedToolChoice.of(TOOLS, "auto") is None and ForcedToolChoice.of(None, "none") is None
