@@ -76,11 +76,13 @@ def streamed(fmt: OpenAIFormatter, pieces: list[str]) -> list[dict]:
     text, deltas = "", []
     for piece in pieces:
         text += piece
-        chunk = fmt.event_chunk(ChoiceEvent(0, piece, [0], result(text, None)))
-        deltas += [json.loads(chunk[len(b"data: "):])["choices"][0]["delta"]] if chunk else []
-    final = fmt.event_chunk(ChoiceEvent(0, "", [], result(text, "stop")))
-    deltas.append(json.loads(final[len(b"data: "):])["choices"][0]["delta"])
-    return deltas
+        deltas += deltas_of(fmt.event_chunk(ChoiceEvent(0, piece, [0], result(text, None))))
+    return deltas + deltas_of(fmt.event_chunk(ChoiceEvent(0, "", [], result(text, "stop"))))
+
+
+def deltas_of(blob: bytes | None) -> list[dict]:
+    """The deltas of an event's SSE chunks (a streamed tool call may take several)."""
+    return [json.loads(part[len(b"data: "):])["choices"][0]["delta"] for part in (blob or b"").split(b"\n\n") if part]
 
 
 def joined(deltas: list[dict], key: str) -> str:
@@ -151,8 +153,9 @@ def test_tool_calls_are_parsed_from_the_content_after_the_thinking():
     deltas = streamed(OpenAIFormatter(True, "m", tool_parser=hermes, reasoning=request.reasoning(QWEN3)), pieces)
     assert joined(deltas, "reasoning_content") == "I should call add."
     assert joined(deltas, "content").strip() == ""  # the call never streams as content
-    [calls] = [d["tool_calls"] for d in deltas if "tool_calls" in d]
-    assert calls[0]["function"]["name"] == "add"
+    calls = [call for d in deltas for call in d.get("tool_calls", [])]
+    assert calls[0]["function"] == {"name": "add", "arguments": ""}  # the name first, then the arguments in pieces
+    assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"a": 1, "b": 2}
 
 
 @pytest.mark.parametrize("fields, param", [
