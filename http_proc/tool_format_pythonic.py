@@ -14,6 +14,7 @@ is positional) ends there: its arguments are those before it, and nothing after 
 from __future__ import annotations
 
 import ast
+import functools
 import json
 from typing import Any
 
@@ -103,6 +104,7 @@ def _segment_end(text: str, pos: int) -> int | None:
     return None
 
 
+@functools.lru_cache(maxsize=1024)  # a pure function: each streamed prefix re-reads the keywords before it
 def _keyword(segment: str) -> str | None:
     """`name=literal` as the JSON `"name": value`; None for anything else."""
     try:
