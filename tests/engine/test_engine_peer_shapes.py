@@ -4,6 +4,8 @@ and result dicts) on the tiny model: per-prompt settings honoured, greedy tokens
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 import zserve
@@ -111,5 +113,12 @@ def test_engine_sglang_form_returns_sglangs_dicts(engine, oracle):
 def test_engine_keeps_zserves_own_form_and_its_context_length(engine):
     [result] = engine.generate([PROMPTS[0]], {"max_tokens": 3, "ignore_eos": True}, use_tqdm=False)
     assert isinstance(result, zserve.GenerateResult) and len(result.output_ids) == 3
+    per_prompt = [{"max_tokens": 2, "n": 2, "temperature": 1.0, "seed": 3, "ignore_eos": True},
+                  {"max_tokens": 3, "ignore_eos": True}]  # a list of settings, with its own n per prompt
+    results = engine.generate(PROMPTS, per_prompt, use_tqdm=False)
+    assert [len(r.output_ids) for r in results] == [2, 2, 3]
+    assert results[2].output_ids[:2] == engine.generate([PROMPTS[1]], {"max_tokens": 2, "ignore_eos": True})[0].output_ids
+    async_results = asyncio.run(engine.agenerate(PROMPTS, per_prompt))
+    assert [r.output_ids for r in async_results] == [r.output_ids for r in results]
     with pytest.raises(zserve.InvalidRequestError, match=str(CONTEXT_LEN)):  # context_length reached the server
         engine.generate(input_ids=[5] * (CONTEXT_LEN + 1), sampling_params={"max_new_tokens": 1})
