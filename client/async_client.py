@@ -98,12 +98,11 @@ class AsyncClient:
 
     async def submit_all(self, /, bodies: list[dict], **sampling) -> list[int]:
         """Client.submit_all: every choice's req_id; if one body cannot be sent, those sent are aborted."""
-        copies = num_copies(sampling)
         req_ids: list[int] = []
         try:
             for body in bodies:
                 req_id = await self.submit(**body, **sampling)
-                req_ids += range(req_id, req_id + copies)
+                req_ids += range(req_id, req_id + num_copies({**sampling, **body}))  # a body may carry its own n
         except BaseException:
             for req_id in req_ids:
                 await self.abort(req_id)

@@ -3,7 +3,8 @@
 Sending every prompt at once overflows the server's queue (--max-queued-requests, 1,024 by
 default) and the server answers "busy". Here at most `window` requests (choices, with `n`) are in
 flight; each finished prompt makes room for the next, and the results come back in the prompts'
-order, each prompt's n choices in turn (prompt p's choice i at p * n + i).
+order, each prompt's n choices in turn (prompt p's choice i at p * n + i). A body may carry options of its
+own ({"prompt": ..., "max_tokens": 4, "n": 2}: per-prompt settings), which win over the shared `sampling`.
 
 A prompt the server still refuses as busy (other clients fill its queue, retracted requests come
 back to it) is sent again after a backoff that doubles up to MAX_BACKOFF_S, and nothing new is sent
@@ -50,8 +51,8 @@ def run_window(
     client: Client, bodies: list[dict], sampling: dict[str, Any], *, window: int, progress: BatchProgress,
 ) -> list[GenerateResult]:
     """Every body's result(s), in order, with at most `window` requests in flight on `client`."""
-    copies = num_copies(sampling)
-    window = max(window, copies)  # one prompt's choices go together
+    copies = [num_copies({**sampling, **body}) for body in bodies]
+    window = max(window, *copies, 1)  # one prompt's choices go together
     results: list[list[GenerateResult]] = [[] for _ in bodies]
     todo = deque(range(len(bodies)))  # body indices not yet sent, or sent again after busy (at the front)
     prompt_of: dict[int, int] = {}  # req_id in flight -> its body's index
@@ -59,7 +60,7 @@ def run_window(
     backoff = Backoff()
     try:
         while todo or prompt_of:
-            while todo and len(prompt_of) + copies <= window and backoff.wait_s() == 0:
+            while todo and len(prompt_of) + copies[todo[0]] <= window and backoff.wait_s() == 0:
                 idx = todo.popleft()
                 req_ids = req_ids_of[idx] = client.submit_all([bodies[idx]], **sampling)
                 prompt_of.update(dict.fromkeys(req_ids, idx))
@@ -87,8 +88,8 @@ def run_window(
 async def arun_window(
     client: AsyncClient, bodies: list[dict], sampling: dict[str, Any], *, window: int, progress: BatchProgress,
 ) -> list[GenerateResult]:
-    """run_window for asyncio: window // n workers, each sending one prompt at a time."""
-    copies = num_copies(sampling)
+    """run_window for asyncio: window // n workers (the largest n), each sending one prompt at a time."""
+    copies = max((num_copies({**sampling, **body}) for body in bodies), default=1)
     results: list[list[GenerateResult]] = [[] for _ in bodies]
     todo = iter(range(len(bodies)))  # shared by the workers: each index is taken once
     backoff = Backoff()

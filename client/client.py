@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Collection, Iterator
+from typing import Any
 
 import zmq
 
@@ -26,7 +27,7 @@ from zserve.client.heartbeat import HeartbeatThread
 from zserve.client.request_body import num_copies, refuse_copies
 from zserve.client.result_builder import ResultBuilder
 from zserve.client.types import GenerateResult, RequestTimeoutError, ServerGoneError, resolve_api_key
-from zserve.common.messages import ReqOutput
+from zserve.common.messages import ReqOutput, TokenizeOut
 from zserve.common.server_config import DEFAULT_CLIENT_PORT
 
 POLL_MS = 100
@@ -84,14 +85,14 @@ class Client:
 
     def submit_all(self, /, bodies: list[dict], **sampling) -> list[int]:
         """Send one request per body ({"prompt": ...}, {"input_ids": ...} or {"messages": ...}) with
-        the same sampling; returns every choice's req_id (with `n`, each body's n in turn). If one
-        cannot be sent, those already sent are aborted before the error is raised."""
-        copies = num_copies(sampling)
+        the same sampling (a body may add options of its own, none of sampling's); returns every
+        choice's req_id (with `n`, each body's n in turn). If one cannot be sent, those already sent
+        are aborted before the error is raised."""
         req_ids: list[int] = []
         try:
             for body in bodies:
                 req_id = self.submit(**body, **sampling)
-                req_ids += range(req_id, req_id + copies)
+                req_ids += range(req_id, req_id + num_copies({**sampling, **body}))  # a body may carry its own n
         except BaseException:
             self.discard(req_ids)
             raise
@@ -163,6 +164,19 @@ class Client:
             return stats.as_dict()
         finally:
             self._core.drop_stats(req_id)
+
+    def tokenize(self, body: dict[str, Any], add_special_tokens: bool = True) -> TokenizeOut:
+        """The server's tokenizer on `body` ({"prompt": ...}, {"messages": ...}: the ids a request would
+        have; {"input_ids": ...}: their text)."""
+        req_id, frame = self._core.tokenize_request(body, add_special_tokens)
+        self._sock.send(frame)
+        deadline = time.monotonic() + (self.timeout_s or 10.0)
+        try:
+            while (answer := self._core.take_tokenize(req_id)) is None:
+                self._pump(deadline)
+            return answer
+        finally:
+            self._core.drop_tokenize(req_id)
 
     def close(self) -> None:
         """Abort what is still in flight, stop the heartbeat, close the socket."""

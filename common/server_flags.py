@@ -106,6 +106,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     ),
     'seed': FlagSpec(
         'seed for per-request seeds drawn when a request gives none',
+        aliases=('--random-seed',),
         min=0,
     ),
     # ParallelSection

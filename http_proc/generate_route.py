@@ -25,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from zserve.client.sglang_shape import sglang_output
 from zserve.client.types import GenerateResult
 from zserve.common.request_limits import LIMITS
 from zserve.common.sampling_params import DEFAULT_MAX_TOKENS
@@ -36,7 +37,7 @@ from zserve.http_proc.openai_protocol import SubRequest
 from zserve.http_proc.refused_fields import refuse_unhonoured
 from zserve.http_proc.request_group import ChoiceEvent, RequestGroup
 from zserve.http_proc.response_guard import guarded, guarded_stream
-from zserve.http_proc.sglang_generate import from_sglang_body, is_batch, is_sglang_body, sglang_output
+from zserve.http_proc.sglang_generate import from_sglang_body, is_batch, is_sglang_body
 from zserve.http_proc.sse_response import SseResponse
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")

@@ -12,18 +12,18 @@ fields that change nothing here (`rid`, `log_metrics`, `stream_interval`, ...) a
 INFO (unknown_fields.py); any other field is ignored as OpenAI's unknown fields are (one warning per name; a
 400 under --strict-requests). A list of texts or of id lists (SGLang's batch, not streamed) runs as one
 request per prompt and is answered with a list of responses in the prompts' order.
+The sampling names and the response shape are client/sglang_shape.py (zserve.Engine returns it too).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from zserve.client.types import GenerateResult
+from zserve.client.sglang_shape import RENAMED_SAMPLING
 from zserve.http_proc.api_error import ApiError
 
 RENAMED_TOP = {"text": "prompt", "top_logprobs_num": "top_logprobs"}
 KEPT_TOP = ("input_ids", "return_logprob", "stream")
-RENAMED_SAMPLING = {"max_new_tokens": "max_tokens", "min_new_tokens": "min_tokens", "sampling_seed": "seed"}
 KEPT_SAMPLING = (
     "temperature", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "ignore_eos", "frequency_penalty",
     "presence_penalty", "repetition_penalty", "json_schema", "regex", "ebnf", "logit_bias", "n",
@@ -66,32 +66,3 @@ def from_sglang_body(body: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 def is_batch(key: str, value: Any) -> bool:
     """SGLang's batch: `text` as a list of strings, or `input_ids` as a list of id lists."""
     return isinstance(value, list) and (key == "prompt" or (bool(value) and isinstance(value[0], list)))
-
-
-def sglang_output(result: GenerateResult) -> dict[str, Any]:
-    """SGLang's response for `result` so far: the whole text and ids, with meta_info."""
-    usage = result.usage
-    meta: dict[str, Any] = {
-        "id": str(result.req_id),
-        "finish_reason": finish_reason(result),
-        "prompt_tokens": usage.prompt_tokens,
-        "completion_tokens": usage.completion_tokens,
-        "cached_tokens": usage.cached_tokens,
-    }
-    if result.logprobs is not None:  # SGLang's (logprob, token id, text) triples; text only when asked, here never
-        meta["output_token_logprobs"] = [
-            [lp, tid, None] for lp, tid in zip(result.logprobs, result.output_ids, strict=False)
-        ]
-    if result.top_logprobs is not None:
-        meta["output_top_logprobs"] = [[[lp, tid, None] for tid, lp in top] for top in result.top_logprobs]
-    return {"text": result.text, "output_ids": list(result.output_ids), "meta_info": meta}
-
-
-def finish_reason(result: GenerateResult) -> dict[str, Any] | None:
-    if result.finish_reason is None:
-        return None
-    if result.finish_reason == "length":
-        return {"type": "length", "length": result.usage.completion_tokens}
-    if result.finish_reason == "stop":
-        return {"type": "stop", "matched": None}  # which EOS id or stop string matched is not reported here
-    return {"type": result.finish_reason, "message": None}

@@ -18,6 +18,10 @@ prompts' order; `agenerate` is the asyncio form, `stream` streams one prompt. Wi
 request generates at most 128 tokens (SGLang's native default); `{"max_tokens": None}` asks for up
 to the context. Leaving the block, `shutdown()`, or the interpreter exiting stops every process; nothing
 is left behind, also when the block raises.
+
+SGLang's shape: `Engine(model_path=..., tp_size=..., context_length=...)` (any spelling of a flag:
+zserve/engine_keywords.py) and `generate(prompt=..., sampling_params=...)` with SGLang's names return
+SGLang's dicts (`{"text", "output_ids", "meta_info"}`); vLLM's is zserve.LLM (zserve/llm.py), on this class.
 """
 
 from __future__ import annotations
@@ -27,24 +31,26 @@ import contextlib
 import io
 import subprocess
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import fields
 from typing import Any
 
 from zserve.client.async_client import AsyncClient
 from zserve.client.batch_progress import BatchProgress
 from zserve.client.batch_window import arun_window, run_window
 from zserve.client.client import Client
+from zserve.client.sglang_shape import native_sampling, sglang_output
 from zserve.client.types import GenerateResult
 from zserve.common.net_ports import free_port
-from zserve.common.sampling_params import SamplingParams
-from zserve.common.server_config import ServerConfig
-from zserve.common.server_flags import flag_of
+from zserve.common.sampling_params import SamplingParams as WireSamplingParams
+from zserve.engine_keywords import config_values, flag_args
 from zserve.launcher.cli import parse_config
 from zserve.launcher.server_subprocess import ServerStartError, ServerSubprocess
+from zserve.sampling_params import request_options
 
 STOP_TIMEOUT_S = 30.0
 IN_FLIGHT_PER_SLOT = 4  # requests in flight per request slot: the queue keeps every slot busy
 Prompts = str | Sequence[str] | Sequence[Sequence[int]]
+Sampling = dict[str, Any] | WireSamplingParams  # zserve.SamplingParams is one too
+Samplings = Sampling | Sequence[Sampling] | None  # one for every prompt, or one per prompt
 
 
 class EngineError(RuntimeError):
@@ -57,10 +63,13 @@ class Engine:
         echo_logs: bool = True,
         **flags: Any,
     ):
-        """`model`: a model directory ("" = the demo model). `flags`: launch_server flags by their
-        ServerConfig names (`tp_size=2`, `disable_radix_cache=True`); `server_args`: more, as on a
-        command line. `echo_logs`: copy the server's log lines to stderr."""
-        self.argv = [*(["--model", model] if model else []), *_flag_args(flags), *server_args]
+        """`model`: a model directory ("" = the demo model; SGLang's `model_path=` too). `flags`: launch_server
+        flags by their ServerConfig names or any spelling of the flag, SGLang's and vLLM's included
+        (`tp_size=2`, `tensor_parallel_size=2`, `context_length=`, `enable_prefix_caching=False`:
+        zserve/engine_keywords.py); `server_args`: more, as on a command line. `echo_logs`: copy the
+        server's log lines to stderr."""
+        values = config_values(flags, "Engine()", {"model": "model"} if model else None)
+        self.argv = [*(["--model", model] if model else []), *flag_args(values), *server_args]
         if not _given(self.argv, "--zmq-port"):
             self.argv += ["--zmq-port", str(free_port())]
         self.port: int | None = None  # the ZMQ client port, from the ready record (a given --zmq-port 0 picks one)
@@ -89,48 +98,73 @@ class Engine:
     # ---- generation ----------------------------------------------------------------------------
 
     def generate(
-        self, prompts: Prompts | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
+        self, prompts: Prompts | None = None, sampling: Samplings = None, *,
         messages: Sequence[list[dict]] | None = None, use_tqdm: bool = True,
-    ) -> list[GenerateResult]:
+        prompt: Prompts | None = None, sampling_params: Samplings = None, input_ids: Sequence | None = None,
+    ) -> list[GenerateResult] | list[dict[str, Any]] | dict[str, Any]:
         """One result per prompt (a string, or a list of token ids) or per conversation
         (`messages`), in their order; with `n`, each prompt's n choices in turn (prompt p's choice
-        i at p * n + i). Any number of prompts: `max_in_flight` requests are in flight at a time
-        (client/batch_window.py), and a progress bar on stderr counts finished prompts unless
-        `use_tqdm=False`. No max_tokens: 128 each; `{"max_tokens": None}`: up to the context."""
-        client = self._live_client()
-        bodies = _bodies(prompts, messages)
-        with BatchProgress(len(bodies), enabled=use_tqdm) as progress:
-            return run_window(client, bodies, _sampling_dict(sampling), window=self.max_in_flight, progress=progress)
+        i at p * n + i). `sampling`: one setting for every prompt, or a list of one per prompt. Any
+        number of prompts: `max_in_flight` requests are in flight at a time (client/batch_window.py),
+        and a progress bar on stderr counts finished prompts unless `use_tqdm=False`. No max_tokens:
+        128 each; `{"max_tokens": None}`: up to the context.
+
+        SGLang's form: called with its keywords `prompt=`, `sampling_params=` (SGLang's names:
+        `max_new_tokens`, ...) or `input_ids=`, it returns SGLang's shape, a dict `{"text",
+        "output_ids", "meta_info"}` for one prompt (a string, or one list of ids) and a list of
+        them for a list."""
+        if prompt is None and sampling_params is None and input_ids is None:
+            return self._generate(_bodies(prompts, messages), sampling, use_tqdm)
+        texts = _one_of("prompts", prompts, "prompt", prompt)
+        settings = _one_of("sampling", sampling, "sampling_params", sampling_params)
+        if input_ids is not None:
+            if texts is not None:
+                raise ValueError("give prompt or input_ids (one of them)")
+            single = not input_ids or not hasattr(input_ids[0], "__len__")  # one list of ids
+            texts = [input_ids] if single else input_ids
+        else:
+            single = isinstance(texts, str)
+        results = self._generate(_bodies(texts, messages), _sglang_sampling(settings), use_tqdm)
+        outputs = [sglang_output(r) for r in results]
+        return outputs[0] if single and len(outputs) == 1 else outputs
+
+    def tokenize(self, prompt: str | None = None, *, messages: list[dict] | None = None) -> list[int]:
+        """The token ids a request with this prompt (or these chat messages, templated) would have."""
+        [body] = _bodies(None if prompt is None else [prompt], None if messages is None else [messages])
+        return list(self._live_client().tokenize(body).input_ids)
+
+    def detokenize(self, token_ids: Sequence[int]) -> str:
+        """The text of `token_ids` (special tokens kept)."""
+        return self._live_client().tokenize({"input_ids": list(token_ids)}).text or ""
 
     def stream(
-        self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
+        self, prompt: str | Sequence[int] | None = None, sampling: Sampling | None = None, *,
         messages: list[dict] | None = None,
     ) -> Iterator[str]:
         """Text deltas of one prompt as they come (leaving the loop early aborts it)."""
         [body] = _bodies(None if prompt is None else [prompt], None if messages is None else [messages])
-        yield from self._live_client().stream(**body, **_sampling_dict(sampling))
+        yield from self._live_client().stream(**body, **request_options(sampling))
 
     async def agenerate(
-        self, prompts: Prompts | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
+        self, prompts: Prompts | None = None, sampling: Samplings = None, *,
         messages: Sequence[list[dict]] | None = None, use_tqdm: bool = False,
     ) -> list[GenerateResult]:
         """`generate` for asyncio code (its own AsyncClient for the call); no progress bar unless
         `use_tqdm=True` (several calls may run at once)."""
         self._live_client()
-        bodies = _bodies(prompts, messages)
-        options = _sampling_dict(sampling)
+        options, bodies = _with_sampling(_bodies(prompts, messages), sampling)
         async with AsyncClient(self.address) as client:
             with BatchProgress(len(bodies), enabled=use_tqdm) as progress:
                 return await arun_window(client, bodies, options, window=self.max_in_flight, progress=progress)
 
     async def astream(
-        self, prompt: str | Sequence[int] | None = None, sampling: dict[str, Any] | SamplingParams | None = None, *,
+        self, prompt: str | Sequence[int] | None = None, sampling: Sampling | None = None, *,
         messages: list[dict] | None = None,
     ) -> AsyncIterator[str]:
         [body] = _bodies(None if prompt is None else [prompt], None if messages is None else [messages])
         self._live_client()
         async with AsyncClient(self.address) as client:
-            async for delta in client.stream(**body, **_sampling_dict(sampling)):
+            async for delta in client.stream(**body, **request_options(sampling)):
                 yield delta
 
     def stats(self) -> dict:
@@ -157,27 +191,18 @@ class Engine:
 
     # ---- plumbing ------------------------------------------------------------------------------
 
+    def _generate(self, bodies: list[dict[str, Any]], sampling: Samplings, use_tqdm: bool) -> list[GenerateResult]:
+        client = self._live_client()
+        options, bodies = _with_sampling(bodies, sampling)
+        with BatchProgress(len(bodies), enabled=use_tqdm) as progress:
+            return run_window(client, bodies, options, window=self.max_in_flight, progress=progress)
+
     def _live_client(self) -> Client:
         if self._client is None:
             raise EngineError("the engine is shut down")
         if self._proc.poll() is not None:
             raise EngineError(f"the server exited with code {self._proc.returncode}:\n{self._server.log_tail(30)}")
         return self._client
-
-
-def _flag_args(flags: dict[str, Any]) -> list[str]:
-    """ServerConfig field names and values -> launch_server arguments; an unknown name is a TypeError."""
-    known = {f.name: f for f in fields(ServerConfig)}
-    argv: list[str] = []
-    for name, value in flags.items():
-        if name not in known:
-            raise TypeError(f"Engine() got an unknown server flag {name!r}; the flags are ServerConfig's fields")
-        flag = flag_of(name)
-        if isinstance(value, bool):
-            argv += [flag] if value else []
-        else:
-            argv += [flag, str(value)]
-    return argv
 
 
 def _max_in_flight(argv: list[str]) -> int:
@@ -202,9 +227,26 @@ def _bodies(prompts: Prompts | None, messages: Sequence[list[dict]] | None) -> l
     return [{"prompt": p} if isinstance(p, str) else {"input_ids": list(p)} for p in prompts]
 
 
-def _sampling_dict(sampling: dict[str, Any] | SamplingParams | None) -> dict[str, Any]:
-    if sampling is None:
-        return {}
-    if isinstance(sampling, SamplingParams):  # its max_tokens=None is the field's default: the clients' 128
-        return {k: v for k, v in sampling.to_dict().items() if v is not None}
-    return dict(sampling)  # {"max_tokens": None} stays: up to the context
+def _with_sampling(bodies: list[dict[str, Any]], sampling: Samplings) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """(the options every body shares, the bodies): a list of settings, one per body, goes into its body."""
+    if sampling is None or isinstance(sampling, (dict, WireSamplingParams)):
+        return request_options(sampling), bodies
+    settings = list(sampling)
+    if len(settings) != len(bodies):
+        raise ValueError(f"{len(settings)} sampling settings for {len(bodies)} prompts: give one, or one per prompt")
+    return {}, [{**body, **request_options(s)} for body, s in zip(bodies, settings, strict=True)]
+
+
+def _sglang_sampling(sampling: Samplings) -> Samplings:
+    """SGLang's sampling_params (a dict, or a list of them) in zserve's names."""
+    if isinstance(sampling, dict):
+        return native_sampling(sampling)
+    if sampling is None or isinstance(sampling, WireSamplingParams):
+        return sampling
+    return [native_sampling(s) if isinstance(s, dict) else s for s in sampling]
+
+
+def _one_of(name: str, value: Any, peer_name: str, peer_value: Any) -> Any:
+    if value is not None and peer_value is not None:
+        raise TypeError(f"give {name} or {peer_name}, not both")
+    return peer_value if peer_value is not None else value

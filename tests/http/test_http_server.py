@@ -346,6 +346,7 @@ def test_generate_reads_and_answers_sglangs_shape(server):
     meta = r["meta_info"]
     assert meta["finish_reason"] == {"type": "length", "length": 6}
     assert (meta["prompt_tokens"], meta["completion_tokens"]) == (expected.usage.prompt_tokens, 6)
+    assert meta["e2e_latency"] > 0  # seconds, once finished
     assert [t[1] for t in meta["output_token_logprobs"]] == expected.output_ids
     assert "accepting SGLang request field 'rid' in /generate; it has no effect in zserve" in server.log()  # INFO, not a warning
 
@@ -358,7 +359,7 @@ def test_generate_reads_and_answers_sglangs_shape(server):
     texts = [c["text"] for c in chunks]
     assert all(later.startswith(earlier) for earlier, later in zip(texts, texts[1:], strict=False)) and texts[-1] == expected.text
     assert chunks[-1]["output_ids"] == expected.output_ids and chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
-    assert all(c["meta_info"]["finish_reason"] is None for c in chunks[:-1])
+    assert all(c["meta_info"]["finish_reason"] is None and "e2e_latency" not in c["meta_info"] for c in chunks[:-1])
 
     batch = {"text": ["a", PROMPT, "b"], "sampling_params": {"max_new_tokens": 6, "ignore_eos": True}}
     status, r = post_raw(server.http_port, "/generate", json.dumps(batch).encode())  # SGLang's batch: a list back

@@ -20,6 +20,7 @@ ALIASES = [
     (["--tensor-parallel-size", "2"], ["--tp-size", "2"]),
     (["--tp", "2"], ["--tp-size", "2"]),
     (["--max-model-len", "1024"], ["--context-length", "1024"]),
+    (["--random-seed", "7"], ["--seed", "7"]),  # SGLang's name
     (["--gpu-memory-utilization", "0.5"], ["--mem-fraction-static", "0.5"]),
     (["--http-port", "8123"], ["--port", "8123"]),
     (["--tokenizer-path", "/t"], ["--tokenizer", "/t"]),

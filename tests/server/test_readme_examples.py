@@ -11,10 +11,10 @@ from testing.paths import REPO_ROOT
 from testing.server_process import start_server
 
 
-def readme_block(section: str) -> str:
-    """The first ```python block under the README heading `section`."""
+def readme_block(section: str, level: str = "##") -> str:
+    """The first ```python block under the README heading `section` (a `level` heading)."""
     text = (REPO_ROOT / "README.md").read_text()
-    start = text.index(f"\n## {section}")
+    start = text.index(f"\n{level} {section}")
     return re.search(r"```python\n(.*?)```", text[start:], re.S).group(1)
 
 
@@ -42,4 +42,12 @@ def test_the_engine_example_runs_as_written(model_dir, tmp_path):
     assert 'zserve.Engine("/path/to/model"' in code
     code = code.replace('"/path/to/model"', f'"{model_dir}", num_threads=1, kv_cache_tokens=8192, echo_logs=False')
     proc = run_example(code + "\nprint('EXAMPLE DONE')\n", tmp_path)
+    assert proc.returncode == 0 and "EXAMPLE DONE" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_peer_shapes_example_runs_as_written(model_dir, tmp_path):
+    code = readme_block("SGLang's and vLLM's shapes", level="###")
+    assert 'zserve.Engine(model_path="/path/to/model"' in code and 'zserve.LLM(model="/path/to/model"' in code
+    code = code.replace('"/path/to/model"', f'"{model_dir}", num_threads=1, kv_cache_tokens=8192, echo_logs=False')
+    proc = run_example(code.replace("2048", "256") + "\nprint('EXAMPLE DONE')\n", tmp_path)  # the tiny model's context: 512
     assert proc.returncode == 0 and "EXAMPLE DONE" in proc.stdout, proc.stdout + proc.stderr
