@@ -233,22 +233,15 @@ class OpenAIFormatter:
     ) -> bytes | None:
         """A streamed chat choice with tools (`text`, the answer's content so far): content as far as
         no call may begin, each call's name once, then its arguments as they are written
-        (http_proc/tool_call_stream.py), one chunk per delta. `thought`: thinking to send first."""
+        (http_proc/tool_call_stream.py). `thought`: thinking to send first (a reasoning parser's)."""
         stream = self._tool_streams.setdefault(idx, ToolCallStream(self.tool_parser))
-        deltas = stream.feed(text, final=finish_reason is not None)
-        if thought:
-            deltas = [{"reasoning_content": thought, **(deltas[0] if deltas else {})}, *deltas[1:]]
+        delta = {"reasoning_content": thought} if thought else {}
+        delta.update(stream.feed(text, final=finish_reason is not None))
         if finish_reason is not None and stream.made_calls:
             finish_reason = "tool_calls"
-        if not deltas:
-            if finish_reason is None and logprobs is None:
-                return None
-            deltas = [{}]
-        last = len(deltas) - 1
-        return b"".join(self._chunk([{
-            "index": idx, "delta": delta, "logprobs": logprobs if i == last else None,
-            "finish_reason": finish_reason if i == last else None,
-        }]) for i, delta in enumerate(deltas))
+        if not delta and finish_reason is None and logprobs is None:
+            return None
+        return self._chunk([{"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason}])
 
     def _logprobs(self, result: GenerateResult, start: int, end: int, text_offset: int) -> dict[str, Any] | None:
         """The logprobs of output tokens start..end, when the request asked."""

@@ -1,7 +1,9 @@
 """ToolCallStream: one streamed chat choice's tool calls, sent as vLLM sends them.
 
 Each event the formatter feeds the answer so far; the stream scans it (the parser's `scan`, the
-same one the non-streamed answer uses) and returns the deltas for what is new:
+same one the non-streamed answer uses) and returns one delta of what is new, made of these parts
+(one chunk per event, as before tools: a call's announcement and its first argument piece may be
+two `tool_calls` entries of the same index in one delta, which clients accumulate by index):
 
     {"content": "Let me check."}                                         text before a call
     {"tool_calls": [{"index": 0, "id": "call_..", "type": "function",
@@ -37,25 +39,30 @@ class ToolCallStream:
     def made_calls(self) -> bool:
         return bool(self.call_ids)
 
-    def feed(self, text: str, final: bool) -> list[dict[str, Any]]:
-        """The deltas for the answer so far (`text`, all of it; `final`: the answer is done), in order."""
+    def feed(self, text: str, final: bool) -> dict[str, Any]:
+        """The delta for the answer so far (`text`, all of it; `final`: the answer is done): new
+        content, then the tool-call entries in order (a call's announcement and its first argument
+        piece may both come in one delta, as two entries of the same index); {} when nothing is new."""
         scan = self.parser.scan(text, final)
         # trailing whitespace is held until more text follows; without calls the answer is all content
         content = text if final and not scan.calls else scan.content.rstrip()
-        deltas: list[dict[str, Any]] = []
+        delta: dict[str, Any] = {}
         if len(content) > self.content_sent_len:
-            deltas.append({"content": content[self.content_sent_len:]})
+            delta["content"] = content[self.content_sent_len:]
             self.content_sent_len = len(content)
+        entries: list[dict[str, Any]] = []
         for idx, call in enumerate(scan.calls):
             if idx == len(self.call_ids):
                 self.call_ids.append(new_call_id())
                 self.arguments_sent_lens.append(0)
-                deltas.append({"tool_calls": [{
+                entries.append({
                     "index": idx, "id": self.call_ids[idx], "type": "function",
                     "function": {"name": call.name, "arguments": ""},
-                }]})
+                })
             piece = call.arguments[self.arguments_sent_lens[idx]:]
             if piece:
-                deltas.append({"tool_calls": [{"index": idx, "function": {"arguments": piece}}]})
+                entries.append({"index": idx, "function": {"arguments": piece}})
                 self.arguments_sent_lens[idx] = len(call.arguments)
-        return deltas
+        if entries:
+            delta["tool_calls"] = entries
+        return delta
