@@ -12,6 +12,7 @@
     POST /v1/chat/completions  openai_routes.py
     POST /tokenize, /detokenize  vLLM's: the frontend's tokenizer (tokenize_route.py)
     POST /v1/responses         OpenAI's Responses API on the chat path (responses_route.py)
+    POST /v1/messages, /v1/messages/count_tokens   Anthropic's Messages API on the chat path (anthropic_route.py)
     POST /generate             generate_route.py
 
 Every request first passes the RequestGate (request_gate.py: Host, Origin/CORS, API key, JSON
@@ -31,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from zserve.http_proc.anthropic_route import anthropic_routes
 from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.generate_route import generate_routes
 from zserve.http_proc.http_state import STATS_TIMEOUT_S, HttpState
@@ -73,6 +75,7 @@ def build_app(state: HttpState) -> RequestGate:
         *generate_routes(state),
         *tokenize_routes(state),
         *responses_routes(state),
+        *anthropic_routes(state),
         *server_info_routes(state.info, state.client),
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),

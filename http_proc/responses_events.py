@@ -20,7 +20,6 @@ Streamed tool calls are accumulated per chat `index`: a call's arguments may com
 
 from __future__ import annotations
 
-import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -239,8 +238,3 @@ class ResponsesStream:
             self.event("response.output_item.done", output_index=item.output_idx, item=body),
         ]
 
-
-def sse_event(event: dict[str, Any]) -> bytes:
-    """One event as SSE, named by its type (the Responses API's framing)."""
-    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
-    return f"event: {event['type']}\ndata: {data}\n\n".encode()

@@ -17,9 +17,9 @@ from zserve.http_proc.http_state import HttpState
 from zserve.http_proc.openai_protocol import parse_body
 from zserve.http_proc.refused_fields import refuse_unhonoured
 from zserve.http_proc.response_guard import guarded, guarded_stream
-from zserve.http_proc.responses_events import ResponseEnvelope, ResponsesStream, sse_event
+from zserve.http_proc.responses_events import ResponseEnvelope, ResponsesStream
 from zserve.http_proc.responses_protocol import ResponsesRequest
-from zserve.http_proc.sse_response import SseResponse
+from zserve.http_proc.sse_response import SseResponse, named_sse
 
 ROUTE = "/v1/responses"
 
@@ -48,15 +48,15 @@ async def response_events(
 ) -> AsyncIterator[bytes]:
     stream = ResponsesStream(envelope)
     for event in stream.opening():
-        yield sse_event(event)
+        yield named_sse(event)
     try:
         async for chunk in chunks:
             for event in stream.feed(chunk):
-                yield sse_event(event)
+                yield named_sse(event)
     except Exception as exc:  # the Responses API's error event (guarded_stream would send the chat shape)
         error = ApiError.from_client_error(exc)
         state.metrics.count_failed(error.status)
-        yield sse_event(stream.event("error", code=error.code, message=error.message, param=error.param))
+        yield named_sse(stream.event("error", code=error.code, message=error.message, param=error.param))
         return
     for event in stream.closing():
-        yield sse_event(event)
+        yield named_sse(event)
