@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import Field
 
 from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.chat_call import chat_request_of
 from zserve.http_proc.openai_protocol import ChatCompletionRequest, RequestModel
 
 BLOCK_KINDS = frozenset({"text", "tool_use", "tool_result", "thinking", "redacted_thinking"})
@@ -53,7 +54,7 @@ class MessagesRequest(RequestModel):
             "chat_template_kwargs": self.template_kwargs(), "stream": self.stream,
             "stream_options": {"include_usage": True} if self.stream else None,
         }
-        return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None})
+        return chat_request_of(chat)
 
     def chat_messages(self) -> list[dict[str, Any]]:
         out = [{"role": "system", "content": self.system_text()}] if self.system else []

@@ -15,8 +15,10 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
 from starlette.requests import Request
 
+from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.disconnect_watch import until_disconnect
 from zserve.http_proc.http_state import HttpState
 from zserve.http_proc.openai_formatter import OpenAIFormatter
@@ -71,6 +73,16 @@ class ChatCall:
         usage = self.formatter.usage_chunk(self.subs, [r for r in self.group.results if r is not None])
         if usage is not None:
             yield chunk_dict(usage)
+
+
+def chat_request_of(values: dict[str, Any]) -> ChatCompletionRequest:
+    """The chat request a translation built (None values left out); a 400 if it is not a valid one."""
+    try:
+        return ChatCompletionRequest.model_validate({k: v for k, v in values.items() if v is not None})
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ApiError(400, f"invalid request: as a chat request, {where}: {first['msg']}") from None
 
 
 def chunk_dict(sse_bytes: bytes) -> dict[str, Any]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.chat_call import chat_request_of
 from zserve.http_proc.openai_protocol import ChatCompletionRequest, RequestModel
 
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
@@ -81,7 +82,7 @@ class ResponsesRequest(RequestModel):
             "response_format": self.response_format(), "stream": self.stream,
             "stream_options": {"include_usage": True} if self.stream else None,
         }
-        return ChatCompletionRequest.model_validate({k: v for k, v in chat.items() if v is not None})
+        return chat_request_of(chat)
 
     def messages(self) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = [{"role": "system", "content": self.instructions}] if self.instructions else []
