@@ -115,7 +115,8 @@ def chat_tool(idx: int, tool: dict[str, Any]) -> dict[str, Any]:
 
 
 def _turns(idx: int, role: str, blocks: list[Any]) -> list[dict[str, Any]]:
-    """One message's blocks as chat turns: tool results first (each a tool turn), then the text and calls."""
+    """One message's blocks as chat turns: tool results first (each a tool turn), then the text and calls.
+    A turn of calls alone has content "" (not null): a template that knows no tools still renders it."""
     texts, calls, results = [], [], []
     for block in blocks:
         kind = block.get("type") if isinstance(block, dict) else None
@@ -133,7 +134,7 @@ def _turns(idx: int, role: str, blocks: list[Any]) -> list[dict[str, Any]]:
                             "content": _result_text(idx, block.get("content"))})
     turns = list(results)
     if calls:
-        turns.append({"role": role, "content": "".join(texts) or None, "tool_calls": calls})
+        turns.append({"role": role, "content": "".join(texts), "tool_calls": calls})
     elif texts or not results:
         turns.append({"role": role, "content": "".join(texts)})
     return turns

@@ -99,7 +99,8 @@ class ResponsesRequest(RequestModel):
                 if last is not None and last["role"] == "assistant":
                     last.setdefault("tool_calls", []).append(call)  # one assistant turn holds its calls
                 else:
-                    out.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                    # content "" (not null): a template that knows no tools still renders the turn
+                    out.append({"role": "assistant", "content": "", "tool_calls": [call]})
             elif kind == "function_call_output":
                 output = item.get("output")
                 text = output if isinstance(output, str) else _parts_text(i, output)

@@ -60,7 +60,7 @@ def test_items_become_chat_turns_calls_and_tool_answers():
     assert messages == [
         {"role": "system", "content": "rules"},
         {"role": "user", "content": "weather in Paris?"},
-        {"role": "assistant", "content": None, "tool_calls": calls},  # both calls in one assistant turn
+        {"role": "assistant", "content": "", "tool_calls": calls},  # both calls in one assistant turn
         {"role": "tool", "tool_call_id": "c1", "content": "sunny"},
         {"role": "tool", "tool_call_id": "c2", "content": "rain"},
         {"role": "assistant", "content": "Sunny and rain."},
