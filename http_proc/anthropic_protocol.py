@@ -6,6 +6,7 @@
     tools           [{name, description, input_schema}] -> function tools
     tool_choice     {"type": "auto" | "any" | "tool" (name) | "none", disable_parallel_tool_use}
     max_tokens      required; stop_sequences, temperature, top_p, top_k as the chat's
+    output_config   format {"type": "json_schema", schema}: the chat's response_format (structured output)
     thinking        {"type": "disabled"}: the chat template's enable_thinking false (Qwen3's); "enabled" keeps the
                     template's default (the budget is not enforced)
 
@@ -41,6 +42,7 @@ class MessagesRequest(RequestModel):
     stream: bool = False
     metadata: dict[str, Any] | None = None  # user_id: changes nothing here
     thinking: dict[str, Any] | None = None
+    output_config: dict[str, Any] | None = None  # format {"type": "json_schema", schema}: structured output
 
     def chat_request(self) -> ChatCompletionRequest:
         """The chat request that answers this one (one choice; the usage chunk when streamed)."""
@@ -51,7 +53,8 @@ class MessagesRequest(RequestModel):
             "stop": self.stop_sequences or None, "no_stop_trim": bool(self.stop_sequences),
             "tools": [chat_tool(i, t) for i, t in enumerate(self.tools)] if self.tools else None,
             "tool_choice": tool_choice, "parallel_tool_calls": parallel,
-            "chat_template_kwargs": self.template_kwargs(), "stream": self.stream,
+            "chat_template_kwargs": self.template_kwargs(), "response_format": self.response_format(),
+            "stream": self.stream,
             "stream_options": {"include_usage": True} if self.stream else None,
         }
         return chat_request_of(chat)
@@ -93,6 +96,16 @@ class MessagesRequest(RequestModel):
             return {"type": "function", "function": {"name": self.tool_choice["name"]}}, parallel
         raise ApiError(400, 'tool_choice.type must be "auto", "any", "none" or "tool" (with a name)',
                        param="tool_choice")
+
+    def response_format(self) -> dict[str, Any] | None:
+        """`output_config.format` as the chat's response_format (`effort` changes nothing here)."""
+        fmt = (self.output_config or {}).get("format")
+        if fmt is None:
+            return None
+        if not isinstance(fmt, dict) or fmt.get("type") != "json_schema" or not isinstance(fmt.get("schema"), dict):
+            raise ApiError(400, "output_config.format must be {\"type\": \"json_schema\", \"schema\": {...}}",
+                           param="output_config.format")
+        return {"type": "json_schema", "json_schema": {"name": "output", "schema": fmt["schema"]}}
 
     def template_kwargs(self) -> dict[str, Any] | None:
         kind = (self.thinking or {}).get("type")

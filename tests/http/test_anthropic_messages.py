@@ -74,6 +74,14 @@ def test_tools_and_tool_choice_become_the_chats(choice, chat_choice, parallel):
     assert chat["stop"] == ["END"] and chat["no_stop_trim"] is True and chat["top_k"] == 5
 
 
+def test_output_config_format_is_the_chats_json_schema():
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    chat = chat_of({**HI, "output_config": {"format": {"type": "json_schema", "schema": schema}, "effort": "low"}})
+    assert chat["response_format"] == {"type": "json_schema", "json_schema": {"name": "output", "schema": schema}}
+    status, answer, _ = post({**HI, "output_config": {"format": {"type": "text"}}})
+    assert status == 400 and "output_config.format" in answer["error"]["message"]
+
+
 def test_thinking_disabled_reaches_the_template_as_enable_thinking_false():
     assert chat_of({**HI, "thinking": {"type": "disabled"}})["chat_template_kwargs"] == {"enable_thinking": False}
     assert "chat_template_kwargs" not in chat_of({**HI, "thinking": {"type": "enabled", "budget_tokens": 1024}})

@@ -81,7 +81,7 @@ def test_responses_with_a_forced_tool(oai):
     done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
     assert [(c.name, c.arguments) for c in done] == [("get_weather", calls[0].arguments)]
     # the call and its output go back as input items, and the model answers them
-    follow = oai.responses.create(**{**ask, "tool_choice": "none", "input": [
+    follow = oai.responses.create(**{**ask, "tool_choice": "none", "max_output_tokens": 8, "input": [
         {"role": "user", "content": ask["input"]}, calls[0].model_dump(exclude_none=True),
         {"type": "function_call_output", "call_id": calls[0].call_id, "output": "sunny"}]})
     assert follow.output_text and not [item for item in follow.output if item.type == "function_call"]
@@ -126,10 +126,17 @@ def test_messages_with_a_forced_tool(claude):
         final = stream.get_final_message()
     assert [(b.name, b.input) for b in final.content if b.type == "tool_use"] == [("get_weather", uses[0].input)]
     # the call and its answer go back as a conversation, and the model answers it
-    follow = claude.messages.create(**{**ask, "tool_choice": {"type": "none"}, "messages": [
+    follow = claude.messages.create(**{**ask, "tool_choice": {"type": "none"}, "max_tokens": 8, "messages": [
         *ask["messages"], {"role": "assistant", "content": [uses[0].model_dump()]},
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": uses[0].id, "content": "sunny"}]}]})
     assert follow.stop_reason in ("end_turn", "max_tokens") and follow.content
+
+
+def test_messages_output_config_format_constrains_the_answer(claude):
+    answer = claude.messages.create(model=MODEL, max_tokens=30, extra_body=GREEDY,
+                                    output_config={"format": {"type": "json_schema", "schema": SCHEMA}},
+                                    messages=[{"role": "user", "content": "Which city is the capital of France?"}])
+    jsonschema.validate(json.loads(answer.content[0].text), SCHEMA)
 
 
 def test_a_wrong_x_api_key_is_a_401_in_anthropics_shape(port):
