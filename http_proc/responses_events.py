@@ -95,7 +95,8 @@ class ResponseEnvelope:
         if message.get("reasoning_content"):
             output.append(reasoning_item(new_id("rs"), message["reasoning_content"]))
         if message.get("content"):
-            output.append(message_item(new_id("msg"), message["content"], "completed"))
+            status = "incomplete" if choice["finish_reason"] == "length" else "completed"
+            output.append(message_item(new_id("msg"), message["content"], status))
         for call in message.get("tool_calls") or []:
             function = call["function"]
             output.append(function_call_item(new_id("fc"), call["id"], function["name"], function["arguments"],
@@ -220,7 +221,8 @@ class ResponsesStream:
             return []
         if item.kind == "message":
             part = {"type": "output_text", "text": item.text, "annotations": [], "logprobs": []}
-            body = message_item(item.item_id, item.text, "completed")
+            status = "incomplete" if self.finish_reason == "length" else "completed"
+            body = message_item(item.item_id, item.text, status)
             events = [self.event("response.output_text.done", **self._where(item), text=item.text, logprobs=[]),
                       self.event("response.content_part.done", **self._where(item), part=part)]
         else:

@@ -122,6 +122,7 @@ def test_the_response_object_of_a_chat_answer_with_calls_and_a_cut_answer():
     assert response["usage"]["total_tokens"] == 9
     cut = envelope.from_chat({**chat, "choices": [{"message": {"content": "abc"}, "finish_reason": "length"}]})
     assert cut["status"] == "incomplete" and cut["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert cut["output"][0]["status"] == "incomplete"  # the message item too, as OpenAI marks it
 
 
 def chunk(delta: dict | None = None, finish: str | None = None, usage: dict | None = None) -> dict:
@@ -198,6 +199,7 @@ def test_a_streamed_answer_cut_by_max_output_tokens_ends_incomplete():
     events = events_of([chunk({"content": "abc"}), chunk({"content": ""}, "length"), chunk(usage=USAGE)])
     assert events[-1]["type"] == "response.incomplete"
     assert events[-1]["response"]["incomplete_details"] == {"reason": "max_output_tokens"}
+    assert events[-1]["response"]["output"][0]["status"] == "incomplete"
 
 
 def test_thinking_streams_as_a_reasoning_item_before_the_message():
