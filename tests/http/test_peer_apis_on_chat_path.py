@@ -9,6 +9,8 @@ import json
 import pytest
 
 from testing.asgi_call import RecordingClient, call_app
+from zserve.client.types import GenerateResult, Usage, server_error
+from zserve.common.error_code import ErrorCode
 from zserve.http_proc.health_monitor import HealthMonitor
 from zserve.http_proc.http_app import build_app
 from zserve.http_proc.http_state import HttpState
@@ -69,3 +71,32 @@ def test_messages_thinking_and_a_hermes_call(stream):
     partial = "".join(e["delta"]["partial_json"] for e in stream_events
                       if e["type"] == "content_block_delta" and e["delta"]["type"] == "input_json_delta")
     assert json.loads(partial) == {"city": "Paris"}
+
+
+class FailingClient(RecordingClient):
+    """Answers one piece of text, then the server fails the request."""
+
+    async def stream_outputs_of(self, req_id: int):
+        yield "Par", GenerateResult(req_id, "Par", [7], None, Usage(prompt_tokens=3, completion_tokens=1))
+        raise server_error("the model process died", ErrorCode.GONE, req_id)
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/responses", {"input": "hi", "stream": True}),
+    ("/v1/messages", {"max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "stream": True}),
+])
+def test_a_failure_mid_stream_is_an_error_event_in_the_apis_shape(path, body):
+    client = FailingClient()
+    health = HealthMonitor(client)
+    health.state = "ready"
+    state = HttpState(client, "tiny", "/models/tiny", 512, ServerMetrics("tiny"), health,
+                      GatePolicy.build("127.0.0.1", "", "", "", 1 << 20))
+    status, _, raw = call_app(build_app(state), "POST", path, body)
+    assert status == 200  # the stream had begun
+    last = events(raw)[-1]
+    frames = [frame for frame in raw.decode().split("\n\n") if frame]
+    assert frames[-1].startswith("event: error\n")
+    if path == "/v1/responses":  # ResponseErrorEvent
+        assert last["type"] == "error" and "model process died" in last["message"] and "sequence_number" in last
+    else:
+        assert last == {"type": "error", "error": {"type": "api_error", "message": "the model process died"}}
