@@ -11,6 +11,8 @@
     POST /v1/completions       openai_routes.py
     POST /v1/chat/completions  openai_routes.py
     POST /tokenize, /detokenize  vLLM's: the frontend's tokenizer (tokenize_route.py)
+    POST /v1/responses         OpenAI's Responses API on the chat path (responses_route.py)
+    POST /v1/messages, /v1/messages/count_tokens   Anthropic's Messages API on the chat path (anthropic_route.py)
     POST /generate             generate_route.py
 
 Every request first passes the RequestGate (request_gate.py: Host, Origin/CORS, API key, JSON
@@ -30,12 +32,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from zserve.http_proc.anthropic_route import anthropic_routes
 from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.generate_route import generate_routes
 from zserve.http_proc.http_state import STATS_TIMEOUT_S, HttpState
 from zserve.http_proc.openai_routes import openai_routes
 from zserve.http_proc.request_gate import RequestGate
 from zserve.http_proc.response_guard import error_response
+from zserve.http_proc.responses_route import responses_routes
 from zserve.http_proc.server_info import server_info_routes
 from zserve.http_proc.tokenize_route import tokenize_routes
 
@@ -70,6 +74,8 @@ def build_app(state: HttpState) -> RequestGate:
         *openai_routes(state),
         *generate_routes(state),
         *tokenize_routes(state),
+        *responses_routes(state),
+        *anthropic_routes(state),
         *server_info_routes(state.info, state.client),
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),

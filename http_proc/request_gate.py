@@ -8,7 +8,8 @@
      on every POST) is refused unless --allowed-origins lists it ("*": any); allowed origins get
      CORS headers and answered preflights. So no web page can make the server compute unless
      told. 403 otherwise.
-  3. API key: with --api-key, every route but /health needs `Authorization: Bearer KEY`. 401.
+  3. API key: with --api-key, every route but /health needs `Authorization: Bearer KEY` (or
+     `x-api-key: KEY`, as the anthropic SDK sends it). 401.
   4. Body: a POST must say `Content-Type: application/json` (a form or text/plain post, the
      kind a page may send cross-site without a preflight, is refused: 415) and carry at most
      --max-request-bytes (413, checked on Content-Length and again while reading).
@@ -17,7 +18,8 @@
      request has (a 1,000,000-id prompt, 100,000 messages) gets 400 `request_too_large` at once,
      so parsing it never holds up other clients (it would for seconds).
 
-Refusals are OpenAI-shaped errors, counted under the route "refused" in /metrics.
+Refusals are OpenAI-shaped errors (Anthropic-shaped on /v1/messages), counted under the route
+"refused" in /metrics.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from starlette.responses import JSONResponse
 
 from zserve.common.request_limits import LIMITS
+from zserve.http_proc.anthropic_error import anthropic_error_body, is_anthropic_path
 from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.json_shape import JsonShape
 from zserve.http_proc.server_metrics import ServerMetrics
@@ -37,7 +40,7 @@ LOOPBACK_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 WILDCARD_HOSTS = frozenset({"", "0.0.0.0", "::", "*"})
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (load balancers, the launcher)
 CORS_METHODS = "GET, POST, OPTIONS"
-CORS_HEADERS = "Authorization, Content-Type"
+CORS_HEADERS = "Authorization, Content-Type, X-Api-Key, Anthropic-Version"
 SCAN_MIN_BYTES = 64 << 10  # a smaller body parses in a few milliseconds whatever its shape
 MIN_JSON_RUN = 1 << 16  # entries one array may have whatever the context (a tool's enum, logit_bias)
 MAX_JSON_OBJECTS = 4 * LIMITS.max_messages  # a chat's messages with their content parts and tool calls
@@ -92,8 +95,10 @@ class GatePolicy:
     def origin_allowed(self, origin: str) -> bool:
         return "*" in self.allowed_origins or origin.strip().lower().rstrip("/") in self.allowed_origins
 
-    def key_ok(self, authorization: str | None) -> bool:
+    def key_ok(self, authorization: str | None, x_api_key: str | None = None) -> bool:
         if not self.api_key:
+            return True
+        if x_api_key is not None and hmac.compare_digest(x_api_key.strip().encode(), self.api_key.encode()):
             return True
         expected = f"Bearer {self.api_key}"
         return authorization is not None and hmac.compare_digest(authorization.strip().encode(), expected.encode())
@@ -146,7 +151,8 @@ class RequestGate:
             )
         if scope["method"] == "OPTIONS" and origin is not None:
             return None  # a preflight carries no credentials
-        if scope["path"] not in OPEN_PATHS and not policy.key_ok(headers.get("authorization")):
+        key_ok = policy.key_ok(headers.get("authorization"), headers.get("x-api-key"))
+        if scope["path"] not in OPEN_PATHS and not key_ok:
             return ApiError(401, "missing or wrong API key: send `Authorization: Bearer <key>`", code="invalid_api_key")
         if scope["method"] == "POST":
             content_type = headers.get("content-type", "").split(";", 1)[0].strip().lower()
@@ -240,5 +246,6 @@ class RequestGate:
     async def refuse(self, error: ApiError, scope: Scope, receive: Receive, send: Send, origin: str | None) -> None:
         self.metrics.count_response("refused", error.status)
         allowed_origin = origin is not None and self.policy.origin_allowed(origin)
-        response = JSONResponse(error.body(), status_code=error.status)
+        body = anthropic_error_body(error.status, error.message) if is_anthropic_path(scope["path"]) else error.body()
+        response = JSONResponse(body, status_code=error.status)
         await response(scope, receive, self.with_cors(send, origin) if allowed_origin else send)

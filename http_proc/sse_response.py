@@ -8,6 +8,7 @@ A disconnect cancels the sending task, which throws CancelledError into the chun
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import AsyncIterator
 
 from starlette.types import Receive, Scope, Send
@@ -45,3 +46,9 @@ class SseResponse:
 async def _wait_disconnect(receive: Receive) -> None:
     while (await receive())["type"] != "http.disconnect":
         pass
+
+
+def named_sse(event: dict) -> bytes:
+    """One event as SSE named by its `type` (`event: <type>`), as the Responses and Messages APIs frame them."""
+    data = json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    return f"event: {event['type']}\ndata: {data}\n\n".encode()
