@@ -21,6 +21,7 @@ from zserve.common.wire import Message
 # seconds, not a run to the context. The clients add it; the server never does, so the OpenAI routes,
 # which send max_tokens=None, keep OpenAI's meaning of no max_tokens (up to the context).
 DEFAULT_MAX_TOKENS = 128
+MAX_GRAMMAR_AFTER_IDS = 16  # a `</think>` marker is one token, or a few where it is not a special token
 
 
 class SamplingParams(Message, frozen=True):
@@ -49,6 +50,9 @@ class SamplingParams(Message, frozen=True):
     json_schema: str | None = None  # structured output: JSON matching this JSON schema (its text)
     regex: str | None = None  # structured output: text matching this regular expression
     ebnf: str | None = None  # structured output: text of this EBNF grammar (GBNF, as xgrammar reads it)
+    # structured output starts once the output ends with these token ids (a reasoning model's `</think>`: the
+    # thinking is free, the answer constrained, as vLLM does); () = from the first token
+    grammar_after: tuple[int, ...] = ()
     return_prompt_text: bool = False  # also the prompt's text (the detokenizer's decoding), in the first output: echo
     # the output text leaves special tokens (EOS, chat markers) out (SGLang's, vLLM's default)
     skip_special_tokens: bool = True
@@ -148,6 +152,12 @@ class SamplingParams(Message, frozen=True):
             raise ValueError(
                 "min_tokens cannot be used with structured output: the grammar decides where the text ends"
             )
+        if self.grammar_after and not grammars:
+            raise ValueError("grammar_after needs structured output (json_object, json_schema, regex or ebnf)")
+        if len(self.grammar_after) > MAX_GRAMMAR_AFTER_IDS or not all(
+            _is_int_in(t, 0, INT32_MAX) for t in self.grammar_after
+        ):
+            raise ValueError(f"grammar_after must be at most {MAX_GRAMMAR_AFTER_IDS} token ids (integers >= 0)")
         for kind in ("json_schema", "regex", "ebnf"):
             spec = getattr(self, kind)
             if spec is not None and (not isinstance(spec, str) or not spec or len(spec) > LIMITS.max_grammar_chars):
@@ -180,6 +190,7 @@ class SamplingParams(Message, frozen=True):
         d = asdict(self)
         d["stop"] = list(self.stop)
         d["stop_token_ids"] = list(self.stop_token_ids)
+        d["grammar_after"] = list(self.grammar_after)
         d["logit_bias"] = dict(self.logit_bias)
         return d
 
@@ -192,7 +203,7 @@ class SamplingParams(Message, frozen=True):
         if unknown:
             raise ValueError(f"unknown sampling field(s): {_names(unknown)}")
         kw = dict(d)
-        for key in ("stop", "stop_token_ids"):
+        for key in ("stop", "stop_token_ids", "grammar_after"):
             if key in kw:
                 v = kw[key]
                 if isinstance(v, str) and key == "stop":

@@ -7,13 +7,19 @@ GrammarSource calls of their lifecycle, made by the scheduler core alone:
     result    accept: each sampled token, in order (none once the grammar has terminated)
     end       release: finish, abort, or a grammar that failed to build
 
+A request with `grammar_after` (a reasoning model's `</think>` ids) thinks free first, as vLLM's
+do: no mask and no accept until its output ends with that marker; from the token after it on,
+mask and accept as usual. Which side of the marker it is on is read off its output ids at each
+token (MarkerWait), so nothing about it is counted that a retraction could break.
+
 A retracted request keeps its grammar where its output left it: its output is still its output,
 and its re-admission samples the next token of that same output.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -26,10 +32,22 @@ from zserve.scheduler_proc.req import PendingReq, Req
 GRAMMAR_OFF = "structured output is off on this server (--grammar-backend none)"
 
 
+@dataclass(frozen=True, slots=True)
+class MarkerWait:
+    """A grammar that starts after its request's output has ended with `marker_ids`."""
+
+    marker_ids: tuple[int, ...]
+
+    def ended_by(self, output_ids: Sequence[int]) -> bool:
+        n = len(self.marker_ids)
+        return len(output_ids) >= n and tuple(output_ids[-n:]) == self.marker_ids
+
+
 class ConstrainedReqs:
     def __init__(self, source: GrammarSource | None):
         self.source = source  # None: structured output is off, constrained requests are refused
         self._req_ids: set[int] = set()  # live requests under a grammar, waiting or admitted
+        self._waits: dict[int, MarkerWait] = {}  # those of them whose grammar has not started: still thinking
 
     def __contains__(self, req_id: int) -> bool:
         return req_id in self._req_ids
@@ -46,6 +64,8 @@ class ConstrainedReqs:
         if spec is not None:
             self.source.start(req_id, spec)
             self._req_ids.add(req_id)
+            if params.grammar_after:
+                self._waits[req_id] = MarkerWait(tuple(params.grammar_after))
 
     def is_ready(self, req_id: int) -> bool:
         return self.source.is_ready(req_id)
@@ -59,7 +79,9 @@ class ConstrainedReqs:
         GrammarMasks.rows index it: they are batch rows."""
         if not self._req_ids:
             return None
-        rows = [i for i, req_id in enumerate(sampled_req_ids) if req_id in self._req_ids]
+        rows = [
+            i for i, req_id in enumerate(sampled_req_ids) if req_id in self._req_ids and req_id not in self._waits
+        ]
         if not rows:
             return None
         words_per_row = -(-self.source.vocab_size // 32)
@@ -68,15 +90,25 @@ class ConstrainedReqs:
             self.source.fill_bitmask(sampled_req_ids[i], bitmask, row)
         return GrammarMasks(rows=np.array(rows, np.int32), words_per_row=words_per_row, bitmask=bitmask.reshape(-1))
 
-    def accept(self, req_id: int, token_id: int) -> None:
-        """`req_id` sampled `token_id` (a no-op for a free request: the hot path asks for every token)."""
-        if req_id in self._req_ids and not self.source.is_terminated(req_id):
-            self.source.accept(req_id, token_id)
+    def accept(self, req_id: int, output_ids: Sequence[int]) -> None:
+        """`req_id` sampled the last of its `output_ids` (a no-op for a free request: the hot path
+        asks for every token). Before its marker has ended the output, the token is the thinking's:
+        the grammar does not see it (nor the marker's own tokens)."""
+        if req_id not in self._req_ids:
+            return
+        wait = self._waits.get(req_id)
+        if wait is not None:
+            if wait.ended_by(output_ids):
+                del self._waits[req_id]  # the grammar starts with the next token
+            return
+        if not self.source.is_terminated(req_id):
+            self.source.accept(req_id, output_ids[-1])
 
     def release(self, req_id: int) -> None:
         """`req_id` ended: its grammar goes (a no-op for a free request)."""
         if req_id in self._req_ids:
             self._req_ids.remove(req_id)
+            self._waits.pop(req_id, None)
             self.source.release(req_id)
 
     def check_integrity(self, live: Mapping[int, PendingReq | Req]) -> None:
@@ -85,6 +117,7 @@ class ConstrainedReqs:
         assert live_constrained == self._req_ids, (
             f"live constrained requests {sorted(live_constrained)}, grammars started for {sorted(self._req_ids)}"
         )
+        assert self._waits.keys() <= self._req_ids, f"marker waits {sorted(self._waits)} outlive their requests"
         if self.source is not None:
             held = self.source.held_req_ids()
             assert held == self._req_ids, (

@@ -224,7 +224,7 @@ class Scheduler:
         new_ids = [outputs.token_id_list[row]] if drafts is None else [*drafts, outputs.token_id_list[row]]
         for i, token_id in enumerate(new_ids):
             req.output_ids.append(token_id)
-            self._constrained.accept(req.req_id, token_id)
+            self._constrained.accept(req.req_id, req.output_ids)
             if (finish_reason := req.finish_reason()) is not None:
                 del new_ids[i + 1 :]
                 break

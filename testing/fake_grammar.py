@@ -101,6 +101,16 @@ class FakeGrammarSource:
         return grammar.allowed_ids if self._num_accepted[req_id] < grammar.num_tokens else self.stop_ids
 
 
+def grammar_output(marker_ids: tuple[int, ...], output_ids: list[int]) -> list[int] | None:
+    """The output a grammar has seen: all of it, or with a marker (SamplingParams.grammar_after)
+    what follows the marker's first end; None while the marker has not ended it (the next token is free)."""
+    n = len(marker_ids)
+    for end in range(n, len(output_ids) + 1):
+        if tuple(output_ids[end - n : end]) == marker_ids:
+            return output_ids[end:]
+    return None
+
+
 def masked_token(token_id: int, allowed: frozenset[int]) -> int:
     """The fake sampler under a mask: the model's token if allowed, else the next allowed id (cyclically)."""
     if token_id in allowed:

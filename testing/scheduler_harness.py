@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from testing.fake_grammar import FakeGrammarSource, apply_grammar_masks, masked_token
+from testing.fake_grammar import FakeGrammarSource, apply_grammar_masks, grammar_output, masked_token
 from testing.fake_model import FakeModel
 from zserve.common.finish_reason import FinishReason
 from zserve.common.forward_batch import ForwardBatch
@@ -151,8 +151,9 @@ class SchedulerHarness:
     def _check_token(self, u: TokenOut, token_id: int, is_last: bool = True) -> None:
         prompt, output, params = self.prompts[u.req_id], self.outputs[u.req_id], self.params[u.req_id]
         expected = self.model.true_next_token(prompt + output)
-        if params.grammar is not None:
-            expected = masked_token(expected, self.grammar_source.allowed(params.grammar, len(output)))
+        seen = grammar_output(params.grammar_after, output) if params.grammar is not None else None
+        if seen is not None:
+            expected = masked_token(expected, self.grammar_source.allowed(params.grammar, len(seen)))
         assert token_id == expected, f"request {u.req_id} got token {token_id} at output {len(output)}, its sequence gives {expected}"
         output.append(token_id)
         max_tokens = params.max_tokens
