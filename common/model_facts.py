@@ -25,6 +25,8 @@ class ModelFacts:
     vocab_size: int | None = None  # ids the model has rows for (config.json); a prompt id at or above it is refused
     # generation_config.json's sampling (when it samples)
     default_sampling: dict[str, float] = field(default_factory=dict)
+    # --reasoning-parser's end of thinking (`</think>`) as token ids: a grammar starts after them; () without one
+    think_end_ids: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.context_len < 2:
@@ -39,4 +41,5 @@ class ModelFacts:
 
     @staticmethod
     def from_json(text: str) -> ModelFacts:
-        return ModelFacts(**json.loads(text))
+        values = json.loads(text)
+        return ModelFacts(**{**values, "think_end_ids": tuple(values.get("think_end_ids", ()))})

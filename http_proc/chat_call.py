@@ -37,7 +37,7 @@ class ChatCall:
     def __post_init__(self) -> None:
         self.state.check_model(self.body.model)
         self.state.check_accepting()
-        self.subs: list[SubRequest] = self.body.sub_requests()
+        self.subs: list[SubRequest] = self.body.thinking_first(self.body.sub_requests(), self.state.reasoning_parser)
         self.group = RequestGroup(self.state.client, self.subs, self.state.metrics, self.state.health)
         self.formatter = OpenAIFormatter(
             True, self.state.model_name, self.body.include_usage, self.group.req_id, False,

@@ -94,7 +94,7 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
             state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate,
                               tool_parser=ToolCallParser.for_format(facts.tool_call_format),  # the chat template's
                               unknown_fields=UnknownFieldPolicy(strict=cfg.strict_requests), server_info=info,
-                              reasoning_parser=ReasoningParser.of(cfg.reasoning_parser))
+                              reasoning_parser=ReasoningParser.of(cfg.reasoning_parser, facts.think_end_ids))
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

@@ -13,7 +13,7 @@ checks only the OpenAI shape and refuses, with a 400 that says so, the options z
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Literal, TypeVar
 
@@ -360,21 +360,22 @@ class ChatCompletionRequest(SamplingRequest):
 
     def reasoning(self, parser: ReasoningParser | None) -> ReasoningOptions | None:
         """How the answer's thinking is split (the server's --reasoning-parser; None without one, or
-        with separate_reasoning false). A grammar (response_format, regex, ebnf, tool_choice required
-        or named) would constrain the thinking from its first token: with the thinking on, a 400."""
+        with separate_reasoning false)."""
         if parser is None:
             return None
-        if parser.thinks(self.chat_template_kwargs) and self.grammar_fields():
-            field = "tool_choice" if self.forced_tool_choice else "regex" if self.regex else "ebnf" if self.ebnf else (
-                "response_format")
-            raise ApiError(
-                400, f"{field} cannot be combined with thinking (--reasoning-parser {parser.kind}): its grammar would "
-                "constrain the thinking; send chat_template_kwargs {\"enable_thinking\": false} (qwen3)",
-                param=field,
-            )
         if not self.separate_reasoning:
             return None
         return ReasoningOptions(parser, self.chat_template_kwargs, self.stream_reasoning)
+
+    def thinking_first(self, subs: list[SubRequest], parser: ReasoningParser | None) -> list[SubRequest]:
+        """`subs` whose grammar (response_format, regex, ebnf, tool_choice required or named) starts
+        after the thinking, as vLLM's: with the thinking on, the grammar waits for the parser's
+        `</think>` ids (SamplingParams.grammar_after), so the thinking is free and the answer constrained."""
+        if parser is None or not parser.end_ids or not parser.thinks(self.chat_template_kwargs):
+            return subs
+        if not self.grammar_fields():
+            return subs
+        return [replace(s, sampling={**s.sampling, "grammar_after": list(parser.end_ids)}) for s in subs]
 
     def grammar_fields(self) -> dict[str, Any]:
         forced = self.forced_tool_choice

@@ -67,6 +67,8 @@ async def serve(
     if isinstance(body, CompletionRequest) and body.echo:  # each choice's text starts with its prompt
         subs = [echoed(s) for s in subs]
         echoes = {s.choice_idx: s.prompt.get("prompt") for s in subs}
+    if is_chat:
+        subs = body.thinking_first(subs, state.reasoning_parser)
     tool_parser = body.tool_parser(state.tool_parser) if is_chat else None
     if isinstance(tool_parser, ToolCallParser) and tool_parser.needs_special_tokens:  # as vLLM's mistral parser
         subs = [replace(s, sampling={**s.sampling, "skip_special_tokens": False}) for s in subs]

@@ -29,15 +29,16 @@ REASONING_PARSERS = ("qwen3", "deepseek-r1")
 @dataclass(frozen=True)
 class ReasoningParser:
     kind: str  # "qwen3" | "deepseek-r1"
+    end_ids: tuple[int, ...] = ()  # THINK_CLOSE as the tokenizer encodes it (ModelFacts.think_end_ids)
 
     def __post_init__(self) -> None:
         if self.kind not in REASONING_PARSERS:
             raise ValueError(f"reasoning parser must be one of {', '.join(REASONING_PARSERS)}, got {self.kind!r}")
 
     @staticmethod
-    def of(kind: str) -> ReasoningParser | None:
+    def of(kind: str, end_ids: tuple[int, ...] = ()) -> ReasoningParser | None:
         """The parser --reasoning-parser names; None for "none" (or "")."""
-        return None if kind in ("", "none") else ReasoningParser(kind)
+        return None if kind in ("", "none") else ReasoningParser(kind, tuple(end_ids))
 
     def thinks(self, template_kwargs: dict[str, Any] | None) -> bool:
         """Whether an answer starts inside the thinking (see the module doc)."""

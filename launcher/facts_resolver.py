@@ -9,14 +9,16 @@ from zserve.common.model_config import ModelConfig
 from zserve.common.model_facts import ModelFacts
 from zserve.common.server_config import ServerConfig
 from zserve.common.tool_call_format import template_tool_call_format
+from zserve.http_proc.reasoning_parser import THINK_CLOSE
+from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
 
 
 def resolve_model_facts(cfg: ServerConfig) -> ModelFacts:
     """The served context (the model's maximum, or --context-length), the default chat template
     (--chat-template's file, else the tokenizer's) and its tool-call format (--tool-call-parser's,
-    else the template's), the vocabulary size and generation_config.json's sampling defaults. The
-    flags were checked before (launcher/config_check.py)."""
+    else the template's), the vocabulary size, generation_config.json's sampling defaults and, with
+    --reasoning-parser, its `</think>` as token ids. The flags were checked before (launcher/config_check.py)."""
     model_config = ModelConfig.from_model_dir(cfg.model)
     context_len = served_context_len(model_config.context_len, cfg.context_length)
     if cfg.chat_template:
@@ -24,5 +26,10 @@ def resolve_model_facts(cfg: ServerConfig) -> ModelFacts:
     else:
         source, origin = TokenizerFiles.read(cfg.tokenizer_dir).chat_templates.get("default", (None, ""))
     tool_format = template_tool_call_format(source) if cfg.tool_call_parser == "auto" else cfg.tool_call_parser
+    think_end_ids = ()
+    if cfg.reasoning_parser not in ("", "none"):  # one special token in Qwen3's and DeepSeek-R1's vocabularies
+        tokenizer = TextTokenizer.from_model_dir(cfg.tokenizer_dir)
+        think_end_ids = tuple(tokenizer.encode(THINK_CLOSE, add_special_tokens=False))
     return ModelFacts(context_len, source, origin, tool_format,
-                      vocab_size=model_config.vocab_size, default_sampling=dict(model_config.default_sampling))
+                      vocab_size=model_config.vocab_size, default_sampling=dict(model_config.default_sampling),
+                      think_end_ids=think_end_ids)

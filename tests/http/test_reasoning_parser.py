@@ -9,7 +9,6 @@ import json
 import pytest
 
 from zserve.client.types import GenerateResult
-from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.openai_formatter import OpenAIFormatter
 from zserve.http_proc.openai_protocol import ChatCompletionRequest
 from zserve.http_proc.reasoning_parser import ReasoningOptions, ReasoningParser
@@ -158,20 +157,26 @@ def test_tool_calls_are_parsed_from_the_content_after_the_thinking():
     assert json.loads("".join(c["function"]["arguments"] for c in calls)) == {"a": 1, "b": 2}
 
 
-@pytest.mark.parametrize("fields, param", [
-    ({"response_format": {"type": "json_object"}}, "response_format"),
+@pytest.mark.parametrize("fields, grammar", [
+    ({"response_format": {"type": "json_object"}}, "json_object"),
     ({"regex": "[0-9]+"}, "regex"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}, "response_format"),
-    ({"tools": [{"type": "function", "function": {"name": "add"}}], "tool_choice": "required"}, "tool_choice"),
+    ({"guided_choice": ["yes", "no"]}, "ebnf"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"type": "object"}}}}, "json_schema"),
+    ({"tools": [{"type": "function", "function": {"name": "add"}}], "tool_choice": "required"}, "json_schema"),
 ])
-def test_a_grammar_with_thinking_on_is_refused_and_allowed_with_thinking_off(fields, param):
-    with pytest.raises(ApiError) as caught:
-        chat(**fields).reasoning(QWEN3)
-    assert caught.value.status == 400 and caught.value.param == param and "enable_thinking" in str(caught.value)
-    with pytest.raises(ApiError):
-        chat(**fields, chat_template_kwargs=OFF).reasoning(R1)  # deepseek-r1 always thinks
-    assert chat(**fields, chat_template_kwargs=OFF).reasoning(QWEN3) == ReasoningOptions(QWEN3, OFF)
-    assert chat(**fields).reasoning(None) is None  # no parser: as before
+def test_with_thinking_on_a_grammar_starts_after_the_think_end_ids(fields, grammar):
+    think = ReasoningParser("qwen3", end_ids=(7, 8))
+    [sub] = chat(**fields).thinking_first(chat(**fields).sub_requests(), think)
+    assert sub.sampling["grammar_after"] == [7, 8] and grammar in sub.sampling
+    assert chat(**fields).reasoning(think) == ReasoningOptions(think)  # no refusal: the thinking is split as ever
+    r1 = ReasoningParser("deepseek-r1", end_ids=(9,))  # deepseek-r1 always thinks
+    r1_request = chat(**fields, chat_template_kwargs=OFF)
+    assert r1_request.thinking_first(r1_request.sub_requests(), r1)[0].sampling["grammar_after"] == [9]
+    for request, parser in [(chat(**fields, chat_template_kwargs=OFF), think), (chat(**fields), None)]:
+        [sub] = request.thinking_first(request.sub_requests(), parser)  # thinking off, or no parser: from the start
+        assert "grammar_after" not in sub.sampling and grammar in sub.sampling
+    [free] = chat().thinking_first(chat().sub_requests(), think)  # no grammar: nothing to wait for
+    assert "grammar_after" not in free.sampling
 
 
 def test_the_flag_takes_vllms_and_sglangs_spellings():

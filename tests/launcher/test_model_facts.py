@@ -53,9 +53,18 @@ def test_tool_call_parser_flag_wins_over_the_templates_format(model_dir, tmp_pat
     assert resolve_model_facts(ServerConfig(model=str(model_dir), tool_call_parser="mistral")).tool_call_format == "mistral"
 
 
+def test_a_reasoning_parser_gets_think_end_as_the_tokenizers_ids(model_dir):
+    from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
+
+    assert resolve_model_facts(ServerConfig(model=str(model_dir))).think_end_ids == ()  # no parser: none asked for
+    ids = resolve_model_facts(ServerConfig(model=str(model_dir), reasoning_parser="qwen3")).think_end_ids
+    tokenizer = TextTokenizer.from_model_dir(model_dir)
+    assert ids and tokenizer.decode(ids) == "</think>" and list(ids) == tokenizer.encode("</think>", False)
+
+
 def test_children_read_the_facts_from_their_command_line():
     facts = ModelFacts(context_len=300, chat_template="{{ x }}\n<|python_tag|>", chat_template_origin="t.jinja",
-                       tool_call_format="llama3_json")
+                       tool_call_format="llama3_json", think_end_ids=(5, 6))
     base = ["--config", ServerConfig(model="m", http_port=8000).to_json(), "--addresses", Addresses.in_dir("/tmp/x", "tcp://h:1").to_json()]
     _, _, extra = child_args([*base, "--model-facts", facts.to_json()])
     assert extra.model_facts == facts
