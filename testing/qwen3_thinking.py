@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from testing.model_fixtures import make_tiny_checkpoint
+from testing.model_fixtures import VOCAB_SIZE, make_tiny_checkpoint
+
+THINK_OPEN_ID, THINK_CLOSE_ID = VOCAB_SIZE, VOCAB_SIZE + 1  # with make_tiny_qwen3_thinking(think_tokens=True)
 
 QWEN3_THINKING_TEMPLATE = """\
 {%- if tools %}
@@ -112,8 +114,21 @@ not(message.content.startswith('<tool_response>') and message.content.endswith('
 """
 
 
-def make_tiny_qwen3_thinking(target_dir: str | Path) -> Path:
-    """A tiny random Qwen3 checkpoint with the byte-level test tokenizer and Qwen3's thinking template."""
-    target = make_tiny_checkpoint(target_dir, "qwen3", with_tokenizer=True)
+def make_tiny_qwen3_thinking(target_dir: str | Path, think_tokens: bool = False) -> Path:
+    """A tiny random Qwen3 checkpoint with the byte-level test tokenizer and Qwen3's thinking template.
+    `think_tokens`: `<think>` and `</think>` are tokens of their own, as in Qwen3's vocabulary
+    (added, not special: the text keeps them), ids THINK_OPEN_ID and THINK_CLOSE_ID past the
+    byte-level tokens, so a test can bias the model toward closing its thinking; and a context of
+    1024 tokens."""
+    from tokenizers import AddedToken, Tokenizer
+
+    # the ids, and a context that holds the tools' system prompt
+    overrides = {"vocab_size": THINK_CLOSE_ID + 1, "max_position_embeddings": 1024} if think_tokens else {}
+    target = make_tiny_checkpoint(target_dir, "qwen3", with_tokenizer=True, **overrides)
     (target / "chat_template.jinja").write_text(QWEN3_THINKING_TEMPLATE, encoding="utf-8")
+    if think_tokens:
+        tokenizer = Tokenizer.from_file(str(target / "tokenizer.json"))
+        tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t in ("<think>", "</think>")])
+        assert [tokenizer.token_to_id(t) for t in ("<think>", "</think>")] == [THINK_OPEN_ID, THINK_CLOSE_ID]
+        tokenizer.save(str(target / "tokenizer.json"))
     return target
