@@ -1,6 +1,6 @@
 """--reasoning-parser qwen3 on a real server, read with the openai SDK: chat_template_kwargs reach the
 chat template (enable_thinking false adds the template's empty think block to the prompt), the
-thinking comes back as reasoning_content, streamed and not, and a grammar with thinking is a 400.
+thinking comes back as reasoning_content, streamed and not, and a grammar waits for the thinking to end.
 
 The tiny model is random and never writes `</think>`: with thinking on, its whole answer is
 thinking (the tags' split itself is tested in tests/http/test_reasoning_parser.py). The raw text
@@ -8,6 +8,8 @@ thinking (the tags' split itself is tested in tests/http/test_reasoning_parser.p
 """
 
 from __future__ import annotations
+
+import json
 
 import pytest
 
@@ -61,14 +63,16 @@ def test_enable_thinking_false_reaches_the_template_and_answers_in_content(oai):
     assert message.content and getattr(message, "reasoning_content", None) is None
 
 
-def test_a_grammar_with_thinking_is_refused_and_runs_with_thinking_off(oai):
-    import openai
-
-    with pytest.raises(openai.BadRequestError, match="enable_thinking"):
-        ask(oai, response_format={"type": "json_object"})
+def test_a_grammar_waits_for_the_thinking_to_end_and_runs_with_thinking_off(oai):
+    # the model never writes </think> here: the grammar never starts, the answer is all free thinking
     client, model = oai
+    raw = client.chat.completions.create(model=model, messages=MESSAGES, **GREEDY,
+                                         extra_body={"separate_reasoning": False}).choices[0].message.content
+    message = client.chat.completions.create(model=model, messages=MESSAGES, **GREEDY,
+                                             response_format={"type": "json_object"}).choices[0].message
+    assert raw and message.reasoning_content == raw and message.content is None
     answer = client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=40, temperature=0, response_format={"type": "json_object"},
         extra_body={"chat_template_kwargs": {"enable_thinking": False}},
     )
-    assert answer.choices[0].message.content is not None
+    assert json.loads(answer.choices[0].message.content) is not None  # thinking off: constrained from the start
