@@ -360,9 +360,16 @@ class ChatCompletionRequest(SamplingRequest):
 
     def reasoning(self, parser: ReasoningParser | None) -> ReasoningOptions | None:
         """How the answer's thinking is split (the server's --reasoning-parser; None without one, or
-        with separate_reasoning false)."""
+        with separate_reasoning false). A forced tool call is read from the answer after the thinking,
+        so with the thinking on it needs the thinking split off: separate_reasoning false is a 400."""
         if parser is None:
             return None
+        if not self.separate_reasoning and self.forced_tool_choice and parser.thinks(self.chat_template_kwargs):
+            raise ApiError(
+                400, "separate_reasoning false cannot be combined with tool_choice required or a named function "
+                "while the model thinks: the call is read from the answer after the thinking",
+                param="separate_reasoning",
+            )
         if not self.separate_reasoning:
             return None
         return ReasoningOptions(parser, self.chat_template_kwargs, self.stream_reasoning)

@@ -179,6 +179,17 @@ def test_with_thinking_on_a_grammar_starts_after_the_think_end_ids(fields, gramm
     assert "grammar_after" not in free.sampling
 
 
+def test_a_forced_tool_call_while_thinking_needs_the_thinking_split_off():
+    from zserve.http_proc.api_error import ApiError
+
+    forced = {"tools": [{"type": "function", "function": {"name": "add"}}], "tool_choice": "required"}
+    with pytest.raises(ApiError) as caught:
+        chat(**forced, separate_reasoning=False).reasoning(QWEN3)
+    assert caught.value.status == 400 and caught.value.param == "separate_reasoning"
+    assert chat(**forced, separate_reasoning=False, chat_template_kwargs=OFF).reasoning(QWEN3) is None  # no thinking
+    assert chat(response_format={"type": "json_object"}, separate_reasoning=False).reasoning(QWEN3) is None  # raw text
+
+
 def test_the_flag_takes_vllms_and_sglangs_spellings():
     from zserve.launcher.cli import build_parser
 
