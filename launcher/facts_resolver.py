@@ -27,7 +27,7 @@ def resolve_model_facts(cfg: ServerConfig) -> ModelFacts:
         source, origin = TokenizerFiles.read(cfg.tokenizer_dir).chat_templates.get("default", (None, ""))
     tool_format = template_tool_call_format(source) if cfg.tool_call_parser == "auto" else cfg.tool_call_parser
     think_end_ids = ()
-    if cfg.reasoning_parser not in ("", "none"):  # one special token in Qwen3's and DeepSeek-R1's vocabularies
+    if cfg.reasoning_parser not in ("", "none"):  # one token in Qwen3's and DeepSeek-R1's vocabularies
         tokenizer = TextTokenizer.from_model_dir(cfg.tokenizer_dir)
         think_end_ids = tuple(tokenizer.encode(THINK_CLOSE, add_special_tokens=False))
     return ModelFacts(context_len, source, origin, tool_format,

@@ -10,7 +10,10 @@ GrammarSource calls of their lifecycle, made by the scheduler core alone:
 A request with `grammar_after` (a reasoning model's `</think>` ids) thinks free first, as vLLM's
 do: no mask and no accept until its output ends with that marker; from the token after it on,
 mask and accept as usual. Which side of the marker it is on is read off its output ids at each
-token (MarkerWait), so nothing about it is counted that a retraction could break.
+token (MarkerWait), so nothing about it is counted that a retraction could break. Right after the
+marker the answer may first write up to MAX_LEAD_WHITESPACE_TOKENS whitespace-only tokens which the
+grammar does not see (Qwen3 writes "\n\n" after `</think>`; a JSON grammar starts at `{`): its
+mask then allows them too; the first other token, or the bound, starts the grammar.
 
 A retracted request keeps its grammar where its output left it: its output is still its output,
 and its re-admission samples the next token of that same output.
@@ -30,6 +33,7 @@ from zserve.scheduler_proc.grammar_source import GrammarSource
 from zserve.scheduler_proc.req import PendingReq, Req
 
 GRAMMAR_OFF = "structured output is off on this server (--grammar-backend none)"
+MAX_LEAD_WHITESPACE_TOKENS = 2  # between a marker and the grammar; bounded, so the lead cannot run on
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,9 @@ class ConstrainedReqs:
         self.source = source  # None: structured output is off, constrained requests are refused
         self._req_ids: set[int] = set()  # live requests under a grammar, waiting or admitted
         self._waits: dict[int, MarkerWait] = {}  # those of them whose grammar has not started: still thinking
+        # past their marker with only whitespace since: req_id -> its output length when the marker ended it
+        self._leads: dict[int, int] = {}
+        self._whitespace_row: np.ndarray | None = None
 
     def __contains__(self, req_id: int) -> bool:
         return req_id in self._req_ids
@@ -88,7 +95,18 @@ class ConstrainedReqs:
         bitmask = np.zeros((len(rows), words_per_row), np.int32)
         for row, i in enumerate(rows):
             self.source.fill_bitmask(sampled_req_ids[i], bitmask, row)
+            if sampled_req_ids[i] in self._leads:
+                bitmask[row] |= self._whitespace_words(words_per_row)
         return GrammarMasks(rows=np.array(rows, np.int32), words_per_row=words_per_row, bitmask=bitmask.reshape(-1))
+
+    def _whitespace_words(self, words_per_row: int) -> np.ndarray:
+        """The bitmask row allowing the source's whitespace-only tokens (made once)."""
+        if self._whitespace_row is None:
+            words = np.zeros(words_per_row, np.uint32)
+            for token_id in self.source.whitespace_ids():
+                words[token_id // 32] |= np.uint32(1 << (token_id % 32))
+            self._whitespace_row = words.view(np.int32)
+        return self._whitespace_row
 
     def accept(self, req_id: int, output_ids: Sequence[int]) -> None:
         """`req_id` sampled the last of its `output_ids` (a no-op for a free request: the hot path
@@ -99,8 +117,16 @@ class ConstrainedReqs:
         wait = self._waits.get(req_id)
         if wait is not None:
             if wait.ended_by(output_ids):
-                del self._waits[req_id]  # the grammar starts with the next token
+                del self._waits[req_id]  # the grammar starts with the next token, or after whitespace
+                self._leads[req_id] = len(output_ids)
             return
+        lead_start = self._leads.get(req_id)
+        if lead_start is not None:
+            if output_ids[-1] in self.source.whitespace_ids():
+                if len(output_ids) - lead_start >= MAX_LEAD_WHITESPACE_TOKENS:
+                    del self._leads[req_id]
+                return
+            del self._leads[req_id]
         if not self.source.is_terminated(req_id):
             self.source.accept(req_id, output_ids[-1])
 
@@ -109,6 +135,7 @@ class ConstrainedReqs:
         if req_id in self._req_ids:
             self._req_ids.remove(req_id)
             self._waits.pop(req_id, None)
+            self._leads.pop(req_id, None)
             self.source.release(req_id)
 
     def check_integrity(self, live: Mapping[int, PendingReq | Req]) -> None:
@@ -118,6 +145,7 @@ class ConstrainedReqs:
             f"live constrained requests {sorted(live_constrained)}, grammars started for {sorted(self._req_ids)}"
         )
         assert self._waits.keys() <= self._req_ids, f"marker waits {sorted(self._waits)} outlive their requests"
+        assert self._leads.keys() <= self._req_ids - self._waits.keys(), f"leads {sorted(self._leads)}"
         if self.source is not None:
             held = self.source.held_req_ids()
             assert held == self._req_ids, (

@@ -44,5 +44,9 @@ class GrammarSource(Protocol):
     def release(self, req_id: int) -> None:
         """Forget `req_id`'s grammar (nothing happens for an id it does not hold)."""
 
+    def whitespace_ids(self) -> frozenset[int]:
+        """The tokens that are whitespace only (asked once a grammar is built): the lead an answer may
+        write between a marker and its grammar (SamplingParams.grammar_after, ConstrainedReqs)."""
+
     def held_req_ids(self) -> set[int]:
         """Every req_id it holds a grammar (built or building) for: the core's integrity check."""

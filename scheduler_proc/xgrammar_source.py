@@ -41,6 +41,7 @@ class XGrammarSource:
     _executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="grammar"))
     _compiled: dict[tuple[str, str], Future] = field(default_factory=dict)
     _compiler: Any = None
+    _whitespace_ids: frozenset[int] | None = None  # from the vocabulary the compiler indexed
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def warm_up(self) -> None:
@@ -95,6 +96,11 @@ class XGrammarSource:
     def held_req_ids(self) -> set[int]:
         return set(self._building) | set(self._matchers)
 
+    def whitespace_ids(self) -> frozenset[int]:
+        if self._whitespace_ids is None:
+            self._get_compiler()
+        return self._whitespace_ids
+
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
@@ -127,5 +133,7 @@ class XGrammarSource:
                     tokenizer, vocab_size=self.vocab_size, stop_token_ids=self.stop_token_ids
                 )
                 self._compiler = xgrammar.GrammarCompiler(info)
+                vocab = info.decoded_vocab  # each token's bytes
+                self._whitespace_ids = frozenset(i for i, b in enumerate(vocab) if b and not b.strip(b" \t\r\n"))
                 logger.info("structured output ready (xgrammar, vocabulary %d)", self.vocab_size)
             return self._compiler

@@ -34,6 +34,7 @@ class FakeGrammarSource:
     stop_ids: frozenset[int]
     vocab_size: int
     released: list[int] = field(default_factory=list)  # req_ids, in the order released
+    whitespace: frozenset[int] = frozenset()  # whitespace_ids(): what may come between a marker and the grammar
     _grammar: dict[int, FakeGrammar] = field(default_factory=dict)  # req_id -> its grammar, built or not
     _num_polls: dict[int, int] = field(default_factory=dict)
     _num_accepted: dict[int, int] = field(default_factory=dict)  # built ones
@@ -95,20 +96,33 @@ class FakeGrammarSource:
     def held_req_ids(self) -> set[int]:
         return set(self._grammar)
 
+    def whitespace_ids(self) -> frozenset[int]:
+        return self.whitespace
+
     def _allowed_now(self, req_id: int) -> frozenset[int]:
         assert req_id in self._num_accepted, f"req {req_id}: its grammar is not built"
         grammar = self._grammar[req_id]
         return grammar.allowed_ids if self._num_accepted[req_id] < grammar.num_tokens else self.stop_ids
 
 
-def grammar_output(marker_ids: tuple[int, ...], output_ids: list[int]) -> list[int] | None:
-    """The output a grammar has seen: all of it, or with a marker (SamplingParams.grammar_after)
-    what follows the marker's first end; None while the marker has not ended it (the next token is free)."""
+def grammar_view(
+    marker_ids: tuple[int, ...], output_ids: list[int], whitespace: frozenset[int], max_lead: int,
+) -> tuple[list[int], bool] | None:
+    """What ConstrainedReqs shows a grammar of `output_ids`: None while a marker
+    (SamplingParams.grammar_after) has not ended them (the next token is free); else (the tokens
+    the grammar has seen, whether a whitespace token may come next too): after the marker's first
+    end, up to `max_lead` whitespace tokens are its lead, which the grammar does not see."""
+    if not marker_ids:
+        return output_ids, False
     n = len(marker_ids)
-    for end in range(n, len(output_ids) + 1):
-        if tuple(output_ids[end - n : end]) == marker_ids:
-            return output_ids[end:]
-    return None
+    after = next((output_ids[end:] for end in range(n, len(output_ids) + 1)
+                  if tuple(output_ids[end - n : end]) == marker_ids), None)
+    if after is None:
+        return None
+    lead = 0
+    while lead < min(len(after), max_lead) and after[lead] in whitespace:
+        lead += 1
+    return after[lead:], lead == len(after) and lead < max_lead
 
 
 def masked_token(token_id: int, allowed: frozenset[int]) -> int:

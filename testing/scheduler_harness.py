@@ -18,13 +18,14 @@ from typing import Any
 
 import numpy as np
 
-from testing.fake_grammar import FakeGrammarSource, apply_grammar_masks, grammar_output, masked_token
+from testing.fake_grammar import FakeGrammarSource, apply_grammar_masks, grammar_view, masked_token
 from testing.fake_model import FakeModel
 from zserve.common.finish_reason import FinishReason
 from zserve.common.forward_batch import ForwardBatch
 from zserve.common.messages import TokenOut
 from zserve.common.sampling_params import SamplingParams
 from zserve.common.server_config import ServerConfig
+from zserve.scheduler_proc.constrained_reqs import MAX_LEAD_WHITESPACE_TOKENS
 from zserve.scheduler_proc.grammar_source import GrammarSource
 from zserve.scheduler_proc.scheduler import Scheduler
 from zserve.scheduler_proc.scheduler_knobs import SPECULATIVE_KNOBS, scheduler_knobs
@@ -151,9 +152,12 @@ class SchedulerHarness:
     def _check_token(self, u: TokenOut, token_id: int, is_last: bool = True) -> None:
         prompt, output, params = self.prompts[u.req_id], self.outputs[u.req_id], self.params[u.req_id]
         expected = self.model.true_next_token(prompt + output)
-        seen = grammar_output(params.grammar_after, output) if params.grammar is not None else None
-        if seen is not None:
-            expected = masked_token(expected, self.grammar_source.allowed(params.grammar, len(seen)))
+        source = self.grammar_source
+        view = None if params.grammar is None else grammar_view(
+            params.grammar_after, output, source.whitespace, MAX_LEAD_WHITESPACE_TOKENS)
+        if view is not None:
+            allowed = source.allowed(params.grammar, len(view[0])) | (source.whitespace if view[1] else frozenset())
+            expected = masked_token(expected, allowed)
         assert token_id == expected, f"request {u.req_id} got token {token_id} at output {len(output)}, its sequence gives {expected}"
         output.append(token_id)
         max_tokens = params.max_tokens

@@ -13,6 +13,7 @@ from testing.fake_model import FakeModel
 from testing.scheduler_harness import SchedulerHarness
 from zserve.common.finish_reason import FinishReason
 from zserve.common.sampling_params import SamplingParams
+from zserve.scheduler_proc.constrained_reqs import MAX_LEAD_WHITESPACE_TOKENS
 
 VOCAB = 64
 EOS = 1
@@ -20,8 +21,9 @@ DIGITS = frozenset(range(40, 44))
 PROMPT = [3, 4, 5, 6, 7]
 
 
-def make(num_tokens: int = 4, **knobs) -> SchedulerHarness:
-    source = FakeGrammarSource({"digits": FakeGrammar(DIGITS, num_tokens=num_tokens)}, frozenset({EOS}), VOCAB)
+def make(num_tokens: int = 4, whitespace: frozenset[int] = frozenset(), **knobs) -> SchedulerHarness:
+    source = FakeGrammarSource({"digits": FakeGrammar(DIGITS, num_tokens=num_tokens)}, frozenset({EOS}), VOCAB,
+                               whitespace=whitespace)
     knobs = {"num_pages": 64, "page_size": 4, "context_len": 128, **knobs}
     model = FakeModel(knobs.pop("num_pages"), knobs.pop("page_size"), VOCAB)
     return SchedulerHarness(model, eos_token_ids=[EOS], grammar_source=source, **knobs)
@@ -103,6 +105,39 @@ def test_a_retraction_before_or_after_the_marker_resumes_on_the_same_side_of_it(
         assert out[:marker_end] == free_output(prompt, marker_end)
         assert set(out[marker_end:8]) <= DIGITS and out[8:] == [EOS], out
     assert sorted(h.grammar_source.released) == [1, 2]
+
+
+@pytest.mark.parametrize("num_model_whitespace", [1, 3])
+def test_whitespace_right_after_the_marker_is_a_lead_the_grammar_does_not_see(num_model_whitespace):
+    # the model's own next tokens after the marker are declared whitespace: it writes them (the mask
+    # allows whitespace there), the grammar is not given them (the fake grammar would refuse them),
+    # and past MAX_LEAD_WHITESPACE_TOKENS (2) the grammar alone decides
+    free = free_output(PROMPT, 5 + num_model_whitespace)
+    lead = free[5:]
+    assert not set(lead) & (DIGITS | {EOS}), lead
+    whitespace = frozenset(lead) | {62}
+    h = make(whitespace=whitespace)
+    h.submit(1, PROMPT, SamplingParams(regex="digits", grammar_after=marker_ending_at(PROMPT, 5), max_tokens=30))
+    h.run()
+    h.assert_drained()
+    out = h.outputs[1]
+    num_lead = min(num_model_whitespace, MAX_LEAD_WHITESPACE_TOKENS)
+    assert out[5 : 5 + num_lead] == lead[:num_lead]  # the model's own whitespace, up to the bound
+    answer = out[5 + num_lead :]
+    num_more = len(answer) - 5  # whitespace the mask picked in the open lead (the fake sampler's choice)
+    assert 0 <= num_more <= MAX_LEAD_WHITESPACE_TOKENS - num_lead and set(answer[:num_more]) <= whitespace
+    assert set(answer[num_more:-1]) <= DIGITS and len(answer[num_more:-1]) == 4 and answer[-1] == EOS, out
+    masks = [b.grammar for b in h.batches if b.grammar is not None]  # mask i picks out[5 + i]
+    for i, mask in enumerate(masks):  # whitespace is allowed while the lead is open, then the grammar alone
+        is_open = i < MAX_LEAD_WHITESPACE_TOKENS and set(out[5 : 5 + i]) <= whitespace
+        assert (62 in allowed_ids(mask)) == is_open, (i, out)
+
+
+def allowed_ids(masks) -> set[int]:
+    import numpy as np
+
+    words = masks.bitmask.reshape(-1, masks.words_per_row)[0].view(np.uint32)
+    return set(np.flatnonzero(np.unpackbits(words.view(np.uint8), bitorder="little")).tolist())
 
 
 def test_grammar_after_needs_a_grammar():

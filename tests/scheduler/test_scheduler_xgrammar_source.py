@@ -69,3 +69,16 @@ def test_a_spec_xgrammar_refuses_fails_as_invalid_with_its_reason(source):
     assert code is ErrorCode.INVALID and error.startswith("regex cannot be used:"), error
     source.release(3)
     assert source.held_req_ids() == set()
+
+
+def test_whitespace_ids_are_the_tokens_that_decode_to_whitespace_only(source, model_dir):
+    from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
+
+    source.start(1, ("regex", "[0-9]+"))
+    assert wait_built(source, 1)
+    tokenizer = TextTokenizer.from_model_dir(model_dir)
+    texts = [tokenizer.decode([i]) for i in range(tokenizer.vocab_size)]
+    expected = {i for i, text in enumerate(texts) if text and not text.strip(" \t\r\n")}  # JSON's whitespace
+    assert expected and source.whitespace_ids() == expected
+    assert tokenizer.encode("\n", False)[0] in source.whitespace_ids()
+    source.release(1)
