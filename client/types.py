@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from zserve.common.error_code import ErrorCode
 from zserve.common.finish_reason import FinishReason
 from zserve.common.server_config import API_KEY_ENV
@@ -88,6 +90,7 @@ class GenerateResult:
     prompt_token_texts: list[str] | None = None  # with prompt_logprobs: each prompt token's text
     prompt_top_logprob_texts: list[list[str] | None] | None = None  # the text of each prompt_top_logprobs token
     prompt_text: str | None = None  # with return_prompt_text=True: the prompt as text (what an echo shows)
+    embedding: np.ndarray | None = None  # float32[hidden]: an embedding request's vector (a --task embed server)
     ttft_s: float | None = None  # first text since send
     latency_s: float | None = None  # last output since send
 

@@ -24,6 +24,7 @@ class ModelSection:
 
     model: str = ""
     served_model_name: str = ""
+    task: str = "generate"  # or embed: /v1/embeddings only (common/pooling.py), generation refused
     tokenizer: str = ""
     chat_template: str = ""
     trust_remote_code: bool = False

@@ -62,6 +62,16 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         "the model's name in the OpenAI API (/v1/models, the request's model) and the metrics' model_name "
         "label (empty = the model directory's name)",
     ),
+    'task': FlagSpec(
+        'generate, or embed: serve /v1/embeddings from a decoder checkpoint (last-token, mean or CLS pooling '
+        "and normalisation as its sentence-transformers modules.json says; without one, last token, "
+        'normalised); generation routes are refused',
+        aliases=('--runner',),
+        choices=('generate', 'embed'),
+        value_aliases={'pooling': 'embed', 'embedding': 'embed'},
+        switches={'--is-embedding': 'embed'},
+        peer_note="vLLM --task embed (--runner pooling in newer vLLM), SGLang --is-embedding",
+    ),
     'tokenizer': FlagSpec(
         'a directory with the tokenizer files (tokenizer.json, tokenizer_config.json), when they are not '
         "in --model (empty = --model's)",

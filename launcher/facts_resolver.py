@@ -7,6 +7,7 @@ from pathlib import Path
 from zserve.common.context_limit import served_context_len
 from zserve.common.model_config import ModelConfig
 from zserve.common.model_facts import ModelFacts
+from zserve.common.pooling import Pooling
 from zserve.common.server_config import ServerConfig
 from zserve.common.tool_call_format import template_tool_call_format
 from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
@@ -24,5 +25,8 @@ def resolve_model_facts(cfg: ServerConfig) -> ModelFacts:
     else:
         source, origin = TokenizerFiles.read(cfg.tokenizer_dir).chat_templates.get("default", (None, ""))
     tool_format = template_tool_call_format(source) if cfg.tool_call_parser == "auto" else cfg.tool_call_parser
+    pooling = Pooling.from_model_dir(cfg.model) if cfg.task == "embed" else None
     return ModelFacts(context_len, source, origin, tool_format,
-                      vocab_size=model_config.vocab_size, default_sampling=dict(model_config.default_sampling))
+                      vocab_size=model_config.vocab_size, default_sampling=dict(model_config.default_sampling),
+                      pooling_mode=pooling and pooling.mode, pooling_normalize=bool(pooling and pooling.normalize),
+                      embedding_size=model_config.hidden_size if pooling else None)
