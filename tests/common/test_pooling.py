@@ -1,0 +1,54 @@
+"""Pooling.from_model_dir reads sentence-transformers' modules.json and 1_Pooling/config.json; combine and
+finish fold a prompt's chunk vectors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from zserve.common.pooling import Pooling
+
+
+def write_st(model_dir, pooling: dict | None, normalize: bool) -> None:
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"}]
+    if pooling is not None:
+        modules.append({"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"})
+        (model_dir / "1_Pooling").mkdir()
+        (model_dir / "1_Pooling" / "config.json").write_text(json.dumps(pooling))
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (model_dir / "modules.json").write_text(json.dumps(modules))
+
+
+def test_no_sentence_transformers_files_is_last_token_normalised(tmp_path):
+    assert Pooling.from_model_dir(tmp_path) == Pooling("last", normalize=True)
+
+
+@pytest.mark.parametrize(("key", "mode"), [("pooling_mode_lasttoken", "last"), ("pooling_mode_mean_tokens", "mean"),
+                                           ("pooling_mode_cls_token", "cls")])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_the_config_names_the_mode_and_normalize_module(tmp_path, key, mode, normalize):
+    write_st(tmp_path, {key: True, "pooling_mode_max_tokens": False, "word_embedding_dimension": 8}, normalize)
+    assert Pooling.from_model_dir(tmp_path) == Pooling(mode, normalize)
+
+
+@pytest.mark.parametrize("config", [{"pooling_mode_max_tokens": True}, {},
+                                    {"pooling_mode_mean_tokens": True, "pooling_mode_cls_token": True}])
+def test_a_mode_zserve_does_not_pool_with_is_refused(tmp_path, config):
+    write_st(tmp_path, config, normalize=True)
+    with pytest.raises(ValueError, match="zserve pools with exactly one of"):
+        Pooling.from_model_dir(tmp_path)
+
+
+def test_combine_and_finish():
+    chunks = [np.array([1.0, 0.0], np.float32), np.array([3.0, 4.0], np.float32)]
+    for mode, want in [("mean", [4 / 3, 4 / 3]), ("last", [0.6, 0.8]), ("cls", [1.0, 0.0])]:
+        pooling = Pooling(mode, normalize=mode != "mean")
+        folded = None
+        for chunk in chunks:
+            folded = pooling.combine(folded, chunk)
+        assert np.allclose(pooling.finish(folded, 3), want), mode
+    with pytest.raises(ValueError, match="pooling mode must be one of"):
+        Pooling("max", normalize=False)
