@@ -8,7 +8,8 @@ pooling, SGLang's --is-embedding).
 Each input is one request to the server, all in flight at once; the scheduler prefills it (in chunks
 when long) and the worker pools the final hidden states as the model's sentence-transformers config
 says (common/pooling.py). `base64` is the float32 little-endian bytes, as the OpenAI SDK decodes them.
-`dimensions` other than the model's size is a 400 (nothing here shortens vectors); `user` is ignored.
+`dimensions` other than the model's size is a 400 (nothing here shortens vectors), as is vLLM's
+`truncate_prompt_tokens` (an input past the context is refused, never cut); `user` is ignored.
 On a generating server this route is a 400 saying to start it with --task embed.
 """
 
@@ -36,9 +37,13 @@ class EmbeddingRequest(RequestModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = None
     user: str | None = None  # ignored: nothing here is per user
+    truncate_prompt_tokens: int | None = None  # vLLM's: refused (it would change the answer; nothing is cut here)
 
     def bodies(self) -> list[dict]:
         """One prompt keyword per input (a 400 for an empty or oversized input list)."""
+        if self.truncate_prompt_tokens is not None:
+            raise ApiError(400, "truncate_prompt_tokens is not supported on /v1/embeddings by this server: an input "
+                                "longer than the context is refused, never cut", param="truncate_prompt_tokens")
         inputs = self.input
         if isinstance(inputs, str):
             return [{"prompt": inputs}]

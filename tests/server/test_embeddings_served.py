@@ -96,6 +96,7 @@ def test_generation_routes_are_refused_naming_the_task(served, path, body):
     ({"input": "hi", "dimensions": 7}, "dimensions", "dimensions must be the model's embedding size, 64"),
     ({"input": []}, "input", "input is empty"),
     ({"input": "hi", "encoding_format": "int8"}, "encoding_format", "encoding_format"),
+    ({"input": "hi", "truncate_prompt_tokens": 8}, "truncate_prompt_tokens", "truncate_prompt_tokens is not supported"),
 ])
 def test_refused_fields_name_the_field(served, body, param, words):
     status, answer = post(served[0], "/v1/embeddings", body)
