@@ -25,6 +25,7 @@ class ModelSection:
     model: str = ""
     served_model_name: str = ""
     task: str = "generate"  # or embed: /v1/embeddings only (common/pooling.py), generation refused
+    pooler_config: str = ""  # --task embed: JSON over the model directory's pooling (Pooling.overridden)
     tokenizer: str = ""
     chat_template: str = ""
     trust_remote_code: bool = False

@@ -5,6 +5,7 @@ order; a `sentence_transformers.models.Pooling` module's folder (`1_Pooling/conf
 (`pooling_mode_lasttoken`, `pooling_mode_mean_tokens` or `pooling_mode_cls_token`), and a
 `sentence_transformers.models.Normalize` module means the vector is L2-normalised. With no such files:
 last-token pooling, normalised (vLLM's default for a decoder checkpoint; Qwen3-Embedding's own config).
+vLLM's `--pooler-config '{"pooling_type": "MEAN", "normalize": false}'` overrides either (`overridden`).
 
 A prompt may be computed in several chunks (chunked prefill). The worker, which keeps no state about
 requests, returns one vector per chunk (`ModelRunner`: the chunk's last position, its first, or the sum
@@ -30,6 +31,7 @@ POOLING_MODES = ("last", "mean", "cls")
 ST_MODE_KEYS = {"pooling_mode_lasttoken": "last", "pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls"}
 ST_POOLING = "sentence_transformers.models.Pooling"
 ST_NORMALIZE = "sentence_transformers.models.Normalize"
+VLLM_POOLING_TYPES = {"LAST": "last", "MEAN": "mean", "CLS": "cls"}  # --pooler-config's pooling_type
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,33 @@ class Pooling:
                 )
             mode = modes[0]
         return Pooling(mode, normalize=ST_NORMALIZE in types)
+
+    def overridden(self, pooler_config: str) -> Pooling:
+        """This pooling with --pooler-config's JSON (vLLM's `pooling_type` LAST | MEAN | CLS, `normalize`)
+        over it; "" changes nothing. Any other key is refused: it would change the answer unseen."""
+        if not pooler_config:
+            return self
+        try:
+            override = json.loads(pooler_config)
+        except ValueError:
+            raise ValueError(f"--pooler-config must be a JSON object, got {pooler_config!r}") from None
+        if not isinstance(override, dict):
+            raise ValueError(f"--pooler-config must be a JSON object, got {pooler_config!r}")
+        unknown = sorted(set(override) - {"pooling_type", "normalize"})
+        if unknown:
+            raise ValueError(
+                f"--pooler-config: {', '.join(unknown)} not supported here (pooling_type and normalize are)"
+            )
+        mode, normalize = self.mode, override.get("normalize", self.normalize)
+        if "pooling_type" in override:
+            pooling_type = override["pooling_type"]
+            if pooling_type not in VLLM_POOLING_TYPES:
+                raise ValueError(f"--pooler-config: pooling_type must be one of {', '.join(VLLM_POOLING_TYPES)}, "
+                                 f"got {pooling_type!r}")
+            mode = VLLM_POOLING_TYPES[pooling_type]
+        if not isinstance(normalize, bool):
+            raise ValueError(f"--pooler-config: normalize must be true or false, got {normalize!r}")
+        return Pooling(mode, normalize)
 
     def combine(self, pooled: np.ndarray | None, chunk: np.ndarray) -> np.ndarray:
         """Fold one chunk's vector (float32[hidden], see the table above) into what earlier chunks gave."""

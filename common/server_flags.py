@@ -72,6 +72,12 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         switches={'--is-embedding': 'embed'},
         peer_note="vLLM --task embed (--runner pooling in newer vLLM), SGLang --is-embedding",
     ),
+    'pooler_config': FlagSpec(
+        "with --task embed: JSON over the model directory's pooling, vLLM's keys: pooling_type (LAST, MEAN, "
+        'CLS) and normalize (true, false); empty = as the directory says',
+        aliases=('--override-pooler-config',),
+        peer_note='vLLM --pooler-config (--override-pooler-config before); SGLang has none',
+    ),
     'tokenizer': FlagSpec(
         'a directory with the tokenizer files (tokenizer.json, tokenizer_config.json), when they are not '
         "in --model (empty = --model's)",

@@ -25,7 +25,7 @@ def resolve_model_facts(cfg: ServerConfig) -> ModelFacts:
     else:
         source, origin = TokenizerFiles.read(cfg.tokenizer_dir).chat_templates.get("default", (None, ""))
     tool_format = template_tool_call_format(source) if cfg.tool_call_parser == "auto" else cfg.tool_call_parser
-    pooling = Pooling.from_model_dir(cfg.model) if cfg.task == "embed" else None
+    pooling = Pooling.from_model_dir(cfg.model).overridden(cfg.pooler_config) if cfg.task == "embed" else None
     return ModelFacts(context_len, source, origin, tool_format,
                       vocab_size=model_config.vocab_size, default_sampling=dict(model_config.default_sampling),
                       pooling_mode=pooling and pooling.mode, pooling_normalize=bool(pooling and pooling.normalize),

@@ -52,3 +52,36 @@ def test_combine_and_finish():
         assert np.allclose(pooling.finish(folded, 3), want), mode
     with pytest.raises(ValueError, match="pooling mode must be one of"):
         Pooling("max", normalize=False)
+
+
+def test_vllms_pooler_config_overrides_the_directory():
+    base = Pooling("last", normalize=True)
+    assert base.overridden("") is base
+    assert base.overridden('{"pooling_type": "MEAN"}') == Pooling("mean", True)
+    assert base.overridden('{"pooling_type": "CLS", "normalize": false}') == Pooling("cls", False)
+
+
+@pytest.mark.parametrize(("text", "words"), [
+    ('{"pooling_type": "MAX"}', "pooling_type must be one of LAST, MEAN, CLS"),
+    ('{"dimensions": 8}', "dimensions not supported here"),
+    ('{"normalize": "yes"}', "normalize must be true or false"),
+    ("[1]", "must be a JSON object"),
+    ("MEAN", "must be a JSON object"),
+])
+def test_a_pooler_config_that_would_change_the_answer_unseen_is_refused(text, words):
+    with pytest.raises(ValueError, match=words):
+        Pooling("last", normalize=True).overridden(text)
+
+
+def test_the_launcher_resolves_the_pooling_once_for_every_process(tmp_path):
+    from testing.embedding_fixtures import make_embedding_checkpoint
+    from zserve.common.model_facts import ModelFacts
+    from zserve.common.server_config import ServerConfig
+    from zserve.launcher.facts_resolver import resolve_model_facts
+
+    model_dir = str(make_embedding_checkpoint(tmp_path / "emb", "mean", normalize=False))
+    assert resolve_model_facts(ServerConfig(model=model_dir)).pooling is None  # a generating server
+    facts = resolve_model_facts(ServerConfig(model=model_dir, task="embed"))
+    assert facts.pooling == Pooling("mean", normalize=False) and facts.embedding_size == 64
+    overridden = resolve_model_facts(ServerConfig(model=model_dir, task="embed", pooler_config='{"normalize": true}'))
+    assert ModelFacts.from_json(overridden.to_json()).pooling == Pooling("mean", normalize=True)

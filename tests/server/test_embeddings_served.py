@@ -85,6 +85,7 @@ def test_python_client_embed_and_no_pages_held_after(served):
 @pytest.mark.parametrize(("path", "body"), [
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 2}),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 2, "stream": True}),
     ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
 ])
 def test_generation_routes_are_refused_naming_the_task(served, path, body):
