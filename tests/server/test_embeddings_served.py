@@ -109,3 +109,8 @@ def test_matching_dimensions_is_accepted_and_too_long_an_input_is_a_400(served):
     assert post(port, "/v1/embeddings", {"input": "hi", "dimensions": 64})[0] == 200
     status, answer = post(port, "/v1/embeddings", {"input": random_prompt(300, seed=5)})
     assert status == 400 and "context" in answer["error"]["message"], answer
+
+
+def test_generate_refuses_the_native_embed_field(served):
+    status, answer = post(served[0], "/generate", {"prompt": "hi", "embed": True})
+    assert status == 400 and answer["error"]["param"] == "embed" and "/v1/embeddings" in answer["error"]["message"]
