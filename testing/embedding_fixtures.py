@@ -20,10 +20,15 @@ from zserve.common.pooling import Pooling
 ST_MODE_KEY = {"last": "pooling_mode_lasttoken", "mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token"}
 
 
-def make_embedding_checkpoint(target_dir: str | Path, mode: str = "last", *, normalize: bool = True) -> Path:
+def make_embedding_checkpoint(
+    target_dir: str | Path, mode: str = "last", *, normalize: bool = True, bare: bool = False,
+) -> Path:
     """A tiny Qwen3 with a tokenizer, plus modules.json, 1_Pooling/config.json (pooling `mode`) and,
-    when `normalize`, a 2_Normalize module, as sentence-transformers saves them."""
+    when `normalize`, a 2_Normalize module, as sentence-transformers saves them. `bare`: the weights as a
+    bare Qwen3Model saves them (no `model.` prefix, no lm_head; the config ties the head to the embeddings)."""
     target = make_tiny_checkpoint(target_dir, "qwen3", with_tokenizer=True)
+    if bare:
+        _strip_to_bare_model(target)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -39,6 +44,16 @@ def make_embedding_checkpoint(target_dir: str | Path, mode: str = "last", *, nor
     (target / "1_Pooling").mkdir()
     (target / "1_Pooling" / "config.json").write_text(json.dumps(config, indent=2))
     return target
+
+
+def _strip_to_bare_model(target: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(target / "model.safetensors")
+    save_file({name.removeprefix("model."): w for name, w in weights.items() if name != "lm_head.weight"},
+              target / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((target / "config.json").read_text())
+    (target / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}, indent=2))
 
 
 @torch.no_grad()

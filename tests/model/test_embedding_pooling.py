@@ -62,3 +62,16 @@ def test_kv_sharing_row_gets_its_sources_vector(tmp_path):
     assert np.array_equal(vectors[0], vectors[1]) and not np.allclose(vectors[0], vectors[2])
     pooling = Pooling.from_model_dir(model_dir)
     assert np.abs(pooling.finish(vectors[1], 9) - hf_embeddings(model_dir, [prompt])[0]).max() < 1e-5
+
+
+def test_a_bare_model_checkpoint_is_read_under_the_causal_lm_names(tmp_path):
+    """Saved as sentence-transformers saves a bare Qwen3Model (`layers.0...`, no `model.` prefix, no lm_head):
+    the same vectors as transformers' AutoModel on that directory."""
+    model_dir = make_embedding_checkpoint(tmp_path / "bare", "last", bare=True)
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        assert "embed_tokens.weight" in f.keys() and not any(k.startswith(("model.", "lm_head")) for k in f.keys())
+    prompts = [random_prompt(n, seed=n) for n in (3, 11)]
+    ours = run_pooled(model_dir, prompts, chunk_size=4)
+    assert np.abs(ours - hf_embeddings(model_dir, prompts)).max() < 1e-5
