@@ -128,6 +128,7 @@ class HttpSection:
     strict_requests: bool = False
     watchdog_timeout_s: float = 300.0
     reasoning_parser: str = "none"  # qwen3 | deepseek-r1: chat answers' <think>...</think> as reasoning_content
+    http_keep_alive_s: float = 120.0  # past the idle-pool timeout of the clients in front (sglang-router's: 90 s)
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class FleetSection:
 
     dp_size: int = 1
     router: bool = False
-    router_port: int = 30000
+    router_port: int = 0  # 0: the router listens on --port, the fleet's one endpoint
     router_policy: str = "cache_aware"
     router_worker_urls: str = ""
     router_prometheus_port: int = 29000
