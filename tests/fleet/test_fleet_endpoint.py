@@ -9,6 +9,7 @@ check in six failed with `hyper::Error(IncompleteMessage)` or a reset); they now
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import pytest
 
 from testing.fleet_harness import REPLICA_TEST_FLAGS, FleetHarness
 from tests.fleet.conftest import ROUTER_MISSING
+from zserve.launcher.fleet.router import HEALTH_CHECK_INTERVAL_S
 
 pytest.importorskip("sglang_router", reason=ROUTER_MISSING)
 KEY = "fleet-secret"
@@ -68,6 +70,26 @@ def test_the_api_key_is_checked_at_the_endpoint_and_at_every_replica(keyed_fleet
     assert status_of(keyed_fleet.router_url + "/v1/models", None) == 200
     for replica_url in keyed_fleet.replica_urls:  # nothing is reachable without it, not even past the router
         assert [status_of(replica_url + "/v1/completions", key, body) for key in (None, KEY)] == [401, 200]
+
+
+def test_a_replica_keeps_an_idle_connection_past_the_routers_check_interval(keyed_fleet):
+    """The cause, without timing luck: an idle kept-alive connection, reused after HEALTH_CHECK_INTERVAL_S + 1 s
+    (the old replicas had closed it at 5 s), still answers."""
+    host, port = keyed_fleet.replica_urls[0].removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=30)
+
+    def health() -> tuple[int, int]:
+        connection.request("GET", "/health")
+        response = connection.getresponse()
+        response.read()
+        return response.status, connection.sock.getsockname()[1]
+
+    try:
+        first = health()
+        time.sleep(HEALTH_CHECK_INTERVAL_S + 1)
+        assert health() == first  # 200, on the same connection: raised RemoteDisconnected before
+    finally:
+        connection.close()
 
 
 def test_an_idle_fleet_logs_no_failed_health_check(keyed_fleet):
