@@ -57,8 +57,8 @@ class FleetHarness:
     ) -> FleetHarness:
         argv = [
             "--model", str(model_dir), "--dp-size", str(num_replicas), "--port", str(free_port()), "--zmq-port", "0",
-            "--router", "--router-prometheus-port", "0", "--router-policy", policy, f"--router-args={router_args}",
-            *flags,
+            *(["--router"] if num_replicas == 1 else []),  # above 1, --dp-size alone brings the router
+            "--router-prometheus-port", "0", "--router-policy", policy, f"--router-args={router_args}", *flags,
         ]
         env = dict(os.environ if env is None else env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
