@@ -94,6 +94,7 @@ def test_a_replica_keeps_an_idle_connection_past_the_routers_check_interval(keye
         connection.close()
 
 
+@pytest.mark.timeout(IDLE_S + 300)  # ZSERVE_FLEET_IDLE_S=600 outlasts the suite's per-test limit
 def test_an_idle_fleet_logs_no_failed_health_check(keyed_fleet):
     time.sleep(IDLE_S)
     failed = [line for line in keyed_fleet.log().splitlines() if FAILED_CHECK.search(line)]
