@@ -100,6 +100,7 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                timeout_keep_alive=cfg.http_keep_alive_s,  # outlives the router's idle connections
             )
             server = HttpServer(config, health)
             serving = asyncio.create_task(server.serve(sockets=[sock]))  # /health answers 503 "starting" meanwhile
