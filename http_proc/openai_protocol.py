@@ -13,7 +13,7 @@ checks only the OpenAI shape and refuses, with a 400 that says so, the options z
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any, Literal, TypeVar
 
@@ -58,6 +58,14 @@ class SubRequest:
     prompt_idx: int
     prompt: dict[str, Any]  # {"prompt": str} | {"input_ids": [...]} | {"messages": [...]}
     sampling: dict[str, Any]
+
+
+def with_tool_markup(subs: list[SubRequest], parser: ToolCallParser | ForcedToolChoice | None) -> list[SubRequest]:
+    """`subs` decoded with special tokens kept where the tool-call format's markers are special tokens (as vLLM's
+    mistral parser asks: `[TOOL_CALLS]`, `[ARGS]`); unchanged otherwise."""
+    if not isinstance(parser, ToolCallParser) or not parser.needs_special_tokens:
+        return subs
+    return [replace(s, sampling={**s.sampling, "skip_special_tokens": False}) for s in subs]
 
 
 class RequestModel(BaseModel):
