@@ -18,6 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import numpy as np
 import zmq
 import zmq.asyncio
 
@@ -90,6 +91,13 @@ class AsyncClient:
         async for _ in self._outputs(req_id, builder):
             pass
         return builder.result
+
+    async def embed(self, /, prompt: str | None = None, *, input_ids: list[int] | None = None) -> np.ndarray:
+        """The embedding of one prompt (text or token ids): float32[hidden], pooled and normalised as
+        the server's model says (a server started with --task embed; others refuse it)."""
+        result = await self.result(await self.submit(prompt, input_ids=input_ids, embed=True, max_tokens=None))
+        assert result.embedding is not None, f"req {result.req_id}: the server sent no embedding"
+        return result.embedding
 
     async def generate_batch(self, /, prompts: list[str], **sampling) -> list[GenerateResult]:
         """Every prompt in flight at once; the results in the prompts' order, with `n` each prompt's

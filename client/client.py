@@ -19,6 +19,7 @@ import time
 from collections.abc import Collection, Iterator
 from typing import Any
 
+import numpy as np
 import zmq
 
 from zserve.client.client_core import ClientCore
@@ -77,6 +78,12 @@ class Client:
         """One result (n above 1 is refused: see generate_batch)."""
         refuse_copies(kwargs, "generate")
         return self.result(self.submit(prompt, **kwargs))
+
+    def embed(self, /, prompt: str | None = None, *, input_ids: list[int] | None = None) -> np.ndarray:
+        """AsyncClient.embed: one prompt's embedding, float32[hidden] (a --task embed server)."""
+        result = self.result(self.submit(prompt, input_ids=input_ids, embed=True, max_tokens=None))
+        assert result.embedding is not None, f"req {result.req_id}: the server sent no embedding"
+        return result.embedding
 
     def generate_batch(self, /, prompts: list[str], **sampling) -> list[GenerateResult]:
         """Every prompt in flight at once; the results in the prompts' order, with `n` each prompt's

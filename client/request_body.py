@@ -23,8 +23,9 @@ from zserve.common.sampling_params import DEFAULT_MAX_TOKENS
 
 MAX_DEPTH = 32  # deeper nesting than any valid body has: the wire refuses it
 # keywords sent next to the prompt, not in `sampling`: n choices; a chat's function definitions; a chat whose
-# last (assistant) message the model continues instead of answering; more variables for the chat template
-REQUEST_KEYS = ("n", "tools", "continue_final_message", "chat_template_kwargs")
+# last (assistant) message the model continues instead of answering; more variables for the chat template;
+# an embedding request (a --task embed server)
+REQUEST_KEYS = ("n", "tools", "continue_final_message", "chat_template_kwargs", "embed")
 
 
 def new_req_id() -> int:

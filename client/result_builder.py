@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from zserve.client.types import GenerateResult, Usage, raise_for_error
 from zserve.common.messages import ReqOutput
 
@@ -49,6 +51,8 @@ class ResultBuilder:
                     r.prompt_top_logprob_texts = [None, *per_token(p.top_texts, k, len(p.logprobs))]
         if out.prompt_text is not None:
             r.prompt_text = out.prompt_text
+        if out.embedding is not None:
+            r.embedding = np.array(out.embedding, np.float32)  # a copy: the frame's bytes are read-only
         r.usage = Usage(out.prompt_tokens, out.completion_tokens, out.cached_tokens)
         if out.finish_reason is not None:
             r.finish_reason = out.finish_reason.text

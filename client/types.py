@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from zserve.common.error_code import ErrorCode
 from zserve.common.finish_reason import FinishReason
@@ -88,8 +90,16 @@ class GenerateResult:
     prompt_token_texts: list[str] | None = None  # with prompt_logprobs: each prompt token's text
     prompt_top_logprob_texts: list[list[str] | None] | None = None  # the text of each prompt_top_logprobs token
     prompt_text: str | None = None  # with return_prompt_text=True: the prompt as text (what an echo shows)
+    embedding: np.ndarray | None = None  # float32[hidden]: an embedding request's vector (a --task embed server)
     ttft_s: float | None = None  # first text since send
     latency_s: float | None = None  # last output since send
+
+    def __getitem__(self, key: str) -> Any:
+        """SGLang's result keys (`text`, `output_ids`, `meta_info`), so that SGLang's positional
+        `for out in engine.generate(prompts, params): out["text"]` reads a zserve result too."""
+        from zserve.client.sglang_shape import sglang_output  # it imports this module
+
+        return sglang_output(self)[key]
 
 
 def server_error(message: str, code: ErrorCode, req_id: int | None = None) -> ServerError:

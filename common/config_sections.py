@@ -24,6 +24,8 @@ class ModelSection:
 
     model: str = ""
     served_model_name: str = ""
+    task: str = "generate"  # or embed: /v1/embeddings only (common/pooling.py), generation refused
+    pooler_config: str = ""  # --task embed: JSON over the model directory's pooling (Pooling.overridden)
     tokenizer: str = ""
     chat_template: str = ""
     trust_remote_code: bool = False
@@ -130,6 +132,7 @@ class HttpSection:
     reasoning_parser: str = "none"  # qwen3 | deepseek-r1: chat answers' <think>...</think> as reasoning_content
     tool_call_parser: str = "auto"  # the tool-call format chat answers are read in; auto: the chat template's
     enable_auto_tool_choice: bool = False  # vLLM's; accepted, no effect (tool_choice auto needs no switch here)
+    http_keep_alive_s: float = 120.0  # past the idle-pool timeout of the clients in front (sglang-router's: 90 s)
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,7 @@ class FleetSection:
 
     dp_size: int = 1
     router: bool = False
-    router_port: int = 30000
+    router_port: int = 0  # 0: the router listens on --port, the fleet's one endpoint
     router_policy: str = "cache_aware"
     router_worker_urls: str = ""
     router_prometheus_port: int = 29000

@@ -182,6 +182,9 @@ class ForwardBatch(Message, tag=1):
     # [num_reqs]: speculative draft tokens at the end of each row's new tokens (0 = none; see Drafts above);
     # None: no drafts
     draft_lens: Int32Array | None = None
+    # an embedding server's (--task embed) pooling mode, common/pooling.py: every row also gets its chunk's
+    # vector in StepResult.pooled; None: a generating server
+    pooling: str | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -365,3 +368,5 @@ class StepResult(Message, tag=2):
     # [num_reqs]: drafts accepted per row (0 .. ForwardBatch.draft_lens); None when the batch had no drafts.
     # A row's new tokens are its first num_accepted drafts, then next_token_ids[row] (see Drafts above).
     num_accepted: Int32Array | None = None
+    # ForwardBatch.pooling: float32[num_reqs * hidden_size], each row's chunk vector (model_proc/chunk_pooler.py)
+    pooled: Float32Array | None = None

@@ -176,6 +176,7 @@ class ReqOutput(Message, tag=16):
     token_texts: list[str] | None = None  # with logprobs: each of token_ids' own text (its decoding alone)
     top_logprob_texts: list[str] | None = None  # the text of each of top_logprob_ids
     prompt_text: str | None = None  # in the first output, when the request asked for return_prompt_text (echo)
+    embedding: Float32Array | None = None  # an embedding request's pooled vector (float32 bytes), in its final output
 
     @staticmethod
     def final(
@@ -234,6 +235,7 @@ class TokenOut(Message):
     top_logprob_ids: list[int] | None = None  # params.top_logprobs per new token, most likely first
     top_logprobs: list[float] | None = None  # their logprobs
     prompt: PromptLogprobs | None = None  # with the first token, when the request asked for prompt_logprobs
+    embedding: Float32Array | None = None  # an embedding server's (--task embed) answer, in the final update
 
 
 class TokenOutBatch(Message, tag=31):

@@ -62,6 +62,22 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         "the model's name in the OpenAI API (/v1/models, the request's model) and the metrics' model_name "
         "label (empty = the model directory's name)",
     ),
+    'task': FlagSpec(
+        'generate, or embed: serve /v1/embeddings from a decoder checkpoint (last-token, mean or CLS pooling '
+        "and normalisation as its sentence-transformers modules.json says; without one, last token, "
+        'normalised); generation routes are refused',
+        aliases=('--runner',),
+        choices=('generate', 'embed'),
+        value_aliases={'pooling': 'embed', 'embedding': 'embed'},
+        switches={'--is-embedding': 'embed'},
+        peer_note="vLLM --task embed (--runner pooling in newer vLLM), SGLang --is-embedding",
+    ),
+    'pooler_config': FlagSpec(
+        "with --task embed: JSON over the model directory's pooling, vLLM's keys: pooling_type (LAST, MEAN, "
+        'CLS) and normalize (true, false); empty = as the directory says',
+        aliases=('--override-pooler-config',),
+        peer_note='vLLM --pooler-config (--override-pooler-config before); SGLang has none',
+    ),
     'tokenizer': FlagSpec(
         'a directory with the tokenizer files (tokenizer.json, tokenizer_config.json), when they are not '
         "in --model (empty = --model's)",
@@ -423,27 +439,35 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         'refuses tool_choice auto without this flag',
         peer_note='vLLM --enable-auto-tool-choice (SGLang has none)',
     ),
+    'http_keep_alive_s': FlagSpec(
+        'HTTP: how long an idle kept-alive connection stays open; longer than the idle-pool timeout of the '
+        "clients in front (sglang-router's 90 s), so the server never closes a connection just as a client "
+        'reuses it (the failed router health checks of uvicorn\'s 5 s default)',
+        above=0.0,
+        peer_note="uvicorn --timeout-keep-alive (vLLM: $VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s)",
+    ),
     # FleetSection
     'dp_size': FlagSpec(
-        'data-parallel replicas: N whole servers on this machine, each pinned to its own cores (the '
-        "allowed CPUs split into N disjoint sets, a NUMA node's cores to that node's replicas; "
-        'launcher/fleet/core_split.py) with --num-threads = its core count unless given, HTTP on --port + i, '
-        'ZMQ on --zmq-port + i; a replica that exits is restarted (0 = one per NUMA node)',
+        'data-parallel replicas behind one endpoint: N whole servers on this machine, each pinned to its own '
+        "cores (the allowed CPUs split into N disjoint sets, a NUMA node's cores to that node's replicas; "
+        'launcher/fleet/core_split.py) with --num-threads = its core count unless given, each on a free '
+        "loopback port, and sglang-router in front of them on --host:--port (pip install 'zserve[router]'; "
+        'refused without it); a replica that exits is restarted (0 = one per NUMA node)',
         aliases=('--data-parallel-size',),
         min=0,
         peer_note='SGLang --dp-size (sglang_router.launch_server); vLLM --data-parallel-size',
     ),
     'router': FlagSpec(
-        "put sglang-router (pip install 'zserve[router]') in front of the replicas on --router-port once "
-        'every replica answers /health; a replica that dies leaves it and rejoins when restarted; the '
-        'fleet ends if the router exits',
+        'the fleet with its router even at --dp-size 1 (with --dp-size N > 1 the router is always there): '
+        'the router takes requests once every replica answers /health; a replica that dies leaves it and '
+        'rejoins when restarted; the fleet ends if the router exits',
         peer_note='sglang_router.launch_server',
     ),
     'router_port': FlagSpec(
-        "with --router: the router's HTTP port (clients send requests there)",
-        min=1,
+        "the router's HTTP port when it is not --port (0 = --port: the fleet's one endpoint)",
+        min=0,
         max=65535,
-        peer_note='sglang_router --port',
+        peer_note='sglang_router.launch_server --router-port',
     ),
     'router_policy': FlagSpec(
         'with --router: how it picks a replica: cache_aware (the replica whose prompts share the longest '

@@ -147,7 +147,7 @@ class DetokenizerLoop:
             prompt=None if out.prompt is None else texts.with_texts(out.prompt),
             token_texts=None if out.logprobs is None else texts.texts(token_ids),
             top_logprob_texts=None if out.top_logprob_ids is None else texts.texts(out.top_logprob_ids),
-            prompt_text=state.prompt_text,
+            prompt_text=state.prompt_text, embedding=out.embedding,
         ))
         state.prompt_text = None
         if finish_reason is not None:

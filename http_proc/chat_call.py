@@ -22,7 +22,7 @@ from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.disconnect_watch import until_disconnect
 from zserve.http_proc.http_state import HttpState
 from zserve.http_proc.openai_formatter import OpenAIFormatter
-from zserve.http_proc.openai_protocol import ChatCompletionRequest, SubRequest
+from zserve.http_proc.openai_protocol import ChatCompletionRequest, SubRequest, with_tool_markup
 from zserve.http_proc.request_group import ChoiceEvent, RequestGroup
 
 SSE_PREFIX = b"data: "
@@ -37,11 +37,13 @@ class ChatCall:
     def __post_init__(self) -> None:
         self.state.check_model(self.body.model)
         self.state.check_accepting()
-        self.subs: list[SubRequest] = self.body.thinking_first(self.body.sub_requests(), self.state.reasoning_parser)
+        tool_parser = self.body.tool_parser(self.state.tool_parser)
+        subs = self.body.thinking_first(self.body.sub_requests(), self.state.reasoning_parser)
+        self.subs: list[SubRequest] = with_tool_markup(subs, tool_parser)
         self.group = RequestGroup(self.state.client, self.subs, self.state.metrics, self.state.health)
         self.formatter = OpenAIFormatter(
             True, self.state.model_name, self.body.include_usage, self.group.req_id, False,
-            self.body.tool_parser(self.state.tool_parser), reasoning=self.body.reasoning(self.state.reasoning_parser),
+            tool_parser, reasoning=self.body.reasoning(self.state.reasoning_parser),
         )
 
     @property

@@ -73,6 +73,9 @@ async def parse_body(state: HttpState, request: Request) -> tuple[list[SubReques
         raise ApiError(400, "req_id is chosen by the server; leave it out", param="req_id")
     if "n" in body:
         raise ApiError(400, "n is not supported on /generate (one result per request); use /v1/completions", param="n")
+    if "embed" in body:
+        raise ApiError(400, "embed is not supported on /generate: embeddings are POST /v1/embeddings (--task embed)",
+                       param="embed")
     prompt = {k: body.pop(k) for k in PROMPT_KEYS if body.get(k) is not None}
     if len(prompt) != 1:
         raise ApiError(

@@ -35,9 +35,10 @@ PROBE_TIMEOUT_S = 30.0
 class HealthMonitor:
     def __init__(
         self, client: AsyncClient, probe_client: AsyncClient | None = None, *, poll_interval_s: float = POLL_INTERVAL_S,
-        answer_wait_s: float = ANSWER_WAIT_S, watchdog_s: float = WATCHDOG_S,
+        answer_wait_s: float = ANSWER_WAIT_S, watchdog_s: float = WATCHDOG_S, is_embedding: bool = False,
     ):
         self.client = client
+        self.is_embedding = is_embedding  # --task embed: the probe embeds one token instead
         self.probe_client = probe_client or client
         self.poll_interval_s = poll_interval_s
         self.answer_wait_s = answer_wait_s
@@ -126,7 +127,15 @@ class HealthMonitor:
             self._set_state("ready", "every process answered; steps run when there is work")
 
     async def probe_generate(self) -> tuple[bool, str]:
-        """One real request of one token (GET /health_generate)."""
+        """One real request of one token (GET /health_generate); on an embedding server, one token embedded."""
+        if self.is_embedding:
+            try:
+                await asyncio.wait_for(self.probe_client.embed(input_ids=[0]), PROBE_TIMEOUT_S)
+            except asyncio.TimeoutError:
+                return False, f"no embedding within {PROBE_TIMEOUT_S:g}s"
+            except Exception as exc:  # the probe's failure is the answer
+                return False, f"{type(exc).__name__}: {exc}"
+            return True, "embedded one token"
         try:
             result = await asyncio.wait_for(
                 self.probe_client.generate(input_ids=[0], max_tokens=1, ignore_eos=True, temperature=0.0),

@@ -13,6 +13,7 @@
     POST /tokenize, /detokenize  vLLM's: the frontend's tokenizer (tokenize_route.py)
     POST /v1/responses         OpenAI's Responses API on the chat path (responses_route.py)
     POST /v1/messages, /v1/messages/count_tokens   Anthropic's Messages API on the chat path (anthropic_route.py)
+    POST /v1/embeddings        a --task embed server's (embeddings_route.py)
     POST /generate             generate_route.py
 
 Every request first passes the RequestGate (request_gate.py: Host, Origin/CORS, API key, JSON
@@ -34,6 +35,7 @@ from starlette.routing import Route
 
 from zserve.http_proc.anthropic_route import anthropic_routes
 from zserve.http_proc.api_error import ApiError
+from zserve.http_proc.embeddings_route import embeddings_routes
 from zserve.http_proc.generate_route import generate_routes
 from zserve.http_proc.http_state import STATS_TIMEOUT_S, HttpState
 from zserve.http_proc.openai_routes import openai_routes
@@ -76,6 +78,7 @@ def build_app(state: HttpState) -> RequestGate:
         *tokenize_routes(state),
         *responses_routes(state),
         *anthropic_routes(state),
+        *embeddings_routes(state),
         *server_info_routes(state.info, state.client),
         Route("/health", health, methods=["GET"]),
         Route("/health_generate", health_generate, methods=["GET"]),

@@ -80,7 +80,8 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
         probe_id = PROBE_CLIENT_PREFIX + uuid.uuid4().hex
         async with AsyncClient(client_port, host=client_host, api_key=api_key) as client, \
                 AsyncClient(client_port, host=client_host, api_key=api_key, client_id=probe_id) as probe_client:
-            health = HealthMonitor(client, probe_client, watchdog_s=cfg.watchdog_timeout_s)
+            health = HealthMonitor(client, probe_client, watchdog_s=cfg.watchdog_timeout_s,
+                                   is_embedding=facts.pooling is not None)
             model_path = str(Path(cfg.model).resolve())
             gate = GatePolicy.build(
                 cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes, context_len,
@@ -94,10 +95,12 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
             state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate,
                               tool_parser=ToolCallParser.for_format(facts.tool_call_format),  # the chat template's
                               unknown_fields=UnknownFieldPolicy(strict=cfg.strict_requests), server_info=info,
-                              reasoning_parser=ReasoningParser.of(cfg.reasoning_parser, facts.think_end_ids))
+                              reasoning_parser=ReasoningParser.of(cfg.reasoning_parser, facts.think_end_ids),
+                              embedding_size=facts.embedding_size)
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+                timeout_keep_alive=cfg.http_keep_alive_s,  # outlives the router's idle connections
             )
             server = HttpServer(config, health)
             serving = asyncio.create_task(server.serve(sockets=[sock]))  # /health answers 503 "starting" meanwhile

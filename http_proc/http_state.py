@@ -35,6 +35,7 @@ class HttpState:
     unknown_fields: UnknownFieldPolicy = field(default_factory=UnknownFieldPolicy)
     created_s: int = field(default_factory=lambda: int(time.time()))
     server_info: ServerInfo | None = None  # GET /server_info's settings (the HTTP process's); None: the basics above
+    embedding_size: int | None = None  # --task embed: the length of /v1/embeddings' vectors; None: a generating server
 
     @property
     def info(self) -> ServerInfo:

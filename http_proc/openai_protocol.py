@@ -60,6 +60,14 @@ class SubRequest:
     sampling: dict[str, Any]
 
 
+def with_tool_markup(subs: list[SubRequest], parser: ToolCallParser | ForcedToolChoice | None) -> list[SubRequest]:
+    """`subs` decoded with special tokens kept where the tool-call format's markers are special tokens (as vLLM's
+    mistral parser asks: `[TOOL_CALLS]`, `[ARGS]`); unchanged otherwise."""
+    if not isinstance(parser, ToolCallParser) or not parser.needs_special_tokens:
+        return subs
+    return [replace(s, sampling={**s.sampling, "skip_special_tokens": False}) for s in subs]
+
+
 class RequestModel(BaseModel):
     """A request body or a part of one: undeclared fields go to `model_extra` (see the module doc)."""
 

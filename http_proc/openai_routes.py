@@ -22,12 +22,12 @@ from zserve.http_proc.openai_protocol import (
     CompletionRequest,
     SubRequest,
     parse_body,
+    with_tool_markup,
 )
 from zserve.http_proc.refused_fields import refuse_unhonoured
 from zserve.http_proc.request_group import ChoiceEvent, RequestGroup
 from zserve.http_proc.response_guard import guarded, guarded_stream
 from zserve.http_proc.sse_response import SseResponse
-from zserve.http_proc.tool_call_parser import ToolCallParser
 
 
 def openai_routes(state: HttpState) -> list[Route]:
@@ -70,8 +70,7 @@ async def serve(
     if is_chat:
         subs = body.thinking_first(subs, state.reasoning_parser)
     tool_parser = body.tool_parser(state.tool_parser) if is_chat else None
-    if isinstance(tool_parser, ToolCallParser) and tool_parser.needs_special_tokens:  # as vLLM's mistral parser
-        subs = [replace(s, sampling={**s.sampling, "skip_special_tokens": False}) for s in subs]
+    subs = with_tool_markup(subs, tool_parser)
     group = RequestGroup(state.client, subs, state.metrics, state.health)
     reasoning = body.reasoning(state.reasoning_parser) if is_chat else None
     formatter = OpenAIFormatter(is_chat, state.model_name, body.include_usage, group.req_id, body.wants_logprobs,

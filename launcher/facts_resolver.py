@@ -7,6 +7,7 @@ from pathlib import Path
 from zserve.common.context_limit import served_context_len
 from zserve.common.model_config import ModelConfig
 from zserve.common.model_facts import ModelFacts
+from zserve.common.pooling import Pooling
 from zserve.common.server_config import ServerConfig
 from zserve.common.tool_call_format import template_tool_call_format
 from zserve.http_proc.reasoning_parser import THINK_CLOSE
@@ -26,10 +27,12 @@ def resolve_model_facts(cfg: ServerConfig) -> ModelFacts:
     else:
         source, origin = TokenizerFiles.read(cfg.tokenizer_dir).chat_templates.get("default", (None, ""))
     tool_format = template_tool_call_format(source) if cfg.tool_call_parser == "auto" else cfg.tool_call_parser
+    pooling = Pooling.from_model_dir(cfg.model).overridden(cfg.pooler_config) if cfg.task == "embed" else None
     think_end_ids = ()
     if cfg.reasoning_parser not in ("", "none"):  # one token in Qwen3's and DeepSeek-R1's vocabularies
         tokenizer = TextTokenizer.from_model_dir(cfg.tokenizer_dir)
         think_end_ids = tuple(tokenizer.encode(THINK_CLOSE, add_special_tokens=False))
     return ModelFacts(context_len, source, origin, tool_format,
                       vocab_size=model_config.vocab_size, default_sampling=dict(model_config.default_sampling),
-                      think_end_ids=think_end_ids)
+                      pooling_mode=pooling and pooling.mode, pooling_normalize=bool(pooling and pooling.normalize),
+                      embedding_size=model_config.hidden_size if pooling else None, think_end_ids=think_end_ids)

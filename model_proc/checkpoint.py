@@ -38,10 +38,22 @@ INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
 
 
+def bare_model_names(file_of: dict[str, str]) -> dict[str, str]:
+    """{"model.<name>": "<name>"} for every tensor of a checkpoint saved from a bare `*Model` (its embeddings
+    stored as `embed_tokens.weight`, not `model.embed_tokens.weight`); {} for any other checkpoint."""
+    if "embed_tokens.weight" not in file_of or "model.embed_tokens.weight" in file_of:
+        return {}
+    return {f"model.{name}": name for name in file_of}
+
+
 class Checkpoint:
     def __init__(self, model_dir: str | Path, show_progress: bool = False):
         self.model_dir = Path(model_dir)
-        self.file_of: dict[str, str] = self._index()  # tensor name -> file name
+        self.file_of: dict[str, str] = self._index()  # tensor name (as *ForCausalLM names it) -> file name
+        # a bare `*Model` checkpoint (how sentence-transformers saves an embedding model: no "model." prefix, no
+        # lm_head) is read under the *ForCausalLM names the model code asks for; name -> the name stored
+        self.stored_name: dict[str, str] = bare_model_names(self.file_of)
+        self.file_of = {name: self.file_of[stored] for name, stored in self.stored_name.items()} or self.file_of
         self._handles: dict[str, Any] = {}
         config_path = self.model_dir / "config.json"
         raw = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
@@ -90,7 +102,7 @@ class Checkpoint:
         if file_name not in self._handles:
             self._handles[file_name] = self._open(file_name)
         self._progress.update(1)
-        return self._handles[file_name].get_tensor(name)
+        return self._handles[file_name].get_tensor(self.stored_name.get(name, name))
 
     def read(
         self,
@@ -111,7 +123,7 @@ class Checkpoint:
         file_name = self.file_of[name]
         if file_name not in self._handles:
             self._handles[file_name] = self._open(file_name)
-        sl = self._handles[file_name].get_slice(name)
+        sl = self._handles[file_name].get_slice(self.stored_name.get(name, name))
         file_shape = tuple(sl.get_shape())
         shape = file_shape[::-1] if transpose else file_shape
         if shape != tuple(expected_shape):

@@ -3,6 +3,7 @@
     run(batch):  validate -> attention metadata -> forward (writes K/V of new tokens)
                  -> rows sharing an identical prompt's K/V: slot copy from their KV source
                  -> logits at every row's last token -> sample -> StepResult
+                 (+ each row's pooled chunk vector on an embedding server: chunk_pooler.py)
 
 Every array is by batch row (common/forward_batch.py): the logits are float32[num_reqs, vocab],
 and the sampler, the penalties, the grammar masks and the StepResult index them alike. A row
@@ -29,6 +30,7 @@ from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
 from zserve.common.gguf_source import gguf_source
 from zserve.common.model_config import ModelConfig
 from zserve.common.worker_env import default_num_threads
+from zserve.model_proc.chunk_pooler import final_norm, pool_chunks
 from zserve.model_proc.compute_dtype import resolve_dtype
 from zserve.model_proc.draft_verifier import DraftVerifier
 from zserve.model_proc.gguf_checkpoint import open_checkpoint
@@ -267,6 +269,8 @@ class ModelRunner:
         )
         if batch.prompt_logprobs is not None:
             self._score_prompts(batch, hidden, result)
+        if batch.pooling is not None:  # an embedding server: each row's chunk vector
+            result.pooled = pool_chunks(final_norm(self.model), hidden, batch).reshape(-1)
         result.forward_ms = (time.perf_counter() - t0) * 1e3
         return result
 

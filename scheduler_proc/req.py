@@ -94,6 +94,7 @@ class Req:
     prompt_scores: PromptScores | None = None  # prompt logprobs asked and not yet sent (until its first output token)
     # speculative draft tokens of the decode step in flight (SpeculativeReqs), after its last token
     drafts: Sequence[int] = ()
+    pooled: np.ndarray | None = None  # an embedding server's: its chunks' vectors folded so far (Pooling.combine)
 
     @property
     def seq_len(self) -> int:

@@ -33,6 +33,7 @@ from zserve.common.finish_reason import FinishReason
 from zserve.common.forward_batch import ForwardBatch, StepResult
 from zserve.common.histogram import Histogram
 from zserve.common.messages import NO_TOKEN_IDS, PromptLogprobs, TokenOut
+from zserve.common.pooling import Pooling
 from zserve.common.sampling_params import SamplingParams
 from zserve.common.scheduler_stats import SchedulerStats
 from zserve.scheduler_proc.admission_policy import AdmissionPolicy
@@ -62,11 +63,15 @@ class Scheduler:
     def __init__(
         self, *, num_pages: int, page_size: int, context_len: int, eos_token_ids: Sequence[int], knobs: SchedulerKnobs,
         grammar_source: GrammarSource | None = None, on_pages_freed: Callable[[np.ndarray], None] | None = None,
+        pooling: Pooling | None = None,
     ):
         """The sizes come from the model worker (`WorkerReady`); the policy knobs, speculative
         decoding's settings among them, from the server config (`scheduler_knobs`, the one source
         of their defaults). Without a `grammar_source` structured output is off.
-        `on_pages_freed` is a test hook (see CacheManager)."""
+        `on_pages_freed` is a test hook (see CacheManager). `pooling`: an embedding server (--task
+        embed): every request is a prompt only, answered with its pooled vector when its last chunk
+        returns (no token is sampled for it); the prefix cache is off, since a hit would skip positions
+        that mean and CLS pooling read."""
         for name, value in {"num_pages": num_pages, "page_size": page_size, "context_len": context_len}.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -74,7 +79,8 @@ class Scheduler:
         self.context_len = context_len
         self._step_policy = StepPolicy(knobs.schedule_policy, knobs.max_prefill_tokens)
         self._reservation = KvReservation(knobs.kv_reservation, page_size, knobs.schedule_conservativeness)
-        self._cache = CacheManager(num_pages, page_size, knobs.enable_radix_cache, on_pages_freed)
+        self._pooling = pooling
+        self._cache = CacheManager(num_pages, page_size, knobs.enable_radix_cache and pooling is None, on_pages_freed)
         self._req_table = ReqTable(knobs.max_running_requests)
         self._decode = DecodeManager(page_size)
         self._constrained = ConstrainedReqs(grammar_source)
@@ -164,6 +170,7 @@ class Scheduler:
         self._totals.num_running_peak = max(self._totals.num_running_peak, len(self._decode))
         forward_batch = batch.to_forward_batch(self._req_table)
         forward_batch.grammar = self._constrained.masks(batch.sampled_req_ids()) if len(self._constrained) else None
+        forward_batch.pooling = None if self._pooling is None else self._pooling.mode
         return forward_batch
 
     def on_result(self, result: StepResult) -> list[TokenOut]:
@@ -182,6 +189,9 @@ class Scheduler:
         if result.prompt_logprobs is not None:
             gather_prompt_scores(batch, result)
         self._on_decoded(batch.decode_reqs, outputs, self._spec.num_accepted(batch, result))
+        if self._pooling is not None:
+            assert result.pooled is not None, f"step {batch.step_id}: no pooled vectors from an embedding worker"
+            return self._on_pooled(batch, result.pooled.reshape(len(batch.reqs), -1))
         self._on_prefilled(batch, outputs, first_row=num_decode)
         self._totals.num_generated_tokens += len(outputs.updates) + outputs.num_extra_tokens
         return outputs.updates
@@ -212,6 +222,28 @@ class Scheduler:
             elif self._take_tokens(req, outputs, row, prompt=take_prompt_logprobs(req)) is None:
                 self._cache.cache_req(req)
                 self._decode.add(req)
+
+    def _on_pooled(self, batch: ScheduledBatch, vectors: np.ndarray) -> list[TokenOut]:
+        """An embedding server's step (prefill rows only): fold each row's chunk vector into its
+        request (common/pooling.py); a prompt's last chunk ends it with its embedding."""
+        assert self._pooling is not None and not batch.decode_reqs, f"step {batch.step_id}: decode rows while pooling"
+        updates = []
+        prefilled = zip(batch.prefill_reqs, batch.prefill_extend_lens, batch.prefill_is_sampled, strict=True)
+        for row, (req, extend_len, is_last_chunk) in enumerate(prefilled):
+            req.in_flight = False
+            req.cached_len += extend_len
+            if req.is_aborted:
+                self._release(req)
+                continue
+            req.pooled = self._pooling.combine(req.pooled, vectors[row])
+            if not is_last_chunk:
+                continue
+            embedding = self._pooling.finish(req.pooled, req.num_orig_prompt_tokens)
+            updates.append(TokenOut(
+                req_id=req.req_id, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.STOP, embedding=embedding,
+            ))
+            self._finish(req, FinishReason.STOP)
+        return updates
 
     def _take_tokens(
         self, req: Req, outputs: StepOutputs, row: int, drafts: list[int] | None = None,

@@ -1,4 +1,4 @@
-"""A real fleet (`launch_server --dp-size N --router`) started for a test or a benchmark, and stopped.
+"""A real fleet (`launch_server --dp-size N`) started for a test or a benchmark, and stopped.
 
     fleet = FleetHarness.start(model_dir, num_replicas=2)
     try:
@@ -9,13 +9,15 @@
         fleet.kill()                                   # every process of the fleet, whatever happened
 
 The router's health checks are made fast (ROUTER_TEST_ARGS) so a dead replica leaves it in
-about a second. Readiness is the fleet's ready record (launcher/server_ready.py), as for one server.
+about a second. Readiness is the fleet's ready record (launcher/server_ready.py), as for one server;
+its ready line names the replicas' URLs (free loopback ports the fleet picked).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -28,7 +30,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from testing.paths import REPO_ROOT
 from testing.processes import child_pids, cmdline, pid_alive
-from zserve.common.net_ports import free_port, http_url, port_free
+from zserve.common.net_ports import free_port, http_url
 from zserve.http_proc.server_metrics import PREFIX, STAT_COUNTERS
 from zserve.launcher.server_ready import ServerReady
 from zserve.launcher.server_subprocess import ServerSubprocess
@@ -38,26 +40,27 @@ REPLICA_TEST_FLAGS = ("--dtype", "float32", "--kv-cache-tokens", "8192", "--log-
 COUNTER_TO_STAT = {f"{PREFIX}_{name}_total": key for key, name, _ in STAT_COUNTERS}
 
 
+REPLICA_URL = re.compile(r"http://127\.0\.0\.1:\d+")
+
+
 @dataclass
 class FleetHarness:
     server: ServerSubprocess
     ready: ServerReady
-    base_port: int
-    num_replicas: int
+    replica_urls: list[str]  # replica i's, from the ready line
 
     @staticmethod
     def start(
         model_dir: str | Path, num_replicas: int = 2, flags: tuple[str, ...] = REPLICA_TEST_FLAGS, *,
         policy: str = "cache_aware", router_args: str = ROUTER_TEST_ARGS, timeout_s: float = 120.0,
-        echo_logs: bool = False,
+        echo_logs: bool = False, env: dict[str, str] | None = None,
     ) -> FleetHarness:
-        base_port = free_consecutive_ports(num_replicas)
         argv = [
-            "--model", str(model_dir), "--dp-size", str(num_replicas), "--port", str(base_port), "--zmq-port", "0",
-            "--router", "--router-port", str(free_port()), "--router-prometheus-port", "0", "--router-policy", policy,
-            f"--router-args={router_args}", *flags,
+            "--model", str(model_dir), "--dp-size", str(num_replicas), "--port", str(free_port()), "--zmq-port", "0",
+            *(["--router"] if num_replicas == 1 else []),  # above 1, --dp-size alone brings the router
+            "--router-prometheus-port", "0", "--router-policy", policy, f"--router-args={router_args}", *flags,
         ]
-        env = dict(os.environ)
+        env = dict(os.environ if env is None else env)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
         server = ServerSubprocess.start(argv, env=env, echo_logs=echo_logs)
         try:
@@ -66,7 +69,7 @@ class FleetHarness:
             kill_tree(server.proc.pid)
             server.kill()
             raise
-        return FleetHarness(server, ready, base_port, num_replicas)
+        return FleetHarness(server, ready, REPLICA_URL.findall(ready.ready_line.split(" at ", 1)[1]))
 
     def router_pid(self) -> int:
         """The router's pid: the supervisor's child that is no replica (it renames itself
@@ -83,15 +86,15 @@ class FleetHarness:
         return Path(self.ready.model).name
 
     @property
-    def replica_urls(self) -> list[str]:
-        return [http_url("127.0.0.1", self.base_port + i) for i in range(self.num_replicas)]
+    def num_replicas(self) -> int:
+        return len(self.replica_urls)
 
     def log(self) -> str:
         return self.server.log()
 
     def replica_pid(self, replica_idx: int) -> int:
         """The pid of replica `replica_idx`'s launcher (a child of the supervisor)."""
-        port = str(self.base_port + replica_idx).encode()
+        port = self.replica_urls[replica_idx].rsplit(":", 1)[1].encode()
         for pid in child_pids(self.server.proc.pid):
             argv = cmdline(pid)
             if b"zserve.launcher" in argv and port in argv:
@@ -159,15 +162,6 @@ def bench_model_dir(model: str, tmp: Path) -> str:
 
         return str(build_tiny_llama_dir(tmp / "tiny-llama"))
     return model
-
-
-def free_consecutive_ports(count: int, attempts: int = 50) -> int:
-    """A port p with p .. p + count - 1 all free on loopback."""
-    for _ in range(attempts):
-        base = free_port()
-        if base + count - 1 <= 65535 and all(port_free(base + i) for i in range(1, count)):
-            return base
-    raise RuntimeError(f"no {count} consecutive free ports")
 
 
 def descendant_pids(pid: int) -> list[int]:

@@ -23,6 +23,7 @@ from testing.fake_model import FakeModel
 from zserve.common.finish_reason import FinishReason
 from zserve.common.forward_batch import ForwardBatch
 from zserve.common.messages import TokenOut
+from zserve.common.pooling import Pooling
 from zserve.common.sampling_params import SamplingParams
 from zserve.common.server_config import ServerConfig
 from zserve.scheduler_proc.constrained_reqs import MAX_LEAD_WHITESPACE_TOKENS
@@ -33,7 +34,8 @@ from zserve.scheduler_proc.scheduler_knobs import SPECULATIVE_KNOBS, scheduler_k
 
 def make_scheduler(
     *, num_pages: int, page_size: int, context_len: int, eos_token_ids: Sequence[int],
-    on_pages_freed: Callable[[np.ndarray], None] | None = None, grammar_source: GrammarSource | None = None, **knobs: Any,
+    on_pages_freed: Callable[[np.ndarray], None] | None = None, grammar_source: GrammarSource | None = None,
+    pooling: Pooling | None = None, **knobs: Any,
 ) -> Scheduler:
     """A Scheduler with the server's default policy knobs (`ServerConfig()`), except those named
     (by their flat names: `speculative_num_draft_tokens=4`, see SPECULATIVE_KNOBS)."""
@@ -48,7 +50,7 @@ def make_scheduler(
     return Scheduler(
         num_pages=num_pages, page_size=page_size, context_len=context_len, eos_token_ids=eos_token_ids,
         knobs=replace(defaults, speculative=speculative, **knobs),
-        on_pages_freed=on_pages_freed, grammar_source=grammar_source,
+        on_pages_freed=on_pages_freed, grammar_source=grammar_source, pooling=pooling,
     )
 
 

@@ -29,7 +29,9 @@ from zserve.common.sampling_params import SamplingParams
 from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
-BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n", "tools", "continue_final_message", "chat_template_kwargs"))
+BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n", "tools", "continue_final_message", "chat_template_kwargs",
+                       "embed"))
+EMBED_KEYS = frozenset(("prompt", "input_ids", "embed"))  # an embedding request: a prompt, nothing to sample
 MESSAGE_KEYS = frozenset(("role", "content", "name", "tool_calls", "tool_call_id"))
 ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
 
@@ -37,12 +39,14 @@ ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
 class RequestValidator:
     def __init__(
         self, tokenizer: TextTokenizer, context_len: int, vocab_size: int | None = None,
-        default_sampling: dict[str, float] | None = None,
+        default_sampling: dict[str, float] | None = None, is_embedding: bool = False,
     ):
         """`context_len`: tokens the model attends over (prompt + output). `vocab_size`: ids the
         model accepts, if smaller than the tokenizer's (default: the tokenizer's).
         `default_sampling`: what a request that leaves a sampling field out gets (the model's
-        generation_config.json; empty: SamplingParams' own defaults, greedy)."""
+        generation_config.json; empty: SamplingParams' own defaults, greedy). `is_embedding`: the
+        server runs --task embed, and takes embedding requests (`embed: true`) only."""
+        self.is_embedding = is_embedding
         self.default_sampling = dict(default_sampling or {})
         if context_len < 2:
             raise ValueError(f"context_len must be >= 2, got {context_len}")
@@ -76,6 +80,13 @@ class RequestValidator:
         if len(given) != 1:
             what = "none" if not given else " and ".join(given)
             raise ValueError(f"a request needs exactly one of prompt, input_ids, messages; got {what}")
+        if self._is_embed_request(body):
+            kind = given[0]
+            input_ids = self.encode_prompt(body["prompt"]) if kind == "prompt" else self.check_ids(body["input_ids"])
+            if not input_ids or len(input_ids) >= self.context_len:
+                raise ValueError(f"the input is {len(input_ids)} tokens; this server embeds 1 to "
+                                 f"{self.context_len - 1} (its context is {self.context_len})")
+            return input_ids, SamplingParams(max_tokens=1)  # prefill only: the scheduler samples nothing
 
         sampling = body.get("sampling")
         if sampling is None:
@@ -119,6 +130,23 @@ class RequestValidator:
             prompt_word = "messages" if kind == "messages" else "prompt"
             raise ValueError(over_context_error(self.context_len, len(input_ids), params.max_tokens, prompt_word))
         return input_ids, params
+
+    def _is_embed_request(self, body: dict) -> bool:
+        """Whether `body` asks for an embedding (`embed: true`), which only a --task embed server
+        answers, and which carries a prompt or input_ids and nothing else."""
+        embed = body.get("embed", False)
+        if not isinstance(embed, bool):
+            raise ValueError(f"embed must be a boolean, got {type(embed).__name__}")
+        if embed != self.is_embedding:
+            raise ValueError(
+                "this server runs --task embed: it answers embedding requests (/v1/embeddings) only, not generation"
+                if self.is_embedding else
+                "this server generates text; embeddings need a server started with --task embed"
+            )
+        extra = [k for k in body if k not in EMBED_KEYS and body[k] is not None and body[k] != {}]
+        if embed and extra:
+            raise ValueError(f"an embedding request takes a prompt or input_ids only, not {', '.join(extra)}")
+        return embed
 
     def encode_prompt(self, prompt: Any, add_special_tokens: bool = True) -> list[int]:
         if not isinstance(prompt, str):

@@ -50,7 +50,8 @@ def serve(model: ModelSection, frontend: FrontendSection, addrs: Addresses, fact
             "sampling defaults from generation_config.json: %s",
             ", ".join(f"{k}={v}" for k, v in default_sampling.items()),
         )
-    validator = RequestValidator(tokenizer, context_len, facts.vocab_size, default_sampling)
+    validator = RequestValidator(tokenizer, context_len, facts.vocab_size, default_sampling,
+                                 is_embedding=facts.pooling is not None)
     ctx = zmq.Context()
     try:
         max_frame_bytes = max(MIN_CLIENT_FRAME_BYTES, 2 * frontend.max_request_bytes)

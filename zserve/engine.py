@@ -109,12 +109,13 @@ class Engine:
         and a progress bar on stderr counts finished prompts unless `use_tqdm=False`. No max_tokens:
         128 each; `{"max_tokens": None}`: up to the context.
 
-        SGLang's form: called with its keywords `prompt=`, `sampling_params=` (SGLang's names:
-        `max_new_tokens`, ...) or `input_ids=`, it returns SGLang's shape, a dict `{"text",
-        "output_ids", "meta_info"}` for one prompt (a string, or one list of ids) and a list of
-        them for a list."""
+        SGLang's form: called with its keywords `prompt=`, `sampling_params=` or `input_ids=`, it
+        returns SGLang's shape, a dict `{"text", "output_ids", "meta_info"}` for one prompt (a
+        string, or one list of ids) and a list of them for a list. SGLang's sampling names
+        (`max_new_tokens`, ...) are taken in either form, and a GenerateResult reads as SGLang's
+        dict too (`result["text"]`), so SGLang's positional `generate(prompts, params)` works."""
         if prompt is None and sampling_params is None and input_ids is None:
-            return self._generate(_bodies(prompts, messages), sampling, use_tqdm)
+            return self._generate(_bodies(prompts, messages), _sglang_sampling(sampling), use_tqdm)
         texts = _one_of("prompts", prompts, "prompt", prompt)
         settings = _one_of("sampling", sampling, "sampling_params", sampling_params)
         if input_ids is not None:

@@ -15,7 +15,15 @@ tests/fleet/):
     (DELETE /workers/{id}) and adds it back when it is ready again (POST /workers), which gives
     it a fresh circuit breaker. Workers on other machines (--router-worker-urls) have only the
     health checks and the breaker.
-  - a port in use (its own or its Prometheus port) ends it with exit code 1.
+  - a port in use (its own or its Prometheus port) ends it with exit code 1;
+  - with --api-key K it answers 401 to a request without `Authorization: Bearer K` (its control
+    routes, /workers, included) and sends K to the workers. It takes the key only as a flag, so
+    router_main.py adds it from $ZSERVE_API_KEY inside the process, off any command line;
+  - its HTTP client keeps an idle connection to a worker for 90 s (reqwest's pool idle timeout) and
+    reuses it for the next request or health check: a worker that closes idle connections sooner
+    (uvicorn's default keep-alive, 5 s) races it, and the reused connection fails
+    (`hyper::Error(IncompleteMessage)` or a reset) as a failed health check. Hence a replica's
+    --http-keep-alive-s (120 s by default) outlives the router's pool.
 """
 
 from __future__ import annotations
@@ -30,11 +38,12 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from zserve.common.net_ports import http_url
+from zserve.common.server_config import API_KEY_ENV
 
-ROUTER_MODULE = "sglang_router.launch_router"
+ROUTER_MODULE = "zserve.launcher.fleet.router_main"  # sglang_router.launch_router, with the API key
 HEALTH_CHECK_INTERVAL_S = 5  # workers on other machines leave the router within 3 checks of failing
 REQUEST_TIMEOUT_S = 5.0
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
@@ -47,7 +56,10 @@ class RouterMissing(ValueError):
 
 def check_router_installed() -> None:
     if importlib.util.find_spec("sglang_router") is None:
-        raise RouterMissing("--router needs sglang-router: pip install 'zserve[router]' (or sglang-router==0.3.2)")
+        raise RouterMissing(
+            "--dp-size serves one endpoint through sglang-router, which is not installed: "
+            "pip install 'zserve[router]' (or sglang-router==0.3.2)"
+        )
 
 
 @dataclass(frozen=True)
@@ -59,6 +71,7 @@ class RouterSettings:
     prometheus_port: int
     log_level: str
     extra_args: str  # more launch_router flags, shell-quoted; they come last and win
+    api_key: str = field(default="", repr=False)  # clients must send it; passed in the environment, never argv
 
     def argv(self) -> list[str]:
         return [
@@ -84,9 +97,10 @@ class RouterProcess:
     def start(settings: RouterSettings) -> RouterProcess:
         # it dies with the supervisor
         bound = [sys.executable, "-m", "zserve.launcher.fleet.bound_exec", str(os.getpid())]
+        env = {**os.environ, API_KEY_ENV: settings.api_key} if settings.api_key else None
         proc = subprocess.Popen(
-            [*bound, *settings.argv()], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True,
+            [*bound, *settings.argv()], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
             start_new_session=True,  # a terminal's Ctrl-C reaches the supervisor only: it stops the router last
         )
         threading.Thread(target=_echo_logs, args=(proc,), name="router-logs", daemon=True).start()
@@ -134,11 +148,18 @@ class RouterProcess:
     def _request(self, method: str, path: str, body: dict | None = None) -> dict:
         data = None if body is None else json.dumps(body).encode()
         request = urllib.request.Request(
-            self.settings.url + path, data=data, method=method, headers={"Content-Type": "application/json"},
+            self.settings.url + path, data=data, method=method, headers=self._headers(),
         )
         with urllib.request.urlopen(request, timeout=REQUEST_TIMEOUT_S) as response:
             text = response.read().decode()
         return json.loads(text) if text.strip() else {}
+
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"Content-Type": "application/json"}
+        if self.settings.api_key:
+            headers["Authorization"] = f"Bearer {self.settings.api_key}"  # its control routes check the key too
+        return headers
 
 
 def _echo_logs(proc: subprocess.Popen) -> None:

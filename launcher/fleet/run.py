@@ -1,12 +1,13 @@
-"""`launch_server --dp-size N [--router]`: plan the replicas, run the Fleet, print its ready line.
+"""`launch_server --dp-size N`: plan the replicas, run the Fleet, print its ready line.
 
-    launch_server --model M --dp-size 2 --router --port 8000 --router-port 30000
-        replica 0: cores 0-15, HTTP 8000      replica 1: cores 16-31, HTTP 8001
-        sglang-router on 30000 (cache_aware) in front of both
+    launch_server --model M --dp-size 2 --port 8000
+        replica 0: cores 0-15, HTTP 127.0.0.1:<free>      replica 1: cores 16-31, HTTP 127.0.0.1:<free>
+        sglang-router on --host:8000 (cache_aware) in front of both: the one endpoint
 
-A bad fleet configuration is refused in one line (exit code 2) before anything starts, as a bad
-flag is (launcher/cli.py). The ready record (--ready-file) names the router's HTTP port (replica
-0's without --router) and replica 0's ZMQ port.
+A bad fleet configuration, or sglang-router not installed, is refused in one line (exit code 2)
+before anything starts, as a bad flag is (launcher/cli.py). The ready record (--ready-file) names
+the router's HTTP port and replica 0's ZMQ port. With --api-key both the router and every replica
+check the key, so a replica's own port is no way around it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from zserve.common.server_config import API_KEY_ENV, ServerConfig
 from zserve.launcher.cli import refuse
 from zserve.launcher.config_check import check_port_free
 from zserve.launcher.fleet.core_split import allowed_cpus, format_cpulist, read_numa_nodes
-from zserve.launcher.fleet.plan import check_fleet_flags, plan_replicas
+from zserve.launcher.fleet.plan import check_fleet_flags, endpoint_port, num_replicas_of, plan_replicas
 from zserve.launcher.fleet.replica import Replica
 from zserve.launcher.fleet.router import RouterSettings, check_router_installed
 from zserve.launcher.fleet.supervisor import Fleet, FleetStartError
@@ -35,11 +36,11 @@ def run_fleet(cfg: ServerConfig) -> int:
     """The fleet's exit code: 0 after a stop signal, 1 when it failed to start or the router exited."""
     try:
         check_fleet_flags(cfg)
-        if cfg.router:
-            check_router_installed()
-            check_port_free("--router-port", cfg.host, cfg.router_port)
+        check_router_installed()
+        check_port_free("--router-port" if cfg.router_port else "--port", cfg.host, endpoint_port(cfg))
         allowed, numa_nodes = allowed_cpus(), read_numa_nodes()
-        specs = plan_replicas(cfg, resolve_fleet_model(cfg.model), allowed, numa_nodes)
+        http_ports = free_ports(num_replicas_of(cfg, allowed, numa_nodes), avoid={endpoint_port(cfg)})
+        specs = plan_replicas(cfg, resolve_fleet_model(cfg.model), allowed, numa_nodes, http_ports)
     except ValueError as exc:
         refuse(str(exc))
     logger.info("%d replica(s) on %d allowed core(s) (%s) of %d NUMA node(s)", len(specs), len(allowed),
@@ -47,16 +48,14 @@ def run_fleet(cfg: ServerConfig) -> int:
     env = {**os.environ, FLEET_PID_ENV: str(os.getpid())}
     api_key = cfg.api_key or os.environ.get(API_KEY_ENV, "")
     if api_key:
-        env[API_KEY_ENV] = api_key  # never on a command line
-    router_settings = None
-    if cfg.router:
-        extra_urls = tuple(url for url in cfg.router_worker_urls.split(",") if url)
-        router_settings = RouterSettings(
-            host=cfg.host, port=cfg.router_port, policy=cfg.router_policy,
-            worker_urls=(*(spec.url for spec in specs), *extra_urls),
-            prometheus_port=cfg.router_prometheus_port or free_port(cfg.host), log_level=cfg.log_level,
-            extra_args=cfg.router_args,
-        )
+        env[API_KEY_ENV] = api_key  # never on a command line; the router reads it there too (router_main.py)
+    extra_urls = tuple(url for url in cfg.router_worker_urls.split(",") if url)
+    router_settings = RouterSettings(
+        host=cfg.host, port=endpoint_port(cfg), policy=cfg.router_policy,
+        worker_urls=(*(spec.url for spec in specs), *extra_urls),
+        prometheus_port=cfg.router_prometheus_port or free_port(cfg.host), log_level=cfg.log_level,
+        extra_args=cfg.router_args, api_key=api_key,
+    )
     fleet = Fleet([Replica(spec, env) for spec in specs], router_settings, cfg.startup_timeout_s, cfg.drain_timeout_s)
     signal.signal(signal.SIGTERM, fleet.on_stop_signal)
     signal.signal(signal.SIGINT, fleet.on_stop_signal)
@@ -68,8 +67,9 @@ def run_fleet(cfg: ServerConfig) -> int:
         sys.stdout.flush()
         if cfg.ready_file:
             first = fleet.replicas[0].ready
-            http_port = cfg.router_port if cfg.router else specs[0].http_port
-            ServerReady(os.getpid(), 0, first.model, cfg.host, first.zmq_port, http_port, line).write(cfg.ready_file)
+            ServerReady(os.getpid(), 0, first.model, cfg.host, first.zmq_port, endpoint_port(cfg), line).write(
+                cfg.ready_file
+            )
         code = fleet.supervise()
     except FleetStartError as exc:
         logger.error("%s", exc)
@@ -87,9 +87,18 @@ def resolve_fleet_model(model: str) -> str:
     return str(ensure_demo_model(progress=True))
 
 
+def free_ports(count: int, avoid: set[int]) -> list[int]:
+    """`count` distinct free loopback ports, none in `avoid` (each replica's HTTP port)."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port()
+        if port not in avoid and port not in ports:
+            ports.append(port)
+    return ports
+
+
 def ready_line(fleet: Fleet) -> str:
-    ports = ", ".join(str(r.spec.http_port) for r in fleet.replicas)
-    router = (
-        f"; router on {fleet.router_settings.url} ({fleet.router_settings.policy})" if fleet.router_settings else ""
-    )
-    return f"zserve fleet ready: {len(fleet.replicas)} replica(s), HTTP ports {ports}{router}"
+    replicas = ", ".join(r.spec.url for r in fleet.replicas)
+    settings = fleet.router_settings
+    return (f"zserve fleet ready on {settings.url}: sglang-router ({settings.policy}) in front of "
+            f"{len(fleet.replicas)} replica(s) at {replicas}")

@@ -1,9 +1,9 @@
-"""Fleet: the supervisor of `launch_server --dp-size N [--router]`, N replicas and a router.
+"""Fleet: the supervisor of `launch_server --dp-size N`, N replicas and the router in front of them.
 
     start:     every replica at once (each an ordinary launch_server on its own cores and ports)
                -> wait until each wrote its ready record and answers GET /health
-               -> with --router: sglang-router with their URLs (and --router-worker-urls), wait
-               until it reports every local replica healthy
+               -> sglang-router with their URLs (and --router-worker-urls), wait until it
+               reports every local replica healthy
     supervise: until SIGINT/SIGTERM or the router exits (an error: clients lost their endpoint).
                A replica that exits is taken out of the router at once, started again after
                RESTART_DELAY_S (doubling, up to MAX_RESTART_DELAY_S, while it keeps failing
@@ -42,7 +42,7 @@ class FleetStartError(RuntimeError):
 @dataclass
 class Fleet:
     replicas: list[Replica]
-    router_settings: RouterSettings | None
+    router_settings: RouterSettings
     startup_timeout_s: float
     drain_timeout_s: float
     router: RouterProcess | None = None
@@ -59,8 +59,7 @@ class Fleet:
             replica.start()
             logger.info("%s starting (pid %d): %s", replica.name, replica.pid, replica.describe())
         self._wait_replicas_ready()
-        if self.router_settings is not None:
-            self._start_router(self.router_settings)
+        self._start_router(self.router_settings)
 
     def _wait_replicas_ready(self) -> None:
         deadline = time.monotonic() + self.startup_timeout_s

@@ -122,3 +122,13 @@ def test_engine_keeps_zserves_own_form_and_its_context_length(engine):
     assert [r.output_ids for r in async_results] == [r.output_ids for r in results]
     with pytest.raises(zserve.InvalidRequestError, match=str(CONTEXT_LEN)):  # context_length reached the server
         engine.generate(input_ids=[5] * (CONTEXT_LEN + 1), sampling_params={"max_new_tokens": 1})
+
+
+def test_sglangs_positional_example_reads_zserves_results_as_its_dicts(engine):
+    """SGLang's quick start: `outputs = llm.generate(prompts, sampling_params)`, then `output["text"]`."""
+    outputs = engine.generate(PROMPTS, {"max_new_tokens": 3, "ignore_eos": True, "top_k": -1}, use_tqdm=False)
+    for out in outputs:
+        assert out["text"] == out.text and out["output_ids"] == out.output_ids and len(out.output_ids) == 3
+        assert out["meta_info"]["completion_tokens"] == 3 and out["meta_info"]["finish_reason"]["type"] == "length"
+    with pytest.raises(KeyError):
+        outputs[0]["no_such_key"]

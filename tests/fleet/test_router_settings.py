@@ -16,7 +16,7 @@ def test_router_argv_parses_with_the_fleets_settings_and_extra_args_win():
         prometheus_port=29001, log_level="info", extra_args="--health-check-interval-secs 1 --retry-max-retries 2",
     )
     argv = settings.argv()
-    assert argv[1:3] == ["-m", "sglang_router.launch_router"]
+    assert argv[1:3] == ["-m", "zserve.launcher.fleet.router_main"]  # sglang_router.launch_router, with the API key
     args = launch_router.parse_router_args(argv[3:])
     assert (args.host, args.port, args.policy, args.prometheus_port) == ("127.0.0.1", 30000, "round_robin", 29001)
     assert args.worker_urls == ["http://127.0.0.1:8000", "http://10.0.0.2:8000"]

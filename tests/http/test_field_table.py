@@ -12,6 +12,7 @@ from testing.paths import REPO_ROOT
 from zserve.common.sampling_params import SamplingParams
 from zserve.http_proc import sglang_generate
 from zserve.http_proc.anthropic_protocol import MessagesRequest
+from zserve.http_proc.embeddings_route import EmbeddingRequest
 from zserve.http_proc.openai_protocol import ChatCompletionRequest, CompletionRequest
 from zserve.http_proc.refused_fields import REFUSED_UNLESS_DEFAULT
 from zserve.http_proc.responses_protocol import ResponsesRequest
@@ -20,7 +21,7 @@ from zserve.http_proc.unknown_fields import SGLANG_IGNORED_FIELDS
 from zserve.tokenizer_proc.request_validator import BODY_KEYS
 
 GENERATION_ROUTES = ("chat", "completions", "/generate")
-ROUTES = (*GENERATION_ROUTES, "/tokenize", "/detokenize", "/v1/responses", "/v1/messages")
+ROUTES = (*GENERATION_ROUTES, "/tokenize", "/detokenize", "/v1/responses", "/v1/messages", "/v1/embeddings")
 TABLE_HEADER = "| Field | Route | Here | Why |"
 
 
@@ -40,6 +41,7 @@ def declared_fields() -> dict[str, set[str]]:
         "/detokenize": set(DetokenizeRequest.model_fields),
         "/v1/responses": set(ResponsesRequest.model_fields),
         "/v1/messages": set(MessagesRequest.model_fields),
+        "/v1/embeddings": set(EmbeddingRequest.model_fields),
     }
 
 

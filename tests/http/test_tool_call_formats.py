@@ -14,7 +14,7 @@ import pytest
 from zserve.client.types import GenerateResult
 from zserve.common.tool_call_format import TOOL_CALL_FORMATS, template_tool_call_format
 from zserve.http_proc.openai_formatter import OpenAIFormatter
-from zserve.http_proc.openai_protocol import ChatCompletionRequest
+from zserve.http_proc.openai_protocol import ChatCompletionRequest, with_tool_markup
 from zserve.http_proc.request_group import ChoiceEvent
 from zserve.http_proc.tool_call_parser import SCANNERS, ToolCallParser
 from zserve.http_proc.tool_choice import ForcedToolChoice
@@ -183,6 +183,10 @@ def test_mistral_keeps_its_special_tokens_in_the_text():
     """[TOOL_CALLS] and [ARGS] are special tokens: the route asks for them (skip_special_tokens false)."""
     assert ToolCallParser("mistral").needs_special_tokens
     assert not any(ToolCallParser(kind).needs_special_tokens for kind in TOOL_CALL_FORMATS if kind != "mistral")
+    body = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "n": 2})
+    subs = body.sub_requests()  # what the chat route and the /v1/responses, /v1/messages translations send
+    assert all(s.sampling["skip_special_tokens"] is False for s in with_tool_markup(subs, ToolCallParser("mistral")))
+    assert with_tool_markup(subs, ToolCallParser("hermes")) == subs and with_tool_markup(subs, None) == subs
 
 
 @pytest.mark.parametrize(("tool_choice", "text", "calls"), [

@@ -140,7 +140,8 @@ SWITCHES = [(name, switch, value) for name, spec in FLAG_SPECS.items() for switc
 
 @pytest.mark.parametrize(("name", "switch", "value"), SWITCHES, ids=[s for _, s, _ in SWITCHES])
 def test_every_switch_sets_its_value(name, switch, value):
-    start = [] if isinstance(value, bool) else [flag_of(name), "3"]
+    first = FLAG_SPECS[name].choices[0] if FLAG_SPECS[name].choices else "3"  # a value the switch then overrides
+    start = [] if isinstance(value, bool) else [flag_of(name), first]
     assert getattr(parse_config([*start, switch]), name) == value
 
 

@@ -109,6 +109,9 @@ def assert_refused(proc: subprocess.CompletedProcess, elapsed_s: float, tmp_path
         (["--chat-template", "/no/such/template.jinja"], "--chat-template /no/such/template.jinja: [Errno 2] No such file"),
         (["--gemm-backend", "zserve_dot"], "--gemm-backend zserve_dot multiplies int8 weights by int8 activations: it needs --quantization int8"),
         (["--quantization", "gguf"], "--quantization gguf keeps a GGUF file's matrices as stored: --model "),
+        (["--pooler-config", '{"pooling_type": "MEAN"}'], "--pooler-config sets an embedding server's pooling: it needs --task embed"),
+        (["--task", "embed", "--pooler-config", '{"pooling_type": "MAX"}'], "--task embed: --pooler-config: pooling_type must be one of"),
+        (["--runner", "classify"], "argument --runner: invalid choice: 'classify'"),
     ],
 )
 def test_bad_flag_is_refused_in_one_line_before_anything_starts(model_dir, tmp_path, flags, needle):

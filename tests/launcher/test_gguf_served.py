@@ -54,8 +54,12 @@ def demo_server(tmp_path_factory):
 def test_demo_q4_1_answers_paris(demo_server):
     """The chat template and the EOS come from the GGUF metadata; in bf16 on a CPU with the int8 x
     int8 kernel, `--quantization auto` keeps the Q4_1 and Q8_0 blocks as stored (else dequantizes)."""
+    # not the bare "What is the capital of France?": its first token wins by 0.08 logits in fp32 ("The" over "L"),
+    # under one bf16 step at 25, so a batch that happens to hold the health probe too may flip it; asked this way
+    # every token of "The capital of France is Paris" wins by 1.48 logits or more
+    question = "What is the capital of France? Answer in one sentence."
     with Client(demo_server.port, timeout_s=120) as c:
-        out = c.generate(messages=[{"role": "user", "content": "What is the capital of France?"}], max_tokens=20, temperature=0)
+        out = c.generate(messages=[{"role": "user", "content": question}], max_tokens=20, temperature=0)
     assert out.text.startswith("The capital of France is Paris"), out.text
     log = demo_server.log()
     native = "Q4_1 tensors: matrices kept as stored for --quantization gguf (4-bit codes)" in log
