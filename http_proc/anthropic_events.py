@@ -21,6 +21,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from zserve.http_proc.anthropic_error import anthropic_error_body
+from zserve.http_proc.api_error import ApiError
+
 STOP_REASONS = {"tool_calls": "tool_use", "length": "max_tokens"}  # anything else: end_turn (or stop_sequence)
 
 
@@ -104,6 +107,10 @@ class MessagesStream:
             if choice.get("finish_reason") is not None:
                 self.finish_reason = choice["finish_reason"]
         return events
+
+    def error_event(self, error: ApiError) -> dict[str, Any]:
+        """A failure mid-stream: Anthropic's error event."""
+        return anthropic_error_body(error.status, error.message)
 
     def closing(self) -> list[dict[str, Any]]:
         stop = matched_stop(self.held, self.finish_reason, self.envelope.stop_sequences)

@@ -8,8 +8,7 @@ API key may come as `x-api-key`, as the anthropic SDK sends it (request_gate.py)
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -18,13 +17,12 @@ from starlette.routing import Route
 from zserve.http_proc.anthropic_error import anthropic_error_body
 from zserve.http_proc.anthropic_events import MessageEnvelope, MessagesStream
 from zserve.http_proc.anthropic_protocol import MessagesRequest
-from zserve.http_proc.api_error import ApiError
-from zserve.http_proc.chat_call import ChatCall
+from zserve.http_proc.chat_call import ChatCall, translated_events
 from zserve.http_proc.http_state import HttpState
 from zserve.http_proc.openai_protocol import parse_body
 from zserve.http_proc.refused_fields import refuse_unhonoured
 from zserve.http_proc.response_guard import guarded, guarded_stream
-from zserve.http_proc.sse_response import SseResponse, named_sse
+from zserve.http_proc.sse_response import SseResponse
 
 ROUTE = "/v1/messages"
 COUNT_ROUTE = "/v1/messages/count_tokens"
@@ -64,26 +62,8 @@ async def serve_messages(state: HttpState, request: Request) -> Response | SseRe
     if not body.stream:
         return JSONResponse(envelope.from_chat(await call.answer()), headers=call.headers)
     chunks, events = await call.open_stream()
-    return SseResponse(guarded_stream(state, message_events(state, envelope, chunks), events), call.headers)
-
-
-async def message_events(
-    state: HttpState, envelope: MessageEnvelope, chunks: AsyncIterator[dict[str, Any]],
-) -> AsyncIterator[bytes]:
-    stream = MessagesStream(envelope)
-    for event in stream.opening():
-        yield named_sse(event)
-    try:
-        async for chunk in chunks:
-            for event in stream.feed(chunk):
-                yield named_sse(event)
-    except Exception as exc:  # Anthropic's error event (guarded_stream would send the OpenAI shape)
-        error = ApiError.from_client_error(exc)
-        state.metrics.count_failed(error.status)
-        yield named_sse(anthropic_error_body(error.status, error.message))
-        return
-    for event in stream.closing():
-        yield named_sse(event)
+    api_events = translated_events(state, MessagesStream(envelope), chunks)
+    return SseResponse(guarded_stream(state, api_events, events), call.headers)
 
 
 async def serve_count_tokens(state: HttpState, request: Request) -> Response:

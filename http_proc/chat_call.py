@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 from starlette.requests import Request
@@ -24,6 +24,7 @@ from zserve.http_proc.http_state import HttpState
 from zserve.http_proc.openai_formatter import OpenAIFormatter
 from zserve.http_proc.openai_protocol import ChatCompletionRequest, SubRequest, with_tool_markup
 from zserve.http_proc.request_group import ChoiceEvent, RequestGroup
+from zserve.http_proc.sse_response import named_sse
 
 SSE_PREFIX = b"data: "
 
@@ -91,3 +92,32 @@ def chunk_dict(sse_bytes: bytes) -> dict[str, Any]:
     """A chat stream's SSE chunk (`data: {...}`) as its JSON object."""
     assert sse_bytes.startswith(SSE_PREFIX), sse_bytes[:40]
     return json.loads(sse_bytes[len(SSE_PREFIX):])
+
+
+class TranslatedStream(Protocol):
+    """An API's events made from the chat stream's chunks (responses_events.py, anthropic_events.py)."""
+
+    def opening(self) -> list[dict[str, Any]]: ...
+    def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]: ...
+    def closing(self) -> list[dict[str, Any]]: ...
+    def error_event(self, error: ApiError) -> dict[str, Any]: ...
+
+
+async def translated_events(
+    state: HttpState, stream: TranslatedStream, chunks: AsyncIterator[dict[str, Any]],
+) -> AsyncIterator[bytes]:
+    """`stream`'s events as named SSE: its opening, one batch per chat chunk, its closing; a failure mid-stream
+    is the API's own error event (guarded_stream would send the chat's shape)."""
+    for event in stream.opening():
+        yield named_sse(event)
+    try:
+        async for chunk in chunks:
+            for event in stream.feed(chunk):
+                yield named_sse(event)
+    except Exception as exc:  # any failure becomes the API's error event, counted
+        error = ApiError.from_client_error(exc)
+        state.metrics.count_failed(error.status)
+        yield named_sse(stream.error_event(error))
+        return
+    for event in stream.closing():
+        yield named_sse(event)

@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from zserve.http_proc.api_error import ApiError
 from zserve.http_proc.responses_protocol import ResponsesRequest
 
 
@@ -159,6 +160,10 @@ class ResponsesStream:
         done = self.envelope.response("completed", output, response_usage(self.usage), self.finish_reason)
         kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
         return [*events, self.event(kind, response=done)]
+
+    def error_event(self, error: ApiError) -> dict[str, Any]:
+        """A failure mid-stream: the Responses API's error event."""
+        return self.event("error", code=error.code, message=error.message, param=error.param)
 
     # ---- pieces ------------------------------------------------------------------------------
 

@@ -4,22 +4,18 @@ mid-stream is an `error` event."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Any
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from zserve.http_proc.api_error import ApiError
-from zserve.http_proc.chat_call import ChatCall
+from zserve.http_proc.chat_call import ChatCall, translated_events
 from zserve.http_proc.http_state import HttpState
 from zserve.http_proc.openai_protocol import parse_body
 from zserve.http_proc.refused_fields import refuse_unhonoured
 from zserve.http_proc.response_guard import guarded, guarded_stream
 from zserve.http_proc.responses_events import ResponseEnvelope, ResponsesStream
 from zserve.http_proc.responses_protocol import ResponsesRequest
-from zserve.http_proc.sse_response import SseResponse, named_sse
+from zserve.http_proc.sse_response import SseResponse
 
 ROUTE = "/v1/responses"
 
@@ -40,23 +36,7 @@ async def serve_responses(state: HttpState, request: Request) -> Response | SseR
     if not body.stream:
         return JSONResponse(envelope.from_chat(await call.answer()), headers=call.headers)
     chunks, events = await call.open_stream()
-    return SseResponse(guarded_stream(state, response_events(state, envelope, chunks), events), call.headers)
+    api_events = translated_events(state, ResponsesStream(envelope), chunks)
+    return SseResponse(guarded_stream(state, api_events, events), call.headers)
 
 
-async def response_events(
-    state: HttpState, envelope: ResponseEnvelope, chunks: AsyncIterator[dict[str, Any]],
-) -> AsyncIterator[bytes]:
-    stream = ResponsesStream(envelope)
-    for event in stream.opening():
-        yield named_sse(event)
-    try:
-        async for chunk in chunks:
-            for event in stream.feed(chunk):
-                yield named_sse(event)
-    except Exception as exc:  # the Responses API's error event (guarded_stream would send the chat shape)
-        error = ApiError.from_client_error(exc)
-        state.metrics.count_failed(error.status)
-        yield named_sse(stream.event("error", code=error.code, message=error.message, param=error.param))
-        return
-    for event in stream.closing():
-        yield named_sse(event)
