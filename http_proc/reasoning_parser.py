@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-THINK_OPEN = "<think>"
-THINK_CLOSE = "</think>"
+from zserve.common.think_markers import THINK_CLOSE, THINK_OPEN
+
 REASONING_PARSERS = ("qwen3", "deepseek-r1")
 
 

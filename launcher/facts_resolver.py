@@ -9,8 +9,8 @@ from zserve.common.model_config import ModelConfig
 from zserve.common.model_facts import ModelFacts
 from zserve.common.pooling import Pooling
 from zserve.common.server_config import ServerConfig
+from zserve.common.think_markers import THINK_CLOSE
 from zserve.common.tool_call_format import template_tool_call_format
-from zserve.http_proc.reasoning_parser import THINK_CLOSE
 from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
 
