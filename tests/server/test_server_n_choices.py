@@ -82,7 +82,8 @@ def test_a_failed_batch_aborts_the_rest_and_leaves_nothing_queued(server):
             c.results(req_ids)
         assert not c._core.requests
         after = wait_idle(c)
-        assert after["num_aborted"] - before["num_aborted"] == 2
+        ended = {key: after[key] - before[key] for key in ("num_aborted", "num_finished")}  # "long": see below
+        assert ended["num_aborted"] + ended["num_finished"] == 2 and ended["num_aborted"] >= 1, ended
         with pytest.raises(InvalidRequestError, match="surrogate"):  # msgpack cannot carry it: refused in the client
             c.submit_all([{"prompt": "sent first"}, {"prompt": "lone \ud800"}], max_tokens=400, ignore_eos=True)
         assert not c._core.requests
@@ -110,4 +111,7 @@ def test_a_failed_async_batch_cancels_the_other_reads_and_aborts_them(server):
         before = wait_idle(c)
         asyncio.run(failed_batch())
         after = wait_idle(c)
-    assert after["num_aborted"] - before["num_aborted"] == 2
+    # both sent requests ended, and "sent first" (aborted as its batch failed to encode) surely by the abort; the
+    # "long one" too, unless a loaded machine let its 400 tokens finish before the client's abort arrived
+    ended = {key: after[key] - before[key] for key in ("num_aborted", "num_finished")}
+    assert ended["num_aborted"] + ended["num_finished"] == 2 and ended["num_aborted"] >= 1, ended
