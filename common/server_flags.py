@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from zserve.common.cpu_isa_level import CPU_ISA_ENV, LEVELS
-from zserve.common.weight_formats import GEMM_CHOICES, QUANTIZATION_CHOICES
+from zserve.common.weight_formats import GEMM_CHOICES, QUANTIZATION_CHOICES, WEIGHT_COPY_CHOICES
 
 
 @dataclass(frozen=True)
@@ -320,6 +320,17 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         'falls back to the next (model_proc/layers/weight_kernels/); default $ZSERVE_GEMM when set',
         choices=GEMM_CHOICES,
         env='ZSERVE_GEMM',
+        peer_note='none',
+    ),
+    'gemm_weight_copy': FlagSpec(
+        'a second copy of the linear weights, in bf16 for oneDNN, for products of many rows (prefill '
+        'chunks, large batches; AMX tiles where the CPU has them), beside zserve\'s layout for few rows: auto '
+        '(kept while it fits a quarter of the memory free after loading, and not beside the codes of a file '
+        'that stores its weights quantized: GGUF, AWQ, GPTQ), on (kept; the crossover is still measured), or '
+        'off (one copy) (model_proc/layers/weight_kernels/weight_copy_policy.py); default $ZSERVE_GEMM_WEIGHT_COPY '
+        'when set',
+        choices=WEIGHT_COPY_CHOICES,
+        env='ZSERVE_GEMM_WEIGHT_COPY',
         peer_note='none',
     ),
     'attention_backend': FlagSpec(

@@ -170,6 +170,13 @@ class GGUFCheckpoint(Checkpoint):
     def _index(self) -> dict[str, str]:
         return dict.fromkeys(self._tensors, self.gguf_file.name)
 
+    def file_bytes_by_type(self) -> dict[str, int]:
+        """Bytes of the file's tensors by GGML type ("Q4_K", "F32", ...)."""
+        totals: dict[str, int] = {}
+        for t in self._reader.tensors:
+            totals[t.tensor_type.name] = totals.get(t.tensor_type.name, 0) + int(t.n_bytes)
+        return totals
+
     def _log_types(self) -> None:
         float_types = {"F32", "F16", "BF16"}
         counts = Counter(t.tensor_type.name for t in self._tensors.values())

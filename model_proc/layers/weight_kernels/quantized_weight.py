@@ -21,6 +21,9 @@ from zserve.model_proc.layers.int4_weights import common_format
 
 class QuantizedWeight(Protocol):
     @property
+    def in_features(self) -> int: ...
+
+    @property
     def out_features(self) -> int: ...
 
     def dequantize(self) -> torch.Tensor:
@@ -33,6 +36,16 @@ def split_loaded(loaded: torch.Tensor | QuantizedWeight) -> tuple[torch.Tensor, 
     if isinstance(loaded, torch.Tensor):
         return loaded, None
     return loaded.dequantize().t(), loaded
+
+
+def on_device(weight: QuantizedWeight, device: torch.device) -> QuantizedWeight:
+    """`weight` with its tensors on `device` (itself where they are)."""
+    moved = {
+        f.name: value.to(device)
+        for f in fields(weight)
+        if isinstance(value := getattr(weight, f.name), torch.Tensor) and value.device != device
+    }
+    return replace(weight, **moved) if moved else weight
 
 
 def join_columns(parts: Sequence[tuple[int, QuantizedWeight]], out_features: int) -> QuantizedWeight | None:

@@ -56,7 +56,12 @@ class RowSplitInt8Kernel(Int8Kernel):
     def one_copy(self) -> WeightKernel:
         return ZserveInt8DotKernel(self.group_size, self.weight_bits)
 
-    def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
+    def takes_stored(self, stored: QuantizedWeight) -> bool:
+        return ZserveInt8DotKernel(self.group_size, self.weight_bits).takes_stored(stored)
+
+    def pack(
+        self, plain: torch.Tensor | None, bias: torch.Tensor | None, stored: QuantizedWeight | None
+    ) -> PackedWeight:
         few_kernel = ZserveInt8DotKernel(self.group_size, self.weight_bits)
         weight = few_kernel.dot_weight(plain, stored)
         few = few_kernel.pack(plain, bias, weight)
