@@ -41,11 +41,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zserve.common.gguf_file_check import open_checked_reader
 from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
 from zserve.common.gguf_source import gguf_source
 from zserve.model_proc.checkpoint import Checkpoint
 from zserve.model_proc.gguf_blocks import STORED_TYPES, decode
-from zserve.model_proc.gguf_file_check import open_checked_reader
 from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_weights import Int8Weight
 from zserve.model_proc.layers.sparse_moe import MoeNames

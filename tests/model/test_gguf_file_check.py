@@ -1,4 +1,4 @@
-"""model_proc/gguf_file_check.py: a valid GGUF passes; a truncated file, a tensor-info offset that
+"""common/gguf_file_check.py: a valid GGUF passes; a truncated file, a tensor-info offset that
 lies, and a type id patched to a wrong, unread or unknown type are each refused with one line (a
 ValueError naming the file and the tensor), before gguf.GGUFReader could crash or read the wrong
 bytes; GGUFCheckpoint refuses such a file the same way.
@@ -18,9 +18,9 @@ import pytest
 from testing.cache_dirs import private_cache_dir
 from testing.gguf_fixtures import write_gguf
 from testing.model_fixtures import make_tiny_checkpoint
+from zserve.common.gguf_file_check import check_gguf_file, open_checked_reader
 from zserve.launcher.gguf_model_dir import gguf_model_dir
 from zserve.model_proc.gguf_checkpoint import GGUFCheckpoint
-from zserve.model_proc.gguf_file_check import check_gguf_file, open_checked_reader
 
 TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "I32": 26}
 

@@ -12,6 +12,9 @@ Every read is bounds-checked against the file's size. Per tensor: the type is on
 reads (KNOWN_TYPES); every dim is positive and the innermost a multiple of the type's block; the
 offset is aligned; the bytes lie within the file and overlap no other tensor's (a declared type
 whose byte count does not match the layout overlaps its neighbour or runs past the end).
+
+No torch here (common/): the model worker opens its file through `open_checked_reader`
+(model_proc/gguf_checkpoint.py), and the launcher, which may not import model_proc, can check one too.
 """
 
 from __future__ import annotations
