@@ -41,6 +41,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from zserve.common.gguf_file_check import open_checked_reader
 from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
 from zserve.common.gguf_source import gguf_source
 from zserve.model_proc.checkpoint import Checkpoint
@@ -151,7 +152,7 @@ class GGUFCheckpoint(Checkpoint):
 
         self.gguf_file, self.quantization = gguf_file, quantization
         self._gguf = gguf
-        self._reader = gguf.GGUFReader(str(gguf_file))
+        self._reader = open_checked_reader(gguf_file)  # a truncated or lying file: one ValueError
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
         moe_names = MixtralForCausalLM.names if config.get("architectures") == ["MixtralForCausalLM"] else MoeNames()
         field = self._reader.fields.get("general.architecture")
