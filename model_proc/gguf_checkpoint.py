@@ -23,10 +23,11 @@ slice the floats, group size 32), and the linear layer or LM head packs those va
 quantizing its float weight again. A TP column slice through a block is read as floats. Without
 it (--quantization none), Q8_0 is dequantized like any other type.
 
---quantization gguf keeps every matrix of a type in gguf_blocks.STORED_TYPES as stored (Q8_0, Q5_0, Q5_1,
-Q4_0, Q4_1, Q4_K, Q5_K, Q6_K: 4-bit codes as an `Int4Weight`, the others as int8 codes with
-their scales and offsets, `Int8Weight`), un-permuted and sliced as `read` slices the floats; a
-matrix of another type (F16, Q5_0, ...) comes as floats and the kernel quantizes it to int8.
+--quantization gguf keeps every matrix of a type in gguf_blocks.STORED_TYPES as stored (Q8_0, Q4_0,
+Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: 4-bit codes as an `Int4Weight`, the
+others as int8 codes with their scales and offsets, `Int8Weight`; the table's `code_bits`),
+un-permuted and sliced as `read` slices the floats; a matrix of another type (F16, IQ2_XXS, ...)
+comes as floats and the kernel quantizes it to int8.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from zserve.common.gguf_file_check import open_checked_reader
 from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
 from zserve.common.gguf_source import gguf_source
 from zserve.model_proc.checkpoint import Checkpoint
-from zserve.model_proc.gguf_blocks import STORED_TYPES, decode
+from zserve.model_proc.gguf_blocks import STORED_TYPES, block_type, decode
 from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_weights import Int8Weight
 from zserve.model_proc.layers.sparse_moe import MoeNames
@@ -80,7 +81,6 @@ BLOCK_NAMES_BY_ARCH = {
 BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # rope scaling factors (llama 3's, phi3's longrope): config.json carries them (launcher/gguf_model_dir.py)
 SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
-Q8_0_BLOCK = 32  # values per Q8_0 block (one fp16 scale each), along the input dimension
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # stacked [n_expert, out, in]: MoeNames.projections
 ROUTER_TENSOR = "ffn_gate_inp"
 
@@ -187,7 +187,7 @@ class GGUFCheckpoint(Checkpoint):
             elif type_name in STORED_TYPES and self.quantization == "gguf":
                 logger.info("GGUF %s: %d %s tensors: matrices kept as stored for --quantization gguf (%s), a "
                             "lookup-only embedding dequantized", self.gguf_file.name, n, type_name,
-                            "4-bit codes" if type_name in ("Q4_0", "Q4_1", "Q4_K") else "int8 codes")
+                            "4-bit codes" if block_type(type_name).code_bits == 4 else "int8 codes")
             elif type_name == "Q8_0" and self.quantization == "int8":
                 logger.info("GGUF %s: %d Q8_0 tensors: matrices kept as stored for --quantization int8 (int8 values, "
                             "a scale per 32 input rows), a lookup-only embedding dequantized", self.gguf_file.name, n)
@@ -208,10 +208,8 @@ class GGUFCheckpoint(Checkpoint):
         """A Q8_0 matrix's q (int8 [out, in]) and d (float32 [out, in / 32]), rows un-permuted."""
         t = self._tensors[name]
         rows, cols = (int(d) for d in reversed(t.shape))
-        blocks = np.array(t.data).reshape(rows, cols // Q8_0_BLOCK, 2 + Q8_0_BLOCK)  # per block: fp16 d, then 32 int8
-        d = torch.from_numpy(np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0].astype(np.float32))
-        q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(rows, cols))
-        return self._unpermute(name, q), self._unpermute(name, d)
+        blocks = decode("Q8_0", np.array(t.data), rows, cols)
+        return self._unpermute(name, blocks.codes), self._unpermute(name, blocks.scales)
 
     def _full_tensor(self, name: str) -> torch.Tensor:
         t = self._tensors[name]
@@ -304,10 +302,11 @@ class GGUFCheckpoint(Checkpoint):
         blocks: read as floats)."""
         q, d = self._q8_0_parts(name)
         self._check_shape(name, tuple(q.shape), expected_shape)
+        g = block_type("Q8_0").group_size
         r0, r1 = rows or (0, q.shape[0])
         c0, c1 = cols or (0, q.shape[1])
-        if c0 % Q8_0_BLOCK or (c1 % Q8_0_BLOCK and c1 != q.shape[1]):
+        if c0 % g or (c1 % g and c1 != q.shape[1]):
             return None
         self._progress.update(1)
-        blocks = slice(c0 // Q8_0_BLOCK, -(-c1 // Q8_0_BLOCK))
-        return Int8Weight(q=q[r0:r1, c0:c1].t(), scales=d[r0:r1, blocks].t(), group_size=Q8_0_BLOCK)
+        blocks = slice(c0 // g, -(-c1 // g))
+        return Int8Weight(q=q[r0:r1, c0:c1].t(), scales=d[r0:r1, blocks].t(), group_size=g)
