@@ -58,6 +58,7 @@ class GGUFLayout:
     data_start: int  # the data section's first byte
     alignment: int
     file_size: int
+    strings: dict[str, str]  # the metadata's string values by key (arrays are skipped, not read)
 
 
 class _Cursor:
@@ -114,18 +115,20 @@ def read_layout(gguf_file: Path) -> GGUFLayout:
             if version not in (2, 3):
                 raise GGUFFormatError(f"{where}: GGUF version {version} is not 2 or 3")
             num_tensors, num_kv = cur.u64("tensor count"), cur.u64("key/value count")
-            alignment = DEFAULT_ALIGNMENT
+            alignment, strings = DEFAULT_ALIGNMENT, {}
             for _ in range(num_kv):
                 key = cur.string("a metadata key")
                 value_type = cur.u32(key)
                 if key == "general.alignment" and value_type == UINT32_TYPE:
                     alignment = cur.u32(key)
+                elif value_type == STRING_TYPE:
+                    strings[key] = cur.string(key)
                 else:
                     cur.skip_value(value_type, key)
             if alignment <= 0 or alignment & (alignment - 1):
                 raise GGUFFormatError(f"{where}: general.alignment {alignment} is not a power of two")
             infos = [_tensor_info(cur) for _ in range(num_tensors)]
-            return GGUFLayout(infos, -(-cur.pos // alignment) * alignment, alignment, size)
+            return GGUFLayout(infos, -(-cur.pos // alignment) * alignment, alignment, size, strings)
 
 
 def _tensor_info(cur: _Cursor) -> TensorInfo:
@@ -137,9 +140,9 @@ def _tensor_info(cur: _Cursor) -> TensorInfo:
     return TensorInfo(name, dims, cur.u32(f"tensor {name!r}'s type"), cur.u64(f"tensor {name!r}'s offset"))
 
 
-def check_gguf_file(gguf_file: str | Path) -> None:
+def check_gguf_file(gguf_file: str | Path) -> GGUFLayout:
     """Raise GGUFFormatError (a ValueError, one line) if a tensor of `gguf_file` is not what the
-    loader can read from where the header says it is."""
+    loader can read from where the header says it is; else the layout, checked."""
     import gguf
 
     gguf_file = Path(gguf_file)
@@ -173,6 +176,11 @@ def check_gguf_file(gguf_file: str | Path) -> None:
         if end > next_start:
             raise GGUFFormatError(f"{gguf_file}: tensor {name!r} ({type_name}) overlaps tensor {next_name!r}: "
                                   f"its declared type or shape does not match the file's layout")
+    names = [t.name for t in layout.tensors]
+    if len(set(names)) != len(names):
+        duplicate = next(name for name in names if names.count(name) > 1)
+        raise GGUFFormatError(f"{gguf_file}: tensor {duplicate!r} is duplicated in the header")
+    return layout
 
 
 def open_checked_reader(gguf_file: str | Path):

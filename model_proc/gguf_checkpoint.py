@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,13 +43,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zserve.common.gguf_file_check import open_checked_reader
 from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
 from zserve.common.gguf_source import gguf_source
 from zserve.model_proc.checkpoint import Checkpoint
 from zserve.model_proc.gguf_blocks import STORED_TYPES, block_type, decode
+from zserve.model_proc.gguf_file import GGUFFile
+from zserve.model_proc.kernels.cpu_kernels import load_gguf_pack
 from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_weights import Int8Weight
+from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.layers.sparse_moe import MoeNames
 from zserve.model_proc.models.moe import MixtralForCausalLM
 
@@ -152,15 +155,14 @@ class GGUFCheckpoint(Checkpoint):
 
         self.gguf_file, self.quantization = gguf_file, quantization
         self._gguf = gguf
-        self._reader = open_checked_reader(gguf_file)  # a truncated or lying file: one ValueError
+        self._file = GGUFFile(gguf_file)  # a truncated or lying file: one ValueError naming the tensor
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
         moe_names = MixtralForCausalLM.names if config.get("architectures") == ["MixtralForCausalLM"] else MoeNames()
-        field = self._reader.fields.get("general.architecture")
-        self.architecture = str(field.contents()) if field is not None else ""
+        self.architecture = self._file.strings.get("general.architecture", "")
         self._gemma = self.architecture in GEMMA_GGUF_ARCHITECTURES  # norms stored as 1 + w (common/gguf_gemma.py)
         block_names = BLOCK_NAMES_BY_ARCH.get(self.architecture, GGUF_TO_HF)
         self._tensors = {}
-        for t in self._reader.tensors:
+        for t in self._file.tensors:
             self._tensors.update(moe_tensors(t, moe_names) or {hf_name(t.name, block_names): t})
         self._tensors.pop(None, None)
         self._num_heads = int(config["num_attention_heads"])
@@ -174,7 +176,7 @@ class GGUFCheckpoint(Checkpoint):
     def file_bytes_by_type(self) -> dict[str, int]:
         """Bytes of the file's tensors by GGML type ("Q4_K", "F32", ...)."""
         totals: dict[str, int] = {}
-        for t in self._reader.tensors:
+        for t in self._file.tensors:
             totals[t.tensor_type.name] = totals.get(t.tensor_type.name, 0) + int(t.n_bytes)
         return totals
 
@@ -222,6 +224,7 @@ class GGUFCheckpoint(Checkpoint):
             tensor = tensor.reshape(*raw.shape[:-1], -1)
         else:
             tensor = torch.from_numpy(self._gguf.quants.dequantize(t.data, t.tensor_type))
+        self._file.release(t.data)  # copied or dequantized above: the file's pages are not needed again
         tensor = tensor.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGML lists dims innermost first
         if self._gemma and is_shifted_norm(name):
             tensor = tensor - NORM_SHIFT  # exact in fp32 for stored values in [0.5, 2] (Sterbenz)
@@ -265,8 +268,33 @@ class GGUFCheckpoint(Checkpoint):
         if self.quantization == "int8" and t.tensor_type == self._gguf.GGMLQuantizationType.Q8_0:
             return self._q8_0_weight(name, expected_shape, rows, cols)
         if self.quantization == "gguf" and t.tensor_type.name in STORED_TYPES:
-            return self._decoded_weight(name, expected_shape, rows, cols)
+            packed = self._packed_weight(name, expected_shape, rows, cols)
+            return packed if packed is not None else self._decoded_weight(name, expected_shape, rows, cols)
         return None
+
+    def _packed_weight(
+        self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
+    ) -> PackedBlocks | None:
+        """Rows r0..r1 of a matrix (every column) packed by kernels/gguf_pack.cpp straight from the
+        file into the int8 x int8 GEMM's layout, un-permuted, its file pages released; None where
+        that op is not built or does not know the type, or for a slice of the columns."""
+        t = self._tensors[name]
+        out_features, in_features = (int(d) for d in reversed(t.shape))
+        gguf_pack = load_gguf_pack()
+        if gguf_pack is None or not torch.ops.zserve.gguf_pack_supports(t.tensor_type.name):
+            return None
+        if cols is not None and tuple(cols) != (0, in_features):
+            return None
+        self._check_shape(name, (out_features, in_features), expected_shape)
+        r0, r1 = rows or (0, out_features)
+        row_ids = self._unpermute(name, torch.arange(out_features))[r0:r1].contiguous()
+        with warnings.catch_warnings():  # the map is read-only; gguf_pack only reads it
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            raw = torch.from_numpy(t.data)
+        values, scales, offsets, bits, group = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
+        self._file.release(t.data)
+        self._progress.update(1)
+        return PackedBlocks(values, scales, offsets if offsets.numel() else None, bits, group, in_features, r1 - r0)
 
     def _decoded_weight(
         self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None

@@ -26,6 +26,7 @@ from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8, load_gemm_int8
 from zserve.model_proc.layers.int4_weights import INT4_GROUP_SIZE, Int4Weight
 from zserve.model_proc.layers.int8_activations import ACT_BLOCK, SUM_BLOCK, runs_int8_activations
 from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, Int8Weight, dequantize_int8
+from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.layers.weight_kernels.column_blocks import (
     pack_column_blocks,
     pack_int4_nibbles,
@@ -118,11 +119,16 @@ class ZserveInt8DotKernel(Int8Kernel):
         return stored if isinstance(stored, (Int8Weight, Int4Weight)) else self.quantized(plain)
 
     def takes_stored(self, stored: QuantizedWeight) -> bool:
-        return isinstance(stored, (Int8Weight, Int4Weight))
+        return isinstance(stored, (Int8Weight, Int4Weight, PackedBlocks))
 
     def pack(
         self, plain: torch.Tensor | None, bias: torch.Tensor | None, stored: QuantizedWeight | None
     ) -> PackedWeight:
+        if isinstance(stored, PackedBlocks):  # packed from the file's rows at load (kernels/gguf_pack.cpp)
+            return PackedWeight(
+                stored.values, stored.out_features, padded_bias(bias, stored.values.shape[0]), stored.scales,
+                stored.group_size, offsets=stored.offsets, bits=stored.bits,
+            )
         weight = self.dot_weight(plain, stored)
         in_features, group = weight.in_features, weight.group_size
         if group not in (in_features, SUM_BLOCK) and group % ACT_BLOCK:

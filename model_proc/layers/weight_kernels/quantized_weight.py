@@ -17,6 +17,7 @@ from typing import Protocol
 import torch
 
 from zserve.model_proc.layers.int4_weights import common_format
+from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks, join_blocks
 
 
 class QuantizedWeight(Protocol):
@@ -53,6 +54,10 @@ def join_columns(parts: Sequence[tuple[int, QuantizedWeight]], out_features: int
     unless they cover every column, in order, in one format with the same settings (group size)."""
     if not parts:
         return None
+    packed = join_blocks(parts, out_features)  # pieces already in the GEMM's layout: blocks side by side
+    if packed is not None:
+        return packed
+    parts = [(col, part.unpacked() if isinstance(part, PackedBlocks) else part) for col, part in parts]
     common = common_format([part for _, part in parts])
     if common is not None:
         parts = [(col, part) for (col, _), part in zip(parts, common, strict=True)]
