@@ -16,6 +16,7 @@ from torch import nn
 
 from zserve.model_proc.checkpoint import Checkpoint
 from zserve.model_proc.layers.gemm import GemmWeight
+from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.layers.parallel import all_gather_last_dim, all_reduce, padded_shard_range
 from zserve.model_proc.layers.weight_kernels.quantized_weight import (
     QuantizedWeight,
@@ -33,33 +34,50 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_start, self.vocab_stop, shard_size = padded_shard_range(vocab_size, tp_rank, tp_size)
         shape = (dim, shard_size) if transposed else (shard_size, dim)
         self.weight = nn.Parameter(torch.empty(shape), requires_grad=False)
+        self.dtype = self.weight.dtype
         self.stored: QuantizedWeight | None = None  # tied: the [dim, n] weight as stored quantized, for the LM head
+        # a GGUF table kept in the file's blocks (its columns are the vocab entries): rows decoded at lookup, no
+        # float copy; a tied LM head multiplies by the same codes
+        self.packed_table: PackedBlocks | None = None
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:
             return self._lookup(ids)  # [T] -> [T, dim]
         # ids owned by other ranks look up entry 0 here and are zeroed; the all-reduce fills them in
         owned = (ids >= self.vocab_start) & (ids < self.vocab_stop)
-        out = self._lookup(torch.where(owned, ids - self.vocab_start, 0)) * owned.unsqueeze(-1).to(self.weight.dtype)
+        out = self._lookup(torch.where(owned, ids - self.vocab_start, 0)) * owned.unsqueeze(-1).to(self.dtype)
         return all_reduce(out, self.tp_size)
 
     def _lookup(self, local_ids: torch.Tensor) -> torch.Tensor:
+        if self.packed_table is not None:
+            return self.packed_table.columns(local_ids).to(self.dtype)  # [T] -> [T, dim]
         if self.transposed:
             return self.weight.index_select(1, local_ids).t().contiguous()  # [dim, T] -> [T, dim]
         return F.embedding(local_ids, self.weight)
 
     def load(self, ckpt: Checkpoint, name: str) -> None:
         shape, rows = (self.vocab_size, self.dim), (self.vocab_start, self.vocab_stop)
+        # a table the file stores in blocks the CPU kernels read stays so when this rank's shard has no padding
+        keep_packed = self.vocab_stop - self.vocab_start == self.weight.shape[1 if self.transposed else 0]
+        keep_packed = keep_packed and self.weight.device.type == "cpu"
+        loaded = ckpt.read_weight(name, shape, rows=rows) if self.transposed or keep_packed else ckpt.read(
+            name, shape, rows=rows
+        )
+        if keep_packed and isinstance(loaded, PackedBlocks):
+            ckpt.mark_loaded(self.weight)
+            self.weight, self.packed_table = None, loaded
+            self.stored = loaded if self.transposed else None  # a tied LM head packs the same codes
+            return
+        rows_t, stored = split_loaded(loaded)  # [n, dim] floats (a stored weight's exact values)
         if self.transposed:  # tied: the LM head packs this tensor, as stored where it came quantized
-            rows, self.stored = split_loaded(ckpt.read_weight(name, shape, rows=rows))  # [n, dim]
-        else:  # the lookup alone: floats
-            rows = ckpt.read(name, shape, rows=rows)  # [n, dim]
+            self.stored = stored
         with torch.no_grad():
-            (self.weight.t() if self.transposed else self.weight)[rows.shape[0] :].zero_()  # padding past the vocab
-        ckpt.copy_into(self.weight, rows, name, transposed=self.transposed)
+            (self.weight.t() if self.transposed else self.weight)[rows_t.shape[0] :].zero_()  # padding past the vocab
+        ckpt.copy_into(self.weight, rows_t, name, transposed=self.transposed)
 
     def take_stored(self) -> QuantizedWeight | None:
-        """The weight as stored quantized, handed over once (to the tied LM head, which packs it)."""
+        """The weight as stored quantized, handed over once (to the tied LM head, which packs it; a
+        packed table stays here too, shared)."""
         stored, self.stored = self.stored, None
         return stored
 
@@ -85,7 +103,10 @@ class ParallelLMHead(GemmWeight):
             self.weight = None
 
     def plain_weight(self) -> torch.Tensor:
-        return self.tied_to.weight if self.tied_to is not None else super().plain_weight()
+        if self.tied_to is None:
+            return super().plain_weight()
+        assert self.tied_to.weight is not None, "the tied embedding keeps no float table"
+        return self.tied_to.weight
 
     def stored_weight(self) -> QuantizedWeight | None:
         if self.tied_to is None:

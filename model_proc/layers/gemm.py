@@ -38,6 +38,7 @@ class GemmWeight(nn.Module):
     def init_weight(self, in_features: int, out_features: int) -> None:
         self.weight_shape = (in_features, out_features)
         self.weight = nn.Parameter(torch.empty(in_features, out_features), requires_grad=False)  # [in, out]
+        self.weight_device = self.weight.device  # where the packed weight lives (the plain one may never be written)
         self.kernel: WeightKernel = TorchKernel()
         self.packed: PackedWeight | None = None
         self.stored_parts: list[tuple[int, QuantizedWeight]] = []  # (first column, piece) stored quantized
@@ -101,7 +102,7 @@ class GemmWeight(nn.Module):
             stored = None
         plain = None if stored is not None else self.plain_weight()  # a stored weight run as it is: never written
         if stored is not None:
-            stored = on_device(stored, self.plain_weight().device)
+            stored = on_device(stored, self.weight_device)
         self.packed = kernel.pack(plain, getattr(self, "bias", None), stored)
         self.kernel = kernel
         values = self.packed.values

@@ -56,6 +56,21 @@ class PackedBlocks:
         """float32 [K, N]: C * S + O, the weight this stands for."""
         return self.unpacked().dequantize()
 
+    def columns(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 [T, K]: columns `ids` (int64 [T]) of the weight, decoded as `dequantize` decodes
+        them (C * S, then + O, in fp32): an embedding table's rows, looked up without a float copy."""
+        block, col = ids // BLOCK_COLS, ids % BLOCK_COLS
+        picked = self.values[block, :, col, :]  # [T, K / 8 or K / 4, 4]
+        num_ids, k = ids.shape[0], self.in_features
+        if self.bits == 4:  # bytes (p, i): k = 8p + i low, 8p + 4 + i high
+            codes = torch.stack([picked & 0x0F, picked >> 4], dim=2).reshape(num_ids, k)
+        else:
+            codes = picked.reshape(num_ids, k).to(torch.int16) - 128
+        values = codes.float() * self.scales[block, :, col].repeat_interleave(self.group_size, dim=1)
+        if self.offsets is not None:
+            values = values + self.offsets[block, :, col].repeat_interleave(self.group_size, dim=1)
+        return values
+
 
 def join_blocks(parts: Sequence[tuple[int, object]], out_features: int) -> PackedBlocks | None:
     """The pieces side by side as one PackedBlocks, when they are all PackedBlocks of one format,

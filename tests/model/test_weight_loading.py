@@ -67,6 +67,13 @@ def test_stored_matrices_are_never_dequantized_into_the_dtype(tmp_path, dequanti
     assert all(m.weight is None and m.packed is not None and m.packed.bits in (4, 8) for m in layers)
     tied = kind == "llama_tied"
     assert f"({int(tied)} after loading)" in caplog.text  # all packed as they loaded, but a tied LM head
+    embed, head = runner.model.embed_tokens, runner.model.lm_head
+    # the lookup table stays in the file's blocks (no float copy); a tied LM head multiplies by the same codes
+    assert embed.weight is None and embed.packed_table is not None
+    assert (embed.packed_table.values.data_ptr() == head.packed.values.data_ptr()) == tied
+    ids = torch.tensor([0, 5, 17, 255])
+    exact = embed.packed_table.dequantize().t()[ids].to(torch.bfloat16)
+    assert torch.equal(embed(ids), exact)
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama_tied"])
