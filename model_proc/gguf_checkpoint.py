@@ -187,9 +187,9 @@ class GGUFCheckpoint(Checkpoint):
             if type_name in float_types:
                 logger.info("GGUF %s: %d %s tensors read as stored", self.gguf_file.name, n, type_name)
             elif type_name in STORED_TYPES and self.quantization == "gguf":
-                logger.info("GGUF %s: %d %s tensors: matrices kept as stored for --quantization gguf (%s), a "
-                            "lookup-only embedding dequantized", self.gguf_file.name, n, type_name,
-                            "4-bit codes" if block_type(type_name).code_bits == 4 else "int8 codes")
+                logger.info("GGUF %s: %d %s tensors kept as stored for --quantization gguf (%s; an embedding table "
+                            "too, its rows decoded at lookup, where the CPU kernels pack it)", self.gguf_file.name, n,
+                            type_name, "4-bit codes" if block_type(type_name).code_bits == 4 else "int8 codes")
             elif type_name == "Q8_0" and self.quantization == "int8":
                 logger.info("GGUF %s: %d Q8_0 tensors: matrices kept as stored for --quantization int8 (int8 values, "
                             "a scale per 32 input rows), a lookup-only embedding dequantized", self.gguf_file.name, n)
