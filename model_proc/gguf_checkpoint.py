@@ -49,6 +49,7 @@ from zserve.model_proc.checkpoint import Checkpoint
 from zserve.model_proc.gguf_blocks import STORED_TYPES, block_type, decode
 from zserve.model_proc.gguf_file import GGUFFile
 from zserve.model_proc.kernels.cpu_kernels import load_gguf_pack
+from zserve.model_proc.layers.compact_scales import CompactScales
 from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_weights import Int8Weight
 from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
@@ -291,10 +292,11 @@ class GGUFCheckpoint(Checkpoint):
         with warnings.catch_warnings():  # the map is read-only; gguf_pack only reads it
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             raw = torch.from_numpy(t.data)
-        values, scales, offsets, bits, group = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
+        values, *scale_parts, bits, group = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
         self._file.release(t.data)
         self._progress.update(1)
-        return PackedBlocks(values, scales, offsets if offsets.numel() else None, bits, group, in_features, r1 - r0)
+        compact = CompactScales(*(part if part.numel() else None for part in scale_parts))
+        return PackedBlocks(values, compact, bits, group, in_features, r1 - r0)
 
     def _decoded_weight(
         self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None

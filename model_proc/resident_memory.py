@@ -17,6 +17,7 @@ from zserve.model_proc.layers.gemm import GemmWeight
 
 CODE_FORMS = {4: "4-bit codes", 8: "int8 codes"}
 SIDE_FORM = "fp32 scales, offsets and biases"
+COMPACT_FORM = "fp16 x int8 scales and offsets"  # layers/compact_scales.py
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -50,6 +51,8 @@ def resident_bytes_by_form(model: nn.Module, dtype: torch.dtype) -> tuple[dict[s
             count(CODE_FORMS.get(packed.bits, f"{_dtype_name(dtype)} matrices"), packed.values)
             for side in (packed.scales, packed.offsets, packed.bias):
                 count(SIDE_FORM, side)
+            for side in packed.compact.tensors() if packed.compact is not None else ():
+                count(COMPACT_FORM, side)
             if packed.many_rows_values is not None and _storage_key(packed.many_rows_values) not in counted:
                 counted.add(_storage_key(packed.many_rows_values))
                 copy_bytes += _nbytes(packed.many_rows_values)

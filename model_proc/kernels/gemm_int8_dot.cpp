@@ -175,11 +175,53 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, const at::Tens
   return rows;
 }
 
+// One column block's weights. Its scales S (and offsets O) per group of G k: fp32 [NG, 16], or
+// compact (layers/compact_scales.py, a GGUF file's own): S[g] = fp16 super[g / R] * int8 sub[g].
 struct Weights {
   const uint8_t* codes;    // this column block's codes
-  const float* scales;     // [NG, 16]
+  const float* scales;     // [NG, 16], or null (compact)
   const float* offsets;    // [NG, 16] or null
   int64_t G;
+  const c10::Half* scale_supers = nullptr;   // compact: [NG / R, 16]
+  const int8_t* scale_subs = nullptr;        // compact: [NG, 16]
+  const c10::Half* offset_supers = nullptr;  // compact: [NG / R, 16] (the scale supers where they are shared)
+  const int8_t* offset_subs = nullptr;       // compact: [NG, 16], or null (no offsets)
+  int64_t R = 1;                             // compact: groups per super
+
+  bool has_offsets() const { return offsets != nullptr || offset_subs != nullptr; }
+
+  // group g's S (and O) for the block's 16 columns, in fp32: one product each where compact
+  inline void group(int64_t g, vec* scale, vec* offset) const {
+    if (scales != nullptr) {
+      for (int v = 0; v < NV; ++v) scale[v] = vload(scales + g * COLS + v * LANES);
+      if (offsets != nullptr)
+        for (int v = 0; v < NV; ++v) offset[v] = vload(offsets + g * COLS + v * LANES);
+      return;
+    }
+    const int64_t super = g / R;
+    for (int v = 0; v < NV; ++v) scale[v] = vmul(widen(scale_supers + super * COLS + v * LANES), widen(scale_subs + g * COLS + v * LANES));
+    if (offset_subs != nullptr)
+      for (int v = 0; v < NV; ++v)
+        offset[v] = vmul(widen(offset_supers + super * COLS + v * LANES), widen(offset_subs + g * COLS + v * LANES));
+  }
+};
+
+// Where every column block's weights are: `at(b)` is block b's.
+struct WeightLayout {
+  Weights first;  // block 0's
+  int64_t block_bytes, num_groups, num_supers;
+
+  Weights at(int64_t b) const {
+    Weights w = first;
+    w.codes += b * block_bytes;
+    if (w.scales != nullptr) w.scales += b * num_groups * COLS;
+    if (w.offsets != nullptr) w.offsets += b * num_groups * COLS;
+    if (w.scale_supers != nullptr) w.scale_supers += b * num_supers * COLS;
+    if (w.scale_subs != nullptr) w.scale_subs += b * num_groups * COLS;
+    if (w.offset_supers != nullptr) w.offset_supers += b * num_supers * COLS;
+    if (w.offset_subs != nullptr) w.offset_subs += b * num_groups * COLS;
+    return w;
+  }
 };
 
 // ROWS rows of quantized x against one block of 16 columns -> ROWS x 16 fp32 sums. The k range
@@ -221,9 +263,7 @@ inline void dot_block_rows(const int8_t* xq, const float* xs, const int32_t* x_s
     }
     const int64_t g = k0 / w.G, a = k0 / ACT_BLOCK, first_sum = k0 / SUM_BLOCK;
     vec weight_scale[NV], weight_offset[NV];
-    for (int v = 0; v < NV; ++v) weight_scale[v] = vload(w.scales + g * COLS + v * LANES);
-    if (w.offsets != nullptr)
-      for (int v = 0; v < NV; ++v) weight_offset[v] = vload(w.offsets + g * COLS + v * LANES);
+    w.group(g, weight_scale, weight_offset);
     for (int r = 0; r < ROWS; ++r) {
       const float row_scale = xs[r * num_act + a];
       const int32_t* row_sums = x_sums16 + r * num_sums + first_sum;
@@ -231,7 +271,7 @@ inline void dot_block_rows(const int8_t* xq, const float* xs, const int32_t* x_s
       const vec scale = vset1(row_scale);
       const ivec correction = iset1(KIND == Codes::INT8 ? WEIGHT_OFFSET * x_sum : 0);  // VPDPBUSD took C + 128
       for (int v = 0; v < NV; ++v) total[r][v] = vfma(to_float(isub(dot[r][v], correction)), vmul(weight_scale[v], scale), total[r][v]);
-      if (w.offsets != nullptr) {
+      if (w.has_offsets()) {
         const vec scaled_sum = vset1(row_scale * static_cast<float>(x_sum));
         for (int v = 0; v < NV; ++v) total[r][v] = vfma(weight_offset[v], scaled_sum, total[r][v]);
       }
@@ -251,23 +291,20 @@ template <Codes KIND>
 constexpr std::array<DotFn, DOT_ROWS> DOT_FNS = dot_fns<KIND>(std::make_integer_sequence<int, DOT_ROWS>{});  // [rows - 1]
 
 template <typename T, Codes KIND>
-void run(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const float* offsets, int64_t out_features,
-         const float* bias, int64_t G, at::Tensor& out) {
-  const int64_t M = x.size(0), K = x.size(1), num_blocks = codes.size(0), num_groups = scales.size(1);
+void run(const at::Tensor& x, const WeightLayout& layout, int64_t num_blocks, int64_t out_features, const float* bias,
+         at::Tensor& out) {
+  const int64_t M = x.size(0), K = x.size(1);
   const int64_t num_act = K / ACT_BLOCK, num_sums = K / SUM_BLOCK;
-  const int64_t block_bytes = codes.numel() / num_blocks;
   at::Tensor x_f32;
   const QuantizedRows rows = quantize_rows(x_as_f32<T>(x, x_f32), M, K, x.options());
   const int8_t* xq = rows.q.data_ptr<int8_t>();
   const float* xs = rows.scales.data_ptr<float>();
   const int32_t* x_sums16 = rows.sums16.data_ptr<int32_t>();
-  const uint8_t* wp = codes.data_ptr<uint8_t>();
-  const float* sp = scales.data_ptr<float>();
   T* op = reinterpret_cast<T*>(out.data_ptr());
   at::parallel_for(0, num_blocks, 1, [&](int64_t b0, int64_t b1) {
     alignas(64) float sums[DOT_ROWS * COLS];
     for (int64_t b = b0; b < b1; ++b) {
-      const Weights w{wp + b * block_bytes, sp + b * num_groups * COLS, offsets != nullptr ? offsets + b * num_groups * COLS : nullptr, G};
+      const Weights w = layout.at(b);
       const int64_t num_cols = std::min(COLS, out_features - b * COLS);
       for (int64_t m = 0; m < M; m += DOT_ROWS) {
         const int n_rows = static_cast<int>(std::min<int64_t>(DOT_ROWS, M - m));
@@ -279,15 +316,15 @@ void run(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
 }
 
 template <Codes KIND>
-void run_dtype(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const float* offsets, int64_t out_features,
-               const float* bias, int64_t G, at::Tensor& out) {
+void run_dtype(const at::Tensor& x, const WeightLayout& layout, int64_t num_blocks, int64_t out_features, const float* bias,
+               at::Tensor& out) {
   if (x.size(0) == 0) return;
   if (x.scalar_type() == at::kBFloat16) {
-    run<c10::BFloat16, KIND>(x, codes, scales, offsets, out_features, bias, G, out);
+    run<c10::BFloat16, KIND>(x, layout, num_blocks, out_features, bias, out);
   } else if (x.scalar_type() == at::kHalf) {
-    run<c10::Half, KIND>(x, codes, scales, offsets, out_features, bias, G, out);
+    run<c10::Half, KIND>(x, layout, num_blocks, out_features, bias, out);
   } else {
-    run<float, KIND>(x, codes, scales, offsets, out_features, bias, G, out);
+    run<float, KIND>(x, layout, num_blocks, out_features, bias, out);
   }
 }
 #endif
@@ -342,7 +379,54 @@ at::Tensor gemm_dot(const char* name, const at::Tensor& x, const at::Tensor& cod
   const float* bias = checked_bias(name, bias_f32, codes.size(0));
   at::Tensor out = at::empty({x.size(0), out_features}, x.options());
 #if ZSERVE_HAS_GEMM_WIDEN
-  run_dtype<KIND>(x, codes, scales, offset_ptr, out_features, bias, group_size, out);
+  const int64_t num_blocks = codes.size(0);
+  const WeightLayout layout{Weights{codes.data_ptr<uint8_t>(), scales.data_ptr<float>(), offset_ptr, group_size},
+                            codes.numel() / num_blocks, scales.size(1), 0};
+  run_dtype<KIND>(x, layout, num_blocks, out_features, bias, out);
+#endif
+  return out;
+}
+
+// A GGUF file's scales as it keeps them (layers/compact_scales.py): S = fp16 super[g / R] * int8 sub[g],
+// O likewise (offset_supers None: the scale supers; offset_subs None: no offsets).
+at::Tensor gemm_dot_compact(const at::Tensor& x, const at::Tensor& codes, int64_t bits, const at::Tensor& scale_supers,
+                            const at::Tensor& scale_subs, const c10::optional<at::Tensor>& offset_supers,
+                            const c10::optional<at::Tensor>& offset_subs, int64_t out_features,
+                            const c10::optional<at::Tensor>& bias_f32, int64_t group_size) {
+  const char* name = "gemm_dot_compact";
+  TORCH_CHECK(bits == 4 || bits == 8, name, ": bits must be 4 or 8, got ", bits);
+  // the fp32 checks on the subs' shape ([NB, NG, 16]); their dtype checked here
+  const at::Tensor shape_only = at::empty(scale_subs.sizes(), scale_subs.options().dtype(at::kFloat).device(at::kMeta));
+  check_args(name, x, codes, bits == 4 ? 2 * QUAD : QUAD, shape_only, out_features, group_size);
+  const int64_t num_blocks = codes.size(0), num_groups = scale_subs.size(1);
+  TORCH_CHECK(scale_subs.scalar_type() == at::kChar && scale_subs.is_contiguous(), name, ": scale_subs must be contiguous int8");
+  TORCH_CHECK(scale_supers.dim() == 3 && scale_supers.scalar_type() == at::kHalf && scale_supers.is_contiguous() &&
+                  scale_supers.size(0) == num_blocks && scale_supers.size(2) == COLS && scale_supers.size(1) > 0 &&
+                  num_groups % scale_supers.size(1) == 0,
+              name, ": scale_supers must be contiguous fp16 [NB, NG / R, 16]");
+  const int64_t num_supers = scale_supers.size(1);
+  if (offset_supers.has_value())
+    TORCH_CHECK(offset_supers->sizes() == scale_supers.sizes() && offset_supers->scalar_type() == at::kHalf &&
+                    offset_supers->is_contiguous() && offset_subs.has_value(),
+                name, ": offset_supers must be shaped like scale_supers, with offset_subs");
+  if (offset_subs.has_value())
+    TORCH_CHECK(offset_subs->sizes() == scale_subs.sizes() && offset_subs->scalar_type() == at::kChar && offset_subs->is_contiguous(),
+                name, ": offset_subs must be contiguous int8 shaped like scale_subs");
+  const float* bias = checked_bias(name, bias_f32, num_blocks);
+  at::Tensor out = at::empty({x.size(0), out_features}, x.options());
+#if ZSERVE_HAS_GEMM_WIDEN
+  Weights first{codes.data_ptr<uint8_t>(), nullptr, nullptr, group_size};
+  first.scale_supers = reinterpret_cast<const c10::Half*>(scale_supers.data_ptr());
+  first.scale_subs = scale_subs.data_ptr<int8_t>();
+  first.offset_supers = offset_supers.has_value() ? reinterpret_cast<const c10::Half*>(offset_supers->data_ptr()) : first.scale_supers;
+  first.offset_subs = offset_subs.has_value() ? offset_subs->data_ptr<int8_t>() : nullptr;
+  first.R = num_groups / num_supers;
+  const WeightLayout layout{first, codes.numel() / num_blocks, num_groups, num_supers};
+  if (bits == 4) {
+    run_dtype<Codes::NIBBLES>(x, layout, num_blocks, out_features, bias, out);
+  } else {
+    run_dtype<Codes::INT8>(x, layout, num_blocks, out_features, bias, out);
+  }
 #endif
   return out;
 }
@@ -379,5 +463,7 @@ TORCH_LIBRARY_FRAGMENT(zserve, m) {
         &gemm_int8_dot);
   m.def("gemm_int4_dot(Tensor x, Tensor w_nibbles, Tensor scales, Tensor? offsets, int out_features, Tensor? bias_f32, int group_size) -> Tensor",
         &gemm_int4_dot);
+  m.def("gemm_dot_compact(Tensor x, Tensor codes, int bits, Tensor scale_supers, Tensor scale_subs, Tensor? offset_supers, "
+        "Tensor? offset_subs, int out_features, Tensor? bias_f32, int group_size) -> Tensor", &gemm_dot_compact);
   m.def("quantize_activations(Tensor x) -> (Tensor, Tensor, Tensor)", &quantize_activations);
 }

@@ -2,7 +2,8 @@
 // in one pass, without decoding to a [rows, cols] array first (model_proc/gguf_blocks.py is the
 // same decoding in numpy, and the reference the tests hold this to):
 //
-//   zserve::gguf_pack(raw, type_name, row_ids, in_features) -> (values, scales, offsets, bits, group_size)
+//   zserve::gguf_pack(raw, type_name, row_ids, in_features)
+//       -> (values, scale_supers, scale_subs, offset_supers, offset_subs, bits, group_size)
 //
 //   raw          uint8 [R, row_bytes]   the file's rows (one row: in_features values, an output channel)
 //   type_name    Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K
@@ -11,12 +12,18 @@
 //   values       4-bit types (Q4_0, Q4_1, Q4_K): uint8 [NB, K / 8, 16, 4] nibbles
 //                (element (b, p, j, i): C[8p + i, 16b + j] | C[8p + 4 + i, 16b + j] << 4);
 //                the others: uint8 [NB, K / 4, 16, 4] quads (C[4p + i, 16b + j] + 128)
-//   scales       float32 [NB, K / G, 16]; offsets likewise, or an empty tensor (Q8_0, Q5_0, Q6_K)
+//   scale_supers fp16 [NB, K / B, 16]   the file's own fp16 scale of each block of B values (d)
+//   scale_subs   int8 [NB, K / G, 16]   its factor for each group of G values (Q4_K: the 6-bit sc; 1 where
+//                                       the block is one group): S = float(super) * float(sub)
+//   offset_supers, offset_subs          likewise for the offsets O (Q4_K: dmin and -m; Q4_1, Q5_1: m and 1);
+//                                       offset_supers empty where the offsets share the scale supers (Q4_0:
+//                                       d and -8), both empty where there are none (Q8_0, Q5_0, Q6_K)
 //   bits, group_size   4 or 8; 32 (16 for Q6_K)
 //
-// NB = ceil(N / 16); columns past N hold code 0 (quads: 128) with scale and offset 0. Each
-// scale and offset is the fp32 product gguf's dequantization computes (d * sc, -(dmin * m), -8 d),
-// so values * scales + offsets equals gguf.quants.dequantize bit for bit.
+// NB = ceil(N / 16); columns past N hold code 0 (quads: 128) with supers and subs 0. Each S and O
+// is one fp32 product of the file's values, as gguf's dequantization computes it (d * sc,
+// -(dmin * m) = dmin * -m, -8 d = d * -8, d * 1), so codes * S + O equals gguf.quants.dequantize
+// bit for bit; kept this way a Q4_K weight takes 0.58 bytes (the file: 0.5625), not 0.75 with fp32 S, O.
 
 #include <torch/library.h>
 
@@ -34,29 +41,37 @@ namespace {
 constexpr int64_t COLS = 16;   // output columns per block of the GEMM's layout
 constexpr int64_t QK_K = 256;  // values per K-quant super-block
 
+enum class Offsets { NONE, SHARED_SUPER, OWN_SUPER };  // none; scale's super times a sub; a super of their own
+
 struct TypeInfo {
   int64_t block_values, block_bytes, group, bits;
-  bool offsets;
+  Offsets offsets;
 };
 
 bool type_info(const std::string& name, TypeInfo& info) {
-  if (name == "Q8_0") info = {32, 34, 32, 8, false};
-  else if (name == "Q4_0") info = {32, 18, 32, 4, true};
-  else if (name == "Q4_1") info = {32, 20, 32, 4, true};
-  else if (name == "Q5_0") info = {32, 22, 32, 8, false};
-  else if (name == "Q5_1") info = {32, 24, 32, 8, true};
-  else if (name == "Q4_K") info = {QK_K, 144, 32, 4, true};
-  else if (name == "Q5_K") info = {QK_K, 176, 32, 8, true};
-  else if (name == "Q6_K") info = {QK_K, 210, 16, 8, false};
+  if (name == "Q8_0") info = {32, 34, 32, 8, Offsets::NONE};
+  else if (name == "Q4_0") info = {32, 18, 32, 4, Offsets::SHARED_SUPER};
+  else if (name == "Q4_1") info = {32, 20, 32, 4, Offsets::OWN_SUPER};
+  else if (name == "Q5_0") info = {32, 22, 32, 8, Offsets::NONE};
+  else if (name == "Q5_1") info = {32, 24, 32, 8, Offsets::OWN_SUPER};
+  else if (name == "Q4_K") info = {QK_K, 144, 32, 4, Offsets::OWN_SUPER};
+  else if (name == "Q5_K") info = {QK_K, 176, 32, 8, Offsets::OWN_SUPER};
+  else if (name == "Q6_K") info = {QK_K, 210, 16, 8, Offsets::NONE};
   else return false;
   return true;
 }
 
-inline float f16(const uint8_t* p) {
+inline uint16_t f16_bits(const uint8_t* p) {
   uint16_t bits;
   std::memcpy(&bits, p, 2);
-  return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
+  return bits;
 }
+
+// One block's scales and offsets as the file holds them: fp16 supers, int8 factors per group.
+struct BlockScales {
+  uint16_t scale_super = 0, offset_super = 0;
+  int8_t scale_subs[16] = {}, offset_subs[16] = {};
+};
 
 // Q4_K / Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes.
 inline void k_scale_min(const uint8_t* q, int j, uint8_t& sc, uint8_t& mn) {
@@ -71,15 +86,18 @@ inline void k_scale_min(const uint8_t* q, int j, uint8_t& sc, uint8_t& mn) {
 
 // One block of one row: its codes (int, as the kernel reads them before packing), and the scale
 // and offset of each group it holds.
-void decode_block(const std::string& type, const uint8_t* b, int32_t* codes, float* scales, float* offsets) {
+void decode_block(const std::string& type, const uint8_t* b, int32_t* codes, BlockScales& s) {
   if (type == "Q8_0") {
-    scales[0] = f16(b);
+    s.scale_super = f16_bits(b), s.scale_subs[0] = 1;
     for (int l = 0; l < 32; ++l) codes[l] = static_cast<int8_t>(b[2 + l]);
   } else if (type == "Q4_0" || type == "Q4_1") {
-    const float d = f16(b);
     const uint8_t* qs = b + (type == "Q4_0" ? 2 : 4);
-    scales[0] = d;
-    offsets[0] = type == "Q4_0" ? -8.0f * d : f16(b + 2);
+    s.scale_super = f16_bits(b), s.scale_subs[0] = 1;
+    if (type == "Q4_0") {
+      s.offset_subs[0] = -8;  // times the scale's super: -8 d
+    } else {
+      s.offset_super = f16_bits(b + 2), s.offset_subs[0] = 1;  // m
+    }
     for (int l = 0; l < 16; ++l) {
       codes[l] = qs[l] & 0x0F;
       codes[l + 16] = qs[l] >> 4;
@@ -90,23 +108,23 @@ void decode_block(const std::string& type, const uint8_t* b, int32_t* codes, flo
     const uint8_t* qs = qh_bytes + 4;
     uint32_t qh;
     std::memcpy(&qh, qh_bytes, 4);
-    scales[0] = f16(b);
-    if (!q5_0) offsets[0] = f16(b + 2);
+    s.scale_super = f16_bits(b), s.scale_subs[0] = 1;
+    if (!q5_0) s.offset_super = f16_bits(b + 2), s.offset_subs[0] = 1;
     for (int l = 0; l < 16; ++l) {
       codes[l] = ((qs[l] & 0x0F) | (((qh >> l) & 1) << 4)) - (q5_0 ? 16 : 0);
       codes[l + 16] = ((qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - (q5_0 ? 16 : 0);
     }
   } else if (type == "Q4_K" || type == "Q5_K") {
     const bool q5 = type == "Q5_K";
-    const float d = f16(b), dmin = f16(b + 2);
     const uint8_t* packed_scales = b + 4;
     const uint8_t* qh = b + 16;
     const uint8_t* qs = b + (q5 ? 48 : 16);
+    s.scale_super = f16_bits(b), s.offset_super = f16_bits(b + 2);  // d, dmin
     for (int j = 0; j < 8; ++j) {
       uint8_t sc, mn;
       k_scale_min(packed_scales, j, sc, mn);
-      scales[j] = d * static_cast<float>(sc);
-      offsets[j] = -(dmin * static_cast<float>(mn));
+      s.scale_subs[j] = static_cast<int8_t>(sc);
+      s.offset_subs[j] = static_cast<int8_t>(-static_cast<int>(mn));  // dmin * -m = -(dmin * m), exactly
     }
     for (int v = 0; v < QK_K; ++v) {
       const int chunk = v / 64, within = v % 64;
@@ -119,8 +137,8 @@ void decode_block(const std::string& type, const uint8_t* b, int32_t* codes, flo
     const uint8_t* ql = b;
     const uint8_t* qh = b + 128;
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
-    const float d = f16(b + 208);
-    for (int g = 0; g < 16; ++g) scales[g] = d * static_cast<float>(sc[g]);
+    s.scale_super = f16_bits(b + 208);
+    for (int g = 0; g < 16; ++g) s.scale_subs[g] = sc[g];
     for (int v = 0; v < QK_K; ++v) {
       const int h = v / 128, r = v % 128;
       const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
@@ -130,48 +148,55 @@ void decode_block(const std::string& type, const uint8_t* b, int32_t* codes, flo
   }
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t> gguf_pack(const at::Tensor& raw, const std::string& type_name,
-                                                                          const at::Tensor& row_ids, int64_t in_features) {
+using PackResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t>;
+
+PackResult gguf_pack(const at::Tensor& raw, const std::string& type_name, const at::Tensor& row_ids, int64_t in_features) {
   TypeInfo info;
   TORCH_CHECK(type_info(type_name, info), "gguf_pack: GGUF type ", type_name, " is not packed here");
   const int64_t K = in_features;
   TORCH_CHECK(K > 0 && K % info.block_values == 0, "gguf_pack: ", type_name, " rows are whole blocks of ", info.block_values,
               " values; in_features is ", K);
-  const int64_t row_bytes = K / info.block_values * info.block_bytes;
+  const int64_t blocks_per_row = K / info.block_values, row_bytes = blocks_per_row * info.block_bytes;
   TORCH_CHECK(raw.dim() == 2 && raw.scalar_type() == at::kByte && raw.is_contiguous() && raw.size(1) == row_bytes,
               "gguf_pack: raw must be contiguous uint8 [rows, ", row_bytes, "] for ", K, " ", type_name, " values a row");
   TORCH_CHECK(row_ids.dim() == 1 && row_ids.scalar_type() == at::kLong && row_ids.is_contiguous(), "gguf_pack: row_ids must be int64 [N]");
   const int64_t num_rows = raw.size(0), N = row_ids.size(0);
   const int64_t* ids = row_ids.data_ptr<int64_t>();
   for (int64_t n = 0; n < N; ++n) TORCH_CHECK(ids[n] >= 0 && ids[n] < num_rows, "gguf_pack: row id ", ids[n], " outside ", num_rows, " rows");
-  const int64_t NB = (N + COLS - 1) / COLS, NG = K / info.group;
+  const int64_t NB = (N + COLS - 1) / COLS, NG = K / info.group, groups_per_block = info.block_values / info.group;
   const int64_t k_per_load = info.bits == 4 ? 8 : 4;  // k in one 4-byte lane of a column
   const auto u8 = raw.options();
+  const bool offsets = info.offsets != Offsets::NONE, own_super = info.offsets == Offsets::OWN_SUPER;
   at::Tensor values = at::empty({NB, K / k_per_load, COLS, 4}, u8);
-  at::Tensor scales = at::zeros({NB, NG, COLS}, u8.dtype(at::kFloat));
-  at::Tensor offsets = info.offsets ? at::zeros({NB, NG, COLS}, u8.dtype(at::kFloat)) : at::empty({0}, u8.dtype(at::kFloat));
+  at::Tensor scale_supers = at::zeros({NB, blocks_per_row, COLS}, u8.dtype(at::kHalf));
+  at::Tensor scale_subs = at::zeros({NB, NG, COLS}, u8.dtype(at::kChar));
+  at::Tensor offset_supers = own_super ? at::zeros({NB, blocks_per_row, COLS}, u8.dtype(at::kHalf)) : at::empty({0}, u8.dtype(at::kHalf));
+  at::Tensor offset_subs = offsets ? at::zeros({NB, NG, COLS}, u8.dtype(at::kChar)) : at::empty({0}, u8.dtype(at::kChar));
   const uint8_t* src = raw.data_ptr<uint8_t>();
   uint8_t* vp = values.data_ptr<uint8_t>();
-  float* sp = scales.data_ptr<float>();
-  float* op = info.offsets ? offsets.data_ptr<float>() : nullptr;
-  const int64_t groups_per_block = info.block_values / info.group;
+  auto* ssup = reinterpret_cast<uint16_t*>(scale_supers.data_ptr());
+  int8_t* ssub = scale_subs.data_ptr<int8_t>();
+  auto* osup = own_super ? reinterpret_cast<uint16_t*>(offset_supers.data_ptr()) : nullptr;
+  int8_t* osub = offsets ? offset_subs.data_ptr<int8_t>() : nullptr;
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
     std::vector<int32_t> codes(static_cast<size_t>(K) * COLS);  // this block's [K, 16] codes
     int32_t block_codes[QK_K];
-    float block_scales[16], block_offsets[16];
     for (int64_t b = b0; b < b1; ++b) {
       std::fill(codes.begin(), codes.end(), 0);
       for (int64_t j = 0; j < COLS; ++j) {
         const int64_t n = b * COLS + j;
         if (n >= N) break;
         const uint8_t* row = src + ids[n] * row_bytes;
-        for (int64_t blk = 0; blk < K / info.block_values; ++blk) {
-          decode_block(type_name, row + blk * info.block_bytes, block_codes, block_scales, block_offsets);
+        for (int64_t blk = 0; blk < blocks_per_row; ++blk) {
+          BlockScales s;
+          decode_block(type_name, row + blk * info.block_bytes, block_codes, s);
           for (int64_t v = 0; v < info.block_values; ++v) codes[(blk * info.block_values + v) * COLS + j] = block_codes[v];
+          ssup[(b * blocks_per_row + blk) * COLS + j] = s.scale_super;
+          if (osup != nullptr) osup[(b * blocks_per_row + blk) * COLS + j] = s.offset_super;
           for (int64_t g = 0; g < groups_per_block; ++g) {
             const int64_t group = blk * groups_per_block + g;
-            sp[(b * NG + group) * COLS + j] = block_scales[g];
-            if (op != nullptr) op[(b * NG + group) * COLS + j] = block_offsets[g];
+            ssub[(b * NG + group) * COLS + j] = s.scale_subs[g];
+            if (osub != nullptr) osub[(b * NG + group) * COLS + j] = s.offset_subs[g];
           }
         }
       }
@@ -189,7 +214,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, int64_t, int64_t> gguf_pack(const
           }
     }
   });
-  return {values, scales, offsets, info.bits, info.group};
+  return {values, scale_supers, scale_subs, offset_supers, offset_subs, info.bits, info.group};
 }
 
 bool gguf_pack_supports(const std::string& type_name) {
@@ -201,5 +226,6 @@ bool gguf_pack_supports(const std::string& type_name) {
 
 TORCH_LIBRARY_FRAGMENT(zserve, m) {
   m.def("gguf_pack_supports(str type_name) -> bool", &gguf_pack_supports);
-  m.def("gguf_pack(Tensor raw, str type_name, Tensor row_ids, int in_features) -> (Tensor, Tensor, Tensor, int, int)", &gguf_pack);
+  m.def("gguf_pack(Tensor raw, str type_name, Tensor row_ids, int in_features) -> (Tensor, Tensor, Tensor, Tensor, Tensor, int, int)",
+        &gguf_pack);
 }

@@ -28,6 +28,8 @@ from zserve.model_proc.layers.weight_kernels.float_kernels import TorchKernel
 from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight, join_columns, on_device
 from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
 
+COMPACT_BUFFERS = ("packed_scale_supers", "packed_scale_subs", "packed_offset_supers", "packed_offset_subs")
+
 
 class GemmWeight(nn.Module):
     """Holds a [in, out] weight (`weight`, a Parameter the checkpoint fills) until `pack()`, then
@@ -44,7 +46,8 @@ class GemmWeight(nn.Module):
         self.stored_parts: list[tuple[int, QuantizedWeight]] = []  # (first column, piece) stored quantized
         self.pack_on_load: WeightKernel | None = None  # set by `pack_as_loaded`: pack when `loaded()` is called
         # the packed tensors, registered too so the model's buffers (the runner's memory count) hold them
-        for name in ("packed_values", "packed_bias", "packed_scales", "packed_offsets", "packed_many_rows_values"):
+        for name in ("packed_values", "packed_bias", "packed_scales", "packed_offsets", "packed_many_rows_values",
+                     *COMPACT_BUFFERS):
             self.register_buffer(name, None, persistent=False)
 
     def fill_weight(
@@ -110,6 +113,9 @@ class GemmWeight(nn.Module):
         self.packed_bias, self.packed_scales = self.packed.bias, self.packed.scales
         self.packed_offsets = self.packed.offsets
         self.packed_many_rows_values = self.packed.many_rows_values
+        compact = self.packed.compact
+        for name in COMPACT_BUFFERS:
+            setattr(self, name, None if compact is None else getattr(compact, name.removeprefix("packed_")))
         if kernel.repacks and free_plain:
             self.weight = None
 

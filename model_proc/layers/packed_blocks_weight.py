@@ -2,8 +2,8 @@
 file's rows in one pass at load), on its way from the reader to the kernel.
 
 `PackedBlocks` is a QuantizedWeight (weight_kernels/quantized_weight.py) whose tensors have the
-16-column blocks first: nibbles or quads [NB, K / (8 or 4), 16, 4], scales and offsets [NB, K / G, 16]
-(column_blocks.py's layouts). Pieces of a fused weight whose columns are whole blocks join by
+16-column blocks first: nibbles or quads [NB, K / (8 or 4), 16, 4] (column_blocks.py's layouts), and
+the scales and offsets as the file keeps them (compact_scales.py). Pieces of a fused weight whose columns are whole blocks join by
 concatenating blocks (`join_blocks`); anything else (a piece of another type, a float piece, a
 kernel other than zserve_int8_dot) gets `unpacked()`: the same values as an Int4Weight or
 Int8Weight, through the reference path.
@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zserve.model_proc.layers.compact_scales import CompactScales
 from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_weights import Int8Weight
 from zserve.model_proc.layers.weight_kernels.column_blocks import BLOCK_COLS
@@ -24,8 +25,7 @@ from zserve.model_proc.layers.weight_kernels.column_blocks import BLOCK_COLS
 @dataclass(frozen=True)
 class PackedBlocks:
     values: torch.Tensor  # uint8 [NB, K / 8, 16, 4] nibbles (bits 4) or [NB, K / 4, 16, 4] quads of C + 128 (bits 8)
-    scales: torch.Tensor  # float32 [NB, K / G, 16]
-    offsets: torch.Tensor | None  # float32 like the scales, or None (0)
+    compact: CompactScales  # S and O per group of G rows and column, as the file keeps them
     bits: int
     group_size: int
     in_features: int
@@ -46,7 +46,7 @@ class PackedBlocks:
         def side(t: torch.Tensor | None) -> torch.Tensor | None:
             return None if t is None else t.permute(1, 0, 2).reshape(t.shape[1], -1)[:, :n].contiguous()
 
-        scales, offsets = side(self.scales), side(self.offsets)
+        scales, offsets = side(self.compact.scales()), side(self.compact.offsets())
         if self.bits == 4:
             assert offsets is not None, "4-bit codes always have offsets"
             return Int4Weight(codes, scales, offsets, self.group_size)
@@ -66,9 +66,12 @@ class PackedBlocks:
             codes = torch.stack([picked & 0x0F, picked >> 4], dim=2).reshape(num_ids, k)
         else:
             codes = picked.reshape(num_ids, k).to(torch.int16) - 128
-        values = codes.float() * self.scales[block, :, col].repeat_interleave(self.group_size, dim=1)
-        if self.offsets is not None:
-            values = values + self.offsets[block, :, col].repeat_interleave(self.group_size, dim=1)
+        picked_scales = CompactScales(*(None if t is None else t[block, :, col].unsqueeze(2) for t in (
+            self.compact.scale_supers, self.compact.scale_subs, self.compact.offset_supers, self.compact.offset_subs)))
+        values = codes.float() * picked_scales.scales()[..., 0].repeat_interleave(self.group_size, dim=1)
+        offsets = picked_scales.offsets()
+        if offsets is not None:
+            values = values + offsets[..., 0].repeat_interleave(self.group_size, dim=1)
         return values
 
 
@@ -80,9 +83,8 @@ def join_blocks(parts: Sequence[tuple[int, object]], out_features: int) -> Packe
     first: PackedBlocks = parts[0][1]
     next_col = 0
     for i, (col, part) in enumerate(parts):
-        same = (part.bits, part.group_size, part.in_features, part.offsets is None) == (
-            first.bits, first.group_size, first.in_features, first.offsets is None
-        )
+        same = (part.bits, part.group_size, part.in_features) == (first.bits, first.group_size, first.in_features)
+        same = same and part.compact.same_form(first.compact)
         whole_blocks = part.out_features % BLOCK_COLS == 0 or i == len(parts) - 1
         if col != next_col or not same or not whole_blocks:
             return None
@@ -91,8 +93,7 @@ def join_blocks(parts: Sequence[tuple[int, object]], out_features: int) -> Packe
         return None
     if len(parts) == 1:
         return first
-    offsets = None if first.offsets is None else torch.cat([p.offsets for _, p in parts])
     return PackedBlocks(
-        torch.cat([p.values for _, p in parts]), torch.cat([p.scales for _, p in parts]), offsets, first.bits,
+        torch.cat([p.values for _, p in parts]), CompactScales.cat([p.compact for _, p in parts]), first.bits,
         first.group_size, first.in_features, out_features,
     )

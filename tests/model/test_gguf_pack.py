@@ -13,6 +13,7 @@ import torch
 from testing.gguf_random_blocks import random_blocks
 from zserve.model_proc.gguf_blocks import decode
 from zserve.model_proc.kernels.cpu_kernels import load_gguf_pack
+from zserve.model_proc.layers.compact_scales import CompactScales
 from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks, join_blocks
 from zserve.model_proc.layers.weight_kernels.column_blocks import (
@@ -27,8 +28,9 @@ pytestmark = pytest.mark.skipif(load_gguf_pack() is None, reason="the CPU kernel
 
 
 def packed(type_name: str, raw: np.ndarray, row_ids: torch.Tensor, cols: int) -> PackedBlocks:
-    values, scales, offsets, bits, group = torch.ops.zserve.gguf_pack(torch.from_numpy(raw), type_name, row_ids, cols)
-    return PackedBlocks(values, scales, offsets if offsets.numel() else None, bits, group, cols, len(row_ids))
+    values, *parts, bits, group = torch.ops.zserve.gguf_pack(torch.from_numpy(raw), type_name, row_ids, cols)
+    compact = CompactScales(*(part if part.numel() else None for part in parts))
+    return PackedBlocks(values, compact, bits, group, cols, len(row_ids))
 
 
 def reference(type_name: str, raw: np.ndarray, row_ids: torch.Tensor, cols: int):
@@ -51,10 +53,10 @@ def test_packed_rows_equal_the_decoded_blocks_packed(type_name, rows, cols):
     assert ours.bits == blocks.bits and ours.group_size == blocks.group_size
     assert torch.equal(ours.values, values)
     # bit for bit: gguf's products in fp32 (compared as bits, +0 and -0 alike)
-    assert torch.equal(ours.scales, scales)
-    assert (ours.offsets is None) == (offsets is None)
+    assert torch.equal(ours.compact.scales(), scales)  # fp16 super x int8 sub: gguf's fp32 product
+    assert (ours.compact.offsets() is None) == (offsets is None)
     if offsets is not None:
-        assert torch.equal(ours.offsets, offsets)
+        assert torch.equal(ours.compact.offsets(), offsets)
     unpacked = ours.unpacked()
     assert isinstance(unpacked, Int4Weight) == (blocks.bits == 4)
     exact = blocks.codes[row_ids].float() * blocks.scales[row_ids].repeat_interleave(blocks.group_size, 1)
@@ -88,3 +90,27 @@ def test_pieces_join_by_blocks_or_through_their_codes():
     odd = packed("Q4_K", q_raw, torch.arange(8), 256)  # 8 columns: not whole blocks, so not joined by blocks
     assert join_blocks([(0, odd), (8, k)], 24) is None
     assert torch.equal(join_columns([(0, odd), (8, k)], 24).dequantize(), torch.cat([odd.dequantize(), k.dequantize()], 1))
+
+
+@pytest.mark.parametrize("type_name", PACKED_TYPES)
+def test_the_gemm_on_compact_scales_equals_it_on_fp32_ones(type_name):
+    """gemm_dot_compact (S = fp16 super x int8 sub, computed per group in the kernel) against the fp32-scale ops
+    on the same weight: bit-identical outputs, with and without a bias, for 1, 3 and 9 rows."""
+    from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
+    from zserve.model_proc.layers.weight_kernels.int8_kernels import ZserveInt8DotKernel, gemm_int8_dot
+
+    if load_gemm_int8_dot() is None:
+        pytest.skip("the int8 x int8 GEMM is not built here")
+    rows, cols = 40, 512
+    raw = random_blocks(type_name, rows, cols, seed=7, magnitude=0.05)
+    weight = packed(type_name, raw, torch.arange(rows), cols)
+    bias = torch.randn(rows, generator=torch.Generator().manual_seed(3))
+    kernel = ZserveInt8DotKernel()
+    compact = kernel.pack(None, bias, weight)
+    fp32 = kernel.pack(None, bias, weight.unpacked())
+    assert compact.compact is not None and fp32.compact is None
+    assert kernel.weight_bytes(compact, cols, rows, torch.bfloat16) < kernel.weight_bytes(fp32, cols, rows, torch.bfloat16)
+    for m in (1, 3, 9):
+        x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
+        for b in (None, bias):
+            assert torch.equal(gemm_int8_dot(x, compact, b), gemm_int8_dot(x, fp32, b)), (type_name, m, b is None)

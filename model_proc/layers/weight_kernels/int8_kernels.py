@@ -66,8 +66,10 @@ class Int8Kernel(WeightKernel):
     def weight_bytes(self, packed: PackedWeight | None, in_features: int, out_features: int, dtype: torch.dtype) -> int:
         if packed is None:
             return super().weight_bytes(packed, in_features, out_features, dtype)
-        per_group = 4 * (1 + (packed.offsets is not None))  # fp32 scale (and offset)
         codes = in_features * out_features * (packed.bits if packed.bits in (4, 8) else 8) // 8
+        if packed.compact is not None:
+            return codes + packed.compact.nbytes
+        per_group = 4 * (1 + (packed.offsets is not None))  # fp32 scale (and offset)
         return codes + -(-in_features // packed.group_size) * out_features * per_group
 
 
@@ -126,8 +128,8 @@ class ZserveInt8DotKernel(Int8Kernel):
     ) -> PackedWeight:
         if isinstance(stored, PackedBlocks):  # packed from the file's rows at load (kernels/gguf_pack.cpp)
             return PackedWeight(
-                stored.values, stored.out_features, padded_bias(bias, stored.values.shape[0]), stored.scales,
-                stored.group_size, offsets=stored.offsets, bits=stored.bits,
+                stored.values, stored.out_features, padded_bias(bias, stored.values.shape[0]), None, stored.group_size,
+                bits=stored.bits, compact=stored.compact,
             )
         weight = self.dot_weight(plain, stored)
         in_features, group = weight.in_features, weight.group_size
@@ -150,6 +152,12 @@ def gemm_int8_dot(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
     """kernels/gemm_int8_dot.cpp on `packed`'s quads (ZserveInt8DotKernel, and the few-row half of
     zserve_int8_dot+onednn)."""
     packed_bias = packed.bias if bias is not None else None
+    if packed.compact is not None:  # a GGUF file's scales as it keeps them (layers/compact_scales.py)
+        c = packed.compact
+        return torch.ops.zserve.gemm_dot_compact(
+            x.contiguous(), packed.values, packed.bits, c.scale_supers, c.scale_subs, c.offset_supers, c.offset_subs,
+            packed.out_features, packed_bias, packed.group_size,
+        )
     gemm = torch.ops.zserve.gemm_int4_dot if packed.bits == 4 else torch.ops.zserve.gemm_int8_dot
     weights = (packed.values, packed.scales, packed.offsets)
     return gemm(x.contiguous(), *weights, packed.out_features, packed_bias, packed.group_size)

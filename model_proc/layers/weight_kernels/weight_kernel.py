@@ -18,6 +18,7 @@ from typing import ClassVar
 
 import torch
 
+from zserve.model_proc.layers.compact_scales import CompactScales
 from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
 
 
@@ -33,6 +34,7 @@ class PackedWeight:
     offsets: torch.Tensor | None = None  # int8 / 4-bit codes with a zero point: float32, like the scales
     bits: int = 16  # of `values`' codes: 16 (float), 8 (int8) or 4 (nibbles)
     many_rows_values: torch.Tensor | None = None  # zserve_bf16+onednn: oneDNN's layout, for products of many rows
+    compact: CompactScales | None = None  # a GGUF file's scales and offsets as it keeps them, instead of fp32 ones
 
 
 class WeightKernel(ABC):
