@@ -45,7 +45,8 @@ class CompactScales:
         return self._expand(supers, self.offset_subs)
 
     def tensors(self) -> tuple[torch.Tensor, ...]:
-        return tuple(t for t in (self.scale_supers, self.scale_subs, self.offset_supers, self.offset_subs) if t is not None)
+        parts = (self.scale_supers, self.scale_subs, self.offset_supers, self.offset_subs)
+        return tuple(t for t in parts if t is not None)
 
     @property
     def nbytes(self) -> int:

@@ -3,9 +3,9 @@ file's rows in one pass at load), on its way from the reader to the kernel.
 
 `PackedBlocks` is a QuantizedWeight (weight_kernels/quantized_weight.py) whose tensors have the
 16-column blocks first: nibbles or quads [NB, K / (8 or 4), 16, 4] (column_blocks.py's layouts), and
-the scales and offsets as the file keeps them (compact_scales.py). Pieces of a fused weight whose columns are whole blocks join by
-concatenating blocks (`join_blocks`); anything else (a piece of another type, a float piece, a
-kernel other than zserve_int8_dot) gets `unpacked()`: the same values as an Int4Weight or
+the scales and offsets as the file keeps them (compact_scales.py). Pieces of a fused weight whose
+columns are whole blocks join by concatenating blocks (`join_blocks`); anything else (a piece of
+another type, a float piece, a kernel other than zserve_int8_dot) gets `unpacked()`: the same values as an Int4Weight or
 Int8Weight, through the reference path.
 """
 
