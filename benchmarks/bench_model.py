@@ -151,7 +151,7 @@ class InstructionPeaks:
     half of the row-split kernels on a CPU with AMX) are not measured: those cases say so."""
 
     def __init__(self) -> None:
-        from zserve.common.cpu_isa_level import cpu_flags
+        from zserve.common.isa_features import cpu_flags
         from zserve.model_proc.kernels.cpu_kernels import load_cpu_kernels
 
         self.rates = {}
