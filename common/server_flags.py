@@ -304,7 +304,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     ),
     'cpu_isa': FlagSpec(
         "x86 features the CPU kernels are built for: auto (every one the CPU has, from /proc/cpuinfo), a "
-        f"level ({', '.join(LEVELS)}) or features joined by + ({'+'.join(FEATURES)}; e.g. avx2+avx_vnni), "
+        f"level ({', '.join(LEVELS)}) or features joined by + (of {', '.join(FEATURES)}; e.g. avx2+avx_vnni), "
         'so one machine runs every path; a feature this CPU lacks is refused (common/isa_features.py); '
         'default $ZSERVE_CPU_ISA when set',
         env=CPU_ISA_ENV,

@@ -225,7 +225,8 @@ def main() -> None:
     int8_dot = torch.ops.zserve.gemm_int8_dot_instruction()
     print(
         f"[setup] CPU kernels for {cpu_isa()} ready in {build_dir}, "
-        f"GEMMs: {', '.join(gemms) or 'none'}, int8 dot products by {int8_dot or 'none'} ({time.perf_counter() - t0:.1f}s)"
+        f"GEMMs: {', '.join(gemms) or 'none'}, int8 dot products by {int8_dot or 'none'} "
+        f"({time.perf_counter() - t0:.1f}s)"
     )
 
 
