@@ -100,6 +100,7 @@ class KernelSection:
     omp_spin_count: int = OMP_SPIN_COUNT
     cpu_isa: str = "auto"
     gemm_backend: str = "auto"
+    gemm_weight_copy: str = "auto"
     attention_backend: str = "auto"
     fused_ops: str = "auto"
 

@@ -37,6 +37,7 @@ from zserve.common.forward_batch import ForwardBatch, StepResult
 from zserve.common.histogram import Histogram
 from zserve.common.sampling_params import SamplingParams
 from zserve.common.scheduler_stats import SchedulerStats
+from zserve.common.weight_memory import WeightMemory
 from zserve.common.wire import Codec, Float32Array, Int32Array, Message
 
 NO_TOKEN_IDS = np.frombuffer(b"", np.int32)  # read-only, so one shared empty array is safe
@@ -105,6 +106,7 @@ class StatsOut(Message, tag=15):
     histograms: dict[str, Histogram] = field(default_factory=dict)
     # the frontend's: model_path (benchmarks build prompts with its tokenizer)
     info: dict[str, str] = field(default_factory=dict)
+    memory: WeightMemory | None = None  # the model worker's (WorkerReady), filled by the scheduler
 
     def as_dict(self) -> dict[str, Any]:
         """What `stats()` returns, one flat dict: the SchedulerStats fields, `detokenizer_states`,
@@ -118,6 +120,8 @@ class StatsOut(Message, tag=15):
             out["frontend_draining"] = int(self.frontend.is_draining)
             out.update({f"requests_finished_{reason.text}": n for reason, n in self.frontend.num_finished.items()})
             out.update({f"requests_error_{code.text}": n for code, n in self.frontend.num_errors.items()})
+        if self.memory is not None:
+            out["memory"] = self.memory.as_dict()
         return {**out, **self.info, "histograms": {name: h.to_dict() for name, h in self.histograms.items()}}
 
 
@@ -256,6 +260,7 @@ class WorkerReady(Message, tag=40):
     context_len: int
     eos_token_ids: list[int]
     vocab_size: int
+    memory: WeightMemory | None = None  # rank 0's weights and KV pool (the scheduler hands it out with StatsOut)
 
 
 class WorkerError(Message, tag=41):

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from zserve.common.isa_features import CPU_ISA_ENV, FEATURES, LEVELS
-from zserve.common.weight_formats import GEMM_CHOICES, QUANTIZATION_CHOICES
+from zserve.common.weight_formats import GEMM_CHOICES, QUANTIZATION_CHOICES, WEIGHT_COPY_CHOICES
 
 
 @dataclass(frozen=True)
@@ -108,8 +108,8 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         '(model_proc/layers/int8_weights.py), int4 (quantized at load, asymmetric 4-bit in groups of 32 input '
         "rows as GGUF's Q4_1, run by the int8 x int8 GEMM's 4-bit path) (model_proc/layers/int4_weights.py), "
         'or gguf (a .gguf model only: its quantized matrices kept as '
-        'the file stores them, Q4_0/Q4_1/Q4_K as 4-bit codes, Q8_0/Q5_0/Q5_1/Q5_K/Q6_K as int8 codes, run by the '
-        'int8 x int8 GEMM; other matrices quantized to int8) (model_proc/gguf_blocks.py)',
+        'the file stores them, Q4_0/Q4_1/Q4_K as 4-bit codes, Q8_0/Q5_0/Q5_1/Q5_K/Q6_K/IQ4_NL/IQ4_XS/Q3_K/Q2_K '
+        'as int8 codes, run by the int8 x int8 GEMM; other matrices quantized to int8) (model_proc/gguf_blocks.py)',
         choices=("auto", *QUANTIZATION_CHOICES),
         peer_note="vLLM/SGLang --quantization (their int8 schemes: w8a8, activations quantized per token; "
         "here per block of 32, as llama.cpp's Q8_0)",
@@ -320,6 +320,17 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         'falls back to the next (model_proc/layers/weight_kernels/); default $ZSERVE_GEMM when set',
         choices=GEMM_CHOICES,
         env='ZSERVE_GEMM',
+        peer_note='none',
+    ),
+    'gemm_weight_copy': FlagSpec(
+        'a second copy of the linear weights, in bf16 for oneDNN, for products of many rows (prefill '
+        'chunks, large batches; AMX tiles where the CPU has them), beside zserve\'s layout for few rows: auto '
+        '(kept while it fits a quarter of the memory free after loading, and not beside the codes of a file '
+        'that stores its weights quantized: GGUF, AWQ, GPTQ), on (kept; the crossover is still measured), or '
+        'off (one copy) (model_proc/layers/weight_kernels/weight_copy_policy.py); default $ZSERVE_GEMM_WEIGHT_COPY '
+        'when set',
+        choices=WEIGHT_COPY_CHOICES,
+        env='ZSERVE_GEMM_WEIGHT_COPY',
         peer_note='none',
     ),
     'attention_backend': FlagSpec(

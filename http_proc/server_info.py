@@ -57,6 +57,8 @@ class ServerInfo:
         if stats is not None and "num_free_pages" in stats:
             num_pages = stats["num_free_pages"] + stats["num_cached_pages"] + stats["num_used_pages"]
             body["max_total_num_tokens"] = num_pages * self.page_size
+        if stats is not None and "memory" in stats:
+            body["memory"] = stats["memory"]  # the model worker's weights by form and type, and its KV pool
         return body
 
     def model_info(self) -> dict[str, Any]:

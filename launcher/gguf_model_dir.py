@@ -20,6 +20,7 @@ import logging
 from pathlib import Path
 
 from zserve.common.cache_root import cache_root
+from zserve.common.gguf_file_check import check_gguf_file
 from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, gemma_config
 from zserve.common.gguf_source import GGUF_SOURCE_FILE, write_gguf_source
 from zserve.launcher.model_cache import build_dir, ensure_chat_template, split_digits
@@ -62,6 +63,7 @@ def _is_complete(model_dir: Path) -> bool:
 
 
 def _build(gguf_file: Path, out_dir: Path, with_tokenizer: bool) -> None:
+    check_gguf_file(gguf_file)  # a truncated or lying header: one line naming the file and the tensor
     _write_config(gguf_file, out_dir)
     if with_tokenizer:
         _write_tokenizer(gguf_file, out_dir)

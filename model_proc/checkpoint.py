@@ -35,6 +35,8 @@ from zserve.model_proc.packed_int4_checkpoint import PackedInt4Scheme
 logger = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
+SAFETENSORS_DTYPE_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "F16": 2, "BF16": 2, "I16": 2,
+                           "U16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1, "BOOL": 1}
 SINGLE_FILE = "model.safetensors"
 
 
@@ -95,6 +97,20 @@ class Checkpoint:
 
     def has(self, name: str) -> bool:
         return name in self.file_of
+
+    def file_bytes_by_type(self) -> dict[str, int]:
+        """Bytes of the checkpoint's tensors by stored type ("BF16", "I32", ...), from the files' headers."""
+        totals: dict[str, int] = {}
+        for name, file_name in self.file_of.items():
+            if file_name not in self._handles:
+                self._handles[file_name] = self._open(file_name)
+            sl = self._handles[file_name].get_slice(self.stored_name.get(name, name))
+            dtype = sl.get_dtype()
+            num_values = 1
+            for dim in sl.get_shape():
+                num_values *= dim
+            totals[dtype] = totals.get(dtype, 0) + num_values * SAFETENSORS_DTYPE_BYTES.get(dtype, 1)
+        return totals
 
     def _full(self, name: str) -> torch.Tensor:
         """The whole tensor `name`, as stored."""
@@ -193,6 +209,10 @@ class Checkpoint:
             )
         with torch.no_grad():
             dst[row_offset:stop].copy_(tensor)
+        self._loaded_param_ids.add(id(param))
+
+    def mark_loaded(self, param: torch.Tensor) -> None:
+        """Record `param` as filled without a copy (a weight kept as its file stores it quantized)."""
         self._loaded_param_ids.add(id(param))
 
     def missing_params(self, model: torch.nn.Module) -> list[str]:

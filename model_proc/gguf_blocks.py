@@ -1,127 +1,117 @@
-"""A GGUF matrix's quantized blocks as codes, scales and offsets (--quantization gguf), so the
-int8 x int8 kernel's int8 and 4-bit paths run them as stored instead of dequantized to bf16.
+"""The GGUF block types zserve keeps as stored (--quantization gguf), one traits record each (as
+ggml's `type_traits`), so the int8 x int8 kernel's int8 and 4-bit paths run a file's quantized
+matrices as codes, scales and offsets instead of dequantized to bf16.
 
-Each row of a matrix (an output channel) is a run of blocks along the input dimension. Per type
-(the bit layouts are ggml's, as gguf-py's `quants` module reads them; `decode` mirrors those
-reads and tests/model/test_gguf_blocks.py holds the result to gguf's own dequantization, bit for
-bit):
+    type    block  bytes  codes  G   offsets  resident bytes / weight (fp32 S, O per group)
+    Q8_0      32     34   int8   32     -     1.125
+    Q4_0      32     18   4-bit  32    yes    0.75
+    Q4_1      32     20   4-bit  32    yes    0.75
+    Q5_0      32     22   int8   32     -     1.125
+    Q5_1      32     24   int8   32    yes    1.25
+    IQ4_NL    32     18   int8   32     -     1.125
+    Q2_K     256     84   int8   16    yes    1.5
+    Q3_K     256    110   int8   16     -     1.25
+    Q4_K     256    144   4-bit  32    yes    0.75
+    Q5_K     256    176   int8   32    yes    1.25
+    Q6_K     256    210   int8   16     -     1.25
+    IQ4_XS   256    136   int8   32     -     1.125
 
-    type   block  what it holds                                     here
-    Q8_0    32    fp16 d, 32 int8 q; w = d q                         int8 codes, S = d (G 32)
-    Q4_0    32    fp16 d, 16 bytes of nibbles; w = d (q - 8)          4-bit codes, S = d, O = -8 d
-    Q4_1    32    fp16 d, fp16 m, nibbles; w = d q + m                4-bit codes, S = d, O = m
-    Q5_0    32    fp16 d, 32 high bits, nibbles; w = d (q - 16)       int8 codes q - 16, S = d
-    Q5_1    32    fp16 d, fp16 m, high bits, nibbles; w = d q + m     int8 codes q, S = d, O = m
-                  (llama-quantize's Q4_K_M falls back to Q5_0 for rows not a multiple of 256)
-    Q4_K   256    fp16 d, dmin; 8 x 6-bit (sc, m); nibbles;           4-bit codes, S = d sc, O = -(dmin m) (G 32)
-                  w = d sc q - dmin m per 32
-    Q5_K   256    as Q4_K, plus a fifth bit per value                 int8 codes 0..31 with offsets (G 32)
-    Q6_K   256    16 int8 scales, 6-bit q, fp16 d; w = d sc (q - 32)  int8 codes q - 32, S = d sc (G 16)
-                  per 16
-
-Every product (d sc, dmin m, d q) is computed in float32 in gguf's order, so `dequantize()` of
-what this returns equals `gguf.quants.dequantize`.
+The bit layouts and decoders: gguf_small_blocks.py (blocks of 32) and gguf_super_blocks.py
+(super-blocks of 256). tests/model/test_gguf_blocks.py holds `decode` to gguf's own
+dequantization, bit for bit, for every type here.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 
-QK_K = 256  # values per K-quant super-block
-K_SCALE_BYTES = 12  # Q4_K / Q5_K: 8 six-bit scales and 8 six-bit mins
-STORED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+from zserve.model_proc import gguf_small_blocks as small
+from zserve.model_proc import gguf_super_blocks as sup
+from zserve.model_proc.gguf_decoded_blocks import DecodedBlocks
+
+__all__ = ["BLOCK_TYPES", "STORED_TYPES", "BlockType", "DecodedBlocks", "block_type", "decode", "file_bytes"]
+
+SCALE_BYTES = 4  # a float32 scale (or offset) per group and output column, as the kernels keep them
 
 
 @dataclass(frozen=True)
-class DecodedBlocks:
-    """A matrix [rows, cols] as codes C, scales S and offsets O (None: 0) per `group_size`
-    columns: W = C * S + O. `bits` 4: C uint8 in [0, 15]; 8: C int8."""
+class BlockType:
+    """One GGUF block type: `num_block_values` values in `num_block_bytes` bytes, decoded by
+    `decode_blocks` (uint8 [rows, blocks per row, num_block_bytes] -> DecodedBlocks) into
+    `code_bits`-bit codes (4: uint8 0..15, the 4-bit path; 8: int8) with a scale (and an offset
+    where `has_offsets`) per `group_size` input columns."""
 
-    codes: torch.Tensor  # [rows, cols]
-    scales: torch.Tensor  # float32 [rows, cols / G]
-    offsets: torch.Tensor | None
+    name: str
+    num_block_values: int
+    num_block_bytes: int
+    decode_blocks: Callable[[np.ndarray], DecodedBlocks]
+    code_bits: int
     group_size: int
-    bits: int
+    has_offsets: bool
+
+    @property
+    def file_bytes_per_weight(self) -> float:
+        return self.num_block_bytes / self.num_block_values
+
+    @property
+    def resident_bytes_per_weight(self) -> float:
+        """Bytes a weight takes packed for the int8 x int8 kernel: its code, and its share of the
+        fp32 scale (and offset) of its group (the torch reference widens 4-bit codes to a byte)."""
+        per_group = SCALE_BYTES * (1 + self.has_offsets)
+        return self.code_bits / 8 + per_group / self.group_size
 
 
-def _f16(raw: np.ndarray) -> np.ndarray:
-    """float32 of the fp16 values in the last axis's byte pairs."""
-    return np.ascontiguousarray(raw).view(np.float16).astype(np.float32)
+BLOCK_TYPES: dict[str, BlockType] = {
+    t.name: t
+    for t in (
+        BlockType("Q8_0", 32, 34, small.decode_q8_0, 8, 32, False),
+        BlockType("Q4_0", 32, 18, small.decode_q4_0, 4, 32, True),
+        BlockType("Q4_1", 32, 20, small.decode_q4_1, 4, 32, True),
+        BlockType("Q5_0", 32, 22, small.decode_q5_0, 8, 32, False),
+        BlockType("Q5_1", 32, 24, small.decode_q5_1, 8, 32, True),
+        BlockType("IQ4_NL", 32, 18, small.decode_iq4_nl, 8, 32, False),
+        BlockType("Q2_K", 256, 84, sup.decode_q2_k, 8, 16, True),
+        BlockType("Q3_K", 256, 110, sup.decode_q3_k, 8, 16, False),
+        BlockType("Q4_K", 256, 144, sup.decode_q4_k, 4, 32, True),
+        BlockType("Q5_K", 256, 176, sup.decode_q5_k, 8, 32, True),
+        BlockType("Q6_K", 256, 210, sup.decode_q6_k, 8, 16, False),
+        BlockType("IQ4_XS", 256, 136, sup.decode_iq4_xs, 8, 32, False),
+    )
+}
+STORED_TYPES = tuple(BLOCK_TYPES)
 
 
-def _low_high_nibbles(qs: np.ndarray, run: int) -> np.ndarray:
-    """[..., chunks * run] bytes -> [..., chunks * 2 * run] codes: each chunk of `run` bytes gives
-    its low nibbles, then its high nibbles."""
-    lead = qs.shape[:-1]
-    chunks = qs.reshape(*lead, -1, 1, run) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
-    return (chunks & np.uint8(0x0F)).reshape(*lead, -1)
-
-
-def _k_scale_min(scales: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Q4_K / Q5_K: 12 bytes -> 8 six-bit scales and 8 six-bit mins (ggml's packing: the low six
-    bits of bytes 0-3 and 4-7 for the first four of each, the last four split over bytes 8-11 and
-    the top two bits of bytes 0-7)."""
-    lead = scales.shape[:-1]
-    d, m, m_d = np.split(scales.reshape(*lead, 3, 4), 3, axis=-2)
-    sc = np.concatenate([d & 0x3F, (m_d & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
-    mn = np.concatenate([m & 0x3F, (m_d >> 4) | ((m >> 2) & 0x30)], axis=-1)
-    return sc.reshape(*lead, 8), mn.reshape(*lead, 8)
+def block_type(type_name: str) -> BlockType:
+    """The traits of `type_name`, one of STORED_TYPES."""
+    traits = BLOCK_TYPES.get(type_name)
+    if traits is None:
+        raise ValueError(f"GGUF type {type_name} is not kept as stored (expected one of {', '.join(STORED_TYPES)})")
+    return traits
 
 
 def decode(type_name: str, raw: np.ndarray, rows: int, cols: int) -> DecodedBlocks:
     """The blocks of a [rows, cols] matrix of `type_name` (one of STORED_TYPES; `raw` its bytes)."""
-    blocks = np.asarray(raw, dtype=np.uint8).reshape(rows, -1)
-    if type_name == "Q8_0":
-        b = blocks.reshape(rows, cols // 32, 34)
-        q = np.ascontiguousarray(b[..., 2:]).view(np.int8).reshape(rows, cols)
-        return DecodedBlocks(torch.from_numpy(q.copy()), torch.from_numpy(_f16(b[..., :2])[..., 0]), None, 32, 8)
-    if type_name in ("Q4_0", "Q4_1"):
-        size = 18 if type_name == "Q4_0" else 20
-        b = blocks.reshape(rows, cols // 32, size)
-        d = _f16(b[..., :2])[..., 0]
-        codes = _low_high_nibbles(b[..., size - 16 :], 16).reshape(rows, cols)
-        offsets = -8.0 * d if type_name == "Q4_0" else _f16(b[..., 2:4])[..., 0]
-        offsets_t = torch.from_numpy(offsets.astype(np.float32))
-        return DecodedBlocks(torch.from_numpy(codes), torch.from_numpy(d), offsets_t, 32, 4)
-    if type_name in ("Q5_0", "Q5_1"):
-        size = 22 if type_name == "Q5_0" else 24
-        b = blocks.reshape(rows, cols // 32, size)
-        d = _f16(b[..., :2])[..., 0]
-        high_bits = np.ascontiguousarray(b[..., size - 20 : size - 16]).view(np.uint32)  # [rows, nb, 1]: bit i, value i
-        high = ((high_bits >> np.arange(32, dtype=np.uint32)) & np.uint32(1)).astype(np.uint8)
-        codes = (_low_high_nibbles(b[..., size - 16 :], 16) | (high << np.uint8(4))).astype(np.int8).reshape(rows, cols)
-        if type_name == "Q5_0":
-            return DecodedBlocks(torch.from_numpy(codes - np.int8(16)), torch.from_numpy(d), None, 32, 8)
-        offsets = torch.from_numpy(_f16(b[..., 2:4])[..., 0])
-        return DecodedBlocks(torch.from_numpy(codes), torch.from_numpy(d), offsets, 32, 8)
-    if type_name in ("Q4_K", "Q5_K"):
-        size = 144 if type_name == "Q4_K" else 176
-        b = blocks.reshape(rows, cols // QK_K, size)
-        d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])  # [rows, nb, 1]
-        sc, mn = _k_scale_min(b[..., 4 : 4 + K_SCALE_BYTES])
-        scales = d * sc.astype(np.float32)  # [rows, nb, 8]
-        offsets = -(dmin * mn.astype(np.float32))
-        codes = _low_high_nibbles(b[..., size - 128 :], 32)  # [rows, nb, 256]
-        if type_name == "Q5_K":
-            qh = b[..., 16:48].reshape(rows, -1, 1, 32) >> np.arange(8, dtype=np.uint8).reshape(8, 1)
-            codes = codes | ((qh & np.uint8(1)).reshape(rows, -1, QK_K) << np.uint8(4))
-        bits = 4 if type_name == "Q4_K" else 8
-        codes = codes.reshape(rows, cols)
-        codes_t = torch.from_numpy(codes) if bits == 4 else torch.from_numpy(codes.astype(np.int8))
-        scales_t, offsets_t = torch.from_numpy(scales.reshape(rows, -1)), torch.from_numpy(offsets.reshape(rows, -1))
-        return DecodedBlocks(codes_t, scales_t, offsets_t, 32, bits)
-    if type_name == "Q6_K":
-        b = blocks.reshape(rows, cols // QK_K, 210)
-        ql = b[..., :128].reshape(rows, -1, 2, 1, 64) >> np.array([0, 4], dtype=np.uint8).reshape(2, 1)
-        ql = (ql & np.uint8(0x0F)).reshape(rows, -1, 8, 32)
-        qh = b[..., 128:192].reshape(rows, -1, 2, 1, 32) >> np.array([0, 2, 4, 6], dtype=np.uint8).reshape(4, 1)
-        qh = (qh & np.uint8(0x03)).reshape(rows, -1, 8, 32)
-        q = (ql | (qh << np.uint8(4))).astype(np.int8) - np.int8(32)
-        sc = np.ascontiguousarray(b[..., 192:208]).view(np.int8).astype(np.float32)  # [rows, nb, 16]
-        scales = _f16(b[..., 208:210]) * sc
-        q_t, scales_t = torch.from_numpy(q.reshape(rows, cols)), torch.from_numpy(scales.reshape(rows, -1))
-        return DecodedBlocks(q_t, scales_t, None, 16, 8)
-    raise ValueError(f"GGUF type {type_name} is not kept as stored (expected one of {', '.join(STORED_TYPES)})")
+    traits = block_type(type_name)
+    num_blocks = cols // traits.num_block_values
+    blocks = np.asarray(raw, dtype=np.uint8)
+    if cols % traits.num_block_values or blocks.size != rows * num_blocks * traits.num_block_bytes:
+        raise ValueError(f"{blocks.size} bytes are no [{rows}, {cols}] {type_name} matrix "
+                         f"({traits.num_block_values} values in {traits.num_block_bytes} bytes a block)")
+    return traits.decode_blocks(blocks.reshape(rows, num_blocks, traits.num_block_bytes))
+
+
+def file_bytes(type_name: str, num_values: int) -> int:
+    """Bytes `num_values` values of `type_name` take in a GGUF file: any of gguf's types (F32,
+    F16 and the types not kept as stored too), `num_values` a whole number of blocks."""
+    traits = BLOCK_TYPES.get(type_name)
+    if traits is not None:
+        num_block_values, num_block_bytes = traits.num_block_values, traits.num_block_bytes
+    else:
+        import gguf
+
+        num_block_values, num_block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[type_name]]
+    assert num_values % num_block_values == 0, (type_name, num_values, num_block_values)
+    return num_values // num_block_values * num_block_bytes

@@ -23,10 +23,11 @@ slice the floats, group size 32), and the linear layer or LM head packs those va
 quantizing its float weight again. A TP column slice through a block is read as floats. Without
 it (--quantization none), Q8_0 is dequantized like any other type.
 
---quantization gguf keeps every matrix of a type in gguf_blocks.STORED_TYPES as stored (Q8_0, Q5_0, Q5_1,
-Q4_0, Q4_1, Q4_K, Q5_K, Q6_K: 4-bit codes as an `Int4Weight`, the others as int8 codes with
-their scales and offsets, `Int8Weight`), un-permuted and sliced as `read` slices the floats; a
-matrix of another type (F16, Q5_0, ...) comes as floats and the kernel quantizes it to int8.
+--quantization gguf keeps every matrix of a type in gguf_blocks.STORED_TYPES as stored (Q8_0, Q4_0,
+Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: 4-bit codes as an `Int4Weight`, the
+others as int8 codes with their scales and offsets, `Int8Weight`; the table's `code_bits`),
+un-permuted and sliced as `read` slices the floats; a matrix of another type (F16, IQ2_XXS, ...)
+comes as floats and the kernel quantizes it to int8.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +46,12 @@ import torch
 from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
 from zserve.common.gguf_source import gguf_source
 from zserve.model_proc.checkpoint import Checkpoint
-from zserve.model_proc.gguf_blocks import STORED_TYPES, decode
+from zserve.model_proc.gguf_blocks import STORED_TYPES, block_type, decode
+from zserve.model_proc.gguf_file import GGUFFile
+from zserve.model_proc.kernels.cpu_kernels import load_gguf_pack
 from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_weights import Int8Weight
+from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.layers.sparse_moe import MoeNames
 from zserve.model_proc.models.moe import MixtralForCausalLM
 
@@ -79,7 +84,6 @@ BLOCK_NAMES_BY_ARCH = {
 BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # rope scaling factors (llama 3's, phi3's longrope): config.json carries them (launcher/gguf_model_dir.py)
 SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
-Q8_0_BLOCK = 32  # values per Q8_0 block (one fp16 scale each), along the input dimension
 EXPERT_TENSORS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")  # stacked [n_expert, out, in]: MoeNames.projections
 ROUTER_TENSOR = "ffn_gate_inp"
 
@@ -151,15 +155,14 @@ class GGUFCheckpoint(Checkpoint):
 
         self.gguf_file, self.quantization = gguf_file, quantization
         self._gguf = gguf
-        self._reader = gguf.GGUFReader(str(gguf_file))
+        self._file = GGUFFile(gguf_file)  # a truncated or lying file: one ValueError naming the tensor
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
         moe_names = MixtralForCausalLM.names if config.get("architectures") == ["MixtralForCausalLM"] else MoeNames()
-        field = self._reader.fields.get("general.architecture")
-        self.architecture = str(field.contents()) if field is not None else ""
+        self.architecture = self._file.strings.get("general.architecture", "")
         self._gemma = self.architecture in GEMMA_GGUF_ARCHITECTURES  # norms stored as 1 + w (common/gguf_gemma.py)
         block_names = BLOCK_NAMES_BY_ARCH.get(self.architecture, GGUF_TO_HF)
         self._tensors = {}
-        for t in self._reader.tensors:
+        for t in self._file.tensors:
             self._tensors.update(moe_tensors(t, moe_names) or {hf_name(t.name, block_names): t})
         self._tensors.pop(None, None)
         self._num_heads = int(config["num_attention_heads"])
@@ -170,6 +173,13 @@ class GGUFCheckpoint(Checkpoint):
     def _index(self) -> dict[str, str]:
         return dict.fromkeys(self._tensors, self.gguf_file.name)
 
+    def file_bytes_by_type(self) -> dict[str, int]:
+        """Bytes of the file's tensors by GGML type ("Q4_K", "F32", ...)."""
+        totals: dict[str, int] = {}
+        for t in self._file.tensors:
+            totals[t.tensor_type.name] = totals.get(t.tensor_type.name, 0) + int(t.n_bytes)
+        return totals
+
     def _log_types(self) -> None:
         float_types = {"F32", "F16", "BF16"}
         counts = Counter(t.tensor_type.name for t in self._tensors.values())
@@ -179,7 +189,7 @@ class GGUFCheckpoint(Checkpoint):
             elif type_name in STORED_TYPES and self.quantization == "gguf":
                 logger.info("GGUF %s: %d %s tensors: matrices kept as stored for --quantization gguf (%s), a "
                             "lookup-only embedding dequantized", self.gguf_file.name, n, type_name,
-                            "4-bit codes" if type_name in ("Q4_0", "Q4_1", "Q4_K") else "int8 codes")
+                            "4-bit codes" if block_type(type_name).code_bits == 4 else "int8 codes")
             elif type_name == "Q8_0" and self.quantization == "int8":
                 logger.info("GGUF %s: %d Q8_0 tensors: matrices kept as stored for --quantization int8 (int8 values, "
                             "a scale per 32 input rows), a lookup-only embedding dequantized", self.gguf_file.name, n)
@@ -200,10 +210,8 @@ class GGUFCheckpoint(Checkpoint):
         """A Q8_0 matrix's q (int8 [out, in]) and d (float32 [out, in / 32]), rows un-permuted."""
         t = self._tensors[name]
         rows, cols = (int(d) for d in reversed(t.shape))
-        blocks = np.array(t.data).reshape(rows, cols // Q8_0_BLOCK, 2 + Q8_0_BLOCK)  # per block: fp16 d, then 32 int8
-        d = torch.from_numpy(np.ascontiguousarray(blocks[..., :2]).view(np.float16)[..., 0].astype(np.float32))
-        q = torch.from_numpy(np.ascontiguousarray(blocks[..., 2:]).view(np.int8).reshape(rows, cols))
-        return self._unpermute(name, q), self._unpermute(name, d)
+        blocks = decode("Q8_0", np.array(t.data), rows, cols)
+        return self._unpermute(name, blocks.codes), self._unpermute(name, blocks.scales)
 
     def _full_tensor(self, name: str) -> torch.Tensor:
         t = self._tensors[name]
@@ -216,6 +224,7 @@ class GGUFCheckpoint(Checkpoint):
             tensor = tensor.reshape(*raw.shape[:-1], -1)
         else:
             tensor = torch.from_numpy(self._gguf.quants.dequantize(t.data, t.tensor_type))
+        self._file.release(t.data)  # copied or dequantized above: the file's pages are not needed again
         tensor = tensor.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGML lists dims innermost first
         if self._gemma and is_shifted_norm(name):
             tensor = tensor - NORM_SHIFT  # exact in fp32 for stored values in [0.5, 2] (Sterbenz)
@@ -259,8 +268,33 @@ class GGUFCheckpoint(Checkpoint):
         if self.quantization == "int8" and t.tensor_type == self._gguf.GGMLQuantizationType.Q8_0:
             return self._q8_0_weight(name, expected_shape, rows, cols)
         if self.quantization == "gguf" and t.tensor_type.name in STORED_TYPES:
-            return self._decoded_weight(name, expected_shape, rows, cols)
+            packed = self._packed_weight(name, expected_shape, rows, cols)
+            return packed if packed is not None else self._decoded_weight(name, expected_shape, rows, cols)
         return None
+
+    def _packed_weight(
+        self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
+    ) -> PackedBlocks | None:
+        """Rows r0..r1 of a matrix (every column) packed by kernels/gguf_pack.cpp straight from the
+        file into the int8 x int8 GEMM's layout, un-permuted, its file pages released; None where
+        that op is not built or does not know the type, or for a slice of the columns."""
+        t = self._tensors[name]
+        out_features, in_features = (int(d) for d in reversed(t.shape))
+        gguf_pack = load_gguf_pack()
+        if gguf_pack is None or not torch.ops.zserve.gguf_pack_supports(t.tensor_type.name):
+            return None
+        if cols is not None and tuple(cols) != (0, in_features):
+            return None
+        self._check_shape(name, (out_features, in_features), expected_shape)
+        r0, r1 = rows or (0, out_features)
+        row_ids = self._unpermute(name, torch.arange(out_features))[r0:r1].contiguous()
+        with warnings.catch_warnings():  # the map is read-only; gguf_pack only reads it
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            raw = torch.from_numpy(t.data)
+        values, scales, offsets, bits, group = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
+        self._file.release(t.data)
+        self._progress.update(1)
+        return PackedBlocks(values, scales, offsets if offsets.numel() else None, bits, group, in_features, r1 - r0)
 
     def _decoded_weight(
         self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
@@ -296,10 +330,11 @@ class GGUFCheckpoint(Checkpoint):
         blocks: read as floats)."""
         q, d = self._q8_0_parts(name)
         self._check_shape(name, tuple(q.shape), expected_shape)
+        g = block_type("Q8_0").group_size
         r0, r1 = rows or (0, q.shape[0])
         c0, c1 = cols or (0, q.shape[1])
-        if c0 % Q8_0_BLOCK or (c1 % Q8_0_BLOCK and c1 != q.shape[1]):
+        if c0 % g or (c1 % g and c1 != q.shape[1]):
             return None
         self._progress.update(1)
-        blocks = slice(c0 // Q8_0_BLOCK, -(-c1 // Q8_0_BLOCK))
-        return Int8Weight(q=q[r0:r1, c0:c1].t(), scales=d[r0:r1, blocks].t(), group_size=Q8_0_BLOCK)
+        blocks = slice(c0 // g, -(-c1 // g))
+        return Int8Weight(q=q[r0:r1, c0:c1].t(), scales=d[r0:r1, blocks].t(), group_size=g)

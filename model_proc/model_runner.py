@@ -29,6 +29,7 @@ import torch
 from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
 from zserve.common.gguf_source import gguf_source
 from zserve.common.model_config import ModelConfig
+from zserve.common.weight_memory import WeightMemory
 from zserve.common.worker_env import default_num_threads
 from zserve.model_proc.chunk_pooler import final_norm, pool_chunks
 from zserve.model_proc.compute_dtype import resolve_dtype
@@ -38,12 +39,16 @@ from zserve.model_proc.kernels.cpu_kernels import fused_ops_available
 from zserve.model_proc.kv_pool import KVPool, free_memory_bytes
 from zserve.model_proc.layers.attention import attention_backend
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
-from zserve.model_proc.layers.gemm import gemm_weight_bytes, prepack_weights
+from zserve.model_proc.layers.gemm import gemm_weight_bytes, pack_as_loaded, prepack_weights
 from zserve.model_proc.layers.weight_kernels.int8_kernels import ZserveInt8DotKernel
 from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
+from zserve.model_proc.layers.weight_kernels.weight_copy_policy import WeightCopyPolicy
+from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 from zserve.model_proc.logits_processors import top_logprobs_of
 from zserve.model_proc.models.registry import build_model
 from zserve.model_proc.packed_int4_checkpoint import PackedInt4Scheme
+from zserve.model_proc.process_memory import release_freed_memory
+from zserve.model_proc.resident_memory import resident_bytes_by_form
 from zserve.model_proc.sampler import Sampler
 from zserve.model_proc.tp_group import min_across_ranks
 
@@ -55,9 +60,13 @@ logger = logging.getLogger(__name__)
 PROGRESS_MIN_PARAMS = 50_000_000  # show a loading bar for models at least this big
 
 
-# a kernel that keeps extra copies of the weights (zserve_bf16+onednn) is used while they take at most this share
-# of the memory free after loading; above it, one copy (its `one_copy()`: zserve_bf16, zserve_int8_dot)
-EXTRA_COPY_MAX_SHARE = 0.25
+def file_stores_quantized(model_dir: str | Path) -> bool:
+    """Whether the model's file stores its linear weights quantized: a GGUF file, or an AWQ / GPTQ checkpoint."""
+    if gguf_source(model_dir) is not None:
+        return True
+    config_path = Path(model_dir) / "config.json"
+    return PackedInt4Scheme.from_config(json.loads(config_path.read_text(encoding="utf-8"))) is not None
+
 
 def resolve_quantization(choice: str, model_dir: str | Path, device: torch.device, dtype: torch.dtype) -> str:
     """--quantization auto: gguf (the file's quantized blocks as stored, run by the int8 x int8
@@ -105,14 +114,15 @@ class ModelRunner:
         quantization: str = "auto",
         attention: str = "auto",
         fused_ops: str = "auto",
+        weight_copy: str = "auto",
     ):
         """The knobs come from the server config through `from_server_config` (the one source of
         their defaults). `kv_cache_tokens` > 0 sizes the KV pool in tokens; 0 takes
         `kv_memory_fraction` of the memory free after loading, or, when `mem_fraction_static` > 0, that
         share of the device's whole memory less the weights (SGLang's meaning). `num_threads` 0 =
         `default_num_threads()` on CPU. `gemm`, `attention`, `fused_ops`: the kernel choices
-        (--gemm-backend, --attention-backend, --fused-ops)."""
-        self.gemm_choice, self.fused_ops_choice = gemm, fused_ops  # read by _load_model
+        (--gemm-backend, --attention-backend, --fused-ops); `weight_copy`: --gemm-weight-copy."""
+        self.gemm_choice, self.fused_ops_choice, self.weight_copy_choice = gemm, fused_ops, weight_copy  # _load_model
         self.config = ModelConfig.from_model_dir(model_dir)
         self.device = resolve_device(device)
         self.dtype, dtype_reason = resolve_dtype(dtype, self.device)
@@ -154,6 +164,9 @@ class ModelRunner:
             self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device
         )
         logger.info("KV pool: %d pages x %d tokens, %.2f GiB", num_pages, page_size, self.kv_pool.num_bytes / 2**30)
+        resident, copy_bytes = resident_bytes_by_form(self.model, self.dtype)
+        self.memory = WeightMemory(self.file_bytes_by_type, resident, copy_bytes, self.kv_pool.num_bytes)
+        logger.info("memory: %s", self.memory.summary())
         self.attention_backend = attention_backend(self.device, self.dtype, attention)
         self.sampler = Sampler(self.device)
 
@@ -177,6 +190,7 @@ class ModelRunner:
             quantization=cfg.quantization,
             attention=cfg.attention_backend,
             fused_ops=cfg.fused_ops,
+            weight_copy=cfg.gemm_weight_copy,
         )
 
     def _load_model(self, show_progress: bool | None) -> torch.nn.Module:
@@ -190,36 +204,45 @@ class ModelRunner:
         finally:
             torch.set_default_dtype(previous_dtype)
         model_dir, quantization = self.config.model_dir, self.quantization
+        # the kernel is chosen first, so each matrix is packed as soon as its layer has loaded: the load peak is
+        # the packed model plus one matrix (and its file pages), never the whole model in --dtype
+        plain_bytes = gemm_weight_bytes(model, self.dtype)  # shapes only: nothing is packed yet
+        self.weight_kernel = self._choose_weight_kernel(plain_bytes)
+        pack_as_loaded(model, self.weight_kernel)
+        t0 = time.perf_counter()
         with open_checkpoint(model_dir, show_progress=show_progress, quantization=quantization) as ckpt:
             model.load(ckpt)
             missing = ckpt.missing_params(model)
+            self.file_bytes_by_type = ckpt.file_bytes_by_type()
         assert not missing, f"parameters not filled from the checkpoint: {missing}"
+        count = prepack_weights(model, self.weight_kernel)  # what loading did not pack: a tied LM head
+        release_freed_memory()
         # norms, gated activation, rotary + K/V write: one call each
         if fused_ops_available(self.device, self.dtype, self.fused_ops_choice):
             for module in model.modules():
                 if hasattr(module, "use_cpu_kernels"):
                     module.use_cpu_kernels()
-        plain_bytes = gemm_weight_bytes(model, self.dtype)
-        kernel = choose_kernel(self.device, self.dtype, self.gemm_choice, self.quantization)
-        extra_bytes = plain_bytes * kernel.extra_weight_copies
-        if extra_bytes > EXTRA_COPY_MAX_SHARE * free_memory_bytes(self.device):
-            # a second copy of the weights would take much of what the KV pool gets: keep one
-            alone = kernel.one_copy()
-            logger.warning("%s would keep a second %.0f MB copy of the weights, over %.0f%% of the free memory: "
-                           "%s instead (one copy)", kernel.name, extra_bytes / 1e6, 100 * EXTRA_COPY_MAX_SHARE,
-                           alone.name)
-            kernel = alone
-        self.weight_kernel = kernel.calibrated()
-        t0 = time.perf_counter()
-        count = prepack_weights(model, self.weight_kernel)
         if self.weight_kernel.repacks:
-            logger.info("packed %d weight matrices for the %s GEMM in %.1fs",
-                        count, self.gemm_backend, time.perf_counter() - t0)
+            logger.info("read and packed the weight matrices for the %s GEMM in %.1fs (%d after loading)",
+                        self.gemm_backend, time.perf_counter() - t0, count)
         if self.quantization != "none":
             logger.info("--quantization %s: %.1f MB of linear and LM-head weights in %s, %.1f MB quantized",
                         self.quantization, plain_bytes / 1e6, str(self.dtype).removeprefix("torch."),
                         gemm_weight_bytes(model, self.dtype) / 1e6)
         return model.eval()
+
+    def _choose_weight_kernel(self, plain_bytes: int) -> WeightKernel:
+        """The weight kernel for this server, calibrated, with or without its second copy of the
+        weights (--gemm-weight-copy, model_proc/layers/weight_kernels/weight_copy_policy.py)."""
+        kernel = choose_kernel(self.device, self.dtype, self.gemm_choice, self.quantization)
+        stored_quantized = file_stores_quantized(self.config.model_dir)
+        # the weights are not loaded yet: what is free now less their --dtype size bounds what will be free after
+        free_after_bytes = max(0, free_memory_bytes(self.device) - plain_bytes)
+        policy = WeightCopyPolicy(self.weight_copy_choice)
+        decision = policy.apply(kernel, plain_bytes, free_after_bytes, stored_quantized)
+        if decision.reason:
+            logger.log(logging.WARNING if decision.warning else logging.INFO, "%s", decision.reason)
+        return decision.kernel.calibrated()
 
     @property
     def gemm_backend(self) -> str:

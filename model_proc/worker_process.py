@@ -85,7 +85,7 @@ def serve_lead(cfg: ServerConfig, addrs: Addresses, runner, ctx: zmq.Context, la
         if publisher:
             publisher.wait_for_followers(cfg.startup_timeout_s)
         info = runner.info()
-        results.send(WorkerReady(**info))
+        results.send(WorkerReady(**info, memory=runner.memory))
         launcher.send(ProcReady(name=name, pid=os.getpid(), info=info))
         logger.info("model worker ready (%d ranks): %s", cfg.tp_size, info)
         lead(runner, inbox, results, publisher)

@@ -49,6 +49,7 @@ from zserve.common.messages import (
 from zserve.common.model_facts import ModelFacts
 from zserve.common.proc_runtime import child_args, child_setup
 from zserve.common.transport import Addresses, Endpoint, pull, push
+from zserve.common.weight_memory import WeightMemory
 from zserve.scheduler_proc.scheduler import Scheduler
 from zserve.scheduler_proc.scheduler_knobs import SchedulerKnobs, scheduler_knobs
 from zserve.scheduler_proc.stats_logger import StatsLogger
@@ -61,9 +62,10 @@ GRAMMAR_POLL_MS = 5  # how often a loop with nothing to run but grammars being b
 class SchedulerLoop:
     def __init__(
         self, scheduler: Scheduler, inbox: Endpoint, to_worker: Endpoint, from_worker: Endpoint, to_detok: Endpoint,
-        stats_logger: StatsLogger,
+        stats_logger: StatsLogger, worker_memory: WeightMemory | None = None,
     ):
         self.scheduler = scheduler
+        self.worker_memory = worker_memory  # the model worker's weights and KV pool, for every StatsOut
         self.stats_logger = stats_logger
         self.inbox = inbox
         self.to_worker = to_worker
@@ -137,7 +139,8 @@ class SchedulerLoop:
             self.publish(self.scheduler.abort(msg.req_id, msg.finish_reason))
         elif isinstance(msg, StatsReq):
             self.to_detok.send(
-                StatsOut(req_id=msg.req_id, scheduler=self.scheduler.stats(), histograms=self.scheduler.histograms())
+                StatsOut(req_id=msg.req_id, scheduler=self.scheduler.stats(), histograms=self.scheduler.histograms(),
+                         memory=self.worker_memory)
             )
 
     def submit(self, msg: TokenizedReq) -> None:
@@ -230,7 +233,7 @@ def serve(
         gc.collect()
         gc.freeze()  # startup objects never need scanning again: shorter collector pauses in the loop
         stats_logger = StatsLogger(interval_s=sched.log_stats_interval_s, num_pages=ready.num_pages)
-        SchedulerLoop(scheduler, inbox, to_worker, from_worker, to_detok, stats_logger).run_forever()
+        SchedulerLoop(scheduler, inbox, to_worker, from_worker, to_detok, stats_logger, ready.memory).run_forever()
     finally:
         ctx.destroy(linger=0)
 

@@ -110,3 +110,4 @@ class ParallelLMHead(GemmWeight):
         with torch.no_grad():
             self.weight[:, self.vocab_stop - self.vocab_start :].zero_()  # padding past the vocab
         self.fill_weight(ckpt, loaded, name)
+        self.loaded()

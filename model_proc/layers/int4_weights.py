@@ -49,6 +49,10 @@ class Int4Weight:
         return Int4Weight(codes.reshape(k, n), scales.contiguous(), low.contiguous(), group_size)
 
     @property
+    def in_features(self) -> int:
+        return self.codes.shape[0]
+
+    @property
     def out_features(self) -> int:
         return self.codes.shape[1]
 

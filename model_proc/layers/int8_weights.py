@@ -88,6 +88,10 @@ class Int8Weight:
         return Int8Weight(*quantize_int8(weight_in_out, group_size), group_size)
 
     @property
+    def in_features(self) -> int:
+        return self.q.shape[0]
+
+    @property
     def out_features(self) -> int:
         return self.q.shape[1]
 

@@ -56,6 +56,7 @@ class ColumnParallelLinear(GemmWeight):
                 ckpt.copy_into(self.bias, bias, f"{prefix}.bias", row_offset=local_offset)
             file_offset += size if fused_on_disk else 0
             local_offset += r1 - r0
+        self.loaded()
 
 
 class RowParallelLinear(GemmWeight):
@@ -78,3 +79,4 @@ class RowParallelLinear(GemmWeight):
         self.fill_weight(ckpt, weight, f"{prefix}.weight")
         if self.bias is not None:
             ckpt.copy_into(self.bias, ckpt.read(f"{prefix}.bias", (self.out_features,)), f"{prefix}.bias")
+        self.loaded()

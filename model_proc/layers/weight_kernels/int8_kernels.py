@@ -26,6 +26,7 @@ from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8, load_gemm_int8
 from zserve.model_proc.layers.int4_weights import INT4_GROUP_SIZE, Int4Weight
 from zserve.model_proc.layers.int8_activations import ACT_BLOCK, SUM_BLOCK, runs_int8_activations
 from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, Int8Weight, dequantize_int8
+from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.layers.weight_kernels.column_blocks import (
     pack_column_blocks,
     pack_int4_nibbles,
@@ -53,11 +54,14 @@ class Int8Kernel(WeightKernel):
             return Int4Weight.quantize(plain, INT4_GROUP_SIZE)
         return Int8Weight.quantize(plain, self.group_size)
 
-    def int8_weight(self, plain: torch.Tensor, stored: QuantizedWeight | None) -> Int8Weight:
+    def int8_weight(self, plain: torch.Tensor | None, stored: QuantizedWeight | None) -> Int8Weight:
         """The stored int8 weight (without offsets: the widening kernels have none), or `plain` quantized."""
         if isinstance(stored, Int8Weight) and stored.offsets is None:
             return stored
         return Int8Weight.quantize(plain, self.group_size)
+
+    def takes_stored(self, stored: QuantizedWeight) -> bool:
+        return isinstance(stored, Int8Weight) and stored.offsets is None
 
     def weight_bytes(self, packed: PackedWeight | None, in_features: int, out_features: int, dtype: torch.dtype) -> int:
         if packed is None:
@@ -76,12 +80,14 @@ class ZserveInt8Kernel(Int8Kernel):
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
         return device.type == "cpu" and load_gemm_int8() is not None
 
-    def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
+    def pack(
+        self, plain: torch.Tensor | None, bias: torch.Tensor | None, stored: QuantizedWeight | None
+    ) -> PackedWeight:
         weight = self.int8_weight(plain, stored)
         values = pack_column_blocks(weight.q)
         scales = pack_column_blocks(weight.scales.float())
         bias_blocks = padded_bias(bias, values.shape[0])
-        return PackedWeight(values, plain.shape[1], bias_blocks, scales, weight.group_size, bits=8)
+        return PackedWeight(values, weight.out_features, bias_blocks, scales, weight.group_size, bits=8)
 
     def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
         packed_bias = packed.bias if bias is not None else None
@@ -107,21 +113,31 @@ class ZserveInt8DotKernel(Int8Kernel):
     def kernel_for(self, in_features: int) -> WeightKernel:
         return self if runs_int8_activations(in_features) else ZserveInt8Kernel(self.group_size)  # int8 there
 
-    def dot_weight(self, plain: torch.Tensor, stored: QuantizedWeight | None) -> Int8Weight | Int4Weight:
+    def dot_weight(self, plain: torch.Tensor | None, stored: QuantizedWeight | None) -> Int8Weight | Int4Weight:
         """The stored weight in either format this kernel runs (int8 codes with offsets too,
         4-bit codes), or `plain` quantized to int8."""
         return stored if isinstance(stored, (Int8Weight, Int4Weight)) else self.quantized(plain)
 
-    def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
+    def takes_stored(self, stored: QuantizedWeight) -> bool:
+        return isinstance(stored, (Int8Weight, Int4Weight, PackedBlocks))
+
+    def pack(
+        self, plain: torch.Tensor | None, bias: torch.Tensor | None, stored: QuantizedWeight | None
+    ) -> PackedWeight:
+        if isinstance(stored, PackedBlocks):  # packed from the file's rows at load (kernels/gguf_pack.cpp)
+            return PackedWeight(
+                stored.values, stored.out_features, padded_bias(bias, stored.values.shape[0]), stored.scales,
+                stored.group_size, offsets=stored.offsets, bits=stored.bits,
+            )
         weight = self.dot_weight(plain, stored)
-        in_features, group = plain.shape[0], weight.group_size
+        in_features, group = weight.in_features, weight.group_size
         if group not in (in_features, SUM_BLOCK) and group % ACT_BLOCK:
             raise ValueError(f"zserve_int8_dot: scales per {group} rows; it needs K, 16 or a multiple of 32")
         four_bit = isinstance(weight, Int4Weight)
         values = pack_int4_nibbles(weight.codes) if four_bit else pack_int8_quads(weight.q)
         offsets = None if weight.offsets is None else pack_column_blocks(weight.offsets.float())
         return PackedWeight(
-            values, plain.shape[1], padded_bias(bias, values.shape[0]), pack_column_blocks(weight.scales.float()),
+            values, weight.out_features, padded_bias(bias, values.shape[0]), pack_column_blocks(weight.scales.float()),
             group,
             offsets=offsets, bits=4 if four_bit else 8,
         )
@@ -149,14 +165,20 @@ class Int8TorchKernel(Int8Kernel):
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
         return True
 
-    def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
+    def takes_stored(self, stored: QuantizedWeight) -> bool:
+        return isinstance(stored, (Int8Weight, Int4Weight))
+
+    def pack(
+        self, plain: torch.Tensor | None, bias: torch.Tensor | None, stored: QuantizedWeight | None
+    ) -> PackedWeight:
         weight = stored if isinstance(stored, (Int8Weight, Int4Weight)) else self.quantized(plain)
         if isinstance(weight, Int4Weight):
             weight = weight.as_int8()
-        scales = weight.scales.float().to(plain.device)
-        offsets = None if weight.offsets is None else weight.offsets.float().to(plain.device)
+        device = plain.device if plain is not None else weight.q.device  # GemmWeight.pack moved `stored` there
+        scales = weight.scales.float().to(device)
+        offsets = None if weight.offsets is None else weight.offsets.float().to(device)
         return PackedWeight(
-            weight.q.to(plain.device), plain.shape[1], scales=scales, group_size=weight.group_size, offsets=offsets,
+            weight.q.to(device), weight.out_features, scales=scales, group_size=weight.group_size, offsets=offsets,
             bits=8,
         )
 

@@ -17,9 +17,13 @@ from typing import Protocol
 import torch
 
 from zserve.model_proc.layers.int4_weights import common_format
+from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks, join_blocks
 
 
 class QuantizedWeight(Protocol):
+    @property
+    def in_features(self) -> int: ...
+
     @property
     def out_features(self) -> int: ...
 
@@ -35,11 +39,25 @@ def split_loaded(loaded: torch.Tensor | QuantizedWeight) -> tuple[torch.Tensor, 
     return loaded.dequantize().t(), loaded
 
 
+def on_device(weight: QuantizedWeight, device: torch.device) -> QuantizedWeight:
+    """`weight` with its tensors on `device` (itself where they are)."""
+    moved = {
+        f.name: value.to(device)
+        for f in fields(weight)
+        if isinstance(value := getattr(weight, f.name), torch.Tensor) and value.device != device
+    }
+    return replace(weight, **moved) if moved else weight
+
+
 def join_columns(parts: Sequence[tuple[int, QuantizedWeight]], out_features: int) -> QuantizedWeight | None:
     """The [in, out_features] weight made of (column offset, piece) pieces side by side, or None
     unless they cover every column, in order, in one format with the same settings (group size)."""
     if not parts:
         return None
+    packed = join_blocks(parts, out_features)  # pieces already in the GEMM's layout: blocks side by side
+    if packed is not None:
+        return packed
+    parts = [(col, part.unpacked() if isinstance(part, PackedBlocks) else part) for col, part in parts]
     common = common_format([part for _, part in parts])
     if common is not None:
         parts = [(col, part) for (col, _), part in zip(parts, common, strict=True)]

@@ -72,11 +72,18 @@ class WeightKernel(ABC):
         """The kernel that runs a weight of `in_features` rows: this one, or a fallback."""
         return self
 
+    def takes_stored(self, stored: QuantizedWeight) -> bool:
+        """Whether `pack` runs `stored` as it is, without the plain weight (float kernels: never;
+        the layer then dequantizes it into the plain weight and passes that instead)."""
+        return False
+
     @abstractmethod
-    def pack(self, plain: torch.Tensor, bias: torch.Tensor | None, stored: QuantizedWeight | None) -> PackedWeight:
-        """The state `matmul` runs from: `plain` (the [in, out] weight), `bias` (the layer's bias
-        Parameter or None) and `stored` (the weight as the checkpoint stored it quantized, every
-        output column; None when it came in floats). A kernel takes `stored` only in its own format."""
+    def pack(
+        self, plain: torch.Tensor | None, bias: torch.Tensor | None, stored: QuantizedWeight | None
+    ) -> PackedWeight:
+        """The state `matmul` runs from: `plain` (the [in, out] weight; None when `stored` is given,
+        which `takes_stored` accepted), `bias` (the layer's bias Parameter or None) and `stored` (the
+        weight as the checkpoint stored it quantized, every output column; None when it came in floats)."""
 
     @abstractmethod
     def matmul(self, x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:

@@ -1,0 +1,58 @@
+"""The bytes a loaded model holds, by form (common/weight_memory.py's `resident_bytes_by_form`).
+
+Each GemmWeight's packed state counts once: its codes ("4-bit codes", "int8 codes") or 16-bit
+values ("<dtype> matrices"), its fp32 scales, offsets and padded bias, and apart from those the
+second copy a row-split kernel keeps for products of many rows. Every other parameter or buffer
+(embeddings, norms, biases, a torch kernel's plain matrix) counts by dtype, each storage once.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+from torch import nn
+
+from zserve.model_proc.layers.gemm import GemmWeight
+
+CODE_FORMS = {4: "4-bit codes", 8: "int8 codes"}
+SIDE_FORM = "fp32 scales, offsets and biases"
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    """What identifies `t`'s memory: its data pointer (a oneDNN-packed tensor has none: itself)."""
+    return id(t) if t.is_mkldnn else t.data_ptr()
+
+
+def resident_bytes_by_form(model: nn.Module, dtype: torch.dtype) -> tuple[dict[str, int], int]:
+    """(bytes by form, bytes of the second copies) of `model` after packing; `dtype` the compute
+    dtype, which names unquantized matrices whatever their packed layout's element type."""
+    forms: Counter[str] = Counter()
+    copy_bytes = 0
+    counted: set[int] = set()  # storages already counted (data_ptr)
+
+    def count(form: str, t: torch.Tensor | None) -> None:
+        if t is not None and _storage_key(t) not in counted:
+            counted.add(_storage_key(t))
+            forms[form] += _nbytes(t)
+
+    for module in model.modules():
+        if isinstance(module, GemmWeight) and module.packed is not None:
+            packed = module.packed
+            count(CODE_FORMS.get(packed.bits, f"{_dtype_name(dtype)} matrices"), packed.values)
+            for side in (packed.scales, packed.offsets, packed.bias):
+                count(SIDE_FORM, side)
+            if packed.many_rows_values is not None and _storage_key(packed.many_rows_values) not in counted:
+                counted.add(_storage_key(packed.many_rows_values))
+                copy_bytes += _nbytes(packed.many_rows_values)
+    for t in (*model.parameters(), *model.buffers()):
+        count(f"{_dtype_name(t.dtype)} embeddings and norms", t)
+    return dict(forms), copy_bytes
