@@ -6,8 +6,8 @@ process, interleaved, best of N: the figures behind `auto`'s int8 choice (BENCHM
 Columns, microseconds per call: int8_dot (zserve_int8_dot: activations quantized to int8,
 VPDPBUSD or VPMADDUBSW), int4_dot (its 4-bit path, Q4_0-like codes), int8_widen (zserve_int8:
 int8 widened to fp32), bf16 (zserve_bf16 where built, else zserve_widen) and onednn (oneDNN's
-bf16 linear where the CPU has native bf16); then int8_dot / the faster 16-bit one. The CPU's level
-and the dot instruction are printed first.
+bf16 linear where the CPU has native bf16); then int8_dot / the faster 16-bit one. The kernels'
+feature set (common/isa_features.py) and the dot instruction are printed first.
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def main() -> None:
     parser.add_argument("--rows", default="1,8,32,64,512")
     args = parser.parse_args()
     if load_gemm_int8_dot() is None:
-        raise SystemExit(f"the int8 x int8 GEMM is not built at this level ({cpu_isa()})")
-    print(f"level {cpu_isa()}, dot products {torch.ops.zserve.gemm_int8_dot_instruction()}, {torch.get_num_threads()} threads")
+        raise SystemExit(f"the int8 x int8 GEMM is not built for this feature set ({cpu_isa()})")
+    print(f"features {cpu_isa()}, dot products {torch.ops.zserve.gemm_int8_dot_instruction()}, {torch.get_num_threads()} threads")
     cpu = torch.device("cpu")
     float_kernel = ZserveBf16Kernel() if ZserveBf16Kernel.runs(cpu, torch.bfloat16) else ZserveWidenKernel()
     kernels = {"int8_dot": ZserveInt8DotKernel(group_size=32), "int8_widen": ZserveInt8Kernel(group_size=32), "bf16": float_kernel}

@@ -146,12 +146,12 @@ PROBE_ITERATIONS = 5_000_000
 
 class InstructionPeaks:
     """The clock and each GEMM instruction's rate, measured on every thread at once (under load)
-    by kernels/cpu_probe.cpp at this process's level, and which instruction a kernel multiplies
+    by kernels/cpu_probe.cpp for this process's feature set, and which instruction a kernel multiplies
     with at a row count: the peak a GEMM's rate is compared with. oneDNN's AMX tiles (the many-row
     half of the row-split kernels on a CPU with AMX) are not measured: those cases say so."""
 
     def __init__(self) -> None:
-        from zserve.common.cpu_isa_level import cpu_flags
+        from zserve.common.isa_features import cpu_flags
         from zserve.model_proc.kernels.cpu_kernels import load_cpu_kernels
 
         self.rates = {}

@@ -125,7 +125,7 @@ def main() -> None:
             print(f"[bench_step_path] repeat {repeat}: alone {alone:.1f} ms, ZMQ {zmq}, HTTP {http}", file=sys.stderr)
     machine = machine_info()
     print(f"\none request at a time, {args.input_len} in / {args.output_len} out, --dtype {args.dtype} ({runner.dtype}, "
-          f"{runner.gemm_backend} GEMM); CPU {machine['cpu']} (family/model {machine['cpu_family_model']}, level {machine['cpu_isa']}), "
+          f"{runner.gemm_backend} GEMM); CPU {machine['cpu']} (family/model {machine['cpu_family_model']}, kernels {machine['cpu_isa']}), "
           f"{machine['num_cores']} cores")
     print("| repeat | load | step alone ms | forward in the server ms (ZMQ) | step wait ms (ZMQ) | scheduler ms (ZMQ) | TPOT p50 ZMQ ms | "
           "step wait ms (HTTP) | TPOT p50 HTTP ms | TPOT HTTP / alone |")

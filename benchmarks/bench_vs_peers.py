@@ -40,7 +40,7 @@ decoding. The ratios compare every server with the first one of `--peers`.
 Only one server computes at a time: the others are paused (SIGSTOP of their whole process group,
 SIGCONT before their turn), because vLLM's engine busy-polls even when idle and would take CPU from
 the others' runs. The load average at each run's start is printed with it, and the CPU (model,
-family/model, instruction-set level and SIMD flags) goes into the JSON and the table's heading.
+family/model, the kernels' instruction-set features and SIMD flags) goes into the JSON and the table's heading.
 vLLM compiles its model on every start (100-220 s here); `--vllm-start-timeout-s` allows for that.
 """
 
@@ -259,7 +259,7 @@ def main() -> None:
         for peer in peers:
             peer.stop()
     print(f"\nzserve and its peers, model {Path(model).name}, {args.input_len} in / {args.output_len} out; CPU {machine['cpu']} "
-          f"(family/model {machine['cpu_family_model']}, level {machine['cpu_isa']}, {' '.join(machine['cpu_simd_flags'])}), {machine['num_cores']} cores")
+          f"(family/model {machine['cpu_family_model']}, kernels {machine['cpu_isa']}, {' '.join(machine['cpu_simd_flags'])}), {machine['num_cores']} cores")
     for peer in peers:
         print(f"  {peer.name}: {settings[peer.name]}; healthy after {startup[peer.name]:.0f}s; answers {DEMO_QUESTION!r}: {answers[peer.name]!r}")
     print("| scenario | repeat | server | load | ok/failed | " + " | ".join(f for f, _, _ in FIGURES) + " |")

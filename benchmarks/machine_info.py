@@ -37,9 +37,9 @@ def _cpu_field(name: str) -> str:
 
 
 def _cpu_isa() -> str:
-    """The kernels' level in this process (the CPU's highest, or $ZSERVE_CPU_ISA's)."""
+    """The kernels' feature set in this process (everything the CPU has, or $ZSERVE_CPU_ISA's)."""
     try:
-        return cpu_isa()
+        return cpu_isa().name
     except ValueError as exc:  # a $ZSERVE_CPU_ISA this CPU cannot run: the figure says so
         return f"invalid: {exc}"
 

@@ -94,7 +94,7 @@ class SpeculationSection:
 
 @dataclass(frozen=True)
 class KernelSection:
-    """How the model worker computes on a CPU: threads, the instruction level and each kernel's choice."""
+    """How the model worker computes on a CPU: threads, the instruction set and each kernel's choice."""
 
     num_threads: int = 0
     omp_spin_count: int = OMP_SPIN_COUNT

@@ -11,7 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from zserve.common.cpu_isa_level import CPU_ISA_ENV, LEVELS
+from zserve.common.isa_features import CPU_ISA_ENV, FEATURES, LEVELS
 from zserve.common.weight_formats import GEMM_CHOICES, QUANTIZATION_CHOICES, WEIGHT_COPY_CHOICES
 
 
@@ -303,10 +303,10 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         min=0,
     ),
     'cpu_isa': FlagSpec(
-        "instruction level the CPU kernels are built for: auto (the CPU's highest, from /proc/cpuinfo) or "
-        'a lower one, so one machine runs every path; a level this CPU lacks is refused '
-        '(common/cpu_isa_level.py); default $ZSERVE_CPU_ISA when set',
-        choices=("auto", *LEVELS),
+        "x86 features the CPU kernels are built for: auto (every one the CPU has, from /proc/cpuinfo), a "
+        f"level ({', '.join(LEVELS)}) or features joined by + (of {', '.join(FEATURES)}; e.g. avx2+avx_vnni), "
+        'so one machine runs every path; a feature this CPU lacks is refused (common/isa_features.py); '
+        'default $ZSERVE_CPU_ISA when set',
         env=CPU_ISA_ENV,
         peer_note='none',
     ),

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import os
 
-from zserve.common.cpu_isa_level import CPU_ISA_ENV
+from zserve.common.isa_features import CPU_ISA_ENV
 
 OMP_SPIN_COUNT = 10_000  # GOMP_SPINCOUNT: iterations an idle OpenMP thread spins before it sleeps
 MALLOC_MMAP_THRESHOLD_BYTES = 1 << 32  # blocks below 4 GiB come from the heap, not fresh mmaps
@@ -64,9 +64,9 @@ def worker_env(
 
     `num_threads` 0 picks `default_num_threads()`. On CUDA the CPU only launches kernels, so
     a couple of threads are enough whatever the core count. `omp_spin_count`: GOMP_SPINCOUNT
-    (0 = idle threads sleep at once, as OMP_WAIT_POLICY=PASSIVE). `cpu_isa`: the kernels' level,
-    resolved by the launcher from --cpu-isa ("" = none given: the CPU's highest); the kernels are
-    one extension per process, loaded once, so the level comes with the process's start.
+    (0 = idle threads sleep at once, as OMP_WAIT_POLICY=PASSIVE). `cpu_isa`: the kernels' feature
+    set, resolved by the launcher from --cpu-isa ("" = none given: everything the CPU has); the kernels
+    are one extension per process, loaded once, so the set comes with the process's start.
     """
     if num_threads < 0:
         raise ValueError(f"num_threads must be >= 0 (0 = automatic), got {num_threads}")

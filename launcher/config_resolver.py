@@ -7,7 +7,7 @@
       resolve_zmq_port            node 0: the default --zmq-port, when taken, becomes 0 (a free one)
       resolve_model               the demo model when --model is empty; a GGUF file's metadata directory
       check_model                 the model directory; --num-threads 0 becomes this node's threads per rank
-      resolve_cpu_isa             --cpu-isa auto becomes this CPU's level; a level it lacks is refused
+      resolve_cpu_isa             --cpu-isa auto becomes this CPU's feature set; a feature it lacks is refused
       resolve_model_facts         context, chat template, tool-call format     (facts_resolver.py)
 
 Every step returns a new frozen config (or raises ValueError naming the flag): the ServerConfig
@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from zserve.common.cpu_isa_level import resolve_cpu_isa
+from zserve.common.isa_features import resolve_cpu_isa
 from zserve.common.model_facts import ModelFacts
 from zserve.common.server_config import ServerConfig
 from zserve.common.speculative_settings import resolve_speculative_config

@@ -34,11 +34,11 @@ def native_bf16_feature() -> str | None:
 
 
 def widening_gemm_level() -> str | None:
-    """The instruction set of the widening 16-bit GEMM when it runs in this process, else None."""
+    """The feature set (its name) of the widening 16-bit GEMM when it runs in this process, else None."""
     from zserve.model_proc.kernels.cpu_isa import cpu_isa
     from zserve.model_proc.kernels.cpu_kernels import load_gemm_widen
 
-    return cpu_isa() if load_gemm_widen() is not None else None
+    return cpu_isa().name if load_gemm_widen() is not None else None
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> tuple[torch.dtype, str]:

@@ -29,9 +29,9 @@ else
     echo "$want" >"$stamp"
 fi
 # The CPU kernels (paged attention, the 16-bit GEMMs, fused ops) for this CPU's instruction set
-# (model_proc/kernels/cpu_isa.py: avx2, avx512 or avx512_bf16; ZSERVE_CPU_ISA forces a lower one), compiled once
-# here (about a minute on 2 cores) so a server starts without compiling; cached in
-# ~/.cache/zserve/kernels by level, source, flags, torch version and CPU. A machine where they do not
+# (model_proc/kernels/cpu_isa.py: every feature of avx2, avx512, avx512_vnni, avx_vnni, avx512_bf16 it has;
+# ZSERVE_CPU_ISA forces a smaller set), compiled once here (about a minute on 2 cores) so a server starts without
+# compiling; cached in ~/.cache/zserve/kernels by feature set, source, flags, torch version and CPU. A machine where they do not
 # build still works: attention falls back to the pure-torch path, linear layers to oneDNN.
 if ! "$VPY" -m zserve.model_proc.kernels.cpu_kernels; then
     echo "[setup] the CPU kernels did not build; attention will use the pure-torch path, linear layers oneDNN (fp32) or torch.mm"

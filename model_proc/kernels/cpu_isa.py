@@ -1,14 +1,16 @@
-"""The x86 instruction set the CPU kernels are built for, chosen once per process.
+"""The x86 feature set the CPU kernels are built for, chosen once per process, and what the build
+does with it (compile flags, the int8 dot-product instruction).
 
-The levels and the rules that pick one are common/cpu_isa_level.py's (torch-free: the launcher
+The features and the rules that pick a set are common/isa_features.py's (torch-free: the launcher
 checks `--cpu-isa` with them and resolves it once). A server's model worker starts with the
-resolved level in $ZSERVE_CPU_ISA (common/worker_env.py, from the config), like its OpenMP
+resolved set in $ZSERVE_CPU_ISA (common/worker_env.py, from the config), like its OpenMP
 settings: the kernels are one extension per process, loaded once. A process that runs the
-kernels without a server (tests, benchmarks) gets the CPU's highest level, or $ZSERVE_CPU_ISA's.
+kernels without a server (tests, benchmarks) gets every feature the CPU has, or $ZSERVE_CPU_ISA's.
 
-Each level compiles with its own -march (x86-64-v3 is AVX2 + FMA + F16C + BMI; x86-64-v4 adds
-AVX-512 F/BW/CD/DQ/VL), never -march=native: a build for avx2 on an AVX-512 machine must hold no
-AVX-512 instruction. The level is part of the kernels' build key (cpu_kernels.py).
+The compile flags come from the set: the base's -march (x86-64-v3 is AVX2 + FMA + F16C + BMI;
+x86-64-v4 adds AVX-512 F/BW/CD/DQ/VL) plus one -m flag per extension, never -march=native: a
+build for avx2 on an AVX-512 machine must hold no AVX-512 instruction. The set's name is part of
+the kernels' build key (cpu_kernels.py).
 """
 
 from __future__ import annotations
@@ -17,33 +19,33 @@ import functools
 import os
 import platform
 
-from zserve.common.cpu_isa_level import (
-    CPU_ISA_ENV,
-    LEVELS,
-    REQUIRED_FLAGS,
-    choose_level,
-    cpu_flags,
-    highest_level,
-)
+from zserve.common.isa_features import CPU_ISA_ENV, LEVELS, X86_MACHINES, IsaFeatures, choose_isa, cpu_flags
 
-__all__ = [
-    "LEVELS", "MARCH_FLAGS", "REQUIRED_FLAGS", "choose_level", "cpu_flags", "cpu_isa", "highest_level", "march_flags",
-]
-ISA_ENV = CPU_ISA_ENV  # the worker's level, set by the launcher from --cpu-isa (worker_env)
-MARCH_FLAGS = {
-    "baseline": ("-march=x86-64",),
-    "avx2": ("-march=x86-64-v3",),
-    "avx512": ("-march=x86-64-v4",),
-    "avx512_bf16": ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni"),
-}
+__all__ = ["LEVELS", "IsaFeatures", "choose_isa", "cpu_flags", "cpu_isa", "int8_dot_instruction", "march_flags"]
+ISA_ENV = CPU_ISA_ENV  # the worker's set, from --cpu-isa by the launcher (worker_env)
+BASE_MARCH = {0: "-march=x86-64", 256: "-march=x86-64-v3", 512: "-march=x86-64-v4"}  # by vector width
+EXTENSION_FLAGS = {"avx512_vnni": "-mavx512vnni", "avx_vnni": "-mavxvnni", "avx512_bf16": "-mavx512bf16"}
 
 
 @functools.cache
-def cpu_isa() -> str:
-    """This process's level: the CPU's highest, or $ZSERVE_CPU_ISA (read once per process)."""
-    return choose_level(cpu_flags(), os.environ.get(ISA_ENV), platform.machine(), what=f"${ISA_ENV}")
+def cpu_isa() -> IsaFeatures:
+    """This process's set: everything the CPU has, or $ZSERVE_CPU_ISA's (read once per process)."""
+    return choose_isa(cpu_flags(), os.environ.get(ISA_ENV), platform.machine(), what=f"${ISA_ENV}")
 
 
-def march_flags(level: str) -> tuple[str, ...]:
-    """Compiler flags selecting `level`'s instructions (none off x86, where gcc's default applies)."""
-    return MARCH_FLAGS[level] if platform.machine() in ("x86_64", "AMD64") else ()
+def march_flags(isa: IsaFeatures) -> tuple[str, ...]:
+    """Compiler flags selecting `isa`'s instructions (none off x86, where gcc's default applies)."""
+    if platform.machine() not in X86_MACHINES:
+        return ()
+    return (BASE_MARCH[isa.vector_bits], *(flag for feature, flag in EXTENSION_FLAGS.items() if feature in isa))
+
+
+def int8_dot_instruction(isa: IsaFeatures) -> str:
+    """What kernels/gemm_int8_dot.cpp multiplies int8 with in a build for `isa` (its
+    gemm_int8_dot_instruction()): VPDPBUSD where the build's width has VNNI, else VPMADDUBSW
+    (+ VPMADDWD + VPADDD); "" without AVX2 (no kernel)."""
+    if isa.vector_bits == 512:
+        return "vpdpbusd zmm" if "avx512_vnni" in isa else "vpmaddubsw zmm"
+    if isa.vector_bits == 256:
+        return "vpdpbusd ymm (avx-vnni)" if "avx_vnni" in isa else "vpmaddubsw ymm"
+    return ""

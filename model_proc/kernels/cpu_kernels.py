@@ -3,17 +3,18 @@ from paged_attention.cpp (zserve::paged_attention), gemm_widen.cpp (zserve::gemm
 weights widened in registers, AVX2 or AVX-512), gemm_int8.cpp (zserve::gemm_int8: int8 weights
 and scales, --quantization int8; its drivers and tiles shared with gemm_widen in cpu_gemm.h),
 gemm_int8_dot.cpp (zserve::gemm_int8_dot: int8 weights times activations quantized to int8,
-VPDPBUSD with AVX512-VNNI, VPMADDUBSW elsewhere), gemm_bf16.cpp (zserve::gemm_bf16, with AVX512-BF16),
-fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store), gguf_pack.cpp (zserve::gguf_pack: a
-GGUF matrix's quantized rows straight into gemm_int8_dot's layout, at load) and cpu_probe.cpp
-(zserve::probe_rate: the clock and each GEMM instruction's rate under load, for bench_model's peak).
+VPDPBUSD with AVX512-VNNI or AVX-VNNI, VPMADDUBSW elsewhere), gemm_bf16.cpp (zserve::gemm_bf16, with
+AVX512-BF16), fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store), gguf_pack.cpp
+(zserve::gguf_pack: a GGUF matrix's quantized rows straight into gemm_int8_dot's layout, at load) and
+cpu_probe.cpp (zserve::probe_rate: the clock and each GEMM instruction's rate under load, for
+bench_model's peak).
 
-The instruction set is cpu_isa.py's: the CPU's highest level, or a lower one forced with
+The instruction set is cpu_isa.py's: every feature the CPU has, or a smaller set forced with
 --cpu-isa. The build is cached under <cache root>/kernels
 (common/cache_root.py: $ZSERVE_CACHE_DIR, else $XDG_CACHE_HOME/zserve, else ~/.cache/zserve),
-in a folder keyed by the level, the source, the compile flags,
+in a folder named by the feature set and keyed by it, the source, the compile flags,
 torch's version and install path, the interpreter and the CPU's flags, so a new torch, a forced
-level or a copied home directory never loads a stale or foreign build, and two virtual
+set or a copied home directory never loads a stale or foreign build, and two virtual
 environments (a CI clone beside a working tree) do not rebuild each other's folder in turn: the
 compile command names torch's and Python's include folders, and ninja rebuilds when it changes.
 A build holds an flock on `<folder>.flock` (released by the kernel when its process dies), so a
@@ -24,8 +25,9 @@ first use (about a minute on 2 cores) and waits. When it cannot be built (no com
 an error), `load_cpu_kernels()` logs one line and returns False: attention runs the pure-torch
 path and the linear layers oneDNN.
 
-It is compiled with the level's -march (cpu_isa.py), never -march=native: a build for avx2 on an
-AVX-512 machine holds no AVX-512 instruction.
+It is compiled with the set's flags (cpu_isa.py: -march=x86-64-v3 or -v4 and -mavx512vnni,
+-mavxvnni, -mavx512bf16 as the set has them), never -march=native: a build for avx2 on an AVX-512
+machine holds no AVX-512 instruction.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from pathlib import Path
 import torch
 
 from zserve.common.cache_root import KERNELS_SUBDIR, cache_root
-from zserve.model_proc.kernels.cpu_isa import cpu_flags, cpu_isa, march_flags
+from zserve.model_proc.kernels.cpu_isa import IsaFeatures, cpu_flags, cpu_isa, march_flags
 
 logger = logging.getLogger(__name__)
 
@@ -70,17 +72,17 @@ def kernel_cache_dir() -> Path:
     return cache_root() / KERNELS_SUBDIR
 
 
-def compile_flags(level: str) -> tuple[str, ...]:
-    return (*CFLAGS, *march_flags(level))
+def compile_flags(isa: IsaFeatures) -> tuple[str, ...]:
+    return (*CFLAGS, *march_flags(isa))
 
 
-def build_key(level: str) -> str:
+def build_key(isa: IsaFeatures) -> str:
     digest = hashlib.sha256()
     for source in (*SOURCES, *HEADERS):
         digest.update(source.read_bytes())
     install = (str(Path(torch.__file__).resolve().parent), sys.prefix, platform.python_version())
     for part in (
-        level, " ".join(compile_flags(level) + LDFLAGS), torch.__version__, *install, platform.machine(),
+        isa.name, " ".join(compile_flags(isa) + LDFLAGS), torch.__version__, *install, platform.machine(),
         " ".join(sorted(cpu_flags())),
     ):
         digest.update(part.encode())
@@ -129,23 +131,23 @@ def build(verbose: bool = False) -> Path:
     the build folder. Raises on failure."""
     from torch.utils import cpp_extension
 
-    level = cpu_isa()
-    build_dir = kernel_cache_dir() / f"cpu_kernels-{level}-{build_key(level)}"
+    isa = cpu_isa()
+    build_dir = kernel_cache_dir() / f"cpu_kernels-{isa.name}-{build_key(isa)}"
     if hasattr(torch.ops.zserve, "paged_attention"):  # loaded already: torch allows one registration per process
         return build_dir
     build_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     with _build_lock(build_dir), _ninja_on_path():
         cpp_extension.load(
-            name=f"zserve_cpu_kernels_{level}",
+            name=f"zserve_cpu_kernels_{isa.name.replace('+', '_')}",  # a C identifier
             sources=[str(source) for source in SOURCES],
-            extra_cflags=list(compile_flags(level)),
+            extra_cflags=list(compile_flags(isa)),
             extra_ldflags=list(LDFLAGS),
             build_directory=str(build_dir),
             is_python_module=False,
             verbose=verbose,
         )
-    logger.debug("CPU kernels (%s) loaded from %s in %.1fs", level, build_dir, time.perf_counter() - t0)
+    logger.debug("CPU kernels (%s) loaded from %s in %.1fs", isa.name, build_dir, time.perf_counter() - t0)
     return build_dir
 
 
@@ -187,7 +189,7 @@ def load_gemm_bf16() -> Callable | None:
 
 def load_gemm_widen() -> Callable | None:
     """torch.ops.zserve.gemm_widen (16-bit weights widened in registers), or None when the
-    kernels cannot be built here or the level has no AVX2 + FMA + F16C."""
+    kernels cannot be built here or the set has no avx2 (AVX2 + FMA + F16C)."""
     if not load_cpu_kernels() or not torch.ops.zserve.gemm_widen_supported():
         return None
     return torch.ops.zserve.gemm_widen
@@ -195,7 +197,7 @@ def load_gemm_widen() -> Callable | None:
 
 def load_gemm_int8() -> Callable | None:
     """torch.ops.zserve.gemm_int8 (int8 weights widened in registers), or None when the kernels
-    cannot be built here or the level has no AVX2 + FMA + F16C (`baseline`: gemm.py then
+    cannot be built here or the set has no avx2 (`baseline`: gemm.py then
     dequantizes on the fly for torch.mm)."""
     if not load_cpu_kernels() or not torch.ops.zserve.gemm_int8_supported():
         return None
@@ -204,14 +206,14 @@ def load_gemm_int8() -> Callable | None:
 
 def load_gemm_int8_dot() -> Callable | None:
     """torch.ops.zserve.gemm_int8_dot (int8 weights times int8 activations), or None when the
-    kernels cannot be built here or the level has no AVX2."""
+    kernels cannot be built here or the set has no avx2."""
     if not load_cpu_kernels() or not torch.ops.zserve.gemm_int8_dot_supported():
         return None
     return torch.ops.zserve.gemm_int8_dot
 
 
 def load_gguf_pack() -> Callable | None:
-    """torch.ops.zserve.gguf_pack (GGUF rows into gemm_int8_dot's layout; plain C++, every level), or None
+    """torch.ops.zserve.gguf_pack (GGUF rows into gemm_int8_dot's layout; plain C++, every feature set), or None
     when the kernels cannot be built here."""
     return torch.ops.zserve.gguf_pack if load_cpu_kernels() else None
 
@@ -224,11 +226,14 @@ def main() -> None:
         ("gemm_widen", torch.ops.zserve.gemm_widen_supported()),
         ("gemm_int8", torch.ops.zserve.gemm_int8_supported()),
         ("gemm_bf16", torch.ops.zserve.gemm_bf16_supported()),
+        ("gemm_int8_dot", torch.ops.zserve.gemm_int8_dot_supported()),
     )
     gemms = [name for name, ok in supported if ok]
+    int8_dot = torch.ops.zserve.gemm_int8_dot_instruction()
     print(
         f"[setup] CPU kernels for {cpu_isa()} ready in {build_dir}, "
-        f"GEMMs: {', '.join(gemms) or 'none'} ({time.perf_counter() - t0:.1f}s)"
+        f"GEMMs: {', '.join(gemms) or 'none'}, int8 dot products by {int8_dot or 'none'} "
+        f"({time.perf_counter() - t0:.1f}s)"
     )
 
 

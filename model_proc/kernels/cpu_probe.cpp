@@ -5,8 +5,10 @@
 //   "clock"       cycles per second per thread: a chain of dependent 64-bit adds (one cycle each)
 //   "fma"         fp32 FLOP/s of VFMADD231PS at the build's width (ymm at avx2, zmm at avx512+)
 //   "vdpbf16ps"   FLOP/s of VDPBF16PS zmm (2 bf16 products per fp32 lane), the zserve_bf16 GEMM's
-//   "vpdpbusd"    int8 ops/s of VPDPBUSD zmm (4 u8 x s8 products per int32 lane), zserve_int8_dot's with VNNI
-//   "vpmaddubsw"  int8 ops/s of VPMADDUBSW + VPMADDWD + VPADDD (zserve_int8_dot's sequence without VNNI)
+//   "vpdpbusd"    int8 ops/s of VPDPBUSD (4 u8 x s8 products per int32 lane) as zserve_int8_dot uses it: zmm
+//                 with avx512_vnni, ymm (AVX-VNNI) in a 256-bit build with avx_vnni, else 0
+//   "vpmaddubsw"  int8 ops/s of VPMADDUBSW + VPMADDWD + VPADDD at the build's width (zserve_int8_dot's
+//                 sequence without VNNI)
 //
 // Each throughput loop keeps 12 independent accumulators (enough to cover the latency of two
 // ports); a product counts 2 ops (multiply and add). 0 where the build lacks the instruction.
@@ -92,6 +94,10 @@ double one_thread_rate(const std::string& what, int64_t iterations) {
   auto isink = [](__m256i v) { int_sink = _mm256_extract_epi32(v, 0); };
   if (what == "fma") return throughput(iterations, 16, a, [&](__m256 v) { return _mm256_fmadd_ps(v, a, b); }, fsink);
   const __m256i u = _mm256_set1_epi8(3), s = _mm256_set1_epi8(-2), ones = _mm256_set1_epi16(1);
+#if defined(__AVXVNNI__)
+  if (what == "vpdpbusd")
+    return throughput(iterations, 64, _mm256_setzero_si256(), [&](__m256i v) { return _mm256_dpbusd_avx_epi32(v, u, s); }, isink);
+#endif
   if (what == "vpmaddubsw")
     return throughput(iterations, 64, _mm256_setzero_si256(),
                       [&](__m256i v) { return _mm256_add_epi32(v, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), ones)); }, isink);

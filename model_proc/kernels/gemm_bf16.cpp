@@ -17,8 +17,8 @@
 // which is what oneDNN does for torch.mm in bf16 at these sizes.
 //
 // `gemm_bf16_supported()` says whether this build has the kernel: it needs AVX512-BF16 at
-// compile time (-march=native on a CPU that has it); elsewhere the op refuses and Python
-// keeps oneDNN.
+// compile time (a feature set with avx512_bf16: -march=x86-64-v4 -mavx512bf16, cpu_isa.py; it
+// needs no VNNI); elsewhere the op refuses and Python keeps oneDNN.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>

@@ -31,13 +31,19 @@
 // products exact (layers/int8_activations.py is the same rule in torch; tests/model/
 // test_gemm_int8_dot.py and test_gemm_int4_dot.py hold the kernels to it).
 //
-// The dot products, 4 k x 16 columns per instruction and row (the quad layout: one 64-byte load
-// is 16 columns x 4 k, or x 8 k in nibbles):
-//   AVX512-VNNI (the avx512_bf16 level): VPDPBUSD (unsigned C + 128, or a nibble, times signed
-//     xq, int32 sums), minus 128 * sum(xq) for int8 codes, which the quantizer hands over;
-//   AVX-512 BW without VNNI, and AVX2: VPMADDUBSW + VPMADDWD; int8 codes as |C| and xq with C's
-//     sign (VPMADDUBSW saturates its 16-bit pairs: 127 * 127 * 2 does not reach it, 255 * 127 * 2
-//     would), nibbles as they are (15 * 127 * 2).
+// The dot products, 4 k x 16 columns per zmm instruction (two ymm ones) and row (the quad layout:
+// one 64-byte load is 16 columns x 4 k, or x 8 k in nibbles), by the build's feature set
+// (model_proc/kernels/cpu_isa.py; gemm_int8_dot_instruction() says which):
+//   "vpdpbusd zmm"             avx512 + avx512_vnni (Cascade Lake, Ice Lake, Zen 4 and later);
+//   "vpdpbusd ymm (avx-vnni)"  a 256-bit build with avx_vnni (Alder Lake and later clients): the
+//                              VEX-encoded VPDPBUSD, same arithmetic;
+//     VPDPBUSD: unsigned C + 128 (or a nibble) times signed xq, int32 sums, minus 128 * sum(xq)
+//     for int8 codes, which the quantizer hands over;
+//   "vpmaddubsw zmm" / "ymm"   avx512 without avx512_vnni (Skylake-SP), and avx2 without avx_vnni
+//                              (Zen 2/3, Haswell..Comet Lake): VPMADDUBSW + VPMADDWD + VPADDD; int8
+//     codes as |C| and xq with C's sign (VPMADDUBSW saturates its 16-bit pairs: 127 * 127 * 2 does
+//     not reach it, 255 * 127 * 2 would), nibbles as they are (15 * 127 * 2).
+// Every path computes the same exact int32 sums, so the results are bit-identical across them.
 // Threads split the column blocks; rows go through a block ROWS at a time (the block stays in L1
 // while they do), so a decode step streams each weight byte once, and a prefill reads x once per
 // block from L2.
@@ -76,10 +82,12 @@ inline ivec low_nibbles(ivec v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x
 inline ivec high_nibbles(ivec v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }
 inline vec to_float(ivec v) { return _mm512_cvtepi32_ps(v); }
 #if defined(__AVX512VNNI__)
+constexpr const char* INSTRUCTION = "vpdpbusd zmm";
 constexpr int32_t WEIGHT_OFFSET = 128;  // int8 weights: the dot products are of Q + 128
 inline ivec dot4_int8(ivec acc, ivec w, ivec x) { return _mm512_dpbusd_epi32(acc, w, x); }
 inline ivec dot4_codes(ivec acc, ivec w, ivec x) { return _mm512_dpbusd_epi32(acc, w, x); }
 #else
+constexpr const char* INSTRUCTION = "vpmaddubsw zmm";
 constexpr int32_t WEIGHT_OFFSET = 0;  // int8 weights: the dot products are of Q
 inline ivec dot4_codes(ivec acc, ivec w, ivec x) {
   return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(w, x), _mm512_set1_epi16(1)));
@@ -94,7 +102,6 @@ inline ivec dot4_int8(ivec acc, ivec w, ivec x) {
 #else
 using ivec = __m256i;  // 8 int32 lanes: half the block's columns
 constexpr int IV = 2;
-constexpr int32_t WEIGHT_OFFSET = 0;
 inline ivec izero() { return _mm256_setzero_si256(); }
 inline ivec iload(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline ivec ibroadcast(const int8_t* p) { return _mm256_set1_epi32(*reinterpret_cast<const int32_t*>(p)); }
@@ -103,6 +110,14 @@ inline ivec isub(ivec a, ivec b) { return _mm256_sub_epi32(a, b); }
 inline ivec low_nibbles(ivec v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
 inline ivec high_nibbles(ivec v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f)); }
 inline vec to_float(ivec v) { return _mm256_cvtepi32_ps(v); }
+#if defined(__AVXVNNI__)
+constexpr const char* INSTRUCTION = "vpdpbusd ymm (avx-vnni)";
+constexpr int32_t WEIGHT_OFFSET = 128;  // int8 weights: the dot products are of Q + 128
+inline ivec dot4_int8(ivec acc, ivec w, ivec x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
+inline ivec dot4_codes(ivec acc, ivec w, ivec x) { return _mm256_dpbusd_avx_epi32(acc, w, x); }
+#else
+constexpr const char* INSTRUCTION = "vpmaddubsw ymm";
+constexpr int32_t WEIGHT_OFFSET = 0;
 inline ivec dot4_codes(ivec acc, ivec w, ivec x) {
   return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
 }
@@ -110,6 +125,7 @@ inline ivec dot4_int8(ivec acc, ivec w, ivec x) {
   const ivec q = _mm256_xor_si256(w, _mm256_set1_epi8(static_cast<char>(0x80)));
   return dot4_codes(acc, _mm256_abs_epi8(q), _mm256_sign_epi8(x, q));
 }
+#endif
 #endif
 static_assert(IV == NV, "one int32 vector per fp32 vector of the block's columns");
 constexpr int64_t QUAD_BYTES = COLS * QUAD;  // one 64-byte load: 16 columns x 4 codes (nibbles: x 8)
@@ -331,10 +347,11 @@ void run_dtype(const at::Tensor& x, const WeightLayout& layout, int64_t num_bloc
 
 bool gemm_int8_dot_supported() { return ZSERVE_HAS_GEMM_WIDEN != 0; }
 
-// The dot products this build uses: "vpdpbusd", "vpmaddubsw" or "" (no kernel).
+// The dot products this build uses: "vpdpbusd zmm", "vpdpbusd ymm (avx-vnni)", "vpmaddubsw zmm",
+// "vpmaddubsw ymm", or "" (no kernel); cpu_isa.py's int8_dot_instruction() is the same rule.
 std::string gemm_int8_dot_instruction() {
 #if ZSERVE_HAS_GEMM_WIDEN
-  return WEIGHT_OFFSET != 0 ? "vpdpbusd" : "vpmaddubsw";
+  return INSTRUCTION;
 #else
   return "";
 #endif

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from zserve.common.cpu_isa_level import LEVELS, choose_level, cpu_flags, highest_level, resolve_cpu_isa
+from zserve.common.isa_features import IsaFeatures, choose_isa, cpu_flags, resolve_cpu_isa
 from zserve.common.server_config import ServerConfig
 from zserve.common.server_flags import FLAG_SPECS, env_defaults
 from zserve.common.worker_env import worker_env
@@ -50,12 +50,17 @@ def test_a_bad_environment_value_is_refused_naming_the_variable(monkeypatch, cap
 
 
 def test_cpu_isa_is_resolved_once_by_the_launcher_and_handed_to_the_worker():
-    assert resolve_cpu_isa("auto") == highest_level(cpu_flags())
+    assert resolve_cpu_isa("auto") == IsaFeatures.of_cpu(cpu_flags()).name
     assert resolve_cpu_isa("baseline") == "baseline"
-    with pytest.raises(ValueError, match="--cpu-isa avx512_bf16: this CPU lacks avx512_bf16"):
-        choose_level(frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"}), "avx512_bf16", "x86_64")
-    assert FLAG_SPECS["cpu_isa"].choices == ("auto", *LEVELS)
+    with pytest.raises(ValueError, match="--cpu-isa avx512_bf16: this CPU lacks avx512_bf16, avx512_vnni"):
+        choose_isa(frozenset({"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512dq", "avx512vl"}), "avx512_bf16", "x86_64")
+    # a set, not one of a few choices: the launcher's resolve_config refuses a bad one (ValueError naming the flag)
+    assert FLAG_SPECS["cpu_isa"].choices is None
+    assert parse_config(["--cpu-isa", "avx2+avx_vnni"]).cpu_isa == "avx2+avx_vnni"
+    with pytest.raises(ValueError, match="--cpu-isa 'sse9': expected auto, a level"):
+        resolve_cpu_isa("sse9")
     assert worker_env(1, "cpu", 0, "avx2")["ZSERVE_CPU_ISA"] == "avx2"
+    assert worker_env(1, "cpu", 0, "avx512+avx512_vnni")["ZSERVE_CPU_ISA"] == "avx512+avx512_vnni"
     assert "ZSERVE_CPU_ISA" not in worker_env(1, "cpu", 0)
 
 

@@ -1,5 +1,8 @@
-"""The instruction-set level of the CPU kernels (model_proc/kernels/cpu_isa.py), and the kernels
-at a level below this CPU's, forced with ZSERVE_CPU_ISA, in a child pytest run."""
+"""The feature set of the CPU kernels (model_proc/kernels/cpu_isa.py): the compile flags and the
+int8 dot-product instruction of each set, and the kernels again at smaller sets this CPU can run,
+forced with ZSERVE_CPU_ISA, in child pytest runs (one build each: about a minute).
+
+The rules that choose a set are tests/common/test_isa_features.py's."""
 
 from __future__ import annotations
 
@@ -10,94 +13,128 @@ from pathlib import Path
 
 import pytest
 
-from zserve.model_proc.kernels.cpu_isa import (
-    LEVELS,
-    MARCH_FLAGS,
-    choose_level,
-    cpu_flags,
-    cpu_isa,
-    highest_level,
-)
+from zserve.model_proc.kernels.cpu_isa import IsaFeatures, cpu_flags, cpu_isa, int8_dot_instruction, march_flags
 
-AVX2 = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})  # a Zen 3
-AVX512 = AVX2 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
-AVX512_BF16 = AVX512 | {"avx512_bf16", "avx512_vnni"}
 REPO = Path(__file__).resolve().parents[2]
+# one set per int8 dot path (kernels/gemm_int8_dot.cpp): the smallest build that takes it, and whose CPUs have it
+INT8_DOT_PATHS = {
+    "vpdpbusd zmm": "avx512+avx512_vnni",  # Cascade Lake, Ice Lake; Zen 4, Sapphire Rapids with more
+    "vpdpbusd ymm (avx-vnni)": "avx2+avx_vnni",  # Alder Lake
+    "vpmaddubsw zmm": "avx512",  # Skylake-SP
+    "vpmaddubsw ymm": "avx2",  # Zen 2/3, Haswell
+}
+# the sets the broad child run below tries, first that is smaller than this process's
+LOWER_SETS = ("avx512+avx512_vnni", "avx512", "avx2", "baseline")
 
 
 @pytest.mark.parametrize(
-    "flags, level",
-    [(frozenset({"sse2"}), "baseline"), (frozenset({"avx2", "fma"}), "baseline"), (AVX2, "avx2"), (AVX512, "avx512"), (AVX512_BF16, "avx512_bf16")],
+    "text, flags, instruction",
+    [
+        ("baseline", ("-march=x86-64",), ""),
+        ("avx2", ("-march=x86-64-v3",), "vpmaddubsw ymm"),
+        ("avx2+avx_vnni", ("-march=x86-64-v3", "-mavxvnni"), "vpdpbusd ymm (avx-vnni)"),
+        ("avx512", ("-march=x86-64-v4",), "vpmaddubsw zmm"),
+        ("avx512+avx_vnni", ("-march=x86-64-v4", "-mavxvnni"), "vpmaddubsw zmm"),  # zmm kernels: VEX VNNI unused
+        ("avx512+avx512_vnni", ("-march=x86-64-v4", "-mavx512vnni"), "vpdpbusd zmm"),
+        ("avx512_bf16", ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16"), "vpdpbusd zmm"),
+        ("avx512+avx512_bf16", ("-march=x86-64-v4", "-mavx512bf16"), "vpmaddubsw zmm"),
+        ("avx512+avx512_vnni+avx_vnni+avx512_bf16", ("-march=x86-64-v4", "-mavx512vnni", "-mavxvnni", "-mavx512bf16"),
+         "vpdpbusd zmm"),
+    ],
 )
-def test_highest_level_from_flags(flags, level):
-    assert highest_level(flags) == level
+def test_compile_flags_and_int8_dot_instruction_of_each_set(monkeypatch, text, flags, instruction):
+    monkeypatch.setattr("platform.machine", lambda: "x86_64")
+    isa = IsaFeatures.parse(text)
+    assert march_flags(isa) == flags and not any("native" in flag for flag in flags)
+    assert int8_dot_instruction(isa) == instruction
 
 
-def test_forcing_a_lower_level_and_refusing_a_higher_one():
-    assert choose_level(AVX512_BF16, "avx2", "x86_64") == "avx2"
-    assert choose_level(AVX512_BF16, None, "x86_64") == "avx512_bf16"
-    assert choose_level(AVX2, "", "x86_64") == "avx2"
-    with pytest.raises(ValueError, match="lacks avx512_bf16, avx512_vnni, avx512bw, avx512dq, avx512f, avx512vl"):
-        choose_level(AVX2, "avx512_bf16", "x86_64")
-    with pytest.raises(ValueError, match="expected one of baseline, avx2, avx512, avx512_bf16"):
-        choose_level(AVX2, "sse9", "x86_64")
-    assert choose_level(frozenset(), None, "aarch64") == "baseline"
-    with pytest.raises(ValueError, match="aarch64"):
-        choose_level(frozenset(), "avx2", "aarch64")
+def test_off_x86_the_compiler_chooses(monkeypatch):
+    monkeypatch.setattr("platform.machine", lambda: "aarch64")
+    assert march_flags(IsaFeatures()) == ()
 
 
-def test_each_level_has_its_own_march():
-    assert len({MARCH_FLAGS[level] for level in LEVELS}) == len(LEVELS)
-    assert all("native" not in flag for flags in MARCH_FLAGS.values() for flag in flags)
+def test_each_int8_dot_path_has_its_set():
+    assert {path: int8_dot_instruction(IsaFeatures.parse(text)) for path, text in INT8_DOT_PATHS.items()} == {
+        path: path for path in INT8_DOT_PATHS
+    }
 
 
-def test_this_process_runs_at_most_the_cpus_level():
-    assert LEVELS.index(cpu_isa()) <= LEVELS.index(highest_level(cpu_flags()))
+def test_this_process_runs_a_subset_of_the_cpus_features():
+    assert cpu_isa().issubset(IsaFeatures.of_cpu(cpu_flags()))
 
 
-# at the lower level, the bf16 parity tests run on the kinds that reach a kernel no other kind reaches (a sliding
+def runnable_smaller_sets(candidates) -> list[IsaFeatures]:
+    """The candidates this process's set holds, less itself."""
+    sets = [IsaFeatures.parse(text) for text in candidates]
+    return [isa for isa in sets if isa.issubset(cpu_isa()) and isa != cpu_isa()]
+
+
+def run_child_pytest(isa: IsaFeatures, tests: list[str], *selection: str, timeout_s: int) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests, *selection],
+        cwd=REPO, env={**os.environ, "ZSERVE_CPU_ISA": isa.name}, capture_output=True, text=True, timeout=timeout_s,
+    )
+    assert proc.returncode == 0, f"ZSERVE_CPU_ISA={isa.name}:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
+    assert " passed" in proc.stdout
+    return proc.stdout
+
+
+def next_lower_set() -> IsaFeatures | None:
+    smaller = runnable_smaller_sets(LOWER_SETS)
+    return smaller[0] if smaller else None
+
+
+# at the lower set, the bf16 parity tests run on the kinds that reach a kernel no other kind reaches (a sliding
 # window, soft-capping): the MoE, RoPE-scaling and Phi-3 kinds run the same kernels through other weights
-LOWER_LEVEL_SELECTION = (
-    "not test_kernels_at_the_next_lower_level and not moe and not mixtral and not gemma3_mm and not phi"
+LOWER_SET_SELECTION = (
+    "not test_kernels_at_the_next_lower_set and not moe and not mixtral and not gemma3_mm and not phi"
     " and not yarn and not dynamic"
 )
 
 
-def test_kernels_at_the_next_lower_level():
-    """The GEMM (16-bit and int8), attention, fused-op and bf16 parity tests again with ZSERVE_CPU_ISA one level below
-    this process's (a separate build: about a minute): an AVX-512 machine runs the AVX2 path, an
-    AVX2 machine the baseline one (scalar kernels, bf16 linear layers through torch.mm)."""
-    level = cpu_isa()
-    if level == "baseline":
-        pytest.skip("this process runs the lowest level already")
-    lower = LEVELS[LEVELS.index(level) - 1]
-    env = {**os.environ, "ZSERVE_CPU_ISA": lower}
+def test_kernels_at_the_next_lower_set():
+    """The GEMM (16-bit and int8), attention, fused-op and bf16 parity tests again with ZSERVE_CPU_ISA at the first of
+    LOWER_SETS below this process's set (a separate build: about a minute): an AVX512-BF16 machine runs Cascade Lake's
+    set (bf16 through the widening GEMM, int8 by VPDPBUSD without AVX512-BF16 in the build), a Cascade Lake the
+    avx512 one, an AVX-512 or AVX-VNNI machine the avx2 one, an AVX2 machine the baseline one (scalar kernels, bf16
+    linear layers through torch.mm)."""
+    lower = next_lower_set()
+    if lower is None:
+        pytest.skip(f"no set in {', '.join(LOWER_SETS)} below this process's ({cpu_isa().name})")
     tests = [
         "tests/model/test_gemm.py", "tests/model/test_gemm_int8.py", "tests/model/test_gemm_int8_dot.py", "tests/model/test_cpu_probe.py",
         "tests/model/test_gguf_blocks.py",
         "tests/model/test_attention_kernel.py", "tests/model/test_fused_ops.py", "tests/model/test_model_parity_bf16.py",
     ]
-    proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests, "-k", LOWER_LEVEL_SELECTION],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=1800,
-    )
-    assert proc.returncode == 0, f"ZSERVE_CPU_ISA={lower}:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
-    assert " passed" in proc.stdout
+    run_child_pytest(lower, tests, "-k", LOWER_SET_SELECTION, timeout_s=1800)
 
 
-def test_int8_dot_kernel_at_the_levels_further_down():
-    """The int8 x int8 GEMM (and its 4-bit path) has three forms (VPDPBUSD at avx512_bf16,
-    VPMADDUBSW on zmm at avx512 and on ymm at avx2); the test above reaches the next lower level
-    only, so an AVX512-VNNI machine also runs their tests at avx2 (one more build)."""
-    level = cpu_isa()
-    further = [lower for lower in LEVELS[1 : max(1, LEVELS.index(level) - 1)]]  # avx2 .. two below, not baseline
-    if not further:
-        pytest.skip(f"no level with the kernel two or more below {level}")
-    for lower in further:
-        proc = subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "tests/model/test_gemm_int8_dot.py",
-             "tests/model/test_gguf_blocks.py"],
-            cwd=REPO, env={**os.environ, "ZSERVE_CPU_ISA": lower}, capture_output=True, text=True, timeout=900,
-        )
-        assert proc.returncode == 0, f"ZSERVE_CPU_ISA={lower}:\n{proc.stdout[-4000:]}\n{proc.stderr[-2000:]}"
-        assert " passed" in proc.stdout and " skipped" not in proc.stdout
+def int8_dot_sets() -> list[IsaFeatures]:
+    """The INT8_DOT_PATHS sets this process's holds whose path neither it nor the next lower set takes."""
+    lower = next_lower_set()
+    covered = {int8_dot_instruction(cpu_isa()), *([int8_dot_instruction(lower)] if lower is not None else [])}
+    return [isa for isa in runnable_smaller_sets(INT8_DOT_PATHS.values()) if int8_dot_instruction(isa) not in covered]
+
+
+def test_int8_dot_kernel_on_every_path_this_cpu_runs():
+    """The int8 x int8 GEMM (and its 4-bit path) has four forms (INT8_DOT_PATHS); this process and the run above
+    reach one each, so every other one this CPU can run gets its tests alone in one more build (a Sapphire Rapids:
+    AVX-VNNI ymm at avx2+avx_vnni, VPMADDUBSW zmm at avx512 and ymm at avx2). test_gemm_int8_dot.py checks there
+    that the build reports the path's instruction."""
+    others = int8_dot_sets()
+    if not others:
+        pytest.skip(f"this CPU runs no other int8 dot path below {cpu_isa().name}")
+    for isa in others:
+        stdout = run_child_pytest(isa, ["tests/model/test_gemm_int8_dot.py", "tests/model/test_gguf_blocks.py"], timeout_s=900)
+        assert " skipped" not in stdout, f"ZSERVE_CPU_ISA={isa.name}:\n{stdout[-2000:]}"
+
+
+@pytest.mark.parametrize("text", ["avx512+avx512_vnni", "avx2+avx_vnni"])
+def test_the_vnni_sets_are_forced_where_the_cpu_has_them(text):
+    """Cascade Lake's and Alder Lake's sets, VPDPBUSD without AVX512-BF16 in the build and VEX-encoded: a CPU with
+    their flags runs their kernels in this process or in one of the child runs above."""
+    isa = IsaFeatures.parse(text)
+    if not isa.issubset(cpu_isa()):
+        pytest.skip(f"this process's set ({cpu_isa().name}) does not hold {text}")
+    assert isa in [cpu_isa(), next_lower_set(), *int8_dot_sets()]

@@ -7,6 +7,7 @@ import multiprocessing
 import sys
 
 from zserve.model_proc.kernels import cpu_kernels
+from zserve.model_proc.kernels.cpu_isa import IsaFeatures
 
 
 def test_a_lock_file_left_by_a_killed_build_is_removed(tmp_path):
@@ -50,7 +51,12 @@ def test_a_second_builder_waits_for_the_first(tmp_path):
 
 
 def test_two_environments_with_one_torch_get_two_build_folders(monkeypatch):
-    level = "baseline"
-    here = cpu_kernels.build_key(level)
+    isa = IsaFeatures()
+    here = cpu_kernels.build_key(isa)
     monkeypatch.setattr(sys, "prefix", sys.prefix + "-another-venv")
-    assert cpu_kernels.build_key(level) != here
+    assert cpu_kernels.build_key(isa) != here
+
+
+def test_each_feature_set_has_its_own_build_key():
+    keys = {cpu_kernels.build_key(IsaFeatures.parse(text)) for text in ("avx512_bf16", "avx512+avx512_vnni", "avx512", "avx2+avx_vnni", "avx2")}
+    assert len(keys) == 5

@@ -34,8 +34,8 @@ SHAPES = [(64, 96), (576, 960), (34, 7), (96, 600), (1536, 576), (2, 16), (40, 3
 ROWS = [1, 3, 8, 9, 17, 64, 130]
 
 
-NO_GEMM_BF16 = f"the VDPBF16PS GEMM needs the avx512_bf16 level (this process: {cpu_isa()}) and a built extension"
-NO_GEMM_WIDEN = f"the widening GEMM needs the avx2 level or higher (this process: {cpu_isa()}) and a built extension"
+NO_GEMM_BF16 = f"the VDPBF16PS GEMM needs the avx512_bf16 feature (this process: {cpu_isa()}) and a built extension"
+NO_GEMM_WIDEN = f"the widening GEMM needs the avx2 feature (this process: {cpu_isa()}) and a built extension"
 
 
 def kernels(dtype: torch.dtype) -> list[WeightKernel]:
@@ -166,7 +166,7 @@ def test_pack_layout():
 @pytest.mark.parametrize("kernel", [ZserveBf16Kernel(), RowSplitBf16Kernel()], ids=lambda k: k.name)
 def test_odd_in_features_fall_back_to_the_widening_gemm(kernel):
     if not kernel.runs(CPU, torch.bfloat16):
-        pytest.skip(f"{kernel.name} does not run at this process's level ({cpu_isa()})")
+        pytest.skip(f"{kernel.name} does not run with this process's features ({cpu_isa()})")
     layer, plain, _ = make_weight(33, 40, torch.bfloat16, kernel, bias=False)
     assert layer.kernel == ZserveWidenKernel()
     x = torch.randn(3, 33).to(torch.bfloat16)

@@ -5,7 +5,7 @@ weights, and a weight a checkpoint stored in int8 (`Int8Weight`) packed as it ca
 
 The kernel sums in fp32 and rounds once, so each output must equal the float64 product of x and
 Q * S (the weight the int8 path stands for), rounded to the output dtype, up to half an ulp plus
-fp32 summation slack. tests/model/test_cpu_isa.py re-runs this file one ISA level lower (on an
+fp32 summation slack. tests/model/test_cpu_isa.py re-runs this file at a smaller feature set (on an
 AVX2 machine: `baseline`, where the kernel is absent and "int8_torch" runs instead).
 """
 
@@ -37,7 +37,7 @@ CPU = torch.device("cpu")
 ROWS = [1, 2, 3, 4, 5, 7, 8, 13, 64]
 SHAPES = [(100, 37), (200, 48), (64, 16), (576, 130), (7, 5)]  # (K, N): K off 16 and off the groups, N off 16
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-NO_KERNEL = f"the int8 GEMM needs the avx2 level or higher (this process: {cpu_isa()}) and a built extension"
+NO_KERNEL = f"the int8 GEMM needs the avx2 feature (this process: {cpu_isa()}) and a built extension"
 
 
 def assert_close_to_exact(y: torch.Tensor, exact: torch.Tensor, what) -> None:

@@ -6,8 +6,10 @@ the quantized activations and the dequantized weights.
 The kernel's int32 dot products are exact; the per-block rescale and the sums are fp32 and the
 result is rounded once, so each output must equal the float64 product of `fake_quantize(x)` and
 Q * S, rounded to the output dtype, up to half an ulp plus fp32 slack on the sum of |terms|.
-tests/model/test_cpu_isa.py re-runs this file at the levels below this CPU's: on an AVX512-VNNI
-machine the VPDPBUSD path runs here, VPMADDUBSW on zmm at `avx512` and on ymm at `avx2`.
+tests/model/test_cpu_isa.py re-runs this file at smaller feature sets than this CPU's, one per int8
+dot path: on a Sapphire Rapids VPDPBUSD zmm runs here and at `avx512+avx512_vnni`, VPDPBUSD ymm
+(AVX-VNNI) at `avx2+avx_vnni`, VPMADDUBSW on zmm at `avx512` and on ymm at `avx2`; each path's
+exact int32 sums make every output bit-identical to the others'.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import pytest
 import torch
 
 from tests.model.test_gemm import make_weight, ulp
-from zserve.model_proc.kernels.cpu_isa import cpu_isa
+from zserve.model_proc.kernels.cpu_isa import cpu_isa, int8_dot_instruction
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
 from zserve.model_proc.layers.int8_activations import ACT_BLOCK, fake_quantize, quantize_activations
 from zserve.model_proc.layers.int8_weights import Int8Weight, dequantize_int8, quantize_int8
@@ -31,7 +33,7 @@ CPU = torch.device("cpu")
 ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 64]
 SHAPES = [(32, 16), (64, 37), (96, 130), (576, 48)]  # (K, N): N off 16
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
-NO_KERNEL = f"the int8 x int8 GEMM needs the avx2 level or higher (this process: {cpu_isa()}) and a built extension"
+NO_KERNEL = f"the int8 x int8 GEMM needs the avx2 feature (this process: {cpu_isa()}) and a built extension"
 needs_kernel = pytest.mark.skipif(load_gemm_int8_dot() is None, reason=NO_KERNEL)
 
 
@@ -48,6 +50,11 @@ def assert_close_to_exact(y: torch.Tensor, exact: torch.Tensor, magnitude: torch
     err = (y.double() - exact).abs()
     limit = ulp(exact.to(y.dtype)).double() / 2 + 4e-6 * magnitude + 1e-30  # one rounding + fp32 rescale and sums
     assert (err <= limit).all(), (what, float(err.max()), float((err - limit).max()))
+
+
+@needs_kernel
+def test_the_build_reports_the_instruction_its_feature_set_chooses():
+    assert torch.ops.zserve.gemm_int8_dot_instruction() == int8_dot_instruction(cpu_isa()) != ""
 
 
 def test_reference_quantizer_rule():

@@ -87,7 +87,7 @@ def test_stored_blocks_dequantized_exactly_match_transformers(tmp_path, name):
         assert out == transformers_greedy(model, prompt, NEW_TOKENS), f"{name}: prompt of {len(prompt)} tokens"
 
 
-@pytest.mark.skipif(load_gemm_int8_dot() is None, reason="the int8 x int8 GEMM needs the avx2 level and a built extension")
+@pytest.mark.skipif(load_gemm_int8_dot() is None, reason="the int8 x int8 GEMM needs the avx2 feature and a built extension")
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_the_int8_dot_kernel_matches_transformers_with_quantized_activations(tmp_path, name):
     runner, gguf_file, prompts, ours = greedy_pair(tmp_path, name, "zserve_dot")

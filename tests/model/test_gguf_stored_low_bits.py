@@ -107,7 +107,7 @@ def test_stored_low_bit_blocks_match_the_dequantized_float_path(tmp_path, name):
     assert ours == theirs, name
 
 
-@pytest.mark.skipif(load_gemm_int8_dot() is None, reason="the int8 x int8 GEMM needs the avx2 level and a built extension")
+@pytest.mark.skipif(load_gemm_int8_dot() is None, reason="the int8 x int8 GEMM needs the avx2 feature and a built extension")
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_the_int8_dot_kernel_runs_low_bit_blocks_as_transformers_with_quantized_activations(tmp_path, name):
     runner, gguf_file, prompts, ours = greedy(tmp_path, name, "gguf", "zserve_dot")

@@ -62,7 +62,7 @@ def test_int8_differs_from_the_float_model(tmp_path):
     assert 1e-4 < float((exact - dequantized).abs().max()) < 0.5
 
 
-@pytest.mark.skipif(load_gemm_int8_dot() is None, reason="the int8 x int8 GEMM needs the avx2 level and a built extension")
+@pytest.mark.skipif(load_gemm_int8_dot() is None, reason="the int8 x int8 GEMM needs the avx2 feature and a built extension")
 @pytest.mark.parametrize("kind", KINDS)
 def test_int8_dot_greedy_equals_transformers_with_quantized_activations(tmp_path, kind):
     """zserve_int8_dot (--gemm-backend zserve_dot, here in fp32) against its exact oracle: the
@@ -89,7 +89,7 @@ def test_int4_greedy_equals_transformers_on_the_dequantized_weights(tmp_path, ki
     and the LM head packed as 4-bit codes; the oracle runs the same codes dequantized (and, for the
     int8 x int8 kernel, the linear inputs quantized as it quantizes them)."""
     if gemm == "zserve_dot" and load_gemm_int8_dot() is None:
-        pytest.skip("the int8 x int8 GEMM needs the avx2 level and a built extension")
+        pytest.skip("the int8 x int8 GEMM needs the avx2 feature and a built extension")
     from zserve.model_proc.layers.gemm import GemmWeight
 
     model_dir = make_tiny_checkpoint(tmp_path / "model", kind)

@@ -7,11 +7,11 @@ Weights load as plain [in, out] tensors. After loading, the runner packs each on
   - "zserve_bf16+onednn" (CPU, bf16, where zserve_bf16 and oneDNN's native bf16 both run; `auto`'s
     first choice): both layouts, products of few rows through zserve_bf16, of many through oneDNN,
     the crossover measured at load (row_split_kernel.py);
-  - "zserve_bf16" (CPU, bf16, where model_proc/kernels/ built for avx512_bf16): our kernel
+  - "zserve_bf16" (CPU, bf16, where model_proc/kernels/ built with the avx512_bf16 feature): our kernel
     (kernels/gemm_bf16.cpp) on blocks of 16 columns x pairs of k, so a decode step streams each
     weight once, in order, at the machine's read bandwidth; a weight with odd in_features falls
     back to zserve_widen (else onednn);
-  - "zserve_widen" (CPU, bf16 or fp16, kernels built for avx2 or avx512: every current x86-64):
+  - "zserve_widen" (CPU, bf16 or fp16, kernels built with avx2: every current x86-64):
     our kernel (kernels/gemm_widen.cpp) on blocks of 16 columns x k, weights kept 16-bit and
     widened to fp32 in registers (bf16: a shift; fp16: F16C), fp32 FMAs;
   - "onednn" (CPU, fp32; bf16 only where oneDNN has native bf16, i.e. AVX-512 BW/VL/DQ or
@@ -22,15 +22,16 @@ Weights load as plain [in, out] tensors. After loading, the runner packs each on
     `auto`'s first int8 choice): products of few rows through zserve_int8_dot, of many through oneDNN
     on a bf16 copy of the dequantized weights, the crossover measured at load (row_split_int8_kernel.py);
   - "zserve_int8_dot" (--quantization int8 or gguf, CPU, bf16/fp16 with `auto`, any dtype with
-    --gemm-backend zserve_dot, kernels built for avx2 and up): the activations quantized to int8 per
-    row in blocks of 32 at each product, int8 x int8 in int32 (kernels/gemm_int8_dot.cpp: VPDPBUSD with
-    AVX512-VNNI, VPMADDUBSW elsewhere), one fp32 rescale per block; int8 codes in quads (with offsets
-    and groups of 16 for a GGUF file's Q5/Q6 types) or 4-bit codes in nibbles (Q4_0, Q4_1, Q4_K);
-  - "zserve_int8" (--quantization int8, CPU, any runtime dtype, kernels built for avx2 or
-    avx512): each weight quantized at load to int8 with fp32 scales per group of input rows
-    (layers/int8_weights.py), run by kernels/gemm_int8.cpp in gemm_widen's block layout (int8
-    widened in registers, fp32 sums): half of bf16's bytes per decode step;
-  - "int8_torch" (--quantization int8 on CUDA, at the `baseline` level, or with --gemm-backend
+    --gemm-backend zserve_dot, kernels built with avx2): the activations quantized to int8 per row in
+    blocks of 32 at each product, int8 x int8 in int32 (kernels/gemm_int8_dot.cpp: VPDPBUSD zmm with
+    avx512_vnni, VPDPBUSD ymm with avx_vnni in a 256-bit build, VPMADDUBSW elsewhere), one fp32 rescale
+    per block; int8 codes in quads (with offsets and groups of 16 for a GGUF file's Q5/Q6 types) or
+    4-bit codes in nibbles (Q4_0, Q4_1, Q4_K);
+  - "zserve_int8" (--quantization int8, CPU, any runtime dtype, kernels built with avx2): each weight
+    quantized at load to int8 with fp32 scales per group of input rows (layers/int8_weights.py), run
+    by kernels/gemm_int8.cpp in gemm_widen's block layout (int8 widened in registers, fp32 sums):
+    half of bf16's bytes per decode step;
+  - "int8_torch" (--quantization int8 on CUDA, with the `baseline` set, or with --gemm-backend
     torch): the same int8 values and scales, dequantized on the fly for an fp32 torch.mm (the
     reference: slow, exact).
 

@@ -1,14 +1,14 @@
 """The kernels of int8 weights (--quantization int8, any compute dtype; layers/int8_weights.py):
 
-    zserve_int8_dot  kernels/gemm_int8_dot.cpp (CPU, avx2 level and up; `auto` in bf16 and fp16,
+    zserve_int8_dot  kernels/gemm_int8_dot.cpp (CPU, a feature set with avx2; `auto` in bf16 and fp16,
                  --gemm-backend zserve_dot in any dtype): the activations quantized to int8 too,
                  per row in blocks of 32 (layers/int8_activations.py), int8 x int8 products in
-                 int32 (VPDPBUSD with AVX512-VNNI, VPMADDUBSW elsewhere), one fp32 rescale per
+                 int32 (VPDPBUSD with avx512_vnni or avx_vnni, VPMADDUBSW elsewhere), one fp32 rescale per
                  block. Faster than widening at every batch size measured (BENCHMARKS.md 22); a
                  weight whose K is not a multiple of 32 takes zserve_int8
-    zserve_int8  kernels/gemm_int8.cpp (CPU, avx2 or avx512 levels): int8 values and fp32 scales in
+    zserve_int8  kernels/gemm_int8.cpp (CPU, a feature set with avx2): int8 values and fp32 scales in
                  gemm_widen's blocks of 16 columns, widened in registers, fp32 sums
-    int8_torch   CUDA, the `baseline` level or --gemm-backend torch: the same values and scales,
+    int8_torch   CUDA, the `baseline` set or --gemm-backend torch: the same values and scales,
                  dequantized on the fly for an fp32 torch.mm (the reference: slow, exact)
 
 Each takes the checkpoint's own int8 values (an `Int8Weight`, GGUF Q8_0) or quantizes the plain
