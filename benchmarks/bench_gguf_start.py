@@ -14,6 +14,8 @@ Per server and round:
     weights are in its figure, and a page two processes share is split between them;
   * one at a time: `--single` streamed completions of `--input-len` random token ids (no prefix is
     shared) and `--output-len` tokens (ignore_eos), TPOT = (latency - TTFT) / (tokens - 1), p50;
+  * at once: `--burst` such requests sent together, output tokens per second (llama.cpp needs `-np` slots
+    for them: `--llama-args "-np 16"`, its context then split between the slots);
   * zserve's memory line from /server_info (resident weights by form, the file's bytes by type).
 
 Prints one table and writes `--output-json`. The CPU is named (lscpu) and the load average recorded.
@@ -150,6 +152,19 @@ def streamed_tpot_ms(base: str, model: str, input_ids: list[int], output_len: in
     return ttft * 1e3, (latency - ttft) / max(1, tokens - 1) * 1e3
 
 
+def burst_throughput(base: str, model: str, args: argparse.Namespace, round_idx: int) -> float:
+    """Output tokens per second of `args.burst` streamed requests sent at once (first byte sent to last token)."""
+    rng = random.Random(1000 + round_idx)
+    prompts = [[rng.randrange(1000, 40000) for _ in range(args.input_len)] for _ in range(args.burst)]
+    threads = [threading.Thread(target=streamed_tpot_ms, args=(base, model, prompt, args.output_len)) for prompt in prompts]
+    t0 = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return args.burst * args.output_len / (time.perf_counter() - t0)
+
+
 @dataclass
 class Round:
     server: str
@@ -159,6 +174,7 @@ class Round:
     serving_pss_mb: float
     ttft_p50_ms: float
     tpot_p50_ms: float
+    burst_tok_s: float  # output tokens per second of `--burst` requests sent at once (0: none)
     answer: str
     memory: dict = field(default_factory=dict)
 
@@ -175,12 +191,14 @@ def run_server(name: str, cmd: list[str], base: str, args: argparse.Namespace, r
         rng = random.Random(round_idx)
         results = [streamed_tpot_ms(base, model, [rng.randrange(1000, 40000) for _ in range(args.input_len)],
                                     args.output_len) for _ in range(args.single)]
+        burst_tok_s = burst_throughput(base, model, args, round_idx) if args.burst else 0.0
         serving = pss_bytes(tree_pids(proc.pid))
         memory = {}
-        if name == "zserve":
+        if name != "llama.cpp":
             memory = get(f"{base}/server_info").get("memory", {})
         return Round(name, round_idx, launch_s, peak / 1e6, serving / 1e6,
-                     statistics.median(r[0] for r in results), statistics.median(r[1] for r in results), answer, memory)
+                     statistics.median(r[0] for r in results), statistics.median(r[1] for r in results), burst_tok_s,
+                     answer, memory)
     finally:
         sampler.stop()
         os.killpg(proc.pid, signal.SIGTERM)
@@ -193,10 +211,13 @@ def run_server(name: str, cmd: list[str], base: str, args: argparse.Namespace, r
 
 def commands(args: argparse.Namespace) -> list[tuple[str, list[str], str]]:
     """(name, command, base URL) of each server to run."""
-    port = free_port()
-    servers = [("zserve", [sys.executable, "-m", "zserve.launcher", "--model", str(args.gguf), "--port", str(port),
-                           "--kv-cache-tokens", str(args.context), "--log-level", "warning", *args.zserve_args.split()],
-                f"http://127.0.0.1:{port}")]
+    servers = []
+    for variant in args.zserve_variant or ["zserve="]:
+        name, _, flags = variant.partition("=")
+        port = free_port()
+        servers.append((name, [sys.executable, "-m", "zserve.launcher", "--model", str(args.gguf), "--port", str(port),
+                               "--kv-cache-tokens", str(args.context), "--log-level", "warning",
+                               *args.zserve_args.split(), *flags.split()], f"http://127.0.0.1:{port}"))
     if args.llama_server:
         port = free_port()
         threads = str(os.cpu_count() or 1)
@@ -213,10 +234,13 @@ def main() -> None:
     p.add_argument("--context", type=int, default=16384, help="KV tokens: zserve --kv-cache-tokens, llama.cpp -c")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--single", type=int, default=4, help="one-at-a-time requests per round")
+    p.add_argument("--burst", type=int, default=0, help="requests sent at once after the single ones (0: none)")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--start-timeout-s", type=float, default=600.0)
     p.add_argument("--zserve-args", default="", help="extra launch_server flags")
+    p.add_argument("--zserve-variant", action="append", default=[], metavar="NAME=FLAGS",
+                   help="a zserve server under NAME with these extra flags (repeatable; default: one, `zserve`)")
     p.add_argument("--llama-args", default="-np 1", help="extra llama-server flags")
     p.add_argument("--output-json", type=Path, default=Path("bench_gguf_start.json"))
     args = p.parse_args()
@@ -231,9 +255,10 @@ def main() -> None:
         for name, cmd, base in commands(args):
             result = run_server(name, cmd, base, args, round_idx, env)
             rounds.append(result)
-            print(f"  round {round_idx} {name:9s} launch->answer {result.launch_to_answer_s:6.2f} s  peak PSS "
+            print(f"  round {round_idx} {name:14s} launch->answer {result.launch_to_answer_s:6.2f} s  peak PSS "
                   f"{result.peak_pss_mb:7.1f} MB  serving PSS {result.serving_pss_mb:7.1f} MB  TTFT p50 "
-                  f"{result.ttft_p50_ms:7.1f} ms  TPOT p50 {result.tpot_p50_ms:6.1f} ms  answer {result.answer!r}",
+                  f"{result.ttft_p50_ms:7.1f} ms  TPOT p50 {result.tpot_p50_ms:6.1f} ms  burst {result.burst_tok_s:6.1f} tok/s  "
+                  f"answer {result.answer!r}",
                   flush=True)
             if result.memory:
                 print(f"    zserve memory: resident weights {result.memory['resident_bytes'] / 1e6:.1f} MB for "
