@@ -45,17 +45,20 @@ def resident_bytes_by_form(model: nn.Module, dtype: torch.dtype) -> tuple[dict[s
             counted.add(_storage_key(t))
             forms[form] += _nbytes(t)
 
-    for module in model.modules():
-        if isinstance(module, GemmWeight) and module.packed is not None:
-            packed = module.packed
-            count(CODE_FORMS.get(packed.bits, f"{_dtype_name(dtype)} matrices"), packed.values)
-            for side in (packed.scales, packed.offsets, packed.bias):
-                count(SIDE_FORM, side)
-            for side in packed.compact.tensors() if packed.compact is not None else ():
-                count(COMPACT_FORM, side)
-            if packed.many_rows_values is not None and _storage_key(packed.many_rows_values) not in counted:
-                counted.add(_storage_key(packed.many_rows_values))
-                copy_bytes += _nbytes(packed.many_rows_values)
+    packed_weights = [m.packed for m in model.modules() if isinstance(m, GemmWeight) and m.packed is not None]
+    while packed_weights:
+        packed = packed_weights.pop()
+        if packed.pieces:  # column pieces, each in its own format (layers/column_pieces.py)
+            packed_weights.extend(packed.pieces)
+            continue
+        count(CODE_FORMS.get(packed.bits, f"{_dtype_name(dtype)} matrices"), packed.values)
+        for side in (packed.scales, packed.offsets, packed.bias):
+            count(SIDE_FORM, side)
+        for side in packed.compact.tensors() if packed.compact is not None else ():
+            count(COMPACT_FORM, side)
+        if packed.many_rows_values is not None and _storage_key(packed.many_rows_values) not in counted:
+            counted.add(_storage_key(packed.many_rows_values))
+            copy_bytes += _nbytes(packed.many_rows_values)
     for t in (*model.parameters(), *model.buffers()):
         count(f"{_dtype_name(t.dtype)} embeddings and norms", t)
     return dict(forms), copy_bytes

@@ -23,9 +23,15 @@ import torch
 from torch import nn
 
 from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.layers.column_pieces import ColumnPieces
 from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.layers.weight_kernels.float_kernels import TorchKernel
-from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight, join_columns, on_device
+from zserve.model_proc.layers.weight_kernels.quantized_weight import (
+    QuantizedWeight,
+    join_columns,
+    on_device,
+    unpacked_join,
+)
 from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
 
 COMPACT_BUFFERS = ("packed_scale_supers", "packed_scale_subs", "packed_offset_supers", "packed_offset_subs")
@@ -98,8 +104,11 @@ class GemmWeight(nn.Module):
         """Pack for `kernel` (or the fallback it names for this shape)."""
         kernel = kernel.kernel_for(self.weight_shape[0])
         stored = self.stored_weight()
-        if isinstance(stored, PackedBlocks) and not kernel.takes_stored(stored):
-            stored = stored.unpacked()  # another kernel's layout: the same values as codes [K, N]
+        if isinstance(stored, (PackedBlocks, ColumnPieces)) and not kernel.takes_stored(stored):
+            layout_of_another = stored
+            stored = unpacked_join(stored)  # another kernel's layout: the same values as codes [K, N]
+            if stored is None:  # pieces that join into no one format: their values
+                self._dequantize_into_plain([(0, layout_of_another)])
         if stored is not None and not kernel.takes_stored(stored):
             self._dequantize_into_plain([(0, stored)])
             stored = None

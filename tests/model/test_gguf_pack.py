@@ -114,3 +114,39 @@ def test_the_gemm_on_compact_scales_equals_it_on_fp32_ones(type_name):
         x = torch.randn(m, cols, generator=torch.Generator().manual_seed(m)).to(torch.bfloat16)
         for b in (None, bias):
             assert torch.equal(gemm_int8_dot(x, compact, b), gemm_int8_dot(x, fp32, b)), (type_name, m, b is None)
+
+
+def test_pieces_of_two_types_stay_each_in_its_own():
+    """Q4_K_M's q, k (Q4_K) beside a Q6_K v: ColumnPieces, one product per piece (not one int8 join at 1.5 bytes
+    a weight); a kernel without pieces (int8_torch) gets their exact int8 join."""
+    from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
+    from zserve.model_proc.layers.column_pieces import ColumnPieces
+    from zserve.model_proc.layers.gemm import GemmWeight
+    from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8TorchKernel, ZserveInt8DotKernel, gemm_int8_dot
+    from zserve.model_proc.layers.weight_kernels.quantized_weight import unpacked_join
+
+    q = packed("Q4_K", random_blocks("Q4_K", 32, 256, seed=1, magnitude=0.05), torch.arange(32), 256)
+    v = packed("Q6_K", random_blocks("Q6_K", 24, 256, seed=2, magnitude=0.05), torch.arange(24), 256)
+    pieces = join_columns([(0, q), (32, v)], 56)
+    assert isinstance(pieces, ColumnPieces) and pieces.column_offsets() == [0, 32]
+    exact = torch.cat([q.dequantize(), v.dequantize()], dim=1)
+    assert torch.equal(pieces.dequantize(), exact) and torch.equal(unpacked_join(pieces).dequantize(), exact)
+    assert join_columns([(0, v), (24, q)], 56) is not None and ColumnPieces.of([(0, v), (24, q)], 56) is None  # 24: not whole blocks
+    bias = torch.randn(56, generator=torch.Generator().manual_seed(4))
+    x = torch.randn(3, 256, generator=torch.Generator().manual_seed(5)).to(torch.bfloat16)
+    reference = Int8TorchKernel()
+    layer = GemmWeight()
+    layer.init_weight(256, 56)
+    layer.stored_parts = [(0, q), (32, v)]
+    layer.pack(reference)  # pieces unpacked and joined as int8 codes, exactly
+    assert torch.equal(layer.packed.values, unpacked_join(pieces).q)
+    if load_gemm_int8_dot() is None:
+        return
+    kernel = ZserveInt8DotKernel()
+    split = kernel.pack(None, bias, pieces)
+    assert [p.bits for p in split.pieces] == [4, 8] and split.values.numel() == 0
+    joined = kernel.pack(None, bias, unpacked_join(pieces))
+    assert kernel.weight_bytes(split, 256, 56, torch.bfloat16) < kernel.weight_bytes(joined, 256, 56, torch.bfloat16)
+    each = [kernel.pack(None, bias[c : c + p.out_features], p) for c, p in zip((0, 32), (q, v), strict=True)]
+    assert torch.equal(gemm_int8_dot(x, split, bias), torch.cat([gemm_int8_dot(x, p, bias) for p in each], dim=1))
+    assert torch.allclose(gemm_int8_dot(x, split, bias).float(), gemm_int8_dot(x, joined, bias).float(), rtol=0.02, atol=0.02)

@@ -23,6 +23,7 @@ import torch
 
 from zserve.common.weight_formats import GEMM_CHOICES
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8, load_gemm_int8_dot
+from zserve.model_proc.layers.column_pieces import ColumnPieces
 from zserve.model_proc.layers.int4_weights import INT4_GROUP_SIZE, Int4Weight
 from zserve.model_proc.layers.int8_activations import ACT_BLOCK, SUM_BLOCK, runs_int8_activations
 from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, Int8Weight, dequantize_int8
@@ -66,6 +67,8 @@ class Int8Kernel(WeightKernel):
     def weight_bytes(self, packed: PackedWeight | None, in_features: int, out_features: int, dtype: torch.dtype) -> int:
         if packed is None:
             return super().weight_bytes(packed, in_features, out_features, dtype)
+        if packed.pieces:
+            return sum(self.weight_bytes(p, in_features, p.out_features, dtype) for p in packed.pieces)
         codes = in_features * out_features * (packed.bits if packed.bits in (4, 8) else 8) // 8
         if packed.compact is not None:
             return codes + packed.compact.nbytes
@@ -121,11 +124,17 @@ class ZserveInt8DotKernel(Int8Kernel):
         return stored if isinstance(stored, (Int8Weight, Int4Weight)) else self.quantized(plain)
 
     def takes_stored(self, stored: QuantizedWeight) -> bool:
-        return isinstance(stored, (Int8Weight, Int4Weight, PackedBlocks))
+        return isinstance(stored, (Int8Weight, Int4Weight, PackedBlocks, ColumnPieces))
 
     def pack(
         self, plain: torch.Tensor | None, bias: torch.Tensor | None, stored: QuantizedWeight | None
     ) -> PackedWeight:
+        if isinstance(stored, ColumnPieces):  # one product per piece, each in its own format
+            pieces = tuple(
+                self.pack(None, None if bias is None else bias[col : col + part.out_features], part)
+                for col, part in zip(stored.column_offsets(), stored.parts, strict=True)
+            )
+            return PackedWeight(torch.empty(0, dtype=torch.uint8), stored.out_features, pieces=pieces)
         if isinstance(stored, PackedBlocks):  # packed from the file's rows at load (kernels/gguf_pack.cpp)
             return PackedWeight(
                 stored.values, stored.out_features, padded_bias(bias, stored.values.shape[0]), None, stored.group_size,
@@ -151,6 +160,8 @@ class ZserveInt8DotKernel(Int8Kernel):
 def gemm_int8_dot(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None) -> torch.Tensor:
     """kernels/gemm_int8_dot.cpp on `packed`'s quads (ZserveInt8DotKernel, and the few-row half of
     zserve_int8_dot+onednn)."""
+    if packed.pieces:
+        return torch.cat([gemm_int8_dot(x, piece, bias) for piece in packed.pieces], dim=1)
     packed_bias = packed.bias if bias is not None else None
     if packed.compact is not None:  # a GGUF file's scales as it keeps them (layers/compact_scales.py)
         c = packed.compact

@@ -16,6 +16,7 @@ from typing import Protocol
 
 import torch
 
+from zserve.model_proc.layers.column_pieces import ColumnPieces
 from zserve.model_proc.layers.int4_weights import common_format
 from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks, join_blocks
 
@@ -49,12 +50,26 @@ def on_device(weight: QuantizedWeight, device: torch.device) -> QuantizedWeight:
     return replace(weight, **moved) if moved else weight
 
 
+def unpacked_join(stored: QuantizedWeight) -> QuantizedWeight | None:
+    """A weight in the int8 x int8 GEMM's layout (PackedBlocks, ColumnPieces) as codes [K, N] (Int4Weight,
+    Int8Weight), for another kernel: the same values; None where its pieces join into no one format."""
+    if isinstance(stored, PackedBlocks):
+        return stored.unpacked()
+    if isinstance(stored, ColumnPieces):
+        offsets = stored.column_offsets()
+        return join_columns([(col, part.unpacked()) for col, part in zip(offsets, stored.parts, strict=True)],
+                            stored.out_features)
+    return stored
+
+
 def join_columns(parts: Sequence[tuple[int, QuantizedWeight]], out_features: int) -> QuantizedWeight | None:
     """The [in, out_features] weight made of (column offset, piece) pieces side by side, or None
     unless they cover every column, in order, in one format with the same settings (group size)."""
     if not parts:
         return None
     packed = join_blocks(parts, out_features)  # pieces already in the GEMM's layout: blocks side by side
+    if packed is None:
+        packed = ColumnPieces.of(parts, out_features)  # in the GEMM's layout, of two types: each kept in its own
     if packed is not None:
         return packed
     parts = [(col, part.unpacked() if isinstance(part, PackedBlocks) else part) for col, part in parts]

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from zserve.model_proc.layers.column_pieces import ColumnPieces
 from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.layers.weight_kernels.float_kernels import OneDnnKernel, onednn_linear, onednn_supports
 from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8Kernel, ZserveInt8DotKernel, gemm_int8_dot
@@ -64,7 +65,7 @@ class RowSplitInt8Kernel(Int8Kernel):
         self, plain: torch.Tensor | None, bias: torch.Tensor | None, stored: QuantizedWeight | None
     ) -> PackedWeight:
         few_kernel = ZserveInt8DotKernel(self.group_size, self.weight_bits)
-        weight = stored if isinstance(stored, PackedBlocks) else few_kernel.dot_weight(plain, stored)
+        weight = stored if isinstance(stored, (PackedBlocks, ColumnPieces)) else few_kernel.dot_weight(plain, stored)
         few = few_kernel.pack(plain, bias, weight)
         many = OneDnnKernel().pack(weight.dequantize().to(torch.bfloat16), bias, None)
         return replace(few, many_rows_values=many.values)

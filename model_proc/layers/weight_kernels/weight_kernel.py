@@ -35,6 +35,8 @@ class PackedWeight:
     bits: int = 16  # of `values`' codes: 16 (float), 8 (int8) or 4 (nibbles)
     many_rows_values: torch.Tensor | None = None  # zserve_bf16+onednn: oneDNN's layout, for products of many rows
     compact: CompactScales | None = None  # a GGUF file's scales and offsets as it keeps them, instead of fp32 ones
+    pieces: tuple[PackedWeight, ...] = ()  # column pieces each in its own format (layers/column_pieces.py); `values`
+    # is then empty and the product is the pieces' side by side
 
 
 class WeightKernel(ABC):
