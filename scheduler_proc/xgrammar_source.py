@@ -13,6 +13,7 @@ thread, which `warm_up` starts at startup; `--grammar-backend none` builds no so
 from __future__ import annotations
 
 import logging
+import os
 import re
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,6 +26,19 @@ import numpy as np
 from zserve.common.error_code import ErrorCode
 
 logger = logging.getLogger("scheduler_proc")
+GRAMMAR_THREAD_NICE = 5  # the grammar thread's niceness above the scheduler's: background work
+
+
+def lower_this_thread_priority(nice: int) -> None:
+    """Make the calling thread `nice` steps nicer (Linux: a thread's own priority); elsewhere, or where the
+    system refuses, nothing (the work runs at the process's priority)."""
+    if not hasattr(os, "setpriority") or not hasattr(threading, "get_native_id"):
+        return
+    tid = threading.get_native_id()
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, os.getpriority(os.PRIO_PROCESS, tid) + nice)
+    except OSError as exc:
+        logger.debug("grammar thread keeps its priority: %s", exc)
 
 
 class GrammarError(ValueError):
@@ -46,8 +60,14 @@ class XGrammarSource:
 
     def warm_up(self) -> None:
         """Import xgrammar and index the vocabulary in the background now, so the first
-        constrained request does not wait for it (a failure is logged; requests then fail with it)."""
-        self._executor.submit(self._get_compiler).add_done_callback(self._log_warm_up)
+        constrained request does not wait for it (a failure is logged; requests then fail with it).
+        The grammar thread runs GRAMMAR_THREAD_NICE below the process, so this second or two of work
+        does not slow the first answers on a machine of few cores (the model worker gets them first)."""
+        self._executor.submit(self._warm_up).add_done_callback(self._log_warm_up)
+
+    def _warm_up(self) -> None:
+        lower_this_thread_priority(GRAMMAR_THREAD_NICE)
+        self._get_compiler()
 
     @staticmethod
     def _log_warm_up(future: Future) -> None:

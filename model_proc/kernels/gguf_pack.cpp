@@ -42,21 +42,23 @@ constexpr int64_t COLS = 16;   // output columns per block of the GEMM's layout
 constexpr int64_t QK_K = 256;  // values per K-quant super-block
 
 enum class Offsets { NONE, SHARED_SUPER, OWN_SUPER };  // none; scale's super times a sub; a super of their own
+enum class Type { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };
 
 struct TypeInfo {
+  Type type;
   int64_t block_values, block_bytes, group, bits;
   Offsets offsets;
 };
 
 bool type_info(const std::string& name, TypeInfo& info) {
-  if (name == "Q8_0") info = {32, 34, 32, 8, Offsets::NONE};
-  else if (name == "Q4_0") info = {32, 18, 32, 4, Offsets::SHARED_SUPER};
-  else if (name == "Q4_1") info = {32, 20, 32, 4, Offsets::OWN_SUPER};
-  else if (name == "Q5_0") info = {32, 22, 32, 8, Offsets::NONE};
-  else if (name == "Q5_1") info = {32, 24, 32, 8, Offsets::OWN_SUPER};
-  else if (name == "Q4_K") info = {QK_K, 144, 32, 4, Offsets::OWN_SUPER};
-  else if (name == "Q5_K") info = {QK_K, 176, 32, 8, Offsets::OWN_SUPER};
-  else if (name == "Q6_K") info = {QK_K, 210, 16, 8, Offsets::NONE};
+  if (name == "Q8_0") info = {Type::Q8_0, 32, 34, 32, 8, Offsets::NONE};
+  else if (name == "Q4_0") info = {Type::Q4_0, 32, 18, 32, 4, Offsets::SHARED_SUPER};
+  else if (name == "Q4_1") info = {Type::Q4_1, 32, 20, 32, 4, Offsets::OWN_SUPER};
+  else if (name == "Q5_0") info = {Type::Q5_0, 32, 22, 32, 8, Offsets::NONE};
+  else if (name == "Q5_1") info = {Type::Q5_1, 32, 24, 32, 8, Offsets::OWN_SUPER};
+  else if (name == "Q4_K") info = {Type::Q4_K, QK_K, 144, 32, 4, Offsets::OWN_SUPER};
+  else if (name == "Q5_K") info = {Type::Q5_K, QK_K, 176, 32, 8, Offsets::OWN_SUPER};
+  else if (name == "Q6_K") info = {Type::Q6_K, QK_K, 210, 16, 8, Offsets::NONE};
   else return false;
   return true;
 }
@@ -86,14 +88,14 @@ inline void k_scale_min(const uint8_t* q, int j, uint8_t& sc, uint8_t& mn) {
 
 // One block of one row: its codes (int, as the kernel reads them before packing), and the scale
 // and offset of each group it holds.
-void decode_block(const std::string& type, const uint8_t* b, int32_t* codes, BlockScales& s) {
-  if (type == "Q8_0") {
+void decode_block(Type type, const uint8_t* b, int32_t* codes, BlockScales& s) {
+  if (type == Type::Q8_0) {
     s.scale_super = f16_bits(b), s.scale_subs[0] = 1;
     for (int l = 0; l < 32; ++l) codes[l] = static_cast<int8_t>(b[2 + l]);
-  } else if (type == "Q4_0" || type == "Q4_1") {
-    const uint8_t* qs = b + (type == "Q4_0" ? 2 : 4);
+  } else if (type == Type::Q4_0 || type == Type::Q4_1) {
+    const uint8_t* qs = b + (type == Type::Q4_0 ? 2 : 4);
     s.scale_super = f16_bits(b), s.scale_subs[0] = 1;
-    if (type == "Q4_0") {
+    if (type == Type::Q4_0) {
       s.offset_subs[0] = -8;  // times the scale's super: -8 d
     } else {
       s.offset_super = f16_bits(b + 2), s.offset_subs[0] = 1;  // m
@@ -102,8 +104,8 @@ void decode_block(const std::string& type, const uint8_t* b, int32_t* codes, Blo
       codes[l] = qs[l] & 0x0F;
       codes[l + 16] = qs[l] >> 4;
     }
-  } else if (type == "Q5_0" || type == "Q5_1") {
-    const bool q5_0 = type == "Q5_0";
+  } else if (type == Type::Q5_0 || type == Type::Q5_1) {
+    const bool q5_0 = type == Type::Q5_0;
     const uint8_t* qh_bytes = b + (q5_0 ? 2 : 4);
     const uint8_t* qs = qh_bytes + 4;
     uint32_t qh;
@@ -114,8 +116,8 @@ void decode_block(const std::string& type, const uint8_t* b, int32_t* codes, Blo
       codes[l] = ((qs[l] & 0x0F) | (((qh >> l) & 1) << 4)) - (q5_0 ? 16 : 0);
       codes[l + 16] = ((qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - (q5_0 ? 16 : 0);
     }
-  } else if (type == "Q4_K" || type == "Q5_K") {
-    const bool q5 = type == "Q5_K";
+  } else if (type == Type::Q4_K || type == Type::Q5_K) {
+    const bool q5 = type == Type::Q5_K;
     const uint8_t* packed_scales = b + 4;
     const uint8_t* qh = b + 16;
     const uint8_t* qs = b + (q5 ? 48 : 16);
@@ -189,7 +191,7 @@ PackResult gguf_pack(const at::Tensor& raw, const std::string& type_name, const 
         const uint8_t* row = src + ids[n] * row_bytes;
         for (int64_t blk = 0; blk < blocks_per_row; ++blk) {
           BlockScales s;
-          decode_block(type_name, row + blk * info.block_bytes, block_codes, s);
+          decode_block(info.type, row + blk * info.block_bytes, block_codes, s);
           for (int64_t v = 0; v < info.block_values; ++v) codes[(blk * info.block_values + v) * COLS + j] = block_codes[v];
           ssup[(b * blocks_per_row + blk) * COLS + j] = s.scale_super;
           if (osup != nullptr) osup[(b * blocks_per_row + blk) * COLS + j] = s.offset_super;
