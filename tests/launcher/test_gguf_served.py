@@ -80,3 +80,17 @@ def test_check_weights_follows_the_pointer(tmp_path):
     gguf_file.unlink()
     with pytest.raises(FileNotFoundError, match="gone.gguf not found"):
         check_weights(tmp_path)
+
+
+def test_the_workers_memory_reaches_stats(gguf_server, model_dir):
+    """The model worker's memory line travels WorkerReady -> scheduler -> every StatsOut (and /server_info): the
+    file's bytes by GGML type (F32 here, as the file's own header counts them) and the resident weights by form."""
+    import json
+
+    with Client(gguf_server.port, timeout_s=60) as c:
+        memory = c.stats()["memory"]
+    assert set(memory["file_bytes_by_type"]) == {"F32"}
+    config = json.loads((model_dir / "config.json").read_text())
+    assert memory["file_bytes"] >= 4 * config["vocab_size"] * config["hidden_size"]  # at least the embedding in fp32
+    assert memory["resident_bytes"] == sum(memory["resident_bytes_by_form"].values()) + memory["weight_copy_bytes"]
+    assert memory["kv_pool_bytes"] > 0 and "memory: weights" in gguf_server.log()
