@@ -86,12 +86,12 @@ inline void k_scale_min(const uint8_t* q, int j, uint8_t& sc, uint8_t& mn) {
   }
 }
 
-// One block of one row: its codes (int, as the kernel reads them before packing), and the scale
-// and offset of each group it holds.
-void decode_block(Type type, const uint8_t* b, int32_t* codes, BlockScales& s) {
+// One block of one row: its codes as the packed layout stores them (4-bit types: the code 0..15;
+// the others: code + 128), and its scales and offsets as the file keeps them.
+void decode_block(Type type, const uint8_t* b, uint8_t* codes, BlockScales& s) {
   if (type == Type::Q8_0) {
     s.scale_super = f16_bits(b), s.scale_subs[0] = 1;
-    for (int l = 0; l < 32; ++l) codes[l] = static_cast<int8_t>(b[2 + l]);
+    for (int l = 0; l < 32; ++l) codes[l] = static_cast<uint8_t>(b[2 + l] ^ 0x80);  // int8 q + 128
   } else if (type == Type::Q4_0 || type == Type::Q4_1) {
     const uint8_t* qs = b + (type == Type::Q4_0 ? 2 : 4);
     s.scale_super = f16_bits(b), s.scale_subs[0] = 1;
@@ -112,9 +112,10 @@ void decode_block(Type type, const uint8_t* b, int32_t* codes, BlockScales& s) {
     std::memcpy(&qh, qh_bytes, 4);
     s.scale_super = f16_bits(b), s.scale_subs[0] = 1;
     if (!q5_0) s.offset_super = f16_bits(b + 2), s.offset_subs[0] = 1;
+    const int bias = q5_0 ? 128 - 16 : 128;  // Q5_0's code is q - 16
     for (int l = 0; l < 16; ++l) {
-      codes[l] = ((qs[l] & 0x0F) | (((qh >> l) & 1) << 4)) - (q5_0 ? 16 : 0);
-      codes[l + 16] = ((qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - (q5_0 ? 16 : 0);
+      codes[l] = static_cast<uint8_t>(((qs[l] & 0x0F) | (((qh >> l) & 1) << 4)) + bias);
+      codes[l + 16] = static_cast<uint8_t>(((qs[l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) + bias);
     }
   } else if (type == Type::Q4_K || type == Type::Q5_K) {
     const bool q5 = type == Type::Q5_K;
@@ -128,12 +129,14 @@ void decode_block(Type type, const uint8_t* b, int32_t* codes, BlockScales& s) {
       s.scale_subs[j] = static_cast<int8_t>(sc);
       s.offset_subs[j] = static_cast<int8_t>(-static_cast<int>(mn));  // dmin * -m = -(dmin * m), exactly
     }
-    for (int v = 0; v < QK_K; ++v) {
-      const int chunk = v / 64, within = v % 64;
-      const uint8_t byte = qs[32 * chunk + within % 32];
-      int32_t code = within < 32 ? (byte & 0x0F) : (byte >> 4);
-      if (q5) code |= ((qh[v % 32] >> (v / 32)) & 1) << 4;
-      codes[v] = code;
+    for (int chunk = 0; chunk < 4; ++chunk) {  // 64 values: the low nibbles of 32 bytes, then their high ones
+      for (int l = 0; l < 32; ++l) {
+        codes[64 * chunk + l] = qs[32 * chunk + l] & 0x0F;
+        codes[64 * chunk + 32 + l] = qs[32 * chunk + l] >> 4;
+      }
+    }
+    if (q5) {  // the fifth bit of value v is bit v / 32 of qh[v % 32]; the codes become int8 codes + 128
+      for (int v = 0; v < QK_K; ++v) codes[v] = static_cast<uint8_t>((codes[v] | (((qh[v % 32] >> (v / 32)) & 1) << 4)) + 128);
     }
   } else {  // Q6_K
     const uint8_t* ql = b;
@@ -141,12 +144,12 @@ void decode_block(Type type, const uint8_t* b, int32_t* codes, BlockScales& s) {
     const int8_t* sc = reinterpret_cast<const int8_t*>(b + 192);
     s.scale_super = f16_bits(b + 208);
     for (int g = 0; g < 16; ++g) s.scale_subs[g] = sc[g];
-    for (int v = 0; v < QK_K; ++v) {
-      const int h = v / 128, r = v % 128;
-      const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
-      const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
-      codes[v] = (low | (high << 4)) - 32;
-    }
+    for (int h = 0; h < 2; ++h)
+      for (int r = 0; r < 128; ++r) {
+        const int low = (ql[64 * h + r % 64] >> (4 * (r / 64))) & 0x0F;
+        const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
+        codes[128 * h + r] = static_cast<uint8_t>((low | (high << 4)) - 32 + 128);
+      }
   }
 }
 
@@ -181,18 +184,21 @@ PackResult gguf_pack(const at::Tensor& raw, const std::string& type_name, const 
   auto* osup = own_super ? reinterpret_cast<uint16_t*>(offset_supers.data_ptr()) : nullptr;
   int8_t* osub = offsets ? offset_subs.data_ptr<int8_t>() : nullptr;
   at::parallel_for(0, NB, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<int32_t> codes(static_cast<size_t>(K) * COLS);  // this block's [K, 16] codes
-    int32_t block_codes[QK_K];
+    // this column block's 16 rows of codes, each as the layout stores a code (a byte); columns past N stay zero codes
+    std::vector<uint8_t> rows(static_cast<size_t>(COLS) * K);
+    const uint8_t zero_code = info.bits == 4 ? 0 : 128;
     for (int64_t b = b0; b < b1; ++b) {
-      std::fill(codes.begin(), codes.end(), 0);
       for (int64_t j = 0; j < COLS; ++j) {
         const int64_t n = b * COLS + j;
-        if (n >= N) break;
+        uint8_t* row_codes = rows.data() + j * K;
+        if (n >= N) {
+          std::fill(row_codes, row_codes + K, zero_code);
+          continue;
+        }
         const uint8_t* row = src + ids[n] * row_bytes;
         for (int64_t blk = 0; blk < blocks_per_row; ++blk) {
           BlockScales s;
-          decode_block(info.type, row + blk * info.block_bytes, block_codes, s);
-          for (int64_t v = 0; v < info.block_values; ++v) codes[(blk * info.block_values + v) * COLS + j] = block_codes[v];
+          decode_block(info.type, row + blk * info.block_bytes, row_codes + blk * info.block_values, s);
           ssup[(b * blocks_per_row + blk) * COLS + j] = s.scale_super;
           if (osup != nullptr) osup[(b * blocks_per_row + blk) * COLS + j] = s.offset_super;
           for (int64_t g = 0; g < groups_per_block; ++g) {
@@ -202,18 +208,24 @@ PackResult gguf_pack(const at::Tensor& raw, const std::string& type_name, const 
           }
         }
       }
-      uint8_t* out = vp + b * (K / k_per_load) * COLS * 4;
-      for (int64_t p = 0; p < K / k_per_load; ++p)
-        for (int64_t j = 0; j < COLS; ++j)
-          for (int64_t i = 0; i < 4; ++i) {
-            uint8_t byte;
-            if (info.bits == 4) {
-              byte = static_cast<uint8_t>(codes[(8 * p + i) * COLS + j] | (codes[(8 * p + 4 + i) * COLS + j] << 4));
-            } else {
-              byte = static_cast<uint8_t>(codes[(4 * p + i) * COLS + j] + 128);
-            }
-            out[(p * COLS + j) * 4 + i] = byte;
+      // each 4-byte lane (p, j) of the layout: quads hold codes 4p..4p+3 of column j as they are; nibbles hold
+      // codes 8p..8p+3 in the low halves and 8p+4..8p+7 in the high ones (codes < 16: a shift stays in its byte)
+      uint32_t* out = reinterpret_cast<uint32_t*>(vp + b * (K / k_per_load) * COLS * 4);
+      for (int64_t j = 0; j < COLS; ++j) {
+        const uint8_t* row_codes = rows.data() + j * K;
+        for (int64_t p = 0; p < K / k_per_load; ++p) {
+          uint32_t lane;
+          if (info.bits == 4) {
+            uint32_t low, high;
+            std::memcpy(&low, row_codes + 8 * p, 4);
+            std::memcpy(&high, row_codes + 8 * p + 4, 4);
+            lane = low | (high << 4);
+          } else {
+            std::memcpy(&lane, row_codes + 4 * p, 4);
           }
+          out[p * COLS + j] = lane;
+        }
+      }
     }
   });
   return {values, scale_supers, scale_subs, offset_supers, offset_subs, info.bits, info.group};
