@@ -19,7 +19,7 @@ import torch
 
 from zserve.model_proc.kernels.cpu_isa import cpu_isa
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
-from zserve.model_proc.layers.int4_weights import Int4Weight
+from zserve.model_proc.weights.int4_weights import Int4Weight
 from zserve.model_proc.layers.weight_kernels.float_kernels import (
     OneDnnKernel,
     ZserveBf16Kernel,

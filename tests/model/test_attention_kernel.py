@@ -22,7 +22,7 @@ import torch
 from testing.paged_batches import shuffled_page_batch
 from zserve.common.forward_batch import ForwardBatch
 from zserve.model_proc.kernels import cpu_kernels
-from zserve.model_proc.kv_pool import KVPool
+from zserve.model_proc.layers.kv_pool import KVPool
 from zserve.model_proc.layers.attention import attention_backend
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
 

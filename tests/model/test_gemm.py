@@ -13,7 +13,7 @@ import torch
 from zserve.model_proc.kernels.cpu_isa import cpu_isa
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
 from zserve.model_proc.layers.gemm import GemmWeight
-from zserve.model_proc.layers.weight_kernels.column_blocks import pack_bf16_blocks, pack_column_blocks
+from zserve.model_proc.weights.column_blocks import pack_bf16_blocks, pack_column_blocks
 from zserve.model_proc.layers.weight_kernels.float_kernels import (
     OneDnnKernel,
     ZserveBf16Kernel,

@@ -28,7 +28,7 @@ Weights load as plain [in, out] tensors. After loading, the runner packs each on
     per block; int8 codes in quads (with offsets and groups of 16 for a GGUF file's Q5/Q6 types) or
     4-bit codes in nibbles (Q4_0, Q4_1, Q4_K);
   - "zserve_int8" (--quantization int8, CPU, any runtime dtype, kernels built with avx2): each weight
-    quantized at load to int8 with fp32 scales per group of input rows (layers/int8_weights.py), run
+    quantized at load to int8 with fp32 scales per group of input rows (weights/int8_weights.py), run
     by kernels/gemm_int8.cpp in gemm_widen's block layout (int8 widened in registers, fp32 sums):
     half of bf16's bytes per decode step;
   - "int8_torch" (--quantization int8 on CUDA, with the `baseline` set, or with --gemm-backend
