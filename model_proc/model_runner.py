@@ -33,10 +33,10 @@ from zserve.model_proc.chunk_pooler import final_norm, pool_chunks
 from zserve.model_proc.compute_dtype import resolve_dtype
 from zserve.model_proc.draft_verifier import DraftVerifier
 from zserve.model_proc.kernels.cpu_kernels import fused_ops_available
-from zserve.model_proc.layers.kv_pool import KVPool, free_memory_bytes
 from zserve.model_proc.layers.attention import attention_backend
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
 from zserve.model_proc.layers.gemm import gemm_weight_bytes, pack_as_loaded, prepack_weights
+from zserve.model_proc.layers.kv_pool import KVPool, free_memory_bytes
 from zserve.model_proc.layers.weight_kernels.int8_kernels import ZserveInt8DotKernel
 from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 from zserve.model_proc.layers.weight_kernels.weight_copy_policy import WeightCopyPolicy

@@ -14,8 +14,8 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from zserve.model_proc.weights.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_activations import fake_quantize
+from zserve.model_proc.weights.int4_weights import Int4Weight
 from zserve.model_proc.weights.int8_weights import DEFAULT_GROUP_SIZE, dequantize_int8, quantize_int8
 
 LINEAR_SUFFIXES = (

@@ -28,9 +28,9 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
+from zserve.model_proc.checkpoints.packed_int4_checkpoint import PackedInt4Scheme
 from zserve.model_proc.weights.int4_weights import Int4Weight
 from zserve.model_proc.weights.quantized_weight import QuantizedWeight
-from zserve.model_proc.checkpoints.packed_int4_checkpoint import PackedInt4Scheme
 
 logger = logging.getLogger(__name__)
 

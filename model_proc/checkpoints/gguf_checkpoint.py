@@ -47,12 +47,11 @@ import numpy as np
 import torch
 
 from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
-from zserve.common.gguf_source import gguf_source
 from zserve.model_proc.checkpoints.checkpoint import Checkpoint
-from zserve.model_proc.weights.gguf_blocks import block_type, decode
 from zserve.model_proc.checkpoints.gguf_file import GGUFFile
 from zserve.model_proc.kernels.cpu_kernels import load_gguf_pack
 from zserve.model_proc.weights.compact_scales import CompactScales
+from zserve.model_proc.weights.gguf_blocks import block_type, decode
 from zserve.model_proc.weights.int4_weights import Int4Weight
 from zserve.model_proc.weights.int8_weights import Int8Weight
 from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
@@ -207,9 +206,10 @@ class GGUFCheckpoint(Checkpoint):
                             type_name, self.served.name,
                             "4-bit codes" if block_type(type_name).code_bits == 4 else "int8 codes")
             elif type_name in kept:
-                logger.info("GGUF %s: %d %s tensors: matrices kept as stored for --quantization %s (%d-bit codes, a scale "
-                            "per %d input rows), a lookup-only embedding dequantized", self.gguf_file.name, n, type_name,
-                            self.served.name, block_type(type_name).code_bits, block_type(type_name).group_size)
+                block = block_type(type_name)
+                logger.info("GGUF %s: %d %s tensors: matrices kept as stored for --quantization %s (%d-bit codes, "
+                            "a scale per %d input rows), a lookup-only embedding dequantized", self.gguf_file.name, n,
+                            type_name, self.served.name, block.code_bits, block.group_size)
             elif type_name == "Q8_0":
                 logger.info("GGUF %s: %d Q8_0 tensors dequantized to float32 (--quantization int8 keeps them as int8)",
                             self.gguf_file.name, n)
@@ -275,7 +275,8 @@ class GGUFCheckpoint(Checkpoint):
         """A matrix of a type the served method keeps, as stored: packed for the int8 x int8 kernel
         where the method packs and gguf_pack knows the type, else decoded to codes (None: floats)."""
         t = self._tensors.get(name)
-        if t is None or len(t.shape) != 2 or self.served is None or t.tensor_type.name not in self.served.gguf_types_kept:
+        kept = self.served.gguf_types_kept if self.served is not None else frozenset()
+        if t is None or len(t.shape) != 2 or t.tensor_type.name not in kept:
             return None
         packed = self._packed_weight(name, expected_shape, rows, cols) if self.served.gguf_packs else None
         return packed if packed is not None else self._decoded_weight(name, expected_shape, rows, cols)

@@ -24,7 +24,8 @@ from zserve.model_proc.quant.none import NoneMethod
 from zserve.model_proc.quant.quant_method import QuantMethod, raw_config
 
 QUANTIZATION_METHODS: dict[str, QuantMethod] = {
-    method.name: method for method in (NoneMethod(), Int8Method(), Int4Method(), GgufMethod(), AwqMethod(), GptqMethod())
+    method.name: method
+    for method in (NoneMethod(), Int8Method(), Int4Method(), GgufMethod(), AwqMethod(), GptqMethod())
 }
 assert tuple(name for name, m in QUANTIZATION_METHODS.items() if m.served) == QUANTIZATION_CHOICES
 

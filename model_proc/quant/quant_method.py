@@ -59,7 +59,9 @@ class QuantMethod(ABC):
 
     def runs_on(self, kernel: Any) -> bool:
         """Whether `kernel` (a WeightKernel) runs this method's weights."""
-        return kernel.quantization == self.kernel_family and (kernel.takes_4bit_and_offsets or not self.needs_4bit_and_offsets)
+        if kernel.quantization != self.kernel_family:
+            return False
+        return kernel.takes_4bit_and_offsets or not self.needs_4bit_and_offsets
 
     def set_up(self, kernel: Any) -> Any:
         """`kernel` (one that `runs_on` accepted) set up for this method's weights."""

@@ -15,13 +15,13 @@ import torch
 from testing.gguf_fixtures import QUANTIZED_TYPES, quantized_tensor
 from testing.gguf_random_blocks import random_blocks
 from tests.model.test_gemm_int8_dot import assert_close_to_exact, needs_kernel, random_rows
-from zserve.model_proc.weights.gguf_blocks import BLOCK_TYPES, STORED_TYPES, block_type, decode, file_bytes
-from zserve.model_proc.weights.int4_weights import Int4Weight, common_format
 from zserve.model_proc.layers.int8_activations import fake_quantize
-from zserve.model_proc.weights.int8_weights import Int8Weight
-from zserve.model_proc.weights.column_blocks import pack_column_blocks, pack_int4_nibbles, pack_int8_quads
 from zserve.model_proc.layers.weight_kernels.float_kernels import TorchKernel
 from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8TorchKernel, ZserveInt8DotKernel
+from zserve.model_proc.weights.column_blocks import pack_column_blocks, pack_int4_nibbles, pack_int8_quads
+from zserve.model_proc.weights.gguf_blocks import BLOCK_TYPES, STORED_TYPES, block_type, decode, file_bytes
+from zserve.model_proc.weights.int4_weights import Int4Weight, common_format
+from zserve.model_proc.weights.int8_weights import Int8Weight
 from zserve.model_proc.weights.quantized_weight import join_columns
 
 ROWS, COLS = 40, 512  # two K-quant super-blocks per row

@@ -12,9 +12,9 @@ import torch
 from testing.model_fixtures import GreedyDriver, HfReference, make_runner, make_tiny_checkpoint, random_prompt
 from testing.packed_int4_fixtures import dequantized_checkpoint, write_packed_checkpoint
 from zserve.model_proc.checkpoints.checkpoint import Checkpoint
-from zserve.model_proc.quant.methods import checkpoint_method, get_quant_method
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
 from zserve.model_proc.layers.gemm import GemmWeight
+from zserve.model_proc.quant.methods import checkpoint_method, get_quant_method
 from zserve.model_proc.weights.int4_weights import Int4Weight
 
 SCHEMES = {  # name -> (method, checkpoint_format)

@@ -23,19 +23,19 @@ import torch
 
 from zserve.common.weight_formats import GEMM_CHOICES
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8, load_gemm_int8_dot
-from zserve.model_proc.weights.column_pieces import ColumnPieces
-from zserve.model_proc.weights.int4_weights import INT4_GROUP_SIZE, Int4Weight
 from zserve.model_proc.layers.int8_activations import ACT_BLOCK, SUM_BLOCK, runs_int8_activations
-from zserve.model_proc.weights.int8_weights import DEFAULT_GROUP_SIZE, Int8Weight, dequantize_int8
-from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
+from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
 from zserve.model_proc.weights.column_blocks import (
     pack_column_blocks,
     pack_int4_nibbles,
     pack_int8_quads,
     padded_bias,
 )
+from zserve.model_proc.weights.column_pieces import ColumnPieces
+from zserve.model_proc.weights.int4_weights import INT4_GROUP_SIZE, Int4Weight
+from zserve.model_proc.weights.int8_weights import DEFAULT_GROUP_SIZE, Int8Weight, dequantize_int8
+from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.weights.quantized_weight import QuantizedWeight
-from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
 
 
 @dataclass(frozen=True)

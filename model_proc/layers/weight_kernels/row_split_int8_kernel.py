@@ -23,17 +23,17 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from zserve.model_proc.weights.column_pieces import ColumnPieces
-from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.layers.weight_kernels.float_kernels import OneDnnKernel, onednn_linear, onednn_supports
 from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8Kernel, ZserveInt8DotKernel, gemm_int8_dot
-from zserve.model_proc.weights.quantized_weight import QuantizedWeight
 from zserve.model_proc.layers.weight_kernels.row_split_kernel import (
     DEFAULT_MIN_ONEDNN_ROWS,
     NEVER,
     measure_crossover,
 )
 from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
+from zserve.model_proc.weights.column_pieces import ColumnPieces
+from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
+from zserve.model_proc.weights.quantized_weight import QuantizedWeight
 
 logger = logging.getLogger("model_proc")
 
