@@ -1,8 +1,8 @@
 """Read a Llama/Qwen2/Qwen3/Phi-3/Qwen3-MoE/Mixtral (and Gemma 2/3: common/gguf_gemma.py) GGUF file's tensors.
 
 The launcher turns `--model X.gguf` into a small directory (launcher/gguf_model_dir.py) whose
-`gguf_source.json` names the file (common/gguf_source.py); `open_checkpoint` picks this reader
-for such a directory and the safetensors `Checkpoint` otherwise. gguf.GGUFReader memory-maps it:
+`gguf_source.json` names the file (common/gguf_source.py); the gguf quantization method
+(quant/gguf.py) detects such a directory and opens this reader. gguf.GGUFReader memory-maps it:
 
     blk.N.attn_q.weight  -> model.layers.N.self_attn.q_proj.weight   (llama: rows un-permuted)
     blk.N.ffn_gate.weight -> model.layers.N.mlp.gate_proj.weight      ... (GGUF_TO_HF below)
