@@ -223,7 +223,6 @@ class GGUFCheckpoint(Checkpoint):
             return unpermute_rows(tensor, self._num_kv_heads)
         return tensor
 
-
     def _full_tensor(self, name: str) -> torch.Tensor:
         t = self._tensors[name]
         qtype = self._gguf.GGMLQuantizationType
