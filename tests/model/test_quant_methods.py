@@ -76,7 +76,7 @@ def test_the_chosen_kernel_is_one_the_method_runs_on(quantization, dtype, choice
     if quantization == "none":
         assert kernel.quantization == "none"
     else:  # the int8 kernels; gguf and int4 only those that run 4-bit codes and offsets (never zserve_int8)
-        assert kernel.quantization == "int8" and getattr(kernel, "weight_bits") == (4 if quantization == "int4" else 8)
+        assert kernel.quantization == "int8" and kernel.weight_bits == (4 if quantization == "int4" else 8)
         assert ("zserve_int8" in runnable) == (quantization == "int8")
 
 
