@@ -38,9 +38,9 @@ from testing.paged_batches import shuffled_page_batch  # noqa: E402
 from zserve.common.forward_batch import ForwardBatch  # noqa: E402
 from zserve.common.worker_env import worker_env  # noqa: E402
 from zserve.model_proc.kernels.cpu_kernels import load_paged_attention  # noqa: E402
-from zserve.model_proc.kv_pool import KVPool  # noqa: E402
 from zserve.model_proc.layers.attention import PagedAttention  # noqa: E402
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata  # noqa: E402
+from zserve.model_proc.layers.kv_pool import KVPool  # noqa: E402
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, PAGE_SIZE = 9, 3, 64, 16
 

@@ -19,7 +19,6 @@ import torch
 
 from zserve.model_proc.kernels.cpu_isa import cpu_isa
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
-from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.weight_kernels.float_kernels import (
     OneDnnKernel,
     ZserveBf16Kernel,
@@ -27,6 +26,7 @@ from zserve.model_proc.layers.weight_kernels.float_kernels import (
     onednn_supports,
 )
 from zserve.model_proc.layers.weight_kernels.int8_kernels import ZserveInt8DotKernel, ZserveInt8Kernel
+from zserve.model_proc.weights.int4_weights import Int4Weight
 
 SHAPES = [(576, 3072), (1536, 576), (576, 49152), (2048, 8192), (8192, 2048)]  # (in, out): demo gate+up, down, LM head; 1B MLP
 

@@ -2,7 +2,7 @@
 
 Every block is valid: its fp16 scale fields are finite, positive and small, its codes random, so
 a dequantized weight is about N(0, 0.02)-sized (std ~0.02, mean ~0; uniform rather than normal for
-the quantized types). Per type (ggml's block layouts, as model_proc/gguf_blocks.py decodes them):
+the quantized types). Per type (ggml's block layouts, as model_proc/weights/gguf_blocks.py decodes them):
 
     type   values/block  bytes  layout                                    w
     F32/F16/BF16    1   4/2/2   normal(0, 0.02)                           as stored

@@ -1,7 +1,7 @@
 """A Hugging Face checkpoint whose config.json has a `quantization_config`: its weights are stored in
 a quantized scheme (FP8, bitsandbytes, compressed-tensors, AWQ, GPTQ, ...) whose values mean nothing
 without that scheme's scales and packing. zserve loads 4-bit AWQ ("gemm" packing, zero points) and
-4-bit GPTQ (no act-order) in groups of a multiple of 32 (model_proc/packed_int4_checkpoint.py); every
+4-bit GPTQ (no act-order) in groups of a multiple of 32 (model_proc/checkpoints/packed_int4_checkpoint.py); every
 other scheme or setting is refused at start, naming its `quant_method`, instead of reading the stored
 values as if they were the weights (which starts a server that answers garbage). A GGUF file's own
 quantized types are another matter: gguf_checkpoint.py reads them; `--quantization int8` / `int4`

@@ -14,7 +14,7 @@ offset is aligned; the bytes lie within the file and overlap no other tensor's (
 whose byte count does not match the layout overlaps its neighbour or runs past the end).
 
 No torch here (common/): the model worker opens its file through `open_checked_reader`
-(model_proc/gguf_checkpoint.py), and the launcher, which may not import model_proc, can check one too.
+(model_proc/checkpoints/gguf_checkpoint.py), and the launcher, which may not import model_proc, can check one too.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from pathlib import Path
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
-# F32/F16/BF16 read as stored, the rest dequantized by gguf.quants (model_proc/gguf_checkpoint.py)
+# F32/F16/BF16 read as stored, the rest dequantized by gguf.quants (model_proc/checkpoints/gguf_checkpoint.py)
 KNOWN_TYPES = ("F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K",
                "IQ2_XXS", "IQ2_XS", "IQ3_XXS", "IQ1_S", "IQ4_NL", "IQ3_S", "IQ2_S", "IQ4_XS", "IQ1_M", "TQ1_0", "TQ2_0",
                "MXFP4")

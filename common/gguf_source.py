@@ -1,7 +1,7 @@
 """The pointer from a launcher-made model directory to the GGUF file holding its weights.
 
 launcher/gguf_model_dir.py writes `gguf_source.json` ({"gguf_file": "/abs/path.gguf"}); the
-launcher's checks and the model worker (model_proc/gguf_checkpoint.py) read it. No torch here.
+launcher's checks and the model worker (model_proc/checkpoints/gguf_checkpoint.py) read it. No torch here.
 """
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 # --gemm-backend: auto picks the fastest that runs
 GEMM_CHOICES = ("auto", "zserve_bf16", "zserve_widen", "zserve_dot", "onednn", "torch")
-# --quantization: none keeps --dtype; int8 (model_proc/layers/int8_weights.py); gguf keeps a GGUF file's quantized
-# matrices as stored (model_proc/gguf_blocks.py: 4-bit ones packed, the others as int8 codes)
-QUANTIZATION_CHOICES = ("none", "int8", "int4", "gguf")  # int4: model_proc/layers/int4_weights.py
+# --quantization: none keeps --dtype; int8 (model_proc/weights/int8_weights.py); gguf keeps a GGUF file's quantized
+# matrices as stored (model_proc/weights/gguf_blocks.py: 4-bit ones packed, the others as int8 codes)
+QUANTIZATION_CHOICES = ("none", "int8", "int4", "gguf")  # int4: model_proc/weights/int4_weights.py
 # --gemm-weight-copy: a second copy of the weights for products of many rows (model_proc/layers/weight_kernels/
 # weight_copy_policy.py)
 WEIGHT_COPY_CHOICES = ("auto", "on", "off")

@@ -34,7 +34,8 @@ from zserve.common.server_config import DEFAULT_CLIENT_PORT, ServerConfig
 from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"  # as model_proc/checkpoint.py reads them (it imports torch)
+# as model_proc/checkpoints/checkpoint.py reads them (it imports torch)
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 WEIGHTS_FILE = "model.safetensors"
 logger = logging.getLogger("launcher")
 

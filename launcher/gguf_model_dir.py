@@ -5,7 +5,7 @@
            config.json, generation_config.json       from the GGUF metadata (transformers)
            tokenizer.json, tokenizer_config.json     from the GGUF vocabulary (transformers)
            gguf_source.json                          the .gguf's path; the model worker reads
-                                                     its tensors from there (model_proc/gguf_checkpoint.py)
+                                                     its tensors from there (model_proc/checkpoints/gguf_checkpoint.py)
 
 The directory is built under a temporary name and renamed in one step (launcher/model_cache.py),
 so one that exists is complete; a changed file (size or mtime) gets a new key. --tokenizer, when given, supplies the

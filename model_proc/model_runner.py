@@ -17,7 +17,6 @@ already in them, comes with every batch. It trusts the slot ids only after `batc
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -27,27 +26,25 @@ import numpy as np
 import torch
 
 from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
-from zserve.common.gguf_source import gguf_source
 from zserve.common.model_config import ModelConfig
 from zserve.common.weight_memory import WeightMemory
 from zserve.common.worker_env import default_num_threads
 from zserve.model_proc.chunk_pooler import final_norm, pool_chunks
 from zserve.model_proc.compute_dtype import resolve_dtype
 from zserve.model_proc.draft_verifier import DraftVerifier
-from zserve.model_proc.gguf_checkpoint import open_checkpoint
 from zserve.model_proc.kernels.cpu_kernels import fused_ops_available
-from zserve.model_proc.kv_pool import KVPool, free_memory_bytes
 from zserve.model_proc.layers.attention import attention_backend
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
 from zserve.model_proc.layers.gemm import gemm_weight_bytes, pack_as_loaded, prepack_weights
+from zserve.model_proc.layers.kv_pool import KVPool, free_memory_bytes
 from zserve.model_proc.layers.weight_kernels.int8_kernels import ZserveInt8DotKernel
 from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 from zserve.model_proc.layers.weight_kernels.weight_copy_policy import WeightCopyPolicy
 from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 from zserve.model_proc.logits_processors import top_logprobs_of
 from zserve.model_proc.models.registry import build_model
-from zserve.model_proc.packed_int4_checkpoint import PackedInt4Scheme
 from zserve.model_proc.process_memory import release_freed_memory
+from zserve.model_proc.quant.methods import auto_quantization, checkpoint_method, get_quant_method
 from zserve.model_proc.resident_memory import resident_bytes_by_form
 from zserve.model_proc.sampler import Sampler
 from zserve.model_proc.tp_group import min_across_ranks
@@ -60,27 +57,14 @@ logger = logging.getLogger(__name__)
 PROGRESS_MIN_PARAMS = 50_000_000  # show a loading bar for models at least this big
 
 
-def file_stores_quantized(model_dir: str | Path) -> bool:
-    """Whether the model's file stores its linear weights quantized: a GGUF file, or an AWQ / GPTQ checkpoint."""
-    if gguf_source(model_dir) is not None:
-        return True
-    config_path = Path(model_dir) / "config.json"
-    return PackedInt4Scheme.from_config(json.loads(config_path.read_text(encoding="utf-8"))) is not None
-
-
 def resolve_quantization(choice: str, model_dir: str | Path, device: torch.device, dtype: torch.dtype) -> str:
-    """--quantization auto: gguf (the file's quantized blocks as stored, run by the int8 x int8
-    kernel) for a GGUF model, int8 for an AWQ / GPTQ checkpoint (its 4-bit layers as stored, its
-    float LM head in int8), on a CPU where that kernel runs in a 16-bit dtype; else none (the
-    stored blocks dequantized to the dtype, as fp32 servers and the other devices get them)."""
+    """--quantization auto: what the checkpoint's method is served as (quant/methods.py: gguf for a
+    GGUF file, int8 for AWQ / GPTQ) on a CPU where the int8 x int8 kernel runs in a 16-bit dtype;
+    else none."""
     if choice != "auto":
         return choice
-    config_path = Path(model_dir) / "config.json"
-    packed_int4 = PackedInt4Scheme.from_config(json.loads(config_path.read_text(encoding="utf-8")))
-    native = "gguf" if gguf_source(model_dir) is not None else "int8" if packed_int4 is not None else "none"
-    if native == "none" or device.type != "cpu" or dtype == torch.float32:
-        return "none"
-    return native if ZserveInt8DotKernel.runs(device, dtype) else "none"
+    int8_dot_runs = device.type == "cpu" and dtype != torch.float32 and ZserveInt8DotKernel.runs(device, dtype)
+    return auto_quantization(checkpoint_method(model_dir), int8_dot_runs)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -210,7 +194,8 @@ class ModelRunner:
         self.weight_kernel = self._choose_weight_kernel(plain_bytes)
         pack_as_loaded(model, self.weight_kernel)
         t0 = time.perf_counter()
-        with open_checkpoint(model_dir, show_progress=show_progress, quantization=quantization) as ckpt:
+        stored, served = checkpoint_method(model_dir), get_quant_method(quantization)
+        with stored.open_checkpoint(model_dir, served, show_progress, getattr(model, "names", None)) as ckpt:
             model.load(ckpt)
             missing = ckpt.missing_params(model)
             self.file_bytes_by_type = ckpt.file_bytes_by_type()
@@ -235,7 +220,7 @@ class ModelRunner:
         """The weight kernel for this server, calibrated, with or without its second copy of the
         weights (--gemm-weight-copy, model_proc/layers/weight_kernels/weight_copy_policy.py)."""
         kernel = choose_kernel(self.device, self.dtype, self.gemm_choice, self.quantization)
-        stored_quantized = file_stores_quantized(self.config.model_dir)
+        stored_quantized = checkpoint_method(self.config.model_dir).quantized
         # the weights are not loaded yet: what is free now less their --dtype size bounds what will be free after
         free_after_bytes = max(0, free_memory_bytes(self.device) - plain_bytes)
         policy = WeightCopyPolicy(self.weight_copy_choice)

@@ -17,7 +17,7 @@ from zserve.model_proc.layers.gemm import GemmWeight
 
 CODE_FORMS = {4: "4-bit codes", 8: "int8 codes"}
 SIDE_FORM = "fp32 scales, offsets and biases"
-COMPACT_FORM = "fp16 x int8 scales and offsets"  # layers/compact_scales.py
+COMPACT_FORM = "fp16 x int8 scales and offsets"  # weights/compact_scales.py
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -48,7 +48,7 @@ def resident_bytes_by_form(model: nn.Module, dtype: torch.dtype) -> tuple[dict[s
     packed_weights = [m.packed for m in model.modules() if isinstance(m, GemmWeight) and m.packed is not None]
     while packed_weights:
         packed = packed_weights.pop()
-        if packed.pieces:  # column pieces, each in its own format (layers/column_pieces.py)
+        if packed.pieces:  # column pieces, each in its own format (weights/column_pieces.py)
             packed_weights.extend(packed.pieces)
             continue
         count(CODE_FORMS.get(packed.bits, f"{_dtype_name(dtype)} matrices"), packed.values)

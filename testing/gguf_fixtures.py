@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from zserve.common.gguf_gemma import GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
-from zserve.model_proc.gguf_checkpoint import GGUF_TO_HF, PHI3_TO_HF
+from zserve.model_proc.checkpoints.gguf_checkpoint import GGUF_TO_HF, PHI3_TO_HF
 
 HF_TO_GGUF = {hf: gg for gg, hf in GGUF_TO_HF.items()}
 HF_TO_GGUF.update({hf: gg for gg, hf in PHI3_TO_HF.items() if gg in ("attn_qkv", "ffn_up")})

@@ -1,4 +1,4 @@
-"""Random GGUF blocks of any type zserve keeps as stored (model_proc/gguf_blocks.py): random bytes
+"""Random GGUF blocks of any type zserve keeps as stored (model_proc/weights/gguf_blocks.py): random bytes
 with every fp16 field (d, dmin, m) finite, for types gguf cannot quantize to (Q2_K, Q3_K, IQ4_NL,
 IQ4_XS) and to hold the decoders to gguf's dequantization on arbitrary bits.
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zserve.model_proc.gguf_blocks import block_type
+from zserve.model_proc.weights.gguf_blocks import block_type
 
 # type -> ((byte offset of an fp16 field in the block, its peak factor), ...)
 FP16_FIELDS = {

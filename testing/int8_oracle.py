@@ -14,9 +14,9 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_activations import fake_quantize
-from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, dequantize_int8, quantize_int8
+from zserve.model_proc.weights.int4_weights import Int4Weight
+from zserve.model_proc.weights.int8_weights import DEFAULT_GROUP_SIZE, dequantize_int8, quantize_int8
 
 LINEAR_SUFFIXES = (
     "q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight", "up_proj.weight", "down_proj.weight",
@@ -27,7 +27,7 @@ LINEAR_SUFFIXES = (
 def dequantized_copy(model_dir: Path, target: Path, group_size: int = DEFAULT_GROUP_SIZE, bits: int = 8) -> Path:
     """`model_dir` with every linear weight and the LM head replaced by what the int8 path
     multiplies by (quantized [in, out] as the int8 weight kernels do, then dequantized); `bits` 4:
-    as --quantization int4 quantizes (layers/int4_weights.py)."""
+    as --quantization int4 quantizes (weights/int4_weights.py)."""
     target.mkdir(parents=True)
     config = json.loads((model_dir / "config.json").read_text())
     tensors = load_file(str(model_dir / "model.safetensors"))

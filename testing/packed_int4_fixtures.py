@@ -1,6 +1,6 @@
 """Tiny AWQ and GPTQ checkpoints, written here from a float checkpoint (testing/model_fixtures.py),
 with this module's own packer and its own dequantization, independent of
-model_proc/packed_int4_checkpoint.py:
+model_proc/checkpoints/packed_int4_checkpoint.py:
 
   * each linear weight W [out, in] is quantized per group of G input rows and output column,
     asymmetric: scale s = fp16((max - min) / 15), zero z = clamp(round(-min / s), 0, 15),

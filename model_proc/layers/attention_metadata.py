@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from zserve.common.forward_batch import ForwardBatch
-from zserve.model_proc.kv_pool import KVPool
+from zserve.model_proc.layers.kv_pool import KVPool
 
 DECODE_CHUNK_BYTES = 8 << 20
 

@@ -14,16 +14,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.layers.gemm import GemmWeight
-from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.layers.parallel import all_gather_last_dim, all_reduce, padded_shard_range
-from zserve.model_proc.layers.weight_kernels.quantized_weight import (
+from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
+from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
+from zserve.model_proc.weights.quantized_weight import (
     QuantizedWeight,
     join_columns,
     split_loaded,
 )
-from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 
 
 class VocabParallelEmbedding(nn.Module):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.layers.activation import FUSED_GATED_ACTIVATIONS, get_activation
 from zserve.model_proc.layers.linear import ColumnParallelLinear, RowParallelLinear
 

@@ -22,17 +22,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from zserve.model_proc.checkpoint import Checkpoint
-from zserve.model_proc.layers.column_pieces import ColumnPieces
-from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.layers.weight_kernels.float_kernels import TorchKernel
-from zserve.model_proc.layers.weight_kernels.quantized_weight import (
+from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
+from zserve.model_proc.weights.column_pieces import ColumnPieces
+from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
+from zserve.model_proc.weights.quantized_weight import (
     QuantizedWeight,
     join_columns,
     on_device,
     unpacked_join,
 )
-from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
 
 COMPACT_BUFFERS = ("packed_scale_supers", "packed_scale_subs", "packed_offset_supers", "packed_offset_subs")
 

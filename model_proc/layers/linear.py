@@ -20,7 +20,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.layers.gemm import GemmWeight
 from zserve.model_proc.layers.parallel import all_reduce, shard_range
 

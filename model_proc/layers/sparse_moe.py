@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from zserve.common.moe_config import MoeConfig
-from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.layers.fused_experts import ExpertMLP, FusedExperts
 from zserve.model_proc.layers.parallel import all_reduce
 from zserve.model_proc.layers.router import TopKRouter

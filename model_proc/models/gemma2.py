@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from zserve.common.model_config import ModelConfig
-from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
 from zserve.model_proc.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from zserve.model_proc.layers.norm import GemmaRMSNorm

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from zserve.common.model_config import ModelConfig
-from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.layers.activation import get_activation
 from zserve.model_proc.layers.attention import PagedAttention
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata

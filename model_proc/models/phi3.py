@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from zserve.common.model_config import ModelConfig
-from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 
 

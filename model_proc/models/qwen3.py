@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 from zserve.common.model_config import ModelConfig
-from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.layers.norm import RMSNorm
 from zserve.model_proc.models.llama import LlamaAttention, LlamaForCausalLM
 

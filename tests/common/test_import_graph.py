@@ -7,6 +7,16 @@ is meant, it goes into ALLOWED_ARROWS with its reason.
     launcher <- zserve                                    model_proc, scheduler_proc: common only
 
 No product module imports `testing` or `tests` (test support), whatever the list says.
+
+Inside model_proc the sub-packages stand on floors, and an import only runs down (MODEL_PROC_FLOORS,
+MODEL_PROC_ARROWS; the modules at model_proc's top level, the runner and the worker, are the roof):
+
+    (root)       model_runner, worker_process, sampler, ...          the roof
+    models       the model families
+    layers       modules, weight kernels (weight_kernels/), the KV pool
+    quant        one class per quantization method
+    checkpoints  the safetensors and GGUF readers
+    weights      the quantized weight types, the GGUF block tables   kernels  the C++ ops, the CPU's features
 """
 
 from __future__ import annotations
@@ -30,6 +40,61 @@ ALLOWED_ARROWS = {
     ("zserve", "client"): "the package root gives the client's names (from zserve import Client)",
     ("zserve", "launcher"): "Engine starts a server as launch_server does (ServerSubprocess, the launcher's flags)",
 }
+
+
+MODEL_PROC_ROOT = "(root)"  # a module at model_proc's top level
+MODEL_PROC_FLOORS = {"kernels": 0, "weights": 0, "checkpoints": 1, "quant": 2, "layers": 3, "models": 4, MODEL_PROC_ROOT: 5}
+MODEL_PROC_ARROWS = {
+    ("checkpoints", "weights"): "a reader returns a matrix as stored, in its weight type (Int8Weight, PackedBlocks, ...)",
+    ("checkpoints", "kernels"): "the GGUF reader packs a matrix from the file's rows by gguf_pack.cpp",
+    ("quant", "checkpoints"): "a method opens the reader of its files (GGUFCheckpoint, an AWQ / GPTQ scheme)",
+    ("quant", "weights"): "the gguf method keeps the block types of weights/gguf_blocks.py as stored",
+    ("layers", "weights"): "the kernels pack the weight types; GemmWeight joins a fused matrix's pieces",
+    ("layers", "checkpoints"): "a layer's `load` reads its tensors from a Checkpoint",
+    ("layers", "kernels"): "the weight kernels and attention call the C++ ops",
+    ("layers", "quant"): "registry.choose_kernel asks the --quantization's method which kernels run it",
+    ("models", "layers"): "a model is built of layers",
+    ("models", "checkpoints"): "a model's `load` reads its tensors from a Checkpoint",
+    (MODEL_PROC_ROOT, "models"): "the runner builds the model",
+    (MODEL_PROC_ROOT, "layers"): "the runner chooses the weight kernel, sizes the KV pool, packs the model",
+    (MODEL_PROC_ROOT, "quant"): "the runner asks which method the checkpoint is stored in and what auto picks",
+    (MODEL_PROC_ROOT, "kernels"): "the compute dtype and the fused ops depend on the kernels built",
+}
+
+
+def model_proc_unit(rel_path: str) -> str:
+    """The sub-package of model_proc/<rel_path> (MODEL_PROC_ROOT for a top-level module)."""
+    parts = rel_path.split("/")
+    return parts[0] if len(parts) > 1 else MODEL_PROC_ROOT
+
+
+def model_proc_arrows(rel_path: str, source: str) -> list[tuple[str, str, str]]:
+    """(importer unit, imported unit, where) for every import in model_proc/<rel_path> that reaches
+    another unit of model_proc."""
+    importer, arrows = model_proc_unit(rel_path), []
+    for node in ast.walk(ast.parse(source, rel_path)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            names = [node.module or ""]
+            if node.module == "zserve.model_proc":  # from zserve.model_proc import x
+                names = [f"zserve.model_proc.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if parts[:2] != ["zserve", "model_proc"] or len(parts) < 3:
+                continue
+            imported = parts[2] if parts[2] in MODEL_PROC_FLOORS else MODEL_PROC_ROOT
+            if imported != importer:
+                arrows.append((importer, imported, f"model_proc/{rel_path}:{node.lineno}"))
+    return arrows
+
+
+def all_model_proc_arrows() -> list[tuple[str, str, str]]:
+    root = REPO_ROOT / "model_proc"
+    return [arrow for path in sorted(root.rglob("*.py"))
+            for arrow in model_proc_arrows(str(path.relative_to(root)), path.read_text(encoding="utf-8"))]
 
 
 @dataclass(frozen=True)
@@ -111,3 +176,32 @@ def test_the_checker_lets_allowed_and_outside_imports_pass():
     source = "import json\nimport torch\nfrom zserve.common.messages import GenerateReq\nfrom zserve.http_proc.x import y\nfrom . import z\n"
     assert forbidden(import_sites("http_proc", "http_proc/x.py", source)) == []
     assert [s.imported for s in import_sites("http_proc", "http_proc/x.py", source)] == ["common"]
+
+
+def test_model_proc_floors_cover_its_sub_packages():
+    on_disk = {p.name for p in (REPO_ROOT / "model_proc").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert on_disk == set(MODEL_PROC_FLOORS) - {MODEL_PROC_ROOT}
+
+
+def test_every_allowed_model_proc_arrow_runs_down():
+    up = [arrow for arrow in MODEL_PROC_ARROWS if MODEL_PROC_FLOORS[arrow[0]] <= MODEL_PROC_FLOORS[arrow[1]]]
+    assert up == []
+
+
+def test_no_import_runs_back_up_inside_model_proc():
+    arrows = all_model_proc_arrows()
+    assert len(arrows) > 50  # really read model_proc's imports
+    offenders = [f"{where}: {importer} imports {imported}, an arrow not in MODEL_PROC_ARROWS (floors: MODEL_PROC_FLOORS)"
+                 for importer, imported, where in arrows if (importer, imported) not in MODEL_PROC_ARROWS]
+    assert not offenders, "\n".join(offenders)
+    assert sorted(set(MODEL_PROC_ARROWS) - {(a, b) for a, b, _ in arrows}) == []  # the list is the graph as it is
+
+
+@pytest.mark.parametrize(("rel_path", "source", "expected"), [
+    ("checkpoints/x.py", "from zserve.model_proc.layers.int8_weights import Int8Weight\n", ("checkpoints", "layers")),
+    ("weights/x.py", "from zserve.model_proc import gguf_checkpoint\n", ("weights", MODEL_PROC_ROOT)),
+    ("layers/x.py", "def f():\n    import zserve.model_proc.models.llama\n", ("layers", "models")),
+])
+def test_the_floor_checker_sees_an_arrow_running_up(rel_path, source, expected):
+    (arrow,) = model_proc_arrows(rel_path, source)
+    assert arrow[:2] == expected and expected not in MODEL_PROC_ARROWS

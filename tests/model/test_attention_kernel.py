@@ -22,9 +22,9 @@ import torch
 from testing.paged_batches import shuffled_page_batch
 from zserve.common.forward_batch import ForwardBatch
 from zserve.model_proc.kernels import cpu_kernels
-from zserve.model_proc.kv_pool import KVPool
 from zserve.model_proc.layers.attention import attention_backend
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
+from zserve.model_proc.layers.kv_pool import KVPool
 
 ROOT = Path(__file__).resolve().parents[2]
 TOLERANCE = {torch.float32: {"atol": 1e-5, "rtol": 1e-5}, torch.bfloat16: {"atol": 2e-2, "rtol": 2e-2}}

@@ -13,7 +13,6 @@ import torch
 from zserve.model_proc.kernels.cpu_isa import cpu_isa
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
 from zserve.model_proc.layers.gemm import GemmWeight
-from zserve.model_proc.layers.weight_kernels.column_blocks import pack_bf16_blocks, pack_column_blocks
 from zserve.model_proc.layers.weight_kernels.float_kernels import (
     OneDnnKernel,
     ZserveBf16Kernel,
@@ -28,6 +27,7 @@ from zserve.model_proc.layers.weight_kernels.row_split_kernel import (
     measure_crossover,
 )
 from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
+from zserve.model_proc.weights.column_blocks import pack_bf16_blocks, pack_column_blocks
 
 CPU = torch.device("cpu")
 SHAPES = [(64, 96), (576, 960), (34, 7), (96, 600), (1536, 576), (2, 16), (40, 33)]  # (in, out): odd and tiny outs too

@@ -1,4 +1,4 @@
-"""int8 weights (--quantization int8): the quantizer (model_proc/layers/int8_weights.py), the
+"""int8 weights (--quantization int8): the quantizer (model_proc/weights/int8_weights.py), the
 kernel zserve::gemm_int8 (kernels/gemm_int8.cpp) and the weight kernels "zserve_int8" and
 "int8_torch" (layers/weight_kernels/int8_kernels.py) against the exact product of the dequantized
 weights, and a weight a checkpoint stored in int8 (`Int8Weight`) packed as it came.
@@ -18,7 +18,11 @@ from tests.model.test_gemm import make_weight, ulp
 from zserve.model_proc.kernels.cpu_isa import cpu_isa
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8
 from zserve.model_proc.layers.gemm import gemm_weight_bytes
-from zserve.model_proc.layers.int8_weights import (
+from zserve.model_proc.layers.weight_kernels.float_kernels import TorchKernel
+from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8Kernel, Int8TorchKernel, ZserveInt8Kernel
+from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
+from zserve.model_proc.weights.column_blocks import pack_column_blocks
+from zserve.model_proc.weights.int8_weights import (
     DEFAULT_GROUP_SIZE,
     GROUP_SIZES,
     QMAX,
@@ -27,11 +31,7 @@ from zserve.model_proc.layers.int8_weights import (
     num_groups,
     quantize_int8,
 )
-from zserve.model_proc.layers.weight_kernels.column_blocks import pack_column_blocks
-from zserve.model_proc.layers.weight_kernels.float_kernels import TorchKernel
-from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8Kernel, Int8TorchKernel, ZserveInt8Kernel
-from zserve.model_proc.layers.weight_kernels.quantized_weight import join_columns
-from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
+from zserve.model_proc.weights.quantized_weight import join_columns
 
 CPU = torch.device("cpu")
 ROWS = [1, 2, 3, 4, 5, 7, 8, 13, 64]

@@ -21,13 +21,13 @@ from tests.model.test_gemm import make_weight, ulp
 from zserve.model_proc.kernels.cpu_isa import cpu_isa, int8_dot_instruction
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
 from zserve.model_proc.layers.int8_activations import ACT_BLOCK, fake_quantize, quantize_activations
-from zserve.model_proc.layers.int8_weights import Int8Weight, dequantize_int8, quantize_int8
-from zserve.model_proc.layers.weight_kernels.column_blocks import pack_column_blocks, pack_int8_quads, padded_bias
 from zserve.model_proc.layers.weight_kernels.float_kernels import TorchKernel
 from zserve.model_proc.layers.weight_kernels.int8_kernels import ZserveInt8DotKernel, ZserveInt8Kernel
 from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 from zserve.model_proc.layers.weight_kernels.row_split_int8_kernel import RowSplitInt8Kernel
 from zserve.model_proc.layers.weight_kernels.row_split_kernel import NEVER
+from zserve.model_proc.weights.column_blocks import pack_column_blocks, pack_int8_quads, padded_bias
+from zserve.model_proc.weights.int8_weights import Int8Weight, dequantize_int8, quantize_int8
 
 CPU = torch.device("cpu")
 ROWS = [1, 2, 3, 4, 5, 7, 8, 9, 13, 17, 64]

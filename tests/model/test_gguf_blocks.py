@@ -1,5 +1,5 @@
 """A GGUF file's quantized matrices kept as stored (--quantization gguf): the block decoder
-(model_proc/gguf_blocks.py) against gguf's own dequantization, bit for bit, for every type it
+(model_proc/weights/gguf_blocks.py) against gguf's own dequantization, bit for bit, for every type it
 keeps (Q8_0, Q4_0, Q4_1, Q5_0 and Q5_1 quantized by gguf; the K-quants and IQ4 types as random
 blocks with valid scales, which gguf cannot quantize to; every type as random bytes with any
 finite fp16 fields, several shapes); its traits table against gguf's block sizes; the 4-bit kernel zserve::gemm_int4_dot and the int8 one
@@ -15,14 +15,14 @@ import torch
 from testing.gguf_fixtures import QUANTIZED_TYPES, quantized_tensor
 from testing.gguf_random_blocks import random_blocks
 from tests.model.test_gemm_int8_dot import assert_close_to_exact, needs_kernel, random_rows
-from zserve.model_proc.gguf_blocks import BLOCK_TYPES, STORED_TYPES, block_type, decode, file_bytes
-from zserve.model_proc.layers.int4_weights import Int4Weight, common_format
 from zserve.model_proc.layers.int8_activations import fake_quantize
-from zserve.model_proc.layers.int8_weights import Int8Weight
-from zserve.model_proc.layers.weight_kernels.column_blocks import pack_column_blocks, pack_int4_nibbles, pack_int8_quads
 from zserve.model_proc.layers.weight_kernels.float_kernels import TorchKernel
 from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8TorchKernel, ZserveInt8DotKernel
-from zserve.model_proc.layers.weight_kernels.quantized_weight import join_columns
+from zserve.model_proc.weights.column_blocks import pack_column_blocks, pack_int4_nibbles, pack_int8_quads
+from zserve.model_proc.weights.gguf_blocks import BLOCK_TYPES, STORED_TYPES, block_type, decode, file_bytes
+from zserve.model_proc.weights.int4_weights import Int4Weight, common_format
+from zserve.model_proc.weights.int8_weights import Int8Weight
+from zserve.model_proc.weights.quantized_weight import join_columns
 
 ROWS, COLS = 40, 512  # two K-quant super-blocks per row
 SHAPES = [(1, 256), (ROWS, COLS), (7, 768)]

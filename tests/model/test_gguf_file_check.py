@@ -20,7 +20,7 @@ from testing.gguf_fixtures import write_gguf
 from testing.model_fixtures import make_tiny_checkpoint
 from zserve.common.gguf_file_check import check_gguf_file, open_checked_reader
 from zserve.launcher.gguf_model_dir import gguf_model_dir
-from zserve.model_proc.gguf_checkpoint import GGUFCheckpoint
+from zserve.model_proc.checkpoints.gguf_checkpoint import GGUFCheckpoint
 
 TYPE_IDS = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 8, "Q4_K": 12, "I32": 26}
 

@@ -26,7 +26,7 @@ from testing.gguf_fixtures import write_gguf
 from testing.model_fixtures import GreedyDriver, HfReference, make_runner, make_tiny_checkpoint, random_prompt
 from zserve.common.gguf_gemma import gemma_config
 from zserve.launcher.gguf_model_dir import gguf_model_dir
-from zserve.model_proc.gguf_checkpoint import hf_name
+from zserve.model_proc.checkpoints.gguf_checkpoint import hf_name
 
 NEW_TOKENS = 16
 PROMPT_LENS = (1, 7, 23)
@@ -87,7 +87,7 @@ def test_gemma_tensor_names():
     gemma = {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
              "post_ffw_norm": "post_feedforward_layernorm"}
     from zserve.common.gguf_gemma import GEMMA_GGUF_TO_HF
-    from zserve.model_proc.gguf_checkpoint import GGUF_TO_HF
+    from zserve.model_proc.checkpoints.gguf_checkpoint import GGUF_TO_HF
 
     names = {**GGUF_TO_HF, **GEMMA_GGUF_TO_HF}
     for gguf_key, module in gemma.items():

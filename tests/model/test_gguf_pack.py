@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from testing.gguf_random_blocks import random_blocks
-from zserve.model_proc.gguf_blocks import decode
 from zserve.model_proc.kernels.cpu_kernels import load_gguf_pack
-from zserve.model_proc.layers.compact_scales import CompactScales
-from zserve.model_proc.layers.int4_weights import Int4Weight
-from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks, join_blocks
-from zserve.model_proc.layers.weight_kernels.column_blocks import (
+from zserve.model_proc.weights.column_blocks import (
     pack_column_blocks,
     pack_int4_nibbles,
     pack_int8_quads,
 )
-from zserve.model_proc.layers.weight_kernels.quantized_weight import join_columns
+from zserve.model_proc.weights.compact_scales import CompactScales
+from zserve.model_proc.weights.gguf_blocks import decode
+from zserve.model_proc.weights.int4_weights import Int4Weight
+from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks, join_blocks
+from zserve.model_proc.weights.quantized_weight import join_columns
 
 PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 pytestmark = pytest.mark.skipif(load_gguf_pack() is None, reason="the CPU kernels are not built here")
@@ -120,10 +120,10 @@ def test_pieces_of_two_types_stay_each_in_its_own():
     """Q4_K_M's q, k (Q4_K) beside a Q6_K v: ColumnPieces, one product per piece (not one int8 join at 1.5 bytes
     a weight); a kernel without pieces (int8_torch) gets their exact int8 join."""
     from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
-    from zserve.model_proc.layers.column_pieces import ColumnPieces
     from zserve.model_proc.layers.gemm import GemmWeight
     from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8TorchKernel, ZserveInt8DotKernel, gemm_int8_dot
-    from zserve.model_proc.layers.weight_kernels.quantized_weight import unpacked_join
+    from zserve.model_proc.weights.column_pieces import ColumnPieces
+    from zserve.model_proc.weights.quantized_weight import unpacked_join
 
     q = packed("Q4_K", random_blocks("Q4_K", 32, 256, seed=1, magnitude=0.05), torch.arange(32), 256)
     v = packed("Q6_K", random_blocks("Q6_K", 24, 256, seed=2, magnitude=0.05), torch.arange(24), 256)

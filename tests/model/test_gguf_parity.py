@@ -21,7 +21,7 @@ from testing.gguf_fixtures import demo_gguf, write_gguf
 from testing.model_fixtures import GreedyDriver, make_runner, make_tiny_checkpoint, random_prompt
 from zserve.launcher.demo_model import _load_gguf_model
 from zserve.launcher.gguf_model_dir import gguf_file_of, gguf_model_dir
-from zserve.model_proc.gguf_checkpoint import hf_name, unpermute_rows
+from zserve.model_proc.checkpoints.gguf_checkpoint import hf_name, unpermute_rows
 
 NEW_TOKENS = 16
 VARIANTS = {  # name -> (tiny kind, GGUF weight type, make_tiny_checkpoint overrides)
@@ -85,7 +85,7 @@ def test_q8_0_into_the_int8_path_matches_transformers(tmp_path, kind):
 def test_types_are_logged(tmp_path, caplog, quantization):
     hf_dir = make_tiny_checkpoint(tmp_path / "hf", "llama")
     model_dir = gguf_model_dir(write_gguf(hf_dir, tmp_path / "m.gguf", "Q8_0"), with_tokenizer=False)
-    with caplog.at_level(logging.INFO, logger="zserve.model_proc.gguf_checkpoint"):
+    with caplog.at_level(logging.INFO, logger="zserve.model_proc.checkpoints.gguf_checkpoint"):
         make_runner(model_dir, page_size=4, kv_cache_tokens=64, device="cpu", dtype="float32", quantization=quantization)
     lines = [r.getMessage() for r in caplog.records]
     # 2 layers x 7 matrices + embedding + output in Q8_0; 2 layers x 2 norms + the final norm in F32

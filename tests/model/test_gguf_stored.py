@@ -1,5 +1,5 @@
 """--quantization gguf end to end: a GGUF file's quantized matrices kept as stored (4-bit codes
-packed, the other types as int8 codes; model_proc/gguf_blocks.py) against transformers' own GGUF
+packed, the other types as int8 codes; model_proc/weights/gguf_blocks.py) against transformers' own GGUF
 loader on the same file, fp32 on CPU:
 
   * --gemm-backend torch (int8_torch: the stored codes dequantized exactly for torch.mm): greedy
@@ -107,7 +107,7 @@ def test_the_int8_dot_kernel_matches_transformers_with_quantized_activations(tmp
 def test_types_are_logged_and_a_non_gguf_model_is_refused(tmp_path, caplog):
     hf_dir = make_tiny_checkpoint(tmp_path / "hf", "llama", **WIDE)
     model_dir = gguf_model_dir(write_gguf(hf_dir, tmp_path / "m.gguf", "Q4_K_M"), with_tokenizer=False)
-    with caplog.at_level(logging.INFO, logger="zserve.model_proc.gguf_checkpoint"):
+    with caplog.at_level(logging.INFO, logger="zserve.model_proc.checkpoints.gguf_checkpoint"):
         make_runner(model_dir, page_size=4, kv_cache_tokens=64, device="cpu", dtype="float32", quantization="gguf")
     lines = [r.getMessage() for r in caplog.records]
     # 2 layers: q k gate up o in Q4_K (10), v down in Q6_K (4) plus the output; the embedding in Q8_0

@@ -1,5 +1,5 @@
 """--quantization gguf end to end for the types of llama.cpp's Q2_K..Q3_K_M and IQ4 files (Q2_K,
-Q3_K, IQ4_NL, IQ4_XS; model_proc/gguf_super_blocks.py, gguf_small_blocks.py), decoded natively
+Q3_K, IQ4_NL, IQ4_XS; model_proc/weights/gguf_super_blocks.py, gguf_small_blocks.py), decoded natively
 to int8 codes instead of dequantized and quantized again, fp32 on CPU:
 
   * --gemm-backend torch (int8_torch: the stored codes dequantized exactly for torch.mm): greedy
@@ -124,7 +124,7 @@ def test_the_int8_dot_kernel_runs_low_bit_blocks_as_transformers_with_quantized_
 def test_low_bit_types_are_logged_as_int8_codes(tmp_path, caplog):
     hf_dir = make_tiny_checkpoint(tmp_path / "hf", "llama", **WIDE)
     model_dir = gguf_model_dir(gguf_fixtures.write_gguf(hf_dir, tmp_path / "m.gguf", "LOW_BIT_MIX"), with_tokenizer=False)
-    with caplog.at_level(logging.INFO, logger="zserve.model_proc.gguf_checkpoint"):
+    with caplog.at_level(logging.INFO, logger="zserve.model_proc.checkpoints.gguf_checkpoint"):
         make_runner(model_dir, page_size=4, kv_cache_tokens=64, device="cpu", dtype="float32", quantization="gguf")
     lines = [r.getMessage() for r in caplog.records]
     for type_name in LOW_BIT_TYPES:

@@ -85,7 +85,7 @@ def test_int8_dot_greedy_equals_transformers_with_quantized_activations(tmp_path
 @pytest.mark.parametrize("gemm", ["torch", "zserve_dot"])  # int8_torch (exact); the int8 x int8 kernel's 4-bit path
 @pytest.mark.parametrize("kind", KINDS)
 def test_int4_greedy_equals_transformers_on_the_dequantized_weights(tmp_path, kind, gemm):
-    """--quantization int4 (layers/int4_weights.py: asymmetric, groups of 32): every linear layer
+    """--quantization int4 (weights/int4_weights.py: asymmetric, groups of 32): every linear layer
     and the LM head packed as 4-bit codes; the oracle runs the same codes dequantized (and, for the
     int8 x int8 kernel, the linear inputs quantized as it quantizes them)."""
     if gemm == "zserve_dot" and load_gemm_int8_dot() is None:

@@ -12,7 +12,7 @@ from testing.model_fixtures import GreedyDriver, HfReference, make_runner, rando
 from zserve.common.forward_batch import NO_TOKEN, GrammarMasks, PenaltyArrays, SamplingArrays
 from zserve.common.worker_env import OMP_SPIN_COUNT, default_num_threads, worker_env
 from zserve.model_proc.compute_dtype import resolve_dtype
-from zserve.model_proc.kv_pool import KVPool, free_memory_bytes
+from zserve.model_proc.layers.kv_pool import KVPool, free_memory_bytes
 
 
 def test_info_for_the_scheduler(llama_dir, caplog):
@@ -87,7 +87,7 @@ def test_kv_pool_sized_from_memory(llama_dir):
 def test_mem_fraction_static_is_a_share_of_all_memory_for_weights_and_kv(llama_dir, monkeypatch, caplog):
     """SGLang's --mem-fraction-static (vLLM's --gpu-memory-utilization): fraction x total memory holds the weights
     and the KV pool; the pool gets what the weights leave, capped at 90% of the memory free now."""
-    import zserve.model_proc.kv_pool as kv_pool
+    import zserve.model_proc.layers.kv_pool as kv_pool
 
     gib = 2**30
     monkeypatch.setattr(kv_pool, "total_memory_bytes", lambda device: 10 * gib)

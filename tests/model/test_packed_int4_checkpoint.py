@@ -1,4 +1,4 @@
-"""4-bit AWQ and GPTQ checkpoints (model_proc/packed_int4_checkpoint.py): each layer's unpacked
+"""4-bit AWQ and GPTQ checkpoints (model_proc/checkpoints/packed_int4_checkpoint.py): each layer's unpacked
 weight equals the fixture's own dequantization (testing/packed_int4_fixtures.py, written
 independently) exactly, and zserve on the packed checkpoint generates transformers' greedy tokens
 on the dequantized one: fp32 with the exact int8_torch reference, and `--quantization auto` in
@@ -11,10 +11,11 @@ import torch
 
 from testing.model_fixtures import GreedyDriver, HfReference, make_runner, make_tiny_checkpoint, random_prompt
 from testing.packed_int4_fixtures import dequantized_checkpoint, write_packed_checkpoint
-from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
 from zserve.model_proc.layers.gemm import GemmWeight
-from zserve.model_proc.layers.int4_weights import Int4Weight
+from zserve.model_proc.quant.methods import checkpoint_method, get_quant_method
+from zserve.model_proc.weights.int4_weights import Int4Weight
 
 SCHEMES = {  # name -> (method, checkpoint_format)
     "awq": ("awq", "gptq"),
@@ -22,6 +23,13 @@ SCHEMES = {  # name -> (method, checkpoint_format)
     "gptq_v2": ("gptq", "gptq_v2"),
 }
 NEW_TOKENS = 12
+
+
+def stored_reader(model_dir) -> Checkpoint:
+    """The reader the worker opens for an AWQ / GPTQ checkpoint (quant/awq.py, quant/gptq.py), at --quantization none."""
+    method = checkpoint_method(model_dir)
+    assert method.name in ("awq", "gptq"), method
+    return method.open_checkpoint(model_dir, get_quant_method("none"), show_progress=False)
 
 
 def packed(tmp_path, scheme: str, kind: str = "llama", **kw):
@@ -33,7 +41,7 @@ def packed(tmp_path, scheme: str, kind: str = "llama", **kw):
 @pytest.mark.parametrize("scheme", list(SCHEMES))
 def test_unpacked_layers_equal_the_independent_dequantization(tmp_path, scheme):
     _, model_dir, standing_for = packed(tmp_path, scheme)
-    with Checkpoint(model_dir) as ckpt:
+    with stored_reader(model_dir) as ckpt:
         for prefix, expected in standing_for.items():
             out_features, in_features = expected.shape[1], expected.shape[0]
             weight = ckpt.read_weight(f"{prefix}.weight", (out_features, in_features))
@@ -72,5 +80,5 @@ def test_auto_keeps_the_4_bit_codes_in_bf16(tmp_path):
 
 def test_act_order_is_refused_at_load(tmp_path):
     _, model_dir, _ = packed(tmp_path, "gptq_v1", act_order=True)
-    with Checkpoint(model_dir) as ckpt, pytest.raises(ValueError, match="act-order"):
+    with stored_reader(model_dir) as ckpt, pytest.raises(ValueError, match="act-order"):
         ckpt.read_weight("model.layers.0.self_attn.q_proj.weight", (64, 64))

@@ -95,7 +95,7 @@ def test_a_float_kernel_gets_the_stored_values(tmp_path, kind, dequantize_calls)
 
 
 def test_a_fused_weight_of_a_stored_and_a_float_piece_is_dequantized_at_pack():
-    from zserve.model_proc.layers.int8_weights import Int8Weight
+    from zserve.model_proc.weights.int8_weights import Int8Weight
 
     w = torch.randn(64, 48, generator=torch.Generator().manual_seed(1))
     stored = Int8Weight.quantize(w[:, :32], 32)

@@ -12,7 +12,7 @@ import torch
 import torch.multiprocessing as mp
 
 from testing.model_fixtures import GreedyDriver, make_runner, make_tiny_checkpoint, random_prompt
-from zserve.model_proc.checkpoint import Checkpoint
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.model_runner import ModelRunner
 from zserve.model_proc.tp_group import check_same_on_all_ranks, settings_fingerprint, tp_group
 

@@ -28,7 +28,7 @@ Weights load as plain [in, out] tensors. After loading, the runner packs each on
     per block; int8 codes in quads (with offsets and groups of 16 for a GGUF file's Q5/Q6 types) or
     4-bit codes in nibbles (Q4_0, Q4_1, Q4_K);
   - "zserve_int8" (--quantization int8, CPU, any runtime dtype, kernels built with avx2): each weight
-    quantized at load to int8 with fp32 scales per group of input rows (layers/int8_weights.py), run
+    quantized at load to int8 with fp32 scales per group of input rows (weights/int8_weights.py), run
     by kernels/gemm_int8.cpp in gemm_widen's block layout (int8 widened in registers, fp32 sums):
     half of bf16's bytes per decode step;
   - "int8_torch" (--quantization int8 on CUDA, with the `baseline` set, or with --gemm-backend
@@ -37,13 +37,14 @@ Weights load as plain [in, out] tensors. After loading, the runner packs each on
 
     file                 holds
     weight_kernel.py     WeightKernel (runs, kernel_for, pack, matmul, weight_bytes), PackedWeight
-    quantized_weight.py  how a checkpoint's pre-quantized weight reaches `pack` (typed, no side channel)
-    column_blocks.py     the block layouts of zserve's kernels
+    (model_proc/weights/quantized_weight.py: how a checkpoint's pre-quantized weight reaches `pack`, typed;
+     model_proc/weights/column_blocks.py: the block layouts of zserve's kernels)
     float_kernels.py     torch, onednn, zserve_bf16, zserve_widen
     row_split_kernel.py  zserve_bf16+onednn, and the crossover's measurement
     int8_kernels.py      zserve_int8_dot, zserve_int8, int8_torch
     row_split_int8_kernel.py  zserve_int8_dot+onednn
-    registry.py          KERNELS in preference order; choose_kernel (the one place a kernel is chosen)
+    registry.py          KERNELS in preference order; choose_kernel (the one place a kernel is chosen, among
+                         those the --quantization's method runs on: model_proc/quant/)
 
 Measured (SmolLM2-135M's 30 layers of linear weights plus its LM head, 269 MB in bf16, streamed
 from memory as in a decode step, 2 threads, this machine, one process, interleaved):

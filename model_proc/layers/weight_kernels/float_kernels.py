@@ -16,13 +16,13 @@ import torch
 
 from zserve.common.weight_formats import GEMM_CHOICES
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_bf16, load_gemm_widen
-from zserve.model_proc.layers.weight_kernels.column_blocks import (
+from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
+from zserve.model_proc.weights.column_blocks import (
     pack_bf16_blocks,
     pack_column_blocks,
     padded_bias,
 )
-from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
-from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
+from zserve.model_proc.weights.quantized_weight import QuantizedWeight
 
 WIDEN_DTYPES = (torch.bfloat16, torch.float16)
 

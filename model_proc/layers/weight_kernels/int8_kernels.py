@@ -1,4 +1,4 @@
-"""The kernels of int8 weights (--quantization int8, any compute dtype; layers/int8_weights.py):
+"""The kernels of int8 weights (--quantization int8, any compute dtype; weights/int8_weights.py):
 
     zserve_int8_dot  kernels/gemm_int8_dot.cpp (CPU, a feature set with avx2; `auto` in bf16 and fp16,
                  --gemm-backend zserve_dot in any dtype): the activations quantized to int8 too,
@@ -17,25 +17,25 @@ weight in groups of `group_size` input rows (0: one scale per output column).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 
 from zserve.common.weight_formats import GEMM_CHOICES
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8, load_gemm_int8_dot
-from zserve.model_proc.layers.column_pieces import ColumnPieces
-from zserve.model_proc.layers.int4_weights import INT4_GROUP_SIZE, Int4Weight
 from zserve.model_proc.layers.int8_activations import ACT_BLOCK, SUM_BLOCK, runs_int8_activations
-from zserve.model_proc.layers.int8_weights import DEFAULT_GROUP_SIZE, Int8Weight, dequantize_int8
-from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
-from zserve.model_proc.layers.weight_kernels.column_blocks import (
+from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
+from zserve.model_proc.weights.column_blocks import (
     pack_column_blocks,
     pack_int4_nibbles,
     pack_int8_quads,
     padded_bias,
 )
-from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
-from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
+from zserve.model_proc.weights.column_pieces import ColumnPieces
+from zserve.model_proc.weights.int4_weights import INT4_GROUP_SIZE, Int4Weight
+from zserve.model_proc.weights.int8_weights import DEFAULT_GROUP_SIZE, Int8Weight, dequantize_int8
+from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
+from zserve.model_proc.weights.quantized_weight import QuantizedWeight
 
 
 @dataclass(frozen=True)
@@ -45,9 +45,6 @@ class Int8Kernel(WeightKernel):
     group_size: int = DEFAULT_GROUP_SIZE  # input rows per scale when quantizing at load
     weight_bits: int = 8  # what it quantizes a float weight to at load: 8, or 4 (--quantization int4)
     quantization = "int8"
-
-    def for_quantization(self, quantization: str) -> Int8Kernel:
-        return replace(self, weight_bits=4) if quantization == "int4" else self
 
     def quantized(self, plain: torch.Tensor) -> Int8Weight | Int4Weight:
         """`plain` [K, N] quantized at load: 4-bit where asked and K allows it, else int8."""
@@ -105,7 +102,7 @@ class ZserveInt8Kernel(Int8Kernel):
 class ZserveInt8DotKernel(Int8Kernel):
     name = "zserve_int8_dot"
     choices = ("auto", "zserve_dot")
-    stored_formats = ("gguf", "int4")
+    takes_4bit_and_offsets = True
 
     @staticmethod
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
@@ -163,7 +160,7 @@ def gemm_int8_dot(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
     if packed.pieces:
         return torch.cat([gemm_int8_dot(x, piece, bias) for piece in packed.pieces], dim=1)
     packed_bias = packed.bias if bias is not None else None
-    if packed.compact is not None:  # a GGUF file's scales as it keeps them (layers/compact_scales.py)
+    if packed.compact is not None:  # a GGUF file's scales as it keeps them (weights/compact_scales.py)
         c = packed.compact
         return torch.ops.zserve.gemm_dot_compact(
             x.contiguous(), packed.values, packed.bits, c.scale_supers, c.scale_subs, c.offset_supers, c.offset_subs,
@@ -178,7 +175,7 @@ def gemm_int8_dot(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
 class Int8TorchKernel(Int8Kernel):
     name = "int8_torch"
     choices = GEMM_CHOICES
-    stored_formats = ("gguf", "int4")
+    takes_4bit_and_offsets = True
 
     @staticmethod
     def runs(device: torch.device, dtype: torch.dtype) -> bool:

@@ -1,14 +1,14 @@
 """Every weight kernel, in the order `auto` prefers them, and the one place a server's is chosen.
 
-A 4-bit format is one more kernel class in this list (and one branch in the checkpoint reader
-that returns its stored weights: model_proc/gguf_checkpoint.py `read_weight`).
+Which kernels run a --quantization is its method's (model_proc/quant/: `runs_on`, `set_up`); a
+new layout is one more kernel class in this list.
 """
 
 from __future__ import annotations
 
 import torch
 
-from zserve.common.weight_formats import GEMM_CHOICES, QUANTIZATION_CHOICES
+from zserve.common.weight_formats import GEMM_CHOICES
 from zserve.model_proc.layers.weight_kernels.float_kernels import (
     OneDnnKernel,
     TorchKernel,
@@ -19,6 +19,7 @@ from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8TorchKernel
 from zserve.model_proc.layers.weight_kernels.row_split_int8_kernel import RowSplitInt8Kernel
 from zserve.model_proc.layers.weight_kernels.row_split_kernel import RowSplitBf16Kernel
 from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
+from zserve.model_proc.quant.methods import get_quant_method
 
 KERNELS: tuple[WeightKernel, ...] = (  # preference order: the first that may be picked and runs wins
     RowSplitBf16Kernel(),
@@ -40,7 +41,6 @@ def choose_kernel(
     `device` in `dtype`: a choice this CPU or dtype cannot run falls back to the next that can."""
     if choice not in GEMM_CHOICES:
         raise ValueError(f"--gemm-backend {choice!r}: expected one of {', '.join(GEMM_CHOICES)}")
-    if quantization not in QUANTIZATION_CHOICES:
-        raise ValueError(f"--quantization {quantization!r}: expected one of {', '.join(QUANTIZATION_CHOICES)}")
-    kernel = next(k for k in KERNELS if k.serves(quantization) and k.may_pick(choice, device, dtype))
-    return kernel.for_quantization(quantization)
+    method = get_quant_method(quantization)
+    kernel = next(k for k in KERNELS if method.runs_on(k) and k.may_pick(choice, device, dtype))
+    return method.set_up(kernel)

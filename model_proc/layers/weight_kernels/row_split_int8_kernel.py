@@ -23,17 +23,17 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from zserve.model_proc.layers.column_pieces import ColumnPieces
-from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.layers.weight_kernels.float_kernels import OneDnnKernel, onednn_linear, onednn_supports
 from zserve.model_proc.layers.weight_kernels.int8_kernels import Int8Kernel, ZserveInt8DotKernel, gemm_int8_dot
-from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
 from zserve.model_proc.layers.weight_kernels.row_split_kernel import (
     DEFAULT_MIN_ONEDNN_ROWS,
     NEVER,
     measure_crossover,
 )
 from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
+from zserve.model_proc.weights.column_pieces import ColumnPieces
+from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
+from zserve.model_proc.weights.quantized_weight import QuantizedWeight
 
 logger = logging.getLogger("model_proc")
 
@@ -42,7 +42,7 @@ logger = logging.getLogger("model_proc")
 class RowSplitInt8Kernel(Int8Kernel):
     name = "zserve_int8_dot+onednn"
     choices = ("auto",)
-    stored_formats = ("gguf", "int4")
+    takes_4bit_and_offsets = True
     extra_weight_copies = 1  # a bf16 copy: the plain weights' bytes, as the runner counts them
     min_onednn_rows: int = DEFAULT_MIN_ONEDNN_ROWS
 

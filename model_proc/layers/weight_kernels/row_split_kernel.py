@@ -31,8 +31,8 @@ from zserve.model_proc.layers.weight_kernels.float_kernels import (
     onednn_linear,
     onednn_supports,
 )
-from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
 from zserve.model_proc.layers.weight_kernels.weight_kernel import PackedWeight, WeightKernel
+from zserve.model_proc.weights.quantized_weight import QuantizedWeight
 
 logger = logging.getLogger("model_proc")
 

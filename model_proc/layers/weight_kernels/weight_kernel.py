@@ -6,8 +6,9 @@ apply are here GemmWeight.init_weight (the plain [in, out] Parameter the checkpo
 kernel's layout: a `PackedWeight`) and `WeightKernel.matmul` (x @ W + bias from that state).
 
 A kernel is a small stateless frozen dataclass; registry.py lists them in the order `auto`
-prefers them and picks one per server (`choose_kernel`). Each declares which --quantization it
-serves, which --gemm-backend values may pick it, and whether it runs on a device and dtype.
+prefers them and picks one per server (`choose_kernel`). Each declares its family of weights
+(the quantization methods in model_proc/quant/ say which they run on), which --gemm-backend values
+may pick it, and whether it runs on a device and dtype.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from typing import ClassVar
 
 import torch
 
-from zserve.model_proc.layers.compact_scales import CompactScales
-from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
+from zserve.model_proc.weights.compact_scales import CompactScales
+from zserve.model_proc.weights.quantized_weight import QuantizedWeight
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,14 +36,14 @@ class PackedWeight:
     bits: int = 16  # of `values`' codes: 16 (float), 8 (int8) or 4 (nibbles)
     many_rows_values: torch.Tensor | None = None  # zserve_bf16+onednn: oneDNN's layout, for products of many rows
     compact: CompactScales | None = None  # a GGUF file's scales and offsets as it keeps them, instead of fp32 ones
-    pieces: tuple[PackedWeight, ...] = ()  # column pieces each in its own format (layers/column_pieces.py); `values`
+    pieces: tuple[PackedWeight, ...] = ()  # column pieces each in its own format (weights/column_pieces.py); `values`
     # is then empty and the product is the pieces' side by side
 
 
 class WeightKernel(ABC):
     name: ClassVar[str]  # what the log and `ModelRunner.gemm_backend` call it
-    quantization: ClassVar[str]  # the --quantization it serves (common/weight_formats.py)
-    stored_formats: ClassVar[tuple[str, ...]] = ()  # more it serves: "gguf" (a GGUF file's matrices as stored)
+    quantization: ClassVar[str]  # its family: "none" (floats) or "int8"; a method's `kernel_family` (model_proc/quant/)
+    takes_4bit_and_offsets: ClassVar[bool] = False  # runs 4-bit codes and codes with offsets (GGUF's, int4's)
     choices: ClassVar[tuple[str, ...]]  # the --gemm-backend values that may pick it
     repacks: ClassVar[bool] = True  # False: it runs from the plain tensor, which the layer keeps
     extra_weight_copies: ClassVar[int] = 0  # copies of the weights it keeps beyond one (zserve_bf16+onednn: 1)
@@ -52,17 +53,9 @@ class WeightKernel(ABC):
     def runs(device: torch.device, dtype: torch.dtype) -> bool:
         """Whether it runs `dtype` on `device` here (a CPU kernel: whether it was built)."""
 
-    def serves(self, quantization: str) -> bool:
-        """Whether it runs the weights of a server's --quantization."""
-        return quantization == self.quantization or quantization in self.stored_formats
-
     def may_pick(self, choice: str, device: torch.device, dtype: torch.dtype) -> bool:
         """Whether a server's --gemm-backend `choice` gets this kernel on `device` in `dtype`."""
         return choice in self.choices and self.runs(device, dtype)
-
-    def for_quantization(self, quantization: str) -> WeightKernel:
-        """This kernel set up for a server's --quantization (int4: the int8 kernels quantize to 4 bits)."""
-        return self
 
     def one_copy(self) -> WeightKernel:
         """The kernel to run instead when the extra copies do not fit (extra_weight_copies 0: itself)."""

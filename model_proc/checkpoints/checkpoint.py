@@ -7,10 +7,10 @@ the shape the config implies and names the tensor when they differ.
 
 A linear layer or LM head reads its weight through `read_weight`: the same float rows here; a
 reader of a format that stores weights quantized (gguf_checkpoint.py) returns such a weight as
-stored, typed (layers/weight_kernels/quantized_weight.py), for the --quantization that keeps it.
+stored, typed (weights/quantized_weight.py), for the --quantization that keeps it.
 A 4-bit AWQ or GPTQ checkpoint's layers (`qweight`, `qzeros`, `scales` instead of `weight`) come
-back as an `Int4Weight` (packed_int4_checkpoint.py) whatever the --quantization: a float kernel
-then packs its exact dequantized values.
+back as an `Int4Weight` (packed_int4_checkpoint.py, the scheme given by quant/awq.py) whatever the
+--quantization: a float kernel then packs its exact dequantized values.
 
 Layers write parameters through `copy_into`, which records what was loaded; the runner asks
 `missing_params` afterwards, so a parameter that no checkpoint tensor filled is an error,
@@ -28,9 +28,9 @@ import torch
 from safetensors import safe_open
 from tqdm import tqdm
 
-from zserve.model_proc.layers.int4_weights import Int4Weight
-from zserve.model_proc.layers.weight_kernels.quantized_weight import QuantizedWeight
-from zserve.model_proc.packed_int4_checkpoint import PackedInt4Scheme
+from zserve.model_proc.checkpoints.packed_int4_checkpoint import PackedInt4Scheme
+from zserve.model_proc.weights.int4_weights import Int4Weight
+from zserve.model_proc.weights.quantized_weight import QuantizedWeight
 
 logger = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def bare_model_names(file_of: dict[str, str]) -> dict[str, str]:
 
 
 class Checkpoint:
-    def __init__(self, model_dir: str | Path, show_progress: bool = False):
+    def __init__(self, model_dir: str | Path, show_progress: bool = False, packed_int4: PackedInt4Scheme | None = None):
         self.model_dir = Path(model_dir)
         self.file_of: dict[str, str] = self._index()  # tensor name (as *ForCausalLM names it) -> file name
         # a bare `*Model` checkpoint (how sentence-transformers saves an embedding model: no "model." prefix, no
@@ -57,9 +57,7 @@ class Checkpoint:
         self.stored_name: dict[str, str] = bare_model_names(self.file_of)
         self.file_of = {name: self.file_of[stored] for name, stored in self.stored_name.items()} or self.file_of
         self._handles: dict[str, Any] = {}
-        config_path = self.model_dir / "config.json"
-        raw = json.loads(config_path.read_text(encoding="utf-8")) if config_path.is_file() else {}
-        self.packed_int4 = PackedInt4Scheme.from_config(raw)  # AWQ / GPTQ layers, or None
+        self.packed_int4 = packed_int4  # AWQ / GPTQ layers (quant/awq.py, quant/gptq.py), or None
         self._loaded_param_ids: set[int] = set()
         self._progress = tqdm(total=len(self.file_of), desc="loading weights", unit="tensor", disable=not show_progress)
 

@@ -1,7 +1,7 @@
 """A weight the checkpoint stored quantized, on its way from the reader to the kernel.
 
 A reader's `read_weight` returns either float rows or such a weight (GGUF Q8_0: an Int8Weight,
-layers/int8_weights.py); nothing rides on the tensors or parameters. A format is a frozen
+weights/int8_weights.py); nothing rides on the tensors or parameters. A format is a frozen
 dataclass whose tensors all have the output columns last ([*, out]: a [in, out] weight's
 orientation), with `out_features` and `dequantize()`; the pieces of a fused weight (q, k, v)
 then join side by side (`join_columns`), and the layer packs the joined weight when every output
@@ -16,9 +16,9 @@ from typing import Protocol
 
 import torch
 
-from zserve.model_proc.layers.column_pieces import ColumnPieces
-from zserve.model_proc.layers.int4_weights import common_format
-from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks, join_blocks
+from zserve.model_proc.weights.column_pieces import ColumnPieces
+from zserve.model_proc.weights.int4_weights import common_format
+from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks, join_blocks
 
 
 class QuantizedWeight(Protocol):

@@ -1,4 +1,4 @@
-"""4-bit weights: as a GGUF file stores them (Q4_0, Q4_1, Q4_K: model_proc/gguf_blocks.py decodes
+"""4-bit weights: as a GGUF file stores them (Q4_0, Q4_1, Q4_K: model_proc/weights/gguf_blocks.py decodes
 them), or quantized at load from a 16-bit checkpoint (--quantization int4: `Int4Weight.quantize`),
 kept packed in memory and multiplied by the int8 x int8 kernel's 4-bit path
 (kernels/gemm_int8_dot.cpp, gemm_int4_dot).
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from zserve.model_proc.layers.int8_weights import Int8Weight
+from zserve.model_proc.weights.int8_weights import Int8Weight
 
 INT4_GROUP_SIZE = 32  # input rows per scale and offset, --quantization int4
 INT4_MAX = 15

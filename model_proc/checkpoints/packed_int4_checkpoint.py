@@ -1,6 +1,6 @@
 """4-bit AWQ and GPTQ safetensors checkpoints (a `quantization_config` with `quant_method` awq or
 gptq, 4-bit, groups a multiple of 32): each linear layer's packed `qweight`, `qzeros` and `scales`
-become an `Int4Weight` (layers/int4_weights.py): codes C, scales S and offsets O = -S z per group of
+become an `Int4Weight` (weights/int4_weights.py): codes C, scales S and offsets O = -S z per group of
 G input rows and output column, so W = C S + O = S (C - z), which is exact in float32 (S is fp16, C
 and z 4-bit). The int8 x int8 kernel's 4-bit path runs it as it came (--quantization auto on a CPU
 in bf16/fp16; `none` dequantizes it to the dtype).
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from zserve.model_proc.layers.int4_weights import Int4Weight
+from zserve.model_proc.weights.int4_weights import Int4Weight
 
 NIBBLES_PER_WORD = 8
 AWQ_SHIFT_OF = (0, 4, 1, 5, 2, 6, 3, 7)  # column c of 8 sits in nibble AWQ_SHIFT_OF[c] (AutoAWQ packs 0 2 4 6 1 3 5 7)

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 
 import torch
 
-from zserve.model_proc.layers.compact_scales import CompactScales
-from zserve.model_proc.layers.int4_weights import Int4Weight
-from zserve.model_proc.layers.int8_weights import Int8Weight
-from zserve.model_proc.layers.weight_kernels.column_blocks import BLOCK_COLS
+from zserve.model_proc.weights.column_blocks import BLOCK_COLS
+from zserve.model_proc.weights.compact_scales import CompactScales
+from zserve.model_proc.weights.int4_weights import Int4Weight
+from zserve.model_proc.weights.int8_weights import Int8Weight
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
-from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
-from zserve.model_proc.layers.weight_kernels.column_blocks import BLOCK_COLS
+from zserve.model_proc.weights.column_blocks import BLOCK_COLS
+from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,8 @@
 """Read a Llama/Qwen2/Qwen3/Phi-3/Qwen3-MoE/Mixtral (and Gemma 2/3: common/gguf_gemma.py) GGUF file's tensors.
 
 The launcher turns `--model X.gguf` into a small directory (launcher/gguf_model_dir.py) whose
-`gguf_source.json` names the file (common/gguf_source.py); `open_checkpoint` picks this reader
-for such a directory and the safetensors `Checkpoint` otherwise. gguf.GGUFReader memory-maps it:
+`gguf_source.json` names the file (common/gguf_source.py); the gguf quantization method
+(quant/gguf.py) detects such a directory and opens this reader. gguf.GGUFReader memory-maps it:
 
     blk.N.attn_q.weight  -> model.layers.N.self_attn.q_proj.weight   (llama: rows un-permuted)
     blk.N.ffn_gate.weight -> model.layers.N.mlp.gate_proj.weight      ... (GGUF_TO_HF below)
@@ -16,12 +16,14 @@ F32/F16/BF16 tensors are taken as stored; every other type is dequantized (float
 to the parameter's dtype by `copy_into`), one log line per type. A tensor-parallel rank
 dequantizes the whole tensor and keeps its slice.
 
-Q8_0 (blocks of 32 values along a row, i.e. along the input dimension, each an fp16 scale d and
-32 int8 q; the value is q * d) with --quantization int8: `read_weight` returns a matrix as
-stored (`stored_weight`), an `Int8Weight` (layers/int8_weights.py: q and d un-permuted and sliced as `read` would
-slice the floats, group size 32), and the linear layer or LM head packs those values instead of
-quantizing its float weight again. A TP column slice through a block is read as floats. Without
-it (--quantization none), Q8_0 is dequantized like any other type.
+Which matrices come back as stored is the served quantization method's (quant/: `served`, its
+`gguf_types_kept` and `gguf_packs`); this reader only knows how. --quantization int8 keeps Q8_0
+(blocks of 32 values along a row, i.e. along the input dimension, each an fp16 scale d and 32 int8
+q; the value is q * d): `read_weight` returns such a matrix as stored (`stored_weight`), an
+`Int8Weight` (weights/int8_weights.py: q and d un-permuted and sliced as `read` would slice the
+floats, group size 32), and the linear layer or LM head packs those values instead of quantizing
+its float weight again. A TP column slice through a block is read as floats. Without it
+(--quantization none), Q8_0 is dequantized like any other type.
 
 --quantization gguf keeps every matrix of a type in gguf_blocks.STORED_TYPES as stored (Q8_0, Q4_0,
 Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS: 4-bit codes as an `Int4Weight`, the
@@ -39,22 +41,20 @@ import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 
 from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
-from zserve.common.gguf_source import gguf_source
-from zserve.model_proc.checkpoint import Checkpoint
-from zserve.model_proc.gguf_blocks import STORED_TYPES, block_type, decode
-from zserve.model_proc.gguf_file import GGUFFile
+from zserve.model_proc.checkpoints.checkpoint import Checkpoint
+from zserve.model_proc.checkpoints.gguf_file import GGUFFile
 from zserve.model_proc.kernels.cpu_kernels import load_gguf_pack
-from zserve.model_proc.layers.compact_scales import CompactScales
-from zserve.model_proc.layers.int4_weights import Int4Weight
-from zserve.model_proc.layers.int8_weights import Int8Weight
-from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
-from zserve.model_proc.layers.sparse_moe import MoeNames
-from zserve.model_proc.models.moe import MixtralForCausalLM
+from zserve.model_proc.weights.compact_scales import CompactScales
+from zserve.model_proc.weights.gguf_blocks import block_type, decode
+from zserve.model_proc.weights.int4_weights import Int4Weight
+from zserve.model_proc.weights.int8_weights import Int8Weight
+from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
 
 logger = logging.getLogger(__name__)
 
@@ -99,13 +99,19 @@ class ExpertSlice:
     data: np.ndarray  # this expert's rows (bytes per row for a quantized type)
 
 
-def open_checkpoint(model_dir: str | Path, show_progress: bool = False, quantization: str = "none") -> Checkpoint:
-    """The reader for `model_dir`: a GGUF file it points at (its matrices stored in the format
-    `quantization` runs, Q8_0 for int8, come back as stored), else its safetensors."""
-    source = gguf_source(model_dir)
-    if source is None:
-        return Checkpoint(model_dir, show_progress=show_progress)
-    return GGUFCheckpoint(model_dir, source, show_progress=show_progress, quantization=quantization)
+class ServedMethod(Protocol):
+    """What this reader asks of the quantization method a server runs (quant/quant_method.py)."""
+
+    name: str  # the --quantization, for the log
+    gguf_types_kept: frozenset[str]  # GGUF types whose matrices `stored_weight` returns as stored
+    gguf_packs: bool  # those packed by kernels/gguf_pack.cpp where it knows the type, else decoded to codes
+
+
+class MoeTensorNames(Protocol):
+    """Where the model keeps a sparse layer's tensors (layers/sparse_moe.py MoeNames, the model's `names`)."""
+
+    block: str
+    projections: tuple[str, str, str]
 
 
 def hf_name(gguf_name: str, block_names: dict[str, str] = GGUF_TO_HF) -> str | None:
@@ -121,12 +127,14 @@ def hf_name(gguf_name: str, block_names: dict[str, str] = GGUF_TO_HF) -> str | N
     return f"model.layers.{m.group(1)}.{block_names[m.group(2)]}.{m.group(3)}"
 
 
-def moe_tensors(t, names: MoeNames) -> dict[str, object] | None:
+def moe_tensors(t, names: MoeTensorNames | None) -> dict[str, object] | None:
     """A MoE layer's router or stacked experts (`t` a ReaderTensor) by Hugging Face name (one
     ExpertSlice per expert); None for any other tensor."""
     m = BLOCK_NAME.fullmatch(t.name)
     if m is None or m.group(3) != "weight" or (m.group(2) != ROUTER_TENSOR and m.group(2) not in EXPERT_TENSORS):
         return None
+    if names is None:
+        raise ValueError(f"GGUF tensor {t.name!r} belongs to a mixture-of-experts layer, but the model has none")
     block = f"model.layers.{m.group(1)}.{names.block}"
     if m.group(2) == ROUTER_TENSOR:
         return {f"{block}.gate.weight": t}
@@ -151,14 +159,18 @@ def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 class GGUFCheckpoint(Checkpoint):
-    def __init__(self, model_dir: str | Path, gguf_file: Path, show_progress: bool = False, quantization: str = "none"):
+    def __init__(
+        self, model_dir: str | Path, gguf_file: Path, show_progress: bool = False, served: ServedMethod | None = None,
+        moe_names: MoeTensorNames | None = None,
+    ):
+        """`served`: the method the server runs (None: every matrix as floats); `moe_names`: the
+        model's MoE naming (its `names`; None for a model without sparse layers)."""
         import gguf
 
-        self.gguf_file, self.quantization = gguf_file, quantization
+        self.gguf_file, self.served = gguf_file, served
         self._gguf = gguf
         self._file = GGUFFile(gguf_file)  # a truncated or lying file: one ValueError naming the tensor
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-        moe_names = MixtralForCausalLM.names if config.get("architectures") == ["MixtralForCausalLM"] else MoeNames()
         self.architecture = self._file.strings.get("general.architecture", "")
         self._gemma = self.architecture in GEMMA_GGUF_ARCHITECTURES  # norms stored as 1 + w (common/gguf_gemma.py)
         block_names = BLOCK_NAMES_BY_ARCH.get(self.architecture, GGUF_TO_HF)
@@ -184,16 +196,20 @@ class GGUFCheckpoint(Checkpoint):
     def _log_types(self) -> None:
         float_types = {"F32", "F16", "BF16"}
         counts = Counter(t.tensor_type.name for t in self._tensors.values())
+        kept = self.served.gguf_types_kept if self.served is not None else frozenset()
         for type_name, n in sorted(counts.items()):
             if type_name in float_types:
                 logger.info("GGUF %s: %d %s tensors read as stored", self.gguf_file.name, n, type_name)
-            elif type_name in STORED_TYPES and self.quantization == "gguf":
-                logger.info("GGUF %s: %d %s tensors kept as stored for --quantization gguf (%s; an embedding table "
+            elif type_name in kept and self.served.gguf_packs:
+                logger.info("GGUF %s: %d %s tensors kept as stored for --quantization %s (%s; an embedding table "
                             "too, its rows decoded at lookup, where the CPU kernels pack it)", self.gguf_file.name, n,
-                            type_name, "4-bit codes" if block_type(type_name).code_bits == 4 else "int8 codes")
-            elif type_name == "Q8_0" and self.quantization == "int8":
-                logger.info("GGUF %s: %d Q8_0 tensors: matrices kept as stored for --quantization int8 (int8 values, "
-                            "a scale per 32 input rows), a lookup-only embedding dequantized", self.gguf_file.name, n)
+                            type_name, self.served.name,
+                            "4-bit codes" if block_type(type_name).code_bits == 4 else "int8 codes")
+            elif type_name in kept:
+                block = block_type(type_name)
+                logger.info("GGUF %s: %d %s tensors: matrices kept as stored for --quantization %s (%d-bit codes, "
+                            "a scale per %d input rows), a lookup-only embedding dequantized", self.gguf_file.name, n,
+                            type_name, self.served.name, block.code_bits, block.group_size)
             elif type_name == "Q8_0":
                 logger.info("GGUF %s: %d Q8_0 tensors dequantized to float32 (--quantization int8 keeps them as int8)",
                             self.gguf_file.name, n)
@@ -206,13 +222,6 @@ class GGUFCheckpoint(Checkpoint):
         if self.architecture == "llama" and ".self_attn.k_proj." in name:
             return unpermute_rows(tensor, self._num_kv_heads)
         return tensor
-
-    def _q8_0_parts(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """A Q8_0 matrix's q (int8 [out, in]) and d (float32 [out, in / 32]), rows un-permuted."""
-        t = self._tensors[name]
-        rows, cols = (int(d) for d in reversed(t.shape))
-        blocks = decode("Q8_0", np.array(t.data), rows, cols)
-        return self._unpermute(name, blocks.codes), self._unpermute(name, blocks.scales)
 
     def _full_tensor(self, name: str) -> torch.Tensor:
         t = self._tensors[name]
@@ -261,17 +270,15 @@ class GGUFCheckpoint(Checkpoint):
 
     def stored_weight(
         self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
-    ) -> Int8Weight | Int4Weight | None:
-        """A matrix in the format --quantization runs, as stored: one branch per format."""
+    ) -> Int8Weight | Int4Weight | PackedBlocks | None:
+        """A matrix of a type the served method keeps, as stored: packed for the int8 x int8 kernel
+        where the method packs and gguf_pack knows the type, else decoded to codes (None: floats)."""
         t = self._tensors.get(name)
-        if t is None or len(t.shape) != 2:
+        kept = self.served.gguf_types_kept if self.served is not None else frozenset()
+        if t is None or len(t.shape) != 2 or t.tensor_type.name not in kept:
             return None
-        if self.quantization == "int8" and t.tensor_type == self._gguf.GGMLQuantizationType.Q8_0:
-            return self._q8_0_weight(name, expected_shape, rows, cols)
-        if self.quantization == "gguf" and t.tensor_type.name in STORED_TYPES:
-            packed = self._packed_weight(name, expected_shape, rows, cols)
-            return packed if packed is not None else self._decoded_weight(name, expected_shape, rows, cols)
-        return None
+        packed = self._packed_weight(name, expected_shape, rows, cols) if self.served.gguf_packs else None
+        return packed if packed is not None else self._decoded_weight(name, expected_shape, rows, cols)
 
     def _packed_weight(
         self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
@@ -323,20 +330,3 @@ class GGUFCheckpoint(Checkpoint):
         if blocks.bits == 4:
             return Int4Weight(codes, scales, offsets, g)
         return Int8Weight(codes, scales, g, offsets)
-
-    def _q8_0_weight(
-        self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None
-    ) -> Int8Weight | None:
-        """q and d of a Q8_0 matrix, un-permuted and sliced as `read` slices the floats, [in, out];
-        None for a column slice through a block (a TP shard of a row-parallel layer off the
-        blocks: read as floats)."""
-        q, d = self._q8_0_parts(name)
-        self._check_shape(name, tuple(q.shape), expected_shape)
-        g = block_type("Q8_0").group_size
-        r0, r1 = rows or (0, q.shape[0])
-        c0, c1 = cols or (0, q.shape[1])
-        if c0 % g or (c1 % g and c1 != q.shape[1]):
-            return None
-        self._progress.update(1)
-        blocks = slice(c0 // g, -(-c1 // g))
-        return Int8Weight(q=q[r0:r1, c0:c1].t(), scales=d[r0:r1, blocks].t(), group_size=g)

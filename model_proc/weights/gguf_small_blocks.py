@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from zserve.model_proc.gguf_decoded_blocks import DecodedBlocks, bit_planes, f16, grouped
+from zserve.model_proc.weights.gguf_decoded_blocks import DecodedBlocks, bit_planes, f16, grouped
 
 SMALL_BLOCK = 32  # values per block
 # ggml's non-linear 4-bit grid (kvalues_iq4nl), IQ4_NL's and IQ4_XS's codes

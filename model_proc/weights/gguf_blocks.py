@@ -28,9 +28,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from zserve.model_proc import gguf_small_blocks as small
-from zserve.model_proc import gguf_super_blocks as sup
-from zserve.model_proc.gguf_decoded_blocks import DecodedBlocks
+from zserve.model_proc.weights import gguf_small_blocks as small
+from zserve.model_proc.weights import gguf_super_blocks as sup
+from zserve.model_proc.weights.gguf_decoded_blocks import DecodedBlocks
 
 __all__ = ["BLOCK_TYPES", "STORED_TYPES", "BlockType", "DecodedBlocks", "block_type", "decode", "file_bytes"]
 

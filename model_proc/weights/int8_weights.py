@@ -73,7 +73,7 @@ class Int8Weight:
     (q, k, v) sit side by side (weight_kernels/quantized_weight.py). What a checkpoint that stores
     int8 returns (GGUF Q8_0: G = 32) and what the int8 kernels pack. `offsets` (float32 like the
     scales, or None) make it Q * S + O: a GGUF file's 5-bit codes (Q5_K), or 4-bit ones joined with
-    int8 ones in a fused weight (layers/int4_weights.py); only the int8 x int8 kernel takes them."""
+    int8 ones in a fused weight (weights/int4_weights.py); only the int8 x int8 kernel takes them."""
 
     q: torch.Tensor
     scales: torch.Tensor

@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from zserve.model_proc.gguf_decoded_blocks import DecodedBlocks, bit_planes, f16, grouped
-from zserve.model_proc.gguf_small_blocks import IQ4_VALUES
+from zserve.model_proc.weights.gguf_decoded_blocks import DecodedBlocks, bit_planes, f16, grouped
+from zserve.model_proc.weights.gguf_small_blocks import IQ4_VALUES
 
 QK_K = 256  # values per super-block
 K_SCALE_BYTES = 12  # Q3_K's 16 six-bit scales; Q4_K's / Q5_K's 8 six-bit scales and 8 mins
