@@ -292,10 +292,10 @@ class GGUFCheckpoint(Checkpoint):
         with warnings.catch_warnings():  # the map is read-only; gguf_pack only reads it
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             raw = torch.from_numpy(t.data)
-        values, *scale_parts, bits, group = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
+        values, *scale_parts, bits, group, implied_offset = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
         self._file.release(t.data)
         self._progress.update(1)
-        compact = CompactScales(*(part if part.numel() else None for part in scale_parts))
+        compact = CompactScales(*(part if part.numel() else None for part in scale_parts), implied_offset)
         return PackedBlocks(values, compact, bits, group, in_features, r1 - r0)
 
     def _decoded_weight(

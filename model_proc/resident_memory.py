@@ -15,7 +15,7 @@ from torch import nn
 
 from zserve.model_proc.layers.gemm import GemmWeight
 
-CODE_FORMS = {4: "4-bit codes", 8: "int8 codes"}
+CODE_FORMS = {4: "4-bit codes", 6: "6-bit codes", 8: "int8 codes"}
 SIDE_FORM = "fp32 scales, offsets and biases"
 COMPACT_FORM = "fp16 x int8 scales and offsets"  # layers/compact_scales.py
 
