@@ -150,6 +150,14 @@ def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.transpose(1, 2).reshape(weight.shape)
 
 
+
+def _resident_codes(type_name: str) -> str:
+    """How a stored type's codes are kept: Q6_K packed at load as 6-bit codes (kernels/six_bit_codes.h), the
+    4-bit types in nibbles, the others as int8 codes."""
+    if type_name == "Q6_K" and load_gguf_pack() is not None:
+        return "6-bit codes"
+    return "4-bit codes" if block_type(type_name).code_bits == 4 else "int8 codes"
+
 class GGUFCheckpoint(Checkpoint):
     def __init__(self, model_dir: str | Path, gguf_file: Path, show_progress: bool = False, quantization: str = "none"):
         import gguf
@@ -190,7 +198,7 @@ class GGUFCheckpoint(Checkpoint):
             elif type_name in STORED_TYPES and self.quantization == "gguf":
                 logger.info("GGUF %s: %d %s tensors kept as stored for --quantization gguf (%s; an embedding table "
                             "too, its rows decoded at lookup, where the CPU kernels pack it)", self.gguf_file.name, n,
-                            type_name, "4-bit codes" if block_type(type_name).code_bits == 4 else "int8 codes")
+                            type_name, _resident_codes(type_name))
             elif type_name == "Q8_0" and self.quantization == "int8":
                 logger.info("GGUF %s: %d Q8_0 tensors: matrices kept as stored for --quantization int8 (int8 values, "
                             "a scale per 32 input rows), a lookup-only embedding dequantized", self.gguf_file.name, n)
