@@ -425,7 +425,8 @@ int64_t check_args(const char* name, const at::Tensor& x, const at::Tensor& code
   const int64_t rows = code_rows(bits, K);
   TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(1) == rows &&
                   codes.size(2) == COLS && codes.size(3) == QUAD,
-              name, ": the ", bits, "-bit codes must be contiguous uint8 [NB, ", rows, ", 16, 4] for K = ", K);
+              name, ": the codes must be contiguous uint8 [NB, ", bits == 8 ? "K / 4" : bits == 4 ? "K / 8" : "3K / 16", " = ", rows,
+              ", 16, 4]");
   const int64_t num_blocks = codes.size(0);
   TORCH_CHECK(out_features > (num_blocks - 1) * COLS && out_features <= num_blocks * COLS, name, ": out_features does not match the blocks");
   TORCH_CHECK(group_size == K || group_size == SUM_BLOCK || (group_size > 0 && group_size % ACT_BLOCK == 0 && group_size <= K),

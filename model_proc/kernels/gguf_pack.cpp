@@ -6,7 +6,7 @@
 //       -> (values, scale_supers, scale_subs, offset_supers, offset_subs, bits, group_size, implied_offset)
 //
 //   raw          uint8 [R, row_bytes]   the file's rows (one row: in_features values, an output channel)
-//   type_name    Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K or Q6_K
+//   type_name    Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL or IQ4_XS
 //   row_ids      int64 [N]              the raw rows that become output columns 0..N-1, in order
 //                                       (a tensor-parallel shard, llama's q/k rows un-permuted)
 //   values       4-bit types (Q4_0, Q4_1, Q4_K): uint8 [NB, K / 8, 16, 4] nibbles
@@ -17,7 +17,7 @@
 //   scale_subs   int8 [NB, K / G, 16]   its factor for each group of G values (Q4_K: the 6-bit sc): S =
 //                                       float(super) * float(sub); empty where the block is one group (the
 //                                       factor 1, kept by no byte: S = float(super))
-//   offset_supers, offset_subs          likewise for the offsets O (Q4_K: dmin and -m; Q4_1, Q5_1: m and no
+//   offset_supers, offset_subs          likewise for the offsets O (Q4_K, Q2_K: dmin and -m; Q4_1, Q5_1: m and no
 //                                       subs); offset_supers empty where the offsets share the scale supers
 //                                       (Q4_0: d), both empty where there are none (Q8_0, Q5_0, Q6_K)
 //   implied_offset                      the one offset factor of a one-group block, kept by no byte: O =
@@ -28,7 +28,8 @@
 // is one fp32 product of the file's values, as gguf's dequantization computes it (d * sc,
 // -(dmin * m) = dmin * -m, -8 d = d * -8, d * 1), so codes * S + O equals gguf.quants.dequantize
 // bit for bit; kept this way a Q4_K weight takes 0.58 bytes (the file: 0.5625), not 0.75 with fp32 S, O,
-// and a Q6_K weight 0.82 (as the file), not 1.07 as int8 codes.
+// and a Q6_K weight 0.82 (as the file), not 1.07 as int8 codes. Q2_K, Q3_K, IQ4_NL and IQ4_XS become int8
+// codes (their scales compact too: 1.07 to 1.14 bytes a weight, where fp32 ones took 1.125 to 1.5).
 
 #include <torch/library.h>
 
@@ -49,7 +50,7 @@ constexpr int64_t COLS = 16;   // output columns per block of the GEMM's layout
 constexpr int64_t QK_K = 256;  // values per K-quant super-block
 
 enum class Offsets { NONE, SHARED_SUPER, OWN_SUPER };  // none; scale's super times a sub; a super of their own
-enum class Type { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K };
+enum class Type { Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q2_K, Q3_K, IQ4_NL, IQ4_XS };
 
 struct TypeInfo {
   Type type;
@@ -67,6 +68,10 @@ bool type_info(const std::string& name, TypeInfo& info) {
   else if (name == "Q4_K") info = {Type::Q4_K, QK_K, 144, 32, 4, Offsets::OWN_SUPER};
   else if (name == "Q5_K") info = {Type::Q5_K, QK_K, 176, 32, 8, Offsets::OWN_SUPER};
   else if (name == "Q6_K") info = {Type::Q6_K, QK_K, 210, 16, 6, Offsets::NONE};
+  else if (name == "Q2_K") info = {Type::Q2_K, QK_K, 84, 16, 8, Offsets::OWN_SUPER};
+  else if (name == "Q3_K") info = {Type::Q3_K, QK_K, 110, 16, 8, Offsets::NONE};
+  else if (name == "IQ4_NL") info = {Type::IQ4_NL, 32, 18, 32, 8, Offsets::NONE};
+  else if (name == "IQ4_XS") info = {Type::IQ4_XS, QK_K, 136, 32, 8, Offsets::NONE};
   else return false;
   return true;
 }
@@ -82,6 +87,21 @@ struct BlockScales {
   uint16_t scale_super = 0, offset_super = 0;
   int8_t scale_subs[16] = {}, offset_subs[16] = {};
 };
+
+// ggml's packing of `bits`-bit fields (gguf_decoded_blocks.bit_planes): each chunk of `run` bytes gives
+// its lowest fields, then the next ones up; `num_bytes` bytes -> num_bytes * 8 / bits fields.
+inline void bit_planes(const uint8_t* packed, int num_bytes, int run, int bits, uint8_t* out) {
+  const int per_byte = 8 / bits, mask = (1 << bits) - 1;
+  for (int chunk = 0; chunk < num_bytes / run; ++chunk)
+    for (int f = 0; f < per_byte; ++f)
+      for (int r = 0; r < run; ++r) *out++ = (packed[chunk * run + r] >> (f * bits)) & mask;
+}
+
+constexpr int8_t IQ4_VALUES[16] = {-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113};
+
+// Q2_K, Q3_K, IQ4_NL, IQ4_XS (gguf_super_blocks.py, gguf_small_blocks.py): int8 codes + 128, d (and dmin)
+// as fp16 supers, their 4-bit, 6-bit (and m) factors as int8 subs.
+void decode_low_bit_block(Type type, const uint8_t* b, uint8_t* codes, BlockScales& s);
 
 // Q4_K / Q5_K: sub-block j's 6-bit scale and min from the 12 packed bytes.
 inline void k_scale_min(const uint8_t* q, int j, uint8_t& sc, uint8_t& mn) {
@@ -146,6 +166,8 @@ void decode_block(Type type, const uint8_t* b, uint8_t* codes, BlockScales& s) {
     if (q5) {  // the fifth bit of value v is bit v / 32 of qh[v % 32]; the codes become int8 codes + 128
       for (int v = 0; v < QK_K; ++v) codes[v] = static_cast<uint8_t>((codes[v] | (((qh[v % 32] >> (v / 32)) & 1) << 4)) + 128);
     }
+  } else if (type == Type::Q2_K || type == Type::Q3_K || type == Type::IQ4_NL || type == Type::IQ4_XS) {
+    decode_low_bit_block(type, b, codes, s);
   } else {  // Q6_K
     const uint8_t* ql = b;
     const uint8_t* qh = b + 128;
@@ -158,6 +180,40 @@ void decode_block(Type type, const uint8_t* b, uint8_t* codes, BlockScales& s) {
         const int high = (qh[32 * h + r % 32] >> (2 * (r / 32))) & 0x03;
         codes[128 * h + r] = static_cast<uint8_t>(low | (high << 4));  // q + 32
       }
+  }
+}
+
+void decode_low_bit_block(Type type, const uint8_t* b, uint8_t* codes, BlockScales& s) {
+  uint8_t fields[QK_K];
+  if (type == Type::Q2_K) {  // scales[16], qs[64], d, dmin: w = d (sc & 15) q - dmin (sc >> 4)
+    bit_planes(b + 16, 64, 32, 2, fields);
+    for (int v = 0; v < QK_K; ++v) codes[v] = static_cast<uint8_t>(fields[v] + 128);
+    s.scale_super = f16_bits(b + 80), s.offset_super = f16_bits(b + 82);
+    for (int g = 0; g < 16; ++g) {
+      s.scale_subs[g] = static_cast<int8_t>(b[g] & 0x0F);
+      s.offset_subs[g] = static_cast<int8_t>(-(b[g] >> 4));  // dmin * -m = -(dmin * m), exactly
+    }
+  } else if (type == Type::Q3_K) {  // hmask[32], qs[64], scales[12], d: w = d (sc - 32) (q - 4 where the hmask bit is 0)
+    uint8_t high[QK_K], low_sc[16], high_sc[16];
+    bit_planes(b + 32, 64, 32, 2, fields);
+    bit_planes(b, 32, 32, 1, high);
+    for (int v = 0; v < QK_K; ++v) codes[v] = static_cast<uint8_t>(fields[v] - (high[v] ? 0 : 4) + 128);
+    bit_planes(b + 96, 8, 8, 4, low_sc);
+    bit_planes(b + 104, 4, 4, 2, high_sc);
+    s.scale_super = f16_bits(b + 108);
+    for (int g = 0; g < 16; ++g) s.scale_subs[g] = static_cast<int8_t>((low_sc[g] | (high_sc[g] << 4)) - 32);
+  } else if (type == Type::IQ4_NL) {  // d, qs[16]: w = d t[q]
+    bit_planes(b + 2, 16, 16, 4, fields);
+    for (int v = 0; v < 32; ++v) codes[v] = static_cast<uint8_t>(IQ4_VALUES[fields[v]] + 128);
+    s.scale_super = f16_bits(b), s.scale_subs[0] = 1;
+  } else {  // IQ4_XS: d, scales_h (uint16), scales_l[4], qs[128]: w = d (ls - 32) t[q]
+    bit_planes(b + 8, 128, 16, 4, fields);
+    for (int v = 0; v < QK_K; ++v) codes[v] = static_cast<uint8_t>(IQ4_VALUES[fields[v]] + 128);
+    uint8_t low_ls[8];
+    bit_planes(b + 4, 4, 1, 4, low_ls);
+    const uint16_t high_ls = f16_bits(b + 2);
+    s.scale_super = f16_bits(b);
+    for (int g = 0; g < 8; ++g) s.scale_subs[g] = static_cast<int8_t>((low_ls[g] | (((high_ls >> (2 * g)) & 3) << 4)) - 32);
   }
 }
 

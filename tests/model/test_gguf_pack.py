@@ -25,7 +25,7 @@ from zserve.model_proc.layers.weight_kernels.column_blocks import (
 from zserve.model_proc.layers.weight_kernels.quantized_weight import join_columns
 from zserve.model_proc.layers.weight_kernels.six_bit_codes import pack_six_bit
 
-PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
 pytestmark = pytest.mark.skipif(load_gguf_pack() is None, reason="the CPU kernels are not built here")
 
 

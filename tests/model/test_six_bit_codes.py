@@ -132,7 +132,7 @@ def test_q6_k_weight_kernel_equals_its_int8_unpacked_form():
 def test_bad_six_bit_shapes_are_refused():
     six, _, c = six_bit_and_quads(256, 16, seed=0)
     x = torch.randn(1, 512)
-    with pytest.raises(RuntimeError, match="6-bit codes must be contiguous uint8"):
+    with pytest.raises(RuntimeError, match=r"codes must be contiguous uint8 \[NB, 3K / 16 = 96, 16, 4\]"):
         torch.ops.zserve.gemm_dot_compact(x, six, 6, c.scale_supers, c.scale_subs, None, None, 16, None, 16)
     with pytest.raises(RuntimeError, match="bits must be 4, 6 or 8"):
         torch.ops.zserve.gemm_dot_compact(x[:, :256], six, 5, c.scale_supers, c.scale_subs, None, None, 16, None, 16)
