@@ -108,7 +108,8 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         '(model_proc/weights/int8_weights.py), int4 (quantized at load, asymmetric 4-bit in groups of 32 input '
         "rows as GGUF's Q4_1, run by the int8 x int8 GEMM's 4-bit path) (model_proc/weights/int4_weights.py), "
         'or gguf (a .gguf model only: its quantized matrices kept as '
-        'the file stores them, Q4_0/Q4_1/Q4_K as 4-bit codes, Q8_0/Q5_0/Q5_1/Q5_K/Q6_K/IQ4_NL/IQ4_XS/Q3_K/Q2_K '
+        'the file stores them, Q4_0/Q4_1/Q4_K as 4-bit codes, Q6_K as 6-bit codes, '
+        'Q8_0/Q5_0/Q5_1/Q5_K/IQ4_NL/IQ4_XS/Q3_K/Q2_K '
         'as int8 codes, run by the int8 x int8 GEMM; other matrices quantized to int8) '
         '(model_proc/weights/gguf_blocks.py)',
         choices=("auto", *QUANTIZATION_CHOICES),

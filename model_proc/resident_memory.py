@@ -2,7 +2,9 @@
 
 Each GemmWeight's packed state counts once: its codes ("4-bit codes", "int8 codes") or 16-bit
 values ("<dtype> matrices"), its fp32 scales, offsets and padded bias, and apart from those the
-second copy a row-split kernel keeps for products of many rows. Every other parameter or buffer
+second copy a row-split kernel keeps for products of many rows; an embedding table kept in the file's
+blocks (VocabParallelEmbedding.packed_table) counts its codes and scales likewise (once, where a tied
+LM head multiplies by the same tensors). Every other parameter or buffer
 (embeddings, norms, biases, a torch kernel's plain matrix) counts by dtype, each storage once.
 """
 
@@ -13,9 +15,10 @@ from collections import Counter
 import torch
 from torch import nn
 
+from zserve.model_proc.layers.embedding import VocabParallelEmbedding
 from zserve.model_proc.layers.gemm import GemmWeight
 
-CODE_FORMS = {4: "4-bit codes", 8: "int8 codes"}
+CODE_FORMS = {4: "4-bit codes", 6: "6-bit codes", 8: "int8 codes"}
 SIDE_FORM = "fp32 scales, offsets and biases"
 COMPACT_FORM = "fp16 x int8 scales and offsets"  # weights/compact_scales.py
 
@@ -59,6 +62,11 @@ def resident_bytes_by_form(model: nn.Module, dtype: torch.dtype) -> tuple[dict[s
         if packed.many_rows_values is not None and _storage_key(packed.many_rows_values) not in counted:
             counted.add(_storage_key(packed.many_rows_values))
             copy_bytes += _nbytes(packed.many_rows_values)
+    for table in (m.packed_table for m in model.modules() if isinstance(m, VocabParallelEmbedding)):
+        if table is not None:  # an untied table is no GemmWeight's: counted here, or not at all
+            count(CODE_FORMS[table.bits], table.values)
+            for side in table.compact.tensors():
+                count(COMPACT_FORM, side)
     for t in (*model.parameters(), *model.buffers()):
         count(f"{_dtype_name(t.dtype)} embeddings and norms", t)
     return dict(forms), copy_bytes

@@ -158,6 +158,14 @@ def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     return w.transpose(1, 2).reshape(weight.shape)
 
 
+
+def _resident_codes(type_name: str) -> str:
+    """How a stored type's codes are kept: Q6_K packed at load as 6-bit codes (kernels/six_bit_codes.h), the
+    4-bit types in nibbles, the others as int8 codes."""
+    if type_name == "Q6_K" and load_gguf_pack() is not None:
+        return "6-bit codes"
+    return "4-bit codes" if block_type(type_name).code_bits == 4 else "int8 codes"
+
 class GGUFCheckpoint(Checkpoint):
     def __init__(
         self, model_dir: str | Path, gguf_file: Path, show_progress: bool = False, served: ServedMethod | None = None,
@@ -203,8 +211,7 @@ class GGUFCheckpoint(Checkpoint):
             elif type_name in kept and self.served.gguf_packs:
                 logger.info("GGUF %s: %d %s tensors kept as stored for --quantization %s (%s; an embedding table "
                             "too, its rows decoded at lookup, where the CPU kernels pack it)", self.gguf_file.name, n,
-                            type_name, self.served.name,
-                            "4-bit codes" if block_type(type_name).code_bits == 4 else "int8 codes")
+                            type_name, self.served.name, _resident_codes(type_name))
             elif type_name in kept:
                 block = block_type(type_name)
                 logger.info("GGUF %s: %d %s tensors: matrices kept as stored for --quantization %s (%d-bit codes, "
@@ -299,10 +306,10 @@ class GGUFCheckpoint(Checkpoint):
         with warnings.catch_warnings():  # the map is read-only; gguf_pack only reads it
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             raw = torch.from_numpy(t.data)
-        values, *scale_parts, bits, group = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
+        values, *scale_parts, bits, group, implied_offset = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
         self._file.release(t.data)
         self._progress.update(1)
-        compact = CompactScales(*(part if part.numel() else None for part in scale_parts))
+        compact = CompactScales(*(part if part.numel() else None for part in scale_parts), implied_offset)
         return PackedBlocks(values, compact, bits, group, in_features, r1 - r0)
 
     def _decoded_weight(

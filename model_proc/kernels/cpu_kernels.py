@@ -5,7 +5,8 @@ and scales, --quantization int8; its drivers and tiles shared with gemm_widen in
 gemm_int8_dot.cpp (zserve::gemm_int8_dot: int8 weights times activations quantized to int8,
 VPDPBUSD with AVX512-VNNI or AVX-VNNI, VPMADDUBSW elsewhere), gemm_bf16.cpp (zserve::gemm_bf16, with
 AVX512-BF16), fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store), gguf_pack.cpp
-(zserve::gguf_pack: a GGUF matrix's quantized rows straight into gemm_int8_dot's layout, at load) and
+(zserve::gguf_pack: a GGUF matrix's quantized rows straight into gemm_int8_dot's layout, at load),
+six_bit_quads.cpp (zserve::six_bit_quads: Q6_K's 6-bit codes, six_bit_codes.h, as int8 quads) and
 cpu_probe.cpp (zserve::probe_rate: the clock and each GEMM instruction's rate under load, for
 bench_model's peak).
 
@@ -53,12 +54,12 @@ from zserve.model_proc.kernels.cpu_isa import IsaFeatures, cpu_flags, cpu_isa, m
 logger = logging.getLogger(__name__)
 
 # included by the sources; part of the build key
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_math.h", "cpu_gemm.h"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_math.h", "cpu_gemm.h", "six_bit_codes.h"))
 SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in (
         "paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_int8_dot.cpp", "gemm_bf16.cpp", "fused_ops.cpp",
-        "cpu_probe.cpp", "gguf_pack.cpp",
+        "cpu_probe.cpp", "gguf_pack.cpp", "six_bit_quads.cpp",
     )
 )
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent

@@ -3,6 +3,8 @@
 //
 //   zserve::gemm_int8_dot(x, w_quads, scales, offsets, out_features, bias_f32, group_size) -> y
 //   zserve::gemm_int4_dot(x, w_nibbles, scales, offsets, out_features, bias_f32, group_size) -> y
+//   zserve::gemm_dot_compact(x, codes, bits, scale_supers, scale_subs, offset_supers, offset_subs,
+//                            out_features, bias_f32, group_size, implied_offset) -> y
 //
 // The weight W [K, N] is codes C times scales S plus offsets O (None: 0), with S and O per group
 // of G input rows and column: W = C * S + O. int8 codes: --quantization int8, GGUF Q8_0 and Q6_K
@@ -14,6 +16,9 @@
 //                                           element (b, p, j, i) is C[4p + i, 16b + j] + 128
 //   w_nibbles   uint8 [NB, K / 8, 16, 4]    codes C in [0, 15]: element (b, p, j, i) holds C[8p + i, 16b + j]
 //                                           in its low nibble and C[8p + 4 + i, 16b + j] in its high one
+//   6-bit codes uint8 [NB, 3K / 16, 16, 4]  (gemm_dot_compact, bits 6: GGUF Q6_K) codes C + 32 in [0, 63]
+//                                           of int8 codes C, in six_bit_codes.h's units of 16 k: the
+//                                           nibble layout's low 4 bits plus a plane of the 2 high bits
 //   scales      float32 [NB, NG, 16]        S [ceil(K / G), N] in column blocks (gemm_int8's layout)
 //   offsets     float32 [NB, NG, 16] or None  O, likewise
 //   bias_f32    float32 [NB * 16] or None
@@ -38,7 +43,8 @@
 //   "vpdpbusd ymm (avx-vnni)"  a 256-bit build with avx_vnni (Alder Lake and later clients): the
 //                              VEX-encoded VPDPBUSD, same arithmetic;
 //     VPDPBUSD: unsigned C + 128 (or a nibble) times signed xq, int32 sums, minus 128 * sum(xq)
-//     for int8 codes, which the quantizer hands over;
+//     for int8 codes, which the quantizer hands over (6-bit codes: C + 32 decoded in registers,
+//     minus 32 * sum(xq) on every path, the same int32 sums as C's);
 //   "vpmaddubsw zmm" / "ymm"   avx512 without avx512_vnni (Skylake-SP), and avx2 without avx_vnni
 //                              (Zen 2/3, Haswell..Comet Lake): VPMADDUBSW + VPMADDWD + VPADDD; int8
 //     codes as |C| and xq with C's sign (VPMADDUBSW saturates its 16-bit pairs: 127 * 127 * 2 does
@@ -57,6 +63,7 @@
 #include <utility>
 
 #include "cpu_gemm.h"
+#include "six_bit_codes.h"
 
 namespace {
 
@@ -66,7 +73,8 @@ constexpr int64_t ACT_BLOCK = 32;  // k per activation scale
 constexpr int64_t QUAD = 4;        // k per 32-bit lane of a dot product
 constexpr int64_t SUM_BLOCK = 16;  // k per partial sum of xq the quantizer hands over
 
-enum class Codes { INT8, NIBBLES };  // int8 C (stored C + 128) in quads; unsigned 4-bit codes in nibble pairs of quads
+// int8 C (stored C + 128) in quads; unsigned 4-bit codes in nibble pairs of quads; 6-bit C + 32 (six_bit_codes.h)
+enum class Codes { INT8, NIBBLES, SIX };
 
 #if ZSERVE_HAS_GEMM_WIDEN
 
@@ -80,6 +88,11 @@ inline ivec iset1(int32_t v) { return _mm512_set1_epi32(v); }
 inline ivec isub(ivec a, ivec b) { return _mm512_sub_epi32(a, b); }
 inline ivec low_nibbles(ivec v) { return _mm512_and_si512(v, _mm512_set1_epi8(0x0f)); }
 inline ivec high_nibbles(ivec v) { return _mm512_and_si512(_mm512_srli_epi16(v, 4), _mm512_set1_epi8(0x0f)); }
+inline ivec iand(ivec a, ivec b) { return _mm512_and_si512(a, b); }
+inline ivec ior(ivec a, ivec b) { return _mm512_or_si512(a, b); }
+inline ivec ibytes(char v) { return _mm512_set1_epi8(v); }
+template <int N> inline ivec shl16(ivec v) { return _mm512_slli_epi16(v, N); }
+template <int N> inline ivec shr16(ivec v) { return _mm512_srli_epi16(v, N); }
 inline vec to_float(ivec v) { return _mm512_cvtepi32_ps(v); }
 #if defined(__AVX512VNNI__)
 constexpr const char* INSTRUCTION = "vpdpbusd zmm";
@@ -109,6 +122,11 @@ inline ivec iset1(int32_t v) { return _mm256_set1_epi32(v); }
 inline ivec isub(ivec a, ivec b) { return _mm256_sub_epi32(a, b); }
 inline ivec low_nibbles(ivec v) { return _mm256_and_si256(v, _mm256_set1_epi8(0x0f)); }
 inline ivec high_nibbles(ivec v) { return _mm256_and_si256(_mm256_srli_epi16(v, 4), _mm256_set1_epi8(0x0f)); }
+inline ivec iand(ivec a, ivec b) { return _mm256_and_si256(a, b); }
+inline ivec ior(ivec a, ivec b) { return _mm256_or_si256(a, b); }
+inline ivec ibytes(char v) { return _mm256_set1_epi8(v); }
+template <int N> inline ivec shl16(ivec v) { return _mm256_slli_epi16(v, N); }
+template <int N> inline ivec shr16(ivec v) { return _mm256_srli_epi16(v, N); }
 inline vec to_float(ivec v) { return _mm256_cvtepi32_ps(v); }
 #if defined(__AVXVNNI__)
 constexpr const char* INSTRUCTION = "vpdpbusd ymm (avx-vnni)";
@@ -129,6 +147,18 @@ inline ivec dot4_int8(ivec acc, ivec w, ivec x) {
 #endif
 static_assert(IV == NV, "one int32 vector per fp32 vector of the block's columns");
 constexpr int64_t QUAD_BYTES = COLS * QUAD;  // one 64-byte load: 16 columns x 4 codes (nibbles: x 8)
+static_assert(zserve_six_bit::ROW_BYTES == QUAD_BYTES, "a 6-bit unit is three rows of the quad layout");
+
+// One 6-bit unit's rows (six_bit_codes.h; the same bytes of each row) -> the codes C + 32 of its k
+// 4s..4s+3, s = 0..3, one quad per column as VPDPBUSD reads them: the nibbles' low 4 bits OR'd with
+// bits 2s..2s+1 of the plane moved to bits 4-5 (16-bit shifts: what crosses a byte is masked off).
+inline void decode_six_bit(ivec low0, ivec low1, ivec high, ivec* codes) {
+  const ivec nibble = ibytes(0x0f), top = ibytes(0x30);
+  codes[0] = ior(iand(low0, nibble), iand(shl16<4>(high), top));
+  codes[1] = ior(iand(shr16<4>(low0), nibble), iand(shl16<2>(high), top));
+  codes[2] = ior(iand(low1, nibble), iand(high, top));
+  codes[3] = ior(iand(shr16<4>(low1), nibble), iand(shr16<2>(high), top));
+}
 #if defined(__AVX512F__)
 constexpr int DOT_ROWS = 8;  // 2 accumulators per row + the weights and x: 18 of 32 zmm
 #else
@@ -201,10 +231,11 @@ struct Weights {
   const c10::Half* scale_supers = nullptr;   // compact: [NG / R, 16]
   const int8_t* scale_subs = nullptr;        // compact: [NG, 16]
   const c10::Half* offset_supers = nullptr;  // compact: [NG / R, 16] (the scale supers where they are shared)
-  const int8_t* offset_subs = nullptr;       // compact: [NG, 16], or null (no offsets)
+  const int8_t* offset_subs = nullptr;       // compact: [NG, 16], or null (no offsets, or the implied ones)
   int64_t R = 1;                             // compact: groups per super
+  int32_t implied_offset = 0;                // compact without subs: O = float(offset super) * implied_offset (Q4_0: -8)
 
-  bool has_offsets() const { return offsets != nullptr || offset_subs != nullptr; }
+  bool has_offsets() const { return offsets != nullptr || offset_subs != nullptr || implied_offset != 0; }
 
   // group g's S (and O) for the block's 16 columns, in fp32: one product each where compact
   inline void group(int64_t g, vec* scale, vec* offset) const {
@@ -215,10 +246,15 @@ struct Weights {
       return;
     }
     const int64_t super = g / R;
-    for (int v = 0; v < NV; ++v) scale[v] = vmul(widen(scale_supers + super * COLS + v * LANES), widen(scale_subs + g * COLS + v * LANES));
-    if (offset_subs != nullptr)
+    for (int v = 0; v < NV; ++v)  // no subs: each a factor 1, and super * 1.0f is the super
+      scale[v] = scale_subs != nullptr ? vmul(widen(scale_supers + super * COLS + v * LANES), widen(scale_subs + g * COLS + v * LANES))
+                                       : widen(scale_supers + super * COLS + v * LANES);
+    if (offset_subs != nullptr) {
       for (int v = 0; v < NV; ++v)
         offset[v] = vmul(widen(offset_supers + super * COLS + v * LANES), widen(offset_subs + g * COLS + v * LANES));
+    } else if (implied_offset != 0) {  // the same fp32 product as a stored int8 factor's
+      for (int v = 0; v < NV; ++v) offset[v] = vmul(widen(offset_supers + super * COLS + v * LANES), vset1(static_cast<float>(implied_offset)));
+    }
   }
 };
 
@@ -245,7 +281,8 @@ struct WeightLayout {
 // rescale (and, with offsets, one more FMA).
 template <Codes KIND, int ROWS>
 inline void dot_block_rows(const int8_t* xq, const float* xs, const int32_t* x_sums16, int64_t K, const Weights& w, float* sums) {
-  constexpr int64_t K_PER_LOAD = KIND == Codes::NIBBLES ? 2 * QUAD : QUAD;
+  constexpr int64_t K_PER_LOAD = KIND == Codes::NIBBLES ? 2 * QUAD : KIND == Codes::SIX ? zserve_six_bit::K_PER_UNIT : QUAD;
+  constexpr int64_t LOAD_BYTES = KIND == Codes::SIX ? zserve_six_bit::UNIT_BYTES : QUAD_BYTES;
   const int64_t num_act = K / ACT_BLOCK, num_sums = K / SUM_BLOCK;
   const int64_t sub_block = std::min<int64_t>(w.G, ACT_BLOCK);
   vec total[ROWS][NV];
@@ -256,8 +293,22 @@ inline void dot_block_rows(const int8_t* xq, const float* xs, const int32_t* x_s
     for (int r = 0; r < ROWS; ++r)
       for (int v = 0; v < IV; ++v) dot[r][v] = izero();
     for (int64_t k = k0; k < k0 + sub_block; k += K_PER_LOAD) {
-      const uint8_t* w_load = w.codes + (k / K_PER_LOAD) * QUAD_BYTES;
-      _mm_prefetch(reinterpret_cast<const char*>(w_load) + PREFETCH_BYTES, _MM_HINT_T0);
+      const uint8_t* w_load = w.codes + (k / K_PER_LOAD) * LOAD_BYTES;
+      for (int64_t line = 0; line < LOAD_BYTES; line += QUAD_BYTES)
+        _mm_prefetch(reinterpret_cast<const char*>(w_load) + PREFETCH_BYTES + line, _MM_HINT_T0);
+      if constexpr (KIND == Codes::SIX) {  // 16 k: the codes decoded once, then every row's 4 dot products
+        ivec codes[IV][4];
+        for (int v = 0; v < IV; ++v) {
+          const uint8_t* lane = w_load + v * (QUAD_BYTES / IV);
+          decode_six_bit(iload(lane), iload(lane + QUAD_BYTES), iload(lane + 2 * QUAD_BYTES), codes[v]);
+        }
+        for (int r = 0; r < ROWS; ++r)
+          for (int s = 0; s < 4; ++s) {
+            const ivec xb = ibroadcast(xq + r * K + k + QUAD * s);
+            for (int v = 0; v < IV; ++v) dot[r][v] = dot4_codes(dot[r][v], codes[v][s], xb);
+          }
+        continue;
+      }
       ivec wv[IV];
       for (int v = 0; v < IV; ++v) wv[v] = iload(w_load + v * (QUAD_BYTES / IV));
       if constexpr (KIND == Codes::NIBBLES) {
@@ -285,7 +336,9 @@ inline void dot_block_rows(const int8_t* xq, const float* xs, const int32_t* x_s
       const int32_t* row_sums = x_sums16 + r * num_sums + first_sum;
       const int32_t x_sum = sub_block == SUM_BLOCK ? row_sums[0] : row_sums[0] + row_sums[1];
       const vec scale = vset1(row_scale);
-      const ivec correction = iset1(KIND == Codes::INT8 ? WEIGHT_OFFSET * x_sum : 0);  // VPDPBUSD took C + 128
+      // VPDPBUSD took C + 128; 6-bit codes are C + 32 on every path
+      const int32_t code_offset = KIND == Codes::INT8 ? WEIGHT_OFFSET : KIND == Codes::SIX ? zserve_six_bit::CODE_OFFSET : 0;
+      const ivec correction = iset1(code_offset * x_sum);
       for (int v = 0; v < NV; ++v) total[r][v] = vfma(to_float(isub(dot[r][v], correction)), vmul(weight_scale[v], scale), total[r][v]);
       if (w.has_offsets()) {
         const vec scaled_sum = vset1(row_scale * static_cast<float>(x_sum));
@@ -357,8 +410,11 @@ std::string gemm_int8_dot_instruction() {
 #endif
 }
 
-// The checks both ops make; returns the number of groups.
-int64_t check_args(const char* name, const at::Tensor& x, const at::Tensor& codes, int64_t k_per_row, const at::Tensor& scales,
+// Rows of 64 bytes per column block that K codes of `bits` bits take (quads, nibbles, 6-bit units).
+int64_t code_rows(int64_t bits, int64_t K) { return bits == 8 ? K / QUAD : bits == 4 ? K / (2 * QUAD) : 3 * K / 16; }
+
+// The checks the ops make; returns the number of groups.
+int64_t check_args(const char* name, const at::Tensor& x, const at::Tensor& codes, int64_t bits, const at::Tensor& scales,
                    int64_t out_features, int64_t group_size) {
   TORCH_CHECK(gemm_int8_dot_supported(), name, ": this build has no AVX2 kernel");
   const auto dtype = x.scalar_type();
@@ -366,9 +422,11 @@ int64_t check_args(const char* name, const at::Tensor& x, const at::Tensor& code
               name, ": x must be contiguous bf16, fp16 or fp32 [M, K]");
   const int64_t K = x.size(1);
   TORCH_CHECK(K % ACT_BLOCK == 0 && K > 0, name, ": K must be a positive multiple of 32, got ", K);
-  TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(1) == K / k_per_row &&
+  const int64_t rows = code_rows(bits, K);
+  TORCH_CHECK(codes.dim() == 4 && codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.size(1) == rows &&
                   codes.size(2) == COLS && codes.size(3) == QUAD,
-              name, ": the codes must be contiguous uint8 [NB, K / ", k_per_row, " = ", K / k_per_row, ", 16, 4]");
+              name, ": the codes must be contiguous uint8 [NB, ", bits == 8 ? "K / 4" : bits == 4 ? "K / 8" : "3K / 16", " = ", rows,
+              ", 16, 4]");
   const int64_t num_blocks = codes.size(0);
   TORCH_CHECK(out_features > (num_blocks - 1) * COLS && out_features <= num_blocks * COLS, name, ": out_features does not match the blocks");
   TORCH_CHECK(group_size == K || group_size == SUM_BLOCK || (group_size > 0 && group_size % ACT_BLOCK == 0 && group_size <= K),
@@ -391,7 +449,7 @@ template <Codes KIND>
 at::Tensor gemm_dot(const char* name, const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
                     const c10::optional<at::Tensor>& offsets, int64_t out_features, const c10::optional<at::Tensor>& bias_f32,
                     int64_t group_size) {
-  check_args(name, x, codes, KIND == Codes::NIBBLES ? 2 * QUAD : QUAD, scales, out_features, group_size);
+  check_args(name, x, codes, KIND == Codes::NIBBLES ? 4 : 8, scales, out_features, group_size);
   const float* offset_ptr = checked_offsets(name, offsets, scales);
   const float* bias = checked_bias(name, bias_f32, codes.size(0));
   at::Tensor out = at::empty({x.size(0), out_features}, x.options());
@@ -404,43 +462,53 @@ at::Tensor gemm_dot(const char* name, const at::Tensor& x, const at::Tensor& cod
   return out;
 }
 
-// A GGUF file's scales as it keeps them (layers/compact_scales.py): S = fp16 super[g / R] * int8 sub[g],
-// O likewise (offset_supers None: the scale supers; offset_subs None: no offsets).
+// A GGUF file's scales as it keeps them (layers/compact_scales.py): S = fp16 super[g / R] * int8 sub[g]
+// (scale_subs None: S = super, the file's d of a one-group block), O likewise (offset_supers None: the
+// scale supers; offset_subs None: O = super * implied_offset, and no offsets where that is 0).
+// bits 4 (nibbles), 6 (six_bit_codes.h) or 8 (quads).
 at::Tensor gemm_dot_compact(const at::Tensor& x, const at::Tensor& codes, int64_t bits, const at::Tensor& scale_supers,
-                            const at::Tensor& scale_subs, const c10::optional<at::Tensor>& offset_supers,
+                            const c10::optional<at::Tensor>& scale_subs, const c10::optional<at::Tensor>& offset_supers,
                             const c10::optional<at::Tensor>& offset_subs, int64_t out_features,
-                            const c10::optional<at::Tensor>& bias_f32, int64_t group_size) {
+                            const c10::optional<at::Tensor>& bias_f32, int64_t group_size, int64_t implied_offset) {
   const char* name = "gemm_dot_compact";
-  TORCH_CHECK(bits == 4 || bits == 8, name, ": bits must be 4 or 8, got ", bits);
-  // the fp32 checks on the subs' shape ([NB, NG, 16]); their dtype checked here
-  const at::Tensor shape_only = at::empty(scale_subs.sizes(), scale_subs.options().dtype(at::kFloat).device(at::kMeta));
-  check_args(name, x, codes, bits == 4 ? 2 * QUAD : QUAD, shape_only, out_features, group_size);
-  const int64_t num_blocks = codes.size(0), num_groups = scale_subs.size(1);
-  TORCH_CHECK(scale_subs.scalar_type() == at::kChar && scale_subs.is_contiguous(), name, ": scale_subs must be contiguous int8");
+  TORCH_CHECK(bits == 4 || bits == 6 || bits == 8, name, ": bits must be 4, 6 or 8, got ", bits);
+  TORCH_CHECK(x.dim() == 2 && codes.dim() == 4 && group_size > 0, name, ": x must be [M, K] and the codes [NB, rows, 16, 4]");
+  const int64_t num_blocks = codes.size(0), num_groups = (x.size(1) + group_size - 1) / group_size;
+  // the fp32 checks on the groups' shape ([NB, NG, 16]); the compact tensors' dtypes checked here
+  const at::Tensor shape_only = at::empty({num_blocks, num_groups, COLS}, x.options().dtype(at::kFloat).device(at::kMeta));
+  check_args(name, x, codes, bits, shape_only, out_features, group_size);
+  if (scale_subs.has_value())
+    TORCH_CHECK(scale_subs->sizes() == shape_only.sizes() && scale_subs->scalar_type() == at::kChar && scale_subs->is_contiguous(),
+                name, ": scale_subs must be contiguous int8 [NB, ceil(K / group_size) = ", num_groups, ", 16]");
   TORCH_CHECK(scale_supers.dim() == 3 && scale_supers.scalar_type() == at::kHalf && scale_supers.is_contiguous() &&
                   scale_supers.size(0) == num_blocks && scale_supers.size(2) == COLS && scale_supers.size(1) > 0 &&
-                  num_groups % scale_supers.size(1) == 0,
-              name, ": scale_supers must be contiguous fp16 [NB, NG / R, 16]");
+                  num_groups % scale_supers.size(1) == 0 && (scale_subs.has_value() || scale_supers.size(1) == num_groups),
+              name, ": scale_supers must be contiguous fp16 [NB, NG / R, 16] (R = 1 without scale_subs)");
   const int64_t num_supers = scale_supers.size(1);
   if (offset_supers.has_value())
     TORCH_CHECK(offset_supers->sizes() == scale_supers.sizes() && offset_supers->scalar_type() == at::kHalf &&
-                    offset_supers->is_contiguous() && offset_subs.has_value(),
-                name, ": offset_supers must be shaped like scale_supers, with offset_subs");
+                    offset_supers->is_contiguous() && (offset_subs.has_value() || implied_offset != 0),
+                name, ": offset_supers must be shaped like scale_supers, with offset_subs or an implied offset");
   if (offset_subs.has_value())
-    TORCH_CHECK(offset_subs->sizes() == scale_subs.sizes() && offset_subs->scalar_type() == at::kChar && offset_subs->is_contiguous(),
-                name, ": offset_subs must be contiguous int8 shaped like scale_subs");
+    TORCH_CHECK(offset_subs->sizes() == shape_only.sizes() && offset_subs->scalar_type() == at::kChar && offset_subs->is_contiguous() &&
+                    implied_offset == 0,
+                name, ": offset_subs must be contiguous int8 [NB, NG, 16], without an implied offset");
+  TORCH_CHECK(implied_offset >= -128 && implied_offset <= 127, name, ": implied_offset is an int8 factor, got ", implied_offset);
   const float* bias = checked_bias(name, bias_f32, num_blocks);
   at::Tensor out = at::empty({x.size(0), out_features}, x.options());
 #if ZSERVE_HAS_GEMM_WIDEN
   Weights first{codes.data_ptr<uint8_t>(), nullptr, nullptr, group_size};
   first.scale_supers = reinterpret_cast<const c10::Half*>(scale_supers.data_ptr());
-  first.scale_subs = scale_subs.data_ptr<int8_t>();
+  first.scale_subs = scale_subs.has_value() ? scale_subs->data_ptr<int8_t>() : nullptr;
   first.offset_supers = offset_supers.has_value() ? reinterpret_cast<const c10::Half*>(offset_supers->data_ptr()) : first.scale_supers;
   first.offset_subs = offset_subs.has_value() ? offset_subs->data_ptr<int8_t>() : nullptr;
+  first.implied_offset = static_cast<int32_t>(implied_offset);
   first.R = num_groups / num_supers;
   const WeightLayout layout{first, codes.numel() / num_blocks, num_groups, num_supers};
   if (bits == 4) {
     run_dtype<Codes::NIBBLES>(x, layout, num_blocks, out_features, bias, out);
+  } else if (bits == 6) {
+    run_dtype<Codes::SIX>(x, layout, num_blocks, out_features, bias, out);
   } else {
     run_dtype<Codes::INT8>(x, layout, num_blocks, out_features, bias, out);
   }
@@ -480,7 +548,7 @@ TORCH_LIBRARY_FRAGMENT(zserve, m) {
         &gemm_int8_dot);
   m.def("gemm_int4_dot(Tensor x, Tensor w_nibbles, Tensor scales, Tensor? offsets, int out_features, Tensor? bias_f32, int group_size) -> Tensor",
         &gemm_int4_dot);
-  m.def("gemm_dot_compact(Tensor x, Tensor codes, int bits, Tensor scale_supers, Tensor scale_subs, Tensor? offset_supers, "
-        "Tensor? offset_subs, int out_features, Tensor? bias_f32, int group_size) -> Tensor", &gemm_dot_compact);
+  m.def("gemm_dot_compact(Tensor x, Tensor codes, int bits, Tensor scale_supers, Tensor? scale_subs, Tensor? offset_supers, "
+        "Tensor? offset_subs, int out_features, Tensor? bias_f32, int group_size, int implied_offset=0) -> Tensor", &gemm_dot_compact);
   m.def("quantize_activations(Tensor x) -> (Tensor, Tensor, Tensor)", &quantize_activations);
 }

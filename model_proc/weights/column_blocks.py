@@ -5,6 +5,7 @@
     pack_bf16_blocks    [K, N] -> [ceil(N / 16), K / 2, 16]  gemm_bf16.cpp (pairs of k in one int32)
     pack_int8_quads     [K, N] -> [ceil(N / 16), K / 4, 16, 4]  gemm_int8_dot.cpp (Q + 128, 4 k per column)
     pack_int4_nibbles   [K, N] -> [ceil(N / 16), K / 8, 16, 4]  gemm_int4_dot (two quads of codes per byte)
+    pack_six_bit        [K, N] -> [ceil(N / 16), 3K / 16, 16, 4]  gemm_dot_compact's 6-bit codes (six_bit_codes.py)
 
 A decode step then streams each block's rows in order, once.
 """

@@ -2,7 +2,8 @@
 file's rows in one pass at load), on its way from the reader to the kernel.
 
 `PackedBlocks` is a QuantizedWeight (weight_kernels/quantized_weight.py) whose tensors have the
-16-column blocks first: nibbles or quads [NB, K / (8 or 4), 16, 4] (column_blocks.py's layouts), and
+16-column blocks first: nibbles or quads [NB, K / (8 or 4), 16, 4] (column_blocks.py's layouts) or
+Q6_K's 6-bit codes [NB, 3K / 16, 16, 4] (six_bit_codes.py), and
 the scales and offsets as the file keeps them (compact_scales.py). Pieces of a fused weight whose
 columns are whole blocks join by concatenating blocks (`join_blocks`); anything else (a piece of
 another type, a float piece, a kernel other than zserve_int8_dot) gets `unpacked()`: the same values as an Int4Weight or
@@ -20,11 +21,13 @@ from zserve.model_proc.weights.column_blocks import BLOCK_COLS
 from zserve.model_proc.weights.compact_scales import CompactScales
 from zserve.model_proc.weights.int4_weights import Int4Weight
 from zserve.model_proc.weights.int8_weights import Int8Weight
+from zserve.model_proc.weights.six_bit_codes import six_bit_codes
 
 
 @dataclass(frozen=True)
 class PackedBlocks:
-    values: torch.Tensor  # uint8 [NB, K / 8, 16, 4] nibbles (bits 4) or [NB, K / 4, 16, 4] quads of C + 128 (bits 8)
+    values: torch.Tensor  # uint8 nibbles [NB, K / 8, 16, 4] (bits 4), 6-bit C + 32 [NB, 3K / 16, 16, 4] (bits 6)
+    #                       or quads of C + 128 [NB, K / 4, 16, 4] (bits 8)
     compact: CompactScales  # S and O per group of G rows and column, as the file keeps them
     bits: int
     group_size: int
@@ -38,6 +41,9 @@ class PackedBlocks:
             low, high = self.values & 0x0F, self.values >> 4
             codes = torch.stack([low, high], dim=3)  # [NB, K/8, 16, 2, 4]
             codes = codes.permute(1, 3, 4, 0, 2).reshape(k, nb * BLOCK_COLS)  # [K/8, 2, 4, NB, 16] -> [K, N']
+        elif self.bits == 6:  # [NB, 3K/16, 16, 4] -> per column [NB, 16, K] -> [K, N']
+            codes = six_bit_codes(self.values.permute(0, 2, 1, 3)).to(torch.int8)
+            codes = codes.permute(2, 0, 1).reshape(k, nb * BLOCK_COLS)
         else:  # [NB, K/4, 16, 4] of C + 128
             shifted = self.values.permute(1, 3, 0, 2).reshape(k, nb * BLOCK_COLS)
             codes = (shifted.to(torch.int16) - 128).to(torch.int8)
@@ -60,14 +66,15 @@ class PackedBlocks:
         """float32 [T, K]: columns `ids` (int64 [T]) of the weight, decoded as `dequantize` decodes
         them (C * S, then + O, in fp32): an embedding table's rows, looked up without a float copy."""
         block, col = ids // BLOCK_COLS, ids % BLOCK_COLS
-        picked = self.values[block, :, col, :]  # [T, K / 8 or K / 4, 4]
+        picked = self.values[block, :, col, :]  # [T, K / 8, 3K / 16 or K / 4, 4]
         num_ids, k = ids.shape[0], self.in_features
         if self.bits == 4:  # bytes (p, i): k = 8p + i low, 8p + 4 + i high
             codes = torch.stack([picked & 0x0F, picked >> 4], dim=2).reshape(num_ids, k)
+        elif self.bits == 6:
+            codes = six_bit_codes(picked)
         else:
             codes = picked.reshape(num_ids, k).to(torch.int16) - 128
-        picked_scales = CompactScales(*(None if t is None else t[block, :, col].unsqueeze(2) for t in (
-            self.compact.scale_supers, self.compact.scale_subs, self.compact.offset_supers, self.compact.offset_subs)))
+        picked_scales = self.compact.picked(block, col)
         values = codes.float() * picked_scales.scales()[..., 0].repeat_interleave(self.group_size, dim=1)
         offsets = picked_scales.offsets()
         if offsets is not None:

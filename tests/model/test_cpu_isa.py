@@ -126,7 +126,9 @@ def test_int8_dot_kernel_on_every_path_this_cpu_runs():
     if not others:
         pytest.skip(f"this CPU runs no other int8 dot path below {cpu_isa().name}")
     for isa in others:
-        stdout = run_child_pytest(isa, ["tests/model/test_gemm_int8_dot.py", "tests/model/test_gguf_blocks.py"], timeout_s=900)
+        files = ["tests/model/test_gemm_int8_dot.py", "tests/model/test_gguf_blocks.py", "tests/model/test_six_bit_codes.py",
+                 "tests/model/test_gguf_pack.py"]  # 6-bit codes and compact scales, decoded by each path
+        stdout = run_child_pytest(isa, files, timeout_s=900)
         assert " skipped" not in stdout, f"ZSERVE_CPU_ISA={isa.name}:\n{stdout[-2000:]}"
 
 

@@ -1,8 +1,9 @@
 """kernels/gguf_pack.cpp: a GGUF matrix's rows packed straight into the int8 x int8 GEMM's layout
 equal gguf_blocks.decode's codes, scales and offsets packed by column_blocks.py, bit for bit, for
 every type it packs, with rows picked and reordered (a tensor-parallel shard, llama's q/k rows
-un-permuted) and a column count off the 16-column blocks; PackedBlocks unpacks to the same weight
-and joins by blocks."""
+un-permuted) and a column count off the 16-column blocks (Q6_K: 6-bit codes, six_bit_codes.py);
+PackedBlocks unpacks to the same weight and joins by blocks; one-group blocks keep no per-group
+factor (Q4_0's offset is the implied -8 d), so those types take their file's bytes."""
 
 from __future__ import annotations
 
@@ -22,14 +23,15 @@ from zserve.model_proc.weights.gguf_blocks import decode
 from zserve.model_proc.weights.int4_weights import Int4Weight
 from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks, join_blocks
 from zserve.model_proc.weights.quantized_weight import join_columns
+from zserve.model_proc.weights.six_bit_codes import pack_six_bit
 
-PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+PACKED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K", "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS")
 pytestmark = pytest.mark.skipif(load_gguf_pack() is None, reason="the CPU kernels are not built here")
 
 
 def packed(type_name: str, raw: np.ndarray, row_ids: torch.Tensor, cols: int) -> PackedBlocks:
-    values, *parts, bits, group = torch.ops.zserve.gguf_pack(torch.from_numpy(raw), type_name, row_ids, cols)
-    compact = CompactScales(*(part if part.numel() else None for part in parts))
+    values, *parts, bits, group, implied = torch.ops.zserve.gguf_pack(torch.from_numpy(raw), type_name, row_ids, cols)
+    compact = CompactScales(*(part if part.numel() else None for part in parts), implied)
     return PackedBlocks(values, compact, bits, group, cols, len(row_ids))
 
 
@@ -37,7 +39,10 @@ def reference(type_name: str, raw: np.ndarray, row_ids: torch.Tensor, cols: int)
     """decode's blocks, rows picked, packed by column_blocks.py."""
     blocks = decode(type_name, raw, raw.shape[0], cols)
     codes = blocks.codes[row_ids].t().contiguous()
-    values = pack_int4_nibbles(codes) if blocks.bits == 4 else pack_int8_quads(codes)
+    if type_name == "Q6_K":
+        values = pack_six_bit(codes)
+    else:
+        values = pack_int4_nibbles(codes) if blocks.bits == 4 else pack_int8_quads(codes)
     scales = pack_column_blocks(blocks.scales[row_ids].t().contiguous())
     offsets = None if blocks.offsets is None else pack_column_blocks(blocks.offsets[row_ids].t().contiguous())
     return values, scales, offsets, blocks
@@ -50,7 +55,7 @@ def test_packed_rows_equal_the_decoded_blocks_packed(type_name, rows, cols):
     row_ids = torch.randperm(rows, generator=torch.Generator().manual_seed(1))[: rows - 3]  # reordered, 3 left out
     ours = packed(type_name, raw, row_ids, cols)
     values, scales, offsets, blocks = reference(type_name, raw, row_ids, cols)
-    assert ours.bits == blocks.bits and ours.group_size == blocks.group_size
+    assert ours.bits == (6 if type_name == "Q6_K" else blocks.bits) and ours.group_size == blocks.group_size
     assert torch.equal(ours.values, values)
     # bit for bit: gguf's products in fp32 (compared as bits, +0 and -0 alike)
     assert torch.equal(ours.compact.scales(), scales)  # fp16 super x int8 sub: gguf's fp32 product
@@ -63,6 +68,20 @@ def test_packed_rows_equal_the_decoded_blocks_packed(type_name, rows, cols):
     if blocks.offsets is not None:
         exact = exact + blocks.offsets[row_ids].repeat_interleave(blocks.group_size, 1)
     assert torch.equal(ours.dequantize(), exact.t())
+
+
+@pytest.mark.parametrize("type_name", ["Q8_0", "Q4_0", "Q4_1", "Q5_0"])
+def test_one_group_blocks_take_their_file_bytes(type_name):
+    """Q8_0, Q4_0, Q4_1 (and Q5_0, widened to int8 codes) keep the file's fp16 d (and m) and no factor per group:
+    S = d, O = -8 d (Q4_0) or m (Q4_1) implied by the type."""
+    rows, cols = 32, 512
+    raw = random_blocks(type_name, rows, cols, seed=5)
+    ours = packed(type_name, raw, torch.arange(rows), cols)
+    assert ours.compact.scale_subs is None and ours.compact.offset_subs is None
+    assert ours.compact.implied_offset == {"Q4_0": -8, "Q4_1": 1}.get(type_name, 0)
+    resident = ours.values.numel() + ours.compact.nbytes
+    widened = rows * cols * 12 // 32 if type_name == "Q5_0" else 0  # Q5_0: a byte a code, where the file has 20 / 32
+    assert resident == raw.nbytes + widened, (resident, raw.nbytes)
 
 
 def test_a_type_or_shape_it_does_not_pack_is_refused():
@@ -144,7 +163,7 @@ def test_pieces_of_two_types_stay_each_in_its_own():
         return
     kernel = ZserveInt8DotKernel()
     split = kernel.pack(None, bias, pieces)
-    assert [p.bits for p in split.pieces] == [4, 8] and split.values.numel() == 0
+    assert [p.bits for p in split.pieces] == [4, 6] and split.values.numel() == 0
     joined = kernel.pack(None, bias, unpacked_join(pieces))
     assert kernel.weight_bytes(split, 256, 56, torch.bfloat16) < kernel.weight_bytes(joined, 256, 56, torch.bfloat16)
     each = [kernel.pack(None, bias[c : c + p.out_features], p) for c, p in zip((0, 32), (q, v), strict=True)]

@@ -65,7 +65,7 @@ def test_stored_matrices_are_never_dequantized_into_the_dtype(tmp_path, dequanti
     layers = [m for m in runner.model.modules() if isinstance(m, GemmWeight)]
     assert dequantize_calls == []
     packed = [piece for m in layers for piece in (m.packed.pieces or (m.packed,))]  # q/k/v of two types: pieces
-    assert all(m.weight is None for m in layers) and all(p.bits in (4, 8) for p in packed)
+    assert all(m.weight is None for m in layers) and all(p.bits in (4, 6, 8) for p in packed)
     assert any(m.packed.pieces for m in layers) == (weight_type == "Q4_K_M")  # Q4_K q, k beside a Q6_K v
     tied = kind == "llama_tied"
     assert f"({int(tied)} after loading)" in caplog.text  # all packed as they loaded, but a tied LM head

@@ -25,8 +25,8 @@ Weights load as plain [in, out] tensors. After loading, the runner packs each on
     --gemm-backend zserve_dot, kernels built with avx2): the activations quantized to int8 per row in
     blocks of 32 at each product, int8 x int8 in int32 (kernels/gemm_int8_dot.cpp: VPDPBUSD zmm with
     avx512_vnni, VPDPBUSD ymm with avx_vnni in a 256-bit build, VPMADDUBSW elsewhere), one fp32 rescale
-    per block; int8 codes in quads (with offsets and groups of 16 for a GGUF file's Q5/Q6 types) or
-    4-bit codes in nibbles (Q4_0, Q4_1, Q4_K);
+    per block; int8 codes in quads (with offsets for a GGUF file's Q5 types), 4-bit codes in nibbles
+    (Q4_0, Q4_1, Q4_K) or 6-bit codes in nibbles plus a 2-bit plane (Q6_K, six_bit_codes.py);
   - "zserve_int8" (--quantization int8, CPU, any runtime dtype, kernels built with avx2): each weight
     quantized at load to int8 with fp32 scales per group of input rows (weights/int8_weights.py), run
     by kernels/gemm_int8.cpp in gemm_widen's block layout (int8 widened in registers, fp32 sums):

@@ -66,7 +66,7 @@ class Int8Kernel(WeightKernel):
             return super().weight_bytes(packed, in_features, out_features, dtype)
         if packed.pieces:
             return sum(self.weight_bytes(p, in_features, p.out_features, dtype) for p in packed.pieces)
-        codes = in_features * out_features * (packed.bits if packed.bits in (4, 8) else 8) // 8
+        codes = in_features * out_features * (packed.bits if packed.bits in (4, 6, 8) else 8) // 8
         if packed.compact is not None:
             return codes + packed.compact.nbytes
         per_group = 4 * (1 + (packed.offsets is not None))  # fp32 scale (and offset)
@@ -164,7 +164,7 @@ def gemm_int8_dot(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | No
         c = packed.compact
         return torch.ops.zserve.gemm_dot_compact(
             x.contiguous(), packed.values, packed.bits, c.scale_supers, c.scale_subs, c.offset_supers, c.offset_subs,
-            packed.out_features, packed_bias, packed.group_size,
+            packed.out_features, packed_bias, packed.group_size, c.implied_offset,
         )
     gemm = torch.ops.zserve.gemm_int4_dot if packed.bits == 4 else torch.ops.zserve.gemm_int8_dot
     weights = (packed.values, packed.scales, packed.offsets)

@@ -33,7 +33,7 @@ class PackedWeight:
     scales: torch.Tensor | None = None  # int8: float32 scales per group of input rows
     group_size: int = 0  # int8: input rows per scale
     offsets: torch.Tensor | None = None  # int8 / 4-bit codes with a zero point: float32, like the scales
-    bits: int = 16  # of `values`' codes: 16 (float), 8 (int8) or 4 (nibbles)
+    bits: int = 16  # of `values`' codes: 16 (float), 8 (int8), 6 (six_bit_codes.py) or 4 (nibbles)
     many_rows_values: torch.Tensor | None = None  # zserve_bf16+onednn: oneDNN's layout, for products of many rows
     compact: CompactScales | None = None  # a GGUF file's scales and offsets as it keeps them, instead of fp32 ones
     pieces: tuple[PackedWeight, ...] = ()  # column pieces each in its own format (weights/column_pieces.py); `values`
