@@ -1,0 +1,110 @@
+"""The int8 x int8 GEMM's rows in AMX tiles (kernels/gemm_amx.cpp, feature amx_int8): from
+AMX_MIN_ROWS rows, whole tiles of 16 rows go through TDPBSUD, the rest through the vector path
+(VPDPBUSD or VPMADDUBSW). Every row's result must equal, bit for bit, what the vector path gives that
+row alone (one row never reaches AMX): the same exact int32 sums per sub-block of min(G, 32) k and the
+same fp32 rescale in the same order. Int8 codes and nibbles, fp32 and compact scales, offsets or
+none, G = 16, 32, 64 and K, column pieces, a bias, N off the blocks of 16.
+
+Where the CPU (or this process's set, or the OS) has no AMX, the AMX tests skip with the reason; the
+child run at the next lower set (no amx_int8) checks there that the build says so and that no AMX
+runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from testing.random_dot_weights import random_dot_weight, side_by_side
+from tests.model.test_cpu_isa import next_lower_set, run_child_pytest
+from tests.model.test_gemm_int8_dot import needs_kernel, random_rows
+from zserve.model_proc.kernels.cpu_isa import AMX_MIN_ROWS, cpu_isa, int8_dot_instruction
+from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
+from zserve.model_proc.layers.weight_kernels.int8_kernels import gemm_int8_dot
+
+ROWS = [1, 15, 16, 17, 33, 256]
+K, N = 256, 40  # N off the blocks of 16
+
+
+def amx_granted() -> bool:
+    return load_gemm_int8_dot() is not None and torch.ops.zserve.gemm_int8_dot_amx_granted()
+
+
+NO_AMX = (
+    f"no AMX tiles in this process (set {cpu_isa()}: AMX needs amx_int8, the CPU's amx_tile and amx_int8 flags, "
+    "and the OS's permission)"
+)
+needs_amx = pytest.mark.skipif(not amx_granted(), reason=NO_AMX)
+
+
+def row_by_row(x: torch.Tensor, packed, with_bias: bool) -> torch.Tensor:
+    """The vector path's result: one row at a time never reaches AMX."""
+    bias = torch.zeros(1) if with_bias else None
+    return torch.cat([gemm_int8_dot(x[i : i + 1], packed, bias) for i in range(x.shape[0])])
+
+
+def assert_bit_identical(x: torch.Tensor, packed, with_bias: bool, what) -> None:
+    bias = torch.zeros(1) if with_bias else None  # gemm_int8_dot adds packed.bias when a bias is passed
+    y, ref = gemm_int8_dot(x, packed, bias), row_by_row(x, packed, with_bias)
+    assert y.dtype == x.dtype and y.shape == (x.shape[0], packed.out_features)
+    assert torch.equal(y.view(torch.int16 if y.element_size() == 2 else torch.int32),
+                       ref.view(torch.int16 if ref.element_size() == 2 else torch.int32)), (what, float((y - ref).abs().max()))
+
+
+@needs_kernel
+def test_the_build_says_whether_amx_multiplies():
+    granted = torch.ops.zserve.gemm_int8_dot_amx_granted()
+    assert torch.ops.zserve.gemm_int8_dot_instruction() == int8_dot_instruction(cpu_isa(), amx_granted=granted)
+    if "amx_int8" not in cpu_isa():
+        assert not granted and "tdpbsud" not in torch.ops.zserve.gemm_int8_dot_instruction()
+
+
+@needs_amx
+def test_amx_is_named_with_its_threshold():
+    assert torch.ops.zserve.gemm_int8_dot_instruction().startswith(f"tdpbsud (amx-int8) from {AMX_MIN_ROWS} rows, ")
+
+
+@needs_amx
+@pytest.mark.parametrize("bits", [8, 4])
+@pytest.mark.parametrize("compact", [False, True], ids=["fp32_scales", "compact_scales"])
+@pytest.mark.parametrize("offsets", [False, True], ids=["no_offsets", "offsets"])
+@pytest.mark.parametrize("group_size", [16, 32, 64, K])
+def test_amx_rows_equal_the_vector_path_bit_for_bit(bits, compact, offsets, group_size):
+    packed = random_dot_weight(K, N, bits=bits, group_size=group_size, compact=compact, offsets=offsets, bias=True,
+                               seed=bits + 7 * group_size + 3 * compact + offsets)
+    for rows in ROWS:
+        for dtype in (torch.bfloat16, torch.float32):
+            x = random_rows(rows, K, seed=rows).to(dtype)
+            assert_bit_identical(x, packed, with_bias=rows % 2 == 1, what=(rows, dtype))
+
+
+@needs_amx
+def test_amx_rows_of_column_pieces_equal_the_vector_path():
+    """Q4_K_M's attention: 4-bit pieces with compact scales and offsets beside an int8 piece in groups of 16."""
+    pieces = side_by_side(
+        random_dot_weight(K, 32, bits=4, group_size=32, compact=True, offsets=True, bias=False, seed=1),
+        random_dot_weight(K, 16, bits=4, group_size=32, compact=True, offsets=True, bias=False, seed=2),
+        random_dot_weight(K, 24, bits=8, group_size=16, compact=True, offsets=False, bias=False, seed=3),
+    )
+    for rows in ROWS:
+        assert_bit_identical(random_rows(rows, K, seed=rows).bfloat16(), pieces, with_bias=False, what=rows)
+
+
+@needs_amx
+def test_amx_extreme_codes_and_long_k():
+    """Codes at both ends (0 and 255 stored) against xq at +-127 over K = 2048: exact int32 sums."""
+    packed = random_dot_weight(2048, 48, bits=8, group_size=32, compact=False, offsets=True, bias=False, seed=5)
+    packed.values[..., ::2] = 0
+    packed.values[..., 1::2] = 255
+    x = torch.where(torch.rand(32, 2048, generator=torch.Generator().manual_seed(0)) < 0.5, -1.0, 1.0)
+    assert_bit_identical(x, packed, with_bias=False, what="extremes")
+
+
+def test_without_amx_at_the_next_lower_set():
+    """This file again with ZSERVE_CPU_ISA at the next lower set (test_cpu_isa.py's, built there too), which has
+    no amx_int8: the build names the vector path, and the AMX tests skip."""
+    lower = next_lower_set()
+    if "amx_int8" not in cpu_isa() or lower is None:
+        pytest.skip(f"this process's set ({cpu_isa()}) has no amx_int8 to leave out")
+    assert "amx_int8" not in lower
+    stdout = run_child_pytest(lower, ["tests/model/test_gemm_amx.py"], "-k", "not next_lower_set", "-rs", timeout_s=900)
+    assert "no AMX tiles in this process" in stdout
