@@ -12,6 +12,9 @@
 // operations in the same order), so the outputs are bit-identical to the vector path's.
 // Two sub-blocks are in flight at a time (tiles 0-2 and 3-5).
 //
+// The tile configuration is loaded by our own LDTILECFG (load_tile_config: GCC 12's intrinsic lets the
+// compiler drop the configuration's stores), on every call, and released after a thread's last call.
+//
 // The tiles need the OS's permission (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA, once
 // per process, for all its threads). Without it the first tile instruction faults (SIGILL), so
 // amx_granted() asks once and the kernels never touch a tile when it was refused. The kernel
@@ -75,6 +78,13 @@ TileConfig tile_config(int64_t sub_block) {
   return config;
 }
 
+// LDTILECFG, reading all 64 bytes. Not GCC 12's _tile_loadconfig: its asm names only the first 8 bytes
+// as an input ("m" (*(const void **) config)), so the compiler may drop or sink the stores of the
+// rest of the configuration as dead; llama.cpp's AMX kernels (mmq.cpp, built by GCC 12) load a
+// stack configuration whose rows and colsb were never written and die on this machine: LDTILECFG
+// raises #GP (SIGSEGV) on the invalid configuration, or a later tile instruction #UD (SIGILL).
+inline void load_tile_config(const TileConfig& config) { asm volatile("ldtilecfg %0" ::"m"(config)); }
+
 // nibble pairs [K / 8, 16, 4] -> bytes [K / 4, 16, 4]: row p's low nibbles to row 2p, high ones to 2p + 1
 void expand_nibbles(const uint8_t* nibbles, int64_t K, uint8_t* bytes) {
   const __m512i low_mask = _mm512_set1_epi8(0x0f);
@@ -115,7 +125,7 @@ void dot_rows(const int8_t* xq, const float* xs, const int32_t* x_sums16, int64_
   const int64_t sub_block = std::min<int64_t>(w.G, ACT_BLOCK);
   const int64_t num_act = K / ACT_BLOCK, num_sums = K / SUM_BLOCK, num_subs = K / sub_block;
   const TileConfig config = tile_config(sub_block);
-  _tile_loadconfig(&config);
+  load_tile_config(config);
   const uint8_t* b_rows = w.codes;  // [K / 4, 64]
   if constexpr (KIND == Codes::NIBBLES) {
     expand_nibbles(w.codes, K, scratch);
