@@ -96,34 +96,50 @@ void expand_nibbles(const uint8_t* nibbles, int64_t K, uint8_t* bytes) {
   asm volatile("" ::: "memory");  // the tile loads (asm without a memory operand) come after these stores
 }
 
-// dot_block_rows's rescale of one sub-block starting at k0, for 16 rows: dots [16, 16] int32
+// dot_block_rows's rescale of sub-block `s` (k0 = s * SB), for 16 rows: dots [16, 16] int32. The rows'
+// terms (128 * sum(xq), s * sum(xq)) come precomputed (amx_row_terms: the same int32 and fp32 values).
 template <Codes KIND>
-inline void rescale(const int32_t* dots, int64_t k0, int64_t sub_block, const float* xs, const int32_t* x_sums16, int64_t num_act,
-                    int64_t num_sums, const Weights& w, vec* total) {
-  const int64_t g = k0 / w.G, a = k0 / ACT_BLOCK, first_sum = k0 / SUM_BLOCK;
+inline void rescale(const int32_t* dots, int64_t s, int64_t sub_block, const float* xs, int64_t num_act, const AmxRowTerms& terms,
+                    int64_t m, const Weights& w, vec* total) {
+  const int64_t k0 = s * sub_block, g = k0 / w.G, a = k0 / ACT_BLOCK;
   vec weight_scale[NV], weight_offset[NV];
   w.group(g, weight_scale, weight_offset);
+  const int32_t* corrections = terms.corrections.data() + m * terms.num_subs + s;
+  const float* scaled_sums = terms.scaled_sums.data() + m * terms.num_subs + s;
   for (int r = 0; r < TILE_ROWS_AMX; ++r) {
-    const float row_scale = xs[r * num_act + a];
-    const int32_t* row_sums = x_sums16 + r * num_sums + first_sum;
-    const int32_t x_sum = sub_block == SUM_BLOCK ? row_sums[0] : row_sums[0] + row_sums[1];
-    const vec scale = vset1(row_scale);
-    const __m512i correction = _mm512_set1_epi32(KIND == Codes::INT8 ? 128 * x_sum : 0);  // TDPBSUD took C + 128
-    const __m512i dot = _mm512_loadu_si512(dots + r * COLS);
-    total[r] = vfma(_mm512_cvtepi32_ps(_mm512_sub_epi32(dot, correction)), vmul(weight_scale[0], scale), total[r]);
-    if (w.has_offsets()) {
-      const vec scaled_sum = vset1(row_scale * static_cast<float>(x_sum));
-      total[r] = vfma(weight_offset[0], scaled_sum, total[r]);
-    }
+    __m512i dot = _mm512_load_si512(dots + r * COLS);
+    if constexpr (KIND == Codes::INT8) dot = _mm512_sub_epi32(dot, _mm512_set1_epi32(corrections[r * terms.num_subs]));  // TDPBSUD took C + 128
+    const vec scale = vset1(xs[r * num_act + a]);
+    total[r] = vfma(_mm512_cvtepi32_ps(dot), vmul(weight_scale[0], scale), total[r]);
+    if (w.has_offsets()) total[r] = vfma(weight_offset[0], vset1(scaled_sums[r * terms.num_subs]), total[r]);
   }
 }
 
+// sub-blocks s and s + 1 (when there) of one row tile: TDPBSUD into tiles 2 and 5, stored to dots[0], dots[1]
+inline void tile_dots(const int8_t* a_rows, const uint8_t* b_rows, int64_t K, int64_t s, int64_t sub_block, int64_t num_subs,
+                      int32_t (*dots)[TILE_ROWS_AMX * COLS]) {
+  const int64_t k0 = s * sub_block, k1 = k0 + sub_block;
+  _tile_loadd(0, a_rows + k0, K);
+  _tile_loadd(1, b_rows + (k0 / QUAD) * TILE_ROW_BYTES, TILE_ROW_BYTES);
+  _tile_zero(2);
+  _tile_dpbsud(2, 0, 1);
+  if (s + 1 < num_subs) {
+    _tile_loadd(3, a_rows + k1, K);
+    _tile_loadd(4, b_rows + (k1 / QUAD) * TILE_ROW_BYTES, TILE_ROW_BYTES);
+    _tile_zero(5);
+    _tile_dpbsud(5, 3, 4);
+  }
+  _tile_stored(2, dots[0], COLS * sizeof(int32_t));
+  if (s + 1 < num_subs) _tile_stored(5, dots[1], COLS * sizeof(int32_t));
+}
+
 template <Codes KIND>
-void dot_rows(const int8_t* xq, const float* xs, const int32_t* x_sums16, int64_t rows, int64_t K, const Weights& w,
+void dot_rows(const int8_t* xq, const float* xs, const AmxRowTerms& terms, int64_t rows, int64_t K, const Weights& w,
               uint8_t* scratch, float* sums) {
   static_assert(NV == 1, "an AMX build is a 512-bit build: one zmm per row of a block");
   const int64_t sub_block = std::min<int64_t>(w.G, ACT_BLOCK);
-  const int64_t num_act = K / ACT_BLOCK, num_sums = K / SUM_BLOCK, num_subs = K / sub_block;
+  const int64_t num_act = K / ACT_BLOCK, num_subs = K / sub_block;
+  TORCH_CHECK(terms.num_subs == num_subs, "amx_dot_rows: row terms for another group size");
   const TileConfig config = tile_config(sub_block);
   load_tile_config(config);
   const uint8_t* b_rows = w.codes;  // [K / 4, 64]
@@ -131,30 +147,18 @@ void dot_rows(const int8_t* xq, const float* xs, const int32_t* x_sums16, int64_
     expand_nibbles(w.codes, K, scratch);
     b_rows = scratch;
   }
-  alignas(64) int32_t dots[2][TILE_ROWS_AMX * COLS];
+  // software-pipelined: the tiles of the next pair of sub-blocks run while this pair is rescaled
+  alignas(64) int32_t dots[2][2][TILE_ROWS_AMX * COLS];
   for (int64_t m = 0; m < rows; m += TILE_ROWS_AMX) {
     const int8_t* a_rows = xq + m * K;
     const float* row_xs = xs + m * num_act;
-    const int32_t* row_sums = x_sums16 + m * num_sums;
     vec total[TILE_ROWS_AMX];
     for (vec& t : total) t = vzero();
-    for (int64_t s = 0; s < num_subs; s += 2) {
-      const int64_t k0 = s * sub_block, k1 = k0 + sub_block;
-      const bool pair = s + 1 < num_subs;
-      _tile_loadd(0, a_rows + k0, K);
-      _tile_loadd(1, b_rows + (k0 / QUAD) * TILE_ROW_BYTES, TILE_ROW_BYTES);
-      _tile_zero(2);
-      _tile_dpbsud(2, 0, 1);
-      if (pair) {
-        _tile_loadd(3, a_rows + k1, K);
-        _tile_loadd(4, b_rows + (k1 / QUAD) * TILE_ROW_BYTES, TILE_ROW_BYTES);
-        _tile_zero(5);
-        _tile_dpbsud(5, 3, 4);
-      }
-      _tile_stored(2, dots[0], COLS * sizeof(int32_t));
-      if (pair) _tile_stored(5, dots[1], COLS * sizeof(int32_t));
-      rescale<KIND>(dots[0], k0, sub_block, row_xs, row_sums, num_act, num_sums, w, total);
-      if (pair) rescale<KIND>(dots[1], k1, sub_block, row_xs, row_sums, num_act, num_sums, w, total);
+    tile_dots(a_rows, b_rows, K, 0, sub_block, num_subs, dots[0]);
+    for (int64_t s = 0, turn = 0; s < num_subs; s += 2, turn ^= 1) {
+      if (s + 2 < num_subs) tile_dots(a_rows, b_rows, K, s + 2, sub_block, num_subs, dots[turn ^ 1]);
+      rescale<KIND>(dots[turn][0], s, sub_block, row_xs, num_act, terms, m, w, total);
+      if (s + 1 < num_subs) rescale<KIND>(dots[turn][1], s + 1, sub_block, row_xs, num_act, terms, m, w, total);
     }
     for (int r = 0; r < TILE_ROWS_AMX; ++r) vstore(sums + (m + r) * COLS, total[r]);
   }
@@ -169,13 +173,28 @@ bool amx_granted() {
 
 void amx_end() { _tile_release(); }
 
-void amx_dot_rows(Codes kind, const int8_t* xq, const float* xs, const int32_t* x_sums16, int64_t rows, int64_t K,
+AmxRowTerms amx_row_terms(const float* xs, const int32_t* x_sums16, int64_t rows, int64_t K, int64_t group_size) {
+  const int64_t sub_block = std::min<int64_t>(group_size, ACT_BLOCK);
+  const int64_t num_act = K / ACT_BLOCK, num_sums = K / SUM_BLOCK, num_subs = K / sub_block;
+  AmxRowTerms terms{std::vector<int32_t>(rows * num_subs), std::vector<float>(rows * num_subs), num_subs};
+  for (int64_t m = 0; m < rows; ++m)
+    for (int64_t s = 0; s < num_subs; ++s) {  // dot_block_rows's x_sum, 128 * x_sum and row_scale * float(x_sum)
+      const int64_t k0 = s * sub_block;
+      const int32_t* row_sums = x_sums16 + m * num_sums + k0 / SUM_BLOCK;
+      const int32_t x_sum = sub_block == SUM_BLOCK ? row_sums[0] : row_sums[0] + row_sums[1];
+      terms.corrections[m * num_subs + s] = 128 * x_sum;
+      terms.scaled_sums[m * num_subs + s] = xs[m * num_act + k0 / ACT_BLOCK] * static_cast<float>(x_sum);
+    }
+  return terms;
+}
+
+void amx_dot_rows(Codes kind, const int8_t* xq, const float* xs, const AmxRowTerms& terms, int64_t rows, int64_t K,
                   const Weights& w, uint8_t* scratch, float* sums) {
   TORCH_CHECK(amx_granted() && rows % TILE_ROWS_AMX == 0, "amx_dot_rows: no tiles granted, or rows not a multiple of 16");
   if (kind == Codes::NIBBLES) {
-    dot_rows<Codes::NIBBLES>(xq, xs, x_sums16, rows, K, w, scratch, sums);
+    dot_rows<Codes::NIBBLES>(xq, xs, terms, rows, K, w, scratch, sums);
   } else {
-    dot_rows<Codes::INT8>(xq, xs, x_sums16, rows, K, w, scratch, sums);
+    dot_rows<Codes::INT8>(xq, xs, terms, rows, K, w, scratch, sums);
   }
 }
 
@@ -183,7 +202,8 @@ void amx_dot_rows(Codes kind, const int8_t* xq, const float* xs, const int32_t* 
 
 bool amx_granted() { return false; }
 void amx_end() {}
-void amx_dot_rows(Codes, const int8_t*, const float*, const int32_t*, int64_t, int64_t, const Weights&, uint8_t*, float*) {
+AmxRowTerms amx_row_terms(const float*, const int32_t*, int64_t, int64_t, int64_t) { return {}; }
+void amx_dot_rows(Codes, const int8_t*, const float*, const AmxRowTerms&, int64_t, int64_t, const Weights&, uint8_t*, float*) {
   TORCH_CHECK(false, "amx_dot_rows: this build has no AMX-INT8");
 }
 

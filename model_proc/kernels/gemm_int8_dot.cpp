@@ -264,6 +264,7 @@ void run(const at::Tensor& x, const WeightLayout& layout, int64_t num_blocks, in
   T* op = reinterpret_cast<T*>(out.data_ptr());
   // whole tiles of 16 rows in AMX tiles (gemm_amx.cpp) where granted, from AMX_MIN_ROWS rows; the rest here
   const int64_t amx_rows = M >= AMX_MIN_ROWS && amx_granted() ? M / AMX_MIN_ROWS * AMX_MIN_ROWS : 0;
+  const AmxRowTerms amx_terms = amx_rows > 0 ? amx_row_terms(xs, x_sums16, amx_rows, K, layout.first.G) : AmxRowTerms{};
   at::parallel_for(0, num_blocks, 1, [&](int64_t b0, int64_t b1) {
     alignas(64) float sums[DOT_ROWS * COLS];
     std::vector<float> amx_sums(amx_rows * COLS);
@@ -273,7 +274,7 @@ void run(const at::Tensor& x, const WeightLayout& layout, int64_t num_blocks, in
       const int64_t num_cols = std::min(COLS, out_features - b * COLS);
       const float* block_bias = bias != nullptr ? bias + b * COLS : nullptr;
       if (amx_rows > 0) {
-        amx_dot_rows(KIND, xq, xs, x_sums16, amx_rows, K, w, amx_scratch.data(), amx_sums.data());
+        amx_dot_rows(KIND, xq, xs, amx_terms, amx_rows, K, w, amx_scratch.data(), amx_sums.data());
         store_rows(amx_sums.data(), static_cast<int>(amx_rows), block_bias, op + b * COLS, out_features, num_cols);
       }
       for (int64_t m = amx_rows; m < M; m += DOT_ROWS) {

@@ -75,11 +75,21 @@ bool amx_granted();
 // Releases this thread's tiles (amx_dot_rows configures them on each call); once after its last call.
 void amx_end();
 
-// `rows` (a multiple of 16) rows of quantized x (xq [rows, K], xs [rows, K / 32], x_sums16
-// [rows, K / 16]) against one column block -> sums [rows, 16] in fp32, bit-identical to
-// gemm_int8_dot.cpp's dot_block_rows: the same exact int32 sum per sub-block of min(G, 32) k, the
-// same fp32 rescale in the same order. `scratch`: K * 16 bytes (nibbles expanded to bytes).
-void amx_dot_rows(Codes kind, const int8_t* xq, const float* xs, const int32_t* x_sums16, int64_t rows, int64_t K,
+// The rows' terms of each sub-block s of SB = min(G, 32) k that dot_block_rows computes per row: 128 *
+// sum(xq) (the int8 codes' correction) and s * float(sum(xq)) (the offsets' factor), [rows, K / SB];
+// once per product, for every column block.
+struct AmxRowTerms {
+  std::vector<int32_t> corrections;
+  std::vector<float> scaled_sums;
+  int64_t num_subs = 0;
+};
+AmxRowTerms amx_row_terms(const float* xs, const int32_t* x_sums16, int64_t rows, int64_t K, int64_t group_size);
+
+// `rows` (a multiple of 16) rows of quantized x (xq [rows, K], xs [rows, K / 32], their terms) against
+// one column block -> sums [rows, 16] in fp32, bit-identical to gemm_int8_dot.cpp's dot_block_rows: the
+// same exact int32 sum per sub-block of min(G, 32) k, the same fp32 rescale in the same order.
+// `scratch`: K * 16 bytes (nibbles expanded to bytes).
+void amx_dot_rows(Codes kind, const int8_t* xq, const float* xs, const AmxRowTerms& terms, int64_t rows, int64_t K,
                   const Weights& w, uint8_t* scratch, float* sums);
 
 #endif
