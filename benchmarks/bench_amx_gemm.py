@@ -52,11 +52,12 @@ def worker(rows: list[int], repeats: int, with_onednn: bool) -> None:
         w_bf16 = torch.randn(K, n, generator=g).bfloat16()
         for m in rows:
             x = torch.randn(m, K, generator=g).bfloat16()
+            weights = (codes, scales, offsets, n)
             results["ms"][f"int4_dot {m}x{K}x{n}"] = best_ms(
-                lambda: torch.ops.zserve.gemm_int4_dot(x, codes, scales, offsets, n, None, 32), repeats
+                lambda x=x, w=weights: torch.ops.zserve.gemm_int4_dot(x, w[0], w[1], w[2], w[3], None, 32), repeats
             )
             if with_onednn:
-                results["ms"][f"onednn_bf16 {m}x{K}x{n}"] = best_ms(lambda: x @ w_bf16, repeats)
+                results["ms"][f"onednn_bf16 {m}x{K}x{n}"] = best_ms(lambda x=x, w=w_bf16: x @ w, repeats)
     print("RESULT " + json.dumps(results), flush=True)
 
 
@@ -105,7 +106,7 @@ def main() -> None:
         for m in rows:
             shape = f"{m}x{K}x{n}"
 
-            def med(kind: str, name: str) -> float:
+            def med(kind: str, name: str, shape: str = shape) -> float:
                 return statistics.median(r["ms"][f"{name} {shape}"] for r in runs[kind])
 
             amx, vector, onednn = med("amx", "int4_dot"), med("vector", "int4_dot"), med("amx", "onednn_bf16")

@@ -55,7 +55,8 @@ FEATURE_FLAGS = {  # in canonical order: the bases, then the extensions
 }
 FEATURES = tuple(FEATURE_FLAGS)
 BASES = ("avx2", "avx512")  # narrowest first; avx512 includes avx2
-EXTENSION_BASE = {"avx512_vnni": "avx512", "avx_vnni": "avx2", "avx512_bf16": "avx512", "amx_int8": "avx512"}  # the base each needs
+# the base each extension needs
+EXTENSION_BASE = {"avx512_vnni": "avx512", "avx_vnni": "avx2", "avx512_bf16": "avx512", "amx_int8": "avx512"}
 LEVELS = {  # the old level names, lowest first, and the set each means
     "baseline": (),
     "avx2": ("avx2",),

@@ -21,7 +21,10 @@ import platform
 
 from zserve.common.isa_features import CPU_ISA_ENV, LEVELS, X86_MACHINES, IsaFeatures, choose_isa, cpu_flags
 
-__all__ = ["AMX_MIN_ROWS", "LEVELS", "IsaFeatures", "choose_isa", "cpu_flags", "cpu_isa", "int8_dot_instruction", "march_flags"]
+__all__ = [
+    "AMX_MIN_ROWS", "LEVELS", "IsaFeatures", "choose_isa", "cpu_flags", "cpu_isa", "int8_dot_instruction",
+    "march_flags",
+]
 ISA_ENV = CPU_ISA_ENV  # the worker's set, from --cpu-isa by the launcher (worker_env)
 BASE_MARCH = {0: "-march=x86-64", 256: "-march=x86-64-v3", 512: "-march=x86-64-v4"}  # by vector width
 EXTENSION_FLAGS = {  # the compiler flags of each extension
@@ -41,7 +44,8 @@ def march_flags(isa: IsaFeatures) -> tuple[str, ...]:
     """Compiler flags selecting `isa`'s instructions (none off x86, where gcc's default applies)."""
     if platform.machine() not in X86_MACHINES:
         return ()
-    return (BASE_MARCH[isa.vector_bits], *(flag for feature, flags in EXTENSION_FLAGS.items() if feature in isa for flag in flags))
+    extensions = (flag for feature, flags in EXTENSION_FLAGS.items() if feature in isa for flag in flags)
+    return (BASE_MARCH[isa.vector_bits], *extensions)
 
 
 def int8_dot_instruction(isa: IsaFeatures, amx_granted: bool = True) -> str:

@@ -7,15 +7,20 @@ none, G = 16, 32, 64 and K, column pieces, a bias, N off the blocks of 16.
 
 Where the CPU (or this process's set, or the OS) has no AMX, the AMX tests skip with the reason; the
 child run at the next lower set (no amx_int8) checks there that the build says so and that no AMX
-runs."""
+runs, and a child refused the tiles by the OS (a signal stack too small for their frame) that it falls
+back to the vector path, logs it once, and gives the same bits."""
 
 from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from testing.random_dot_weights import random_dot_weight, side_by_side
-from tests.model.test_cpu_isa import next_lower_set, run_child_pytest
+from tests.model.test_cpu_isa import REPO, next_lower_set, run_child_pytest
 from tests.model.test_gemm_int8_dot import needs_kernel, random_rows
 from zserve.model_proc.kernels.cpu_isa import AMX_MIN_ROWS, cpu_isa, int8_dot_instruction
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
@@ -108,3 +113,41 @@ def test_without_amx_at_the_next_lower_set():
     assert "amx_int8" not in lower
     stdout = run_child_pytest(lower, ["tests/model/test_gemm_amx.py"], "-k", "not next_lower_set", "-rs", timeout_s=900)
     assert "no AMX tiles in this process" in stdout
+
+
+REFUSED_CHILD = """
+import ctypes, hashlib, logging, sys
+logging.basicConfig(level=logging.INFO, stream=sys.stdout, format="LOG %(message)s")
+libc = ctypes.CDLL(None, use_errno=True)
+class stack_t(ctypes.Structure):
+    _fields_ = [("ss_sp", ctypes.c_void_p), ("ss_flags", ctypes.c_int), ("ss_size", ctypes.c_size_t)]
+signal_stack = ctypes.create_string_buffer(8192)  # room for an AVX-512 signal frame, not for the AMX one
+assert libc.sigaltstack(ctypes.byref(stack_t(ctypes.cast(signal_stack, ctypes.c_void_p), 0, 8192)), None) == 0
+import torch
+from testing.random_dot_weights import random_dot_weight
+from tests.model.test_gemm_int8_dot import random_rows
+from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
+from zserve.model_proc.layers.weight_kernels.int8_kernels import gemm_int8_dot
+assert load_gemm_int8_dot() is not None and load_gemm_int8_dot() is not None
+packed = random_dot_weight(256, 40, bits=4, group_size=32, compact=True, offsets=True, bias=True, seed=11)
+y = gemm_int8_dot(random_rows(48, 256, seed=3).bfloat16(), packed, torch.zeros(1))
+print("GRANTED", torch.ops.zserve.gemm_int8_dot_amx_granted(), torch.ops.zserve.gemm_int8_dot_instruction())
+print("OUTPUT", hashlib.sha256(y.view(torch.int16).numpy().tobytes()).hexdigest())
+"""
+
+
+@needs_amx
+def test_a_refused_process_falls_back_to_the_vector_path_and_says_so_once():
+    """A process with a thread whose signal stack cannot hold the AMX signal frame is refused the tiles
+    (arch_prctl ARCH_REQ_XCOMP_PERM: ENOSPC): it multiplies by the vector path, logs the refusal once, and
+    its outputs equal this process's AMX outputs bit for bit."""
+    proc = subprocess.run([sys.executable, "-c", REFUSED_CHILD], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.splitlines()
+    vector = int8_dot_instruction(cpu_isa(), amx_granted=False)
+    assert f"GRANTED False {vector}" in lines
+    refusals = [line for line in lines if line.startswith("LOG ") and "refused this process the AMX tile data" in line]
+    assert len(refusals) == 1, proc.stdout
+    packed = random_dot_weight(256, 40, bits=4, group_size=32, compact=True, offsets=True, bias=True, seed=11)
+    y = gemm_int8_dot(random_rows(48, 256, seed=3).bfloat16(), packed, torch.zeros(1))
+    assert f"OUTPUT {hashlib.sha256(y.view(torch.int16).numpy().tobytes()).hexdigest()}" in lines
