@@ -10,13 +10,18 @@ anything (model_proc/kernels/cpu_isa.py builds the kernels for the set).
     avx_vnni      avx_vnni      (needs avx2)             int8 dot products by VPDPBUSD ymm, VEX-encoded (-mavxvnni),
                                                          in a 256-bit build (one without avx512)
     avx512_bf16   avx512_bf16   (needs avx512)           the VDPBF16PS GEMM for bf16 (-mavx512bf16)
+    amx_int8      amx_tile amx_int8  (needs avx512)      int8 dot products of many rows in AMX tiles by TDPBSUD
+                                                         (-mamx-tile -mamx-int8; kernels/gemm_amx.cpp), when the
+                                                         OS also grants the process the tile data (asked at run
+                                                         time; refused: VPDPBUSD, logged once)
 
 A set is written as its features joined by "+" (`avx512+avx512_vnni`, `avx2+avx_vnni`), or by one
 of the old level names, each a fixed set: `baseline` (none: scalar loops the compiler vectorizes
 as it can; the only choice off x86), `avx2`, `avx512`, and `avx512_bf16`, which means
 avx512+avx512_vnni+avx512_bf16 (every CPU with AVX512-BF16 has AVX512-VNNI). Its canonical name
 (`IsaFeatures.name`, in the config, the build folder and the logs) is the widest base followed by
-the extensions in the order above: `avx512+avx512_vnni+avx_vnni+avx512_bf16` on a Sapphire Rapids.
+the extensions in the order above: `avx512+avx512_vnni+avx_vnni+avx512_bf16+amx_int8` on a Sapphire
+Rapids.
 
 The default is every feature the CPU has. A smaller set may be forced on a bigger CPU (so one
 machine tests every path it can run); a feature the CPU lacks is an error naming the missing
@@ -28,7 +33,8 @@ flags, because the build would issue instructions the CPU cannot run.
     Cascade Lake, Ice Lake Xeon         avx512+avx512_vnni
     Alder Lake, Raptor Lake             avx2+avx_vnni
     Zen 4 / Cooper Lake                 avx512+avx512_vnni+avx512_bf16
-    Zen 5, Sapphire Rapids and later    avx512+avx512_vnni+avx_vnni+avx512_bf16
+    Zen 5                               avx512+avx512_vnni+avx_vnni+avx512_bf16
+    Sapphire Rapids and later           avx512+avx512_vnni+avx_vnni+avx512_bf16+amx_int8
 """
 
 from __future__ import annotations
@@ -45,10 +51,12 @@ FEATURE_FLAGS = {  # in canonical order: the bases, then the extensions
     "avx512_vnni": ("avx512_vnni",),
     "avx_vnni": ("avx_vnni",),
     "avx512_bf16": ("avx512_bf16",),
+    "amx_int8": ("amx_tile", "amx_int8"),
 }
 FEATURES = tuple(FEATURE_FLAGS)
 BASES = ("avx2", "avx512")  # narrowest first; avx512 includes avx2
-EXTENSION_BASE = {"avx512_vnni": "avx512", "avx_vnni": "avx2", "avx512_bf16": "avx512"}  # the base each needs
+# the base each extension needs
+EXTENSION_BASE = {"avx512_vnni": "avx512", "avx_vnni": "avx2", "avx512_bf16": "avx512", "amx_int8": "avx512"}
 LEVELS = {  # the old level names, lowest first, and the set each means
     "baseline": (),
     "avx2": ("avx2",),

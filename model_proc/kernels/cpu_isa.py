@@ -21,10 +21,17 @@ import platform
 
 from zserve.common.isa_features import CPU_ISA_ENV, LEVELS, X86_MACHINES, IsaFeatures, choose_isa, cpu_flags
 
-__all__ = ["LEVELS", "IsaFeatures", "choose_isa", "cpu_flags", "cpu_isa", "int8_dot_instruction", "march_flags"]
+__all__ = [
+    "AMX_MIN_ROWS", "LEVELS", "IsaFeatures", "choose_isa", "cpu_flags", "cpu_isa", "int8_dot_instruction",
+    "march_flags",
+]
 ISA_ENV = CPU_ISA_ENV  # the worker's set, from --cpu-isa by the launcher (worker_env)
 BASE_MARCH = {0: "-march=x86-64", 256: "-march=x86-64-v3", 512: "-march=x86-64-v4"}  # by vector width
-EXTENSION_FLAGS = {"avx512_vnni": "-mavx512vnni", "avx_vnni": "-mavxvnni", "avx512_bf16": "-mavx512bf16"}
+EXTENSION_FLAGS = {  # the compiler flags of each extension
+    "avx512_vnni": ("-mavx512vnni",), "avx_vnni": ("-mavxvnni",), "avx512_bf16": ("-mavx512bf16",),
+    "amx_int8": ("-mamx-tile", "-mamx-int8"),
+}
+AMX_MIN_ROWS = 16  # kernels/int8_dot.h's: from this many rows gemm_int8_dot multiplies in AMX tiles
 
 
 @functools.cache
@@ -37,15 +44,20 @@ def march_flags(isa: IsaFeatures) -> tuple[str, ...]:
     """Compiler flags selecting `isa`'s instructions (none off x86, where gcc's default applies)."""
     if platform.machine() not in X86_MACHINES:
         return ()
-    return (BASE_MARCH[isa.vector_bits], *(flag for feature, flag in EXTENSION_FLAGS.items() if feature in isa))
+    extensions = (flag for feature, flags in EXTENSION_FLAGS.items() if feature in isa for flag in flags)
+    return (BASE_MARCH[isa.vector_bits], *extensions)
 
 
-def int8_dot_instruction(isa: IsaFeatures) -> str:
+def int8_dot_instruction(isa: IsaFeatures, amx_granted: bool = True) -> str:
     """What kernels/gemm_int8_dot.cpp multiplies int8 with in a build for `isa` (its
     gemm_int8_dot_instruction()): VPDPBUSD where the build's width has VNNI, else VPMADDUBSW
-    (+ VPMADDWD + VPADDD); "" without AVX2 (no kernel)."""
+    (+ VPMADDWD + VPADDD), and with amx_int8 (where the OS granted the tiles: `amx_granted`) TDPBSUD
+    in AMX tiles from AMX_MIN_ROWS rows; "" without AVX2 (no kernel)."""
     if isa.vector_bits == 512:
-        return "vpdpbusd zmm" if "avx512_vnni" in isa else "vpmaddubsw zmm"
+        vector = "vpdpbusd zmm" if "avx512_vnni" in isa else "vpmaddubsw zmm"
+        if "amx_int8" in isa and amx_granted:
+            return f"tdpbsud (amx-int8) from {AMX_MIN_ROWS} rows, {vector} below"
+        return vector
     if isa.vector_bits == 256:
         return "vpdpbusd ymm (avx-vnni)" if "avx_vnni" in isa else "vpmaddubsw ymm"
     return ""

@@ -3,7 +3,8 @@ from paged_attention.cpp (zserve::paged_attention), gemm_widen.cpp (zserve::gemm
 weights widened in registers, AVX2 or AVX-512), gemm_int8.cpp (zserve::gemm_int8: int8 weights
 and scales, --quantization int8; its drivers and tiles shared with gemm_widen in cpu_gemm.h),
 gemm_int8_dot.cpp (zserve::gemm_int8_dot: int8 weights times activations quantized to int8,
-VPDPBUSD with AVX512-VNNI or AVX-VNNI, VPMADDUBSW elsewhere), gemm_bf16.cpp (zserve::gemm_bf16, with
+VPDPBUSD with AVX512-VNNI or AVX-VNNI, VPMADDUBSW elsewhere; many rows in AMX tiles by TDPBSUD in
+gemm_amx.cpp with amx_int8), gemm_bf16.cpp (zserve::gemm_bf16, with
 AVX512-BF16), fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store), gguf_pack.cpp
 (zserve::gguf_pack: a GGUF matrix's quantized rows straight into gemm_int8_dot's layout, at load),
 six_bit_quads.cpp (zserve::six_bit_quads: Q6_K's 6-bit codes, six_bit_codes.h, as int8 quads) and
@@ -27,7 +28,7 @@ an error), `load_cpu_kernels()` logs one line and returns False: attention runs 
 path and the linear layers oneDNN.
 
 It is compiled with the set's flags (cpu_isa.py: -march=x86-64-v3 or -v4 and -mavx512vnni,
--mavxvnni, -mavx512bf16 as the set has them), never -march=native: a build for avx2 on an AVX-512
+-mavxvnni, -mavx512bf16, -mamx-tile -mamx-int8 as the set has them), never -march=native: a build for avx2 on an AVX-512
 machine holds no AVX-512 instruction.
 """
 
@@ -54,12 +55,14 @@ from zserve.model_proc.kernels.cpu_isa import IsaFeatures, cpu_flags, cpu_isa, m
 logger = logging.getLogger(__name__)
 
 # included by the sources; part of the build key
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("cpu_math.h", "cpu_gemm.h", "six_bit_codes.h"))
+HEADERS = tuple(
+    Path(__file__).with_name(name) for name in ("cpu_math.h", "cpu_gemm.h", "int8_dot.h", "six_bit_codes.h")
+)
 SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in (
-        "paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_int8_dot.cpp", "gemm_bf16.cpp", "fused_ops.cpp",
-        "cpu_probe.cpp", "gguf_pack.cpp", "six_bit_quads.cpp",
+        "paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_int8_dot.cpp", "gemm_amx.cpp", "gemm_bf16.cpp",
+        "fused_ops.cpp", "cpu_probe.cpp", "gguf_pack.cpp", "six_bit_quads.cpp",
     )
 )
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
@@ -207,10 +210,24 @@ def load_gemm_int8() -> Callable | None:
 
 def load_gemm_int8_dot() -> Callable | None:
     """torch.ops.zserve.gemm_int8_dot (int8 weights times int8 activations), or None when the
-    kernels cannot be built here or the set has no avx2."""
+    kernels cannot be built here or the set has no avx2. Logs once which instructions multiply,
+    and when the set has amx_int8 but the OS refused this process the tiles."""
     if not load_cpu_kernels() or not torch.ops.zserve.gemm_int8_dot_supported():
         return None
+    _log_int8_dot_instruction()
     return torch.ops.zserve.gemm_int8_dot
+
+
+@functools.cache
+def _log_int8_dot_instruction() -> None:
+    instruction = torch.ops.zserve.gemm_int8_dot_instruction()
+    if "amx_int8" in cpu_isa() and not torch.ops.zserve.gemm_int8_dot_amx_granted():
+        logger.warning(
+            "int8 dot products by %s: the OS refused this process the AMX tile data (arch_prctl "
+            "ARCH_REQ_XCOMP_PERM; a thread's signal stack too small, or a kernel without AMX support)", instruction
+        )
+    else:
+        logger.info("int8 dot products by %s", instruction)
 
 
 def load_gguf_pack() -> Callable | None:

@@ -62,19 +62,12 @@
 #include <tuple>
 #include <utility>
 
-#include "cpu_gemm.h"
+#include "int8_dot.h"
 #include "six_bit_codes.h"
 
 namespace {
 
-using namespace zserve_gemm;
-
-constexpr int64_t ACT_BLOCK = 32;  // k per activation scale
-constexpr int64_t QUAD = 4;        // k per 32-bit lane of a dot product
-constexpr int64_t SUM_BLOCK = 16;  // k per partial sum of xq the quantizer hands over
-
-// int8 C (stored C + 128) in quads; unsigned 4-bit codes in nibble pairs of quads; 6-bit C + 32 (six_bit_codes.h)
-enum class Codes { INT8, NIBBLES, SIX };
+using namespace zserve_int8_dot;
 
 #if ZSERVE_HAS_GEMM_WIDEN
 
@@ -221,61 +214,6 @@ QuantizedRows quantize_rows(const float* x, int64_t M, int64_t K, const at::Tens
   return rows;
 }
 
-// One column block's weights. Its scales S (and offsets O) per group of G k: fp32 [NG, 16], or
-// compact (layers/compact_scales.py, a GGUF file's own): S[g] = fp16 super[g / R] * int8 sub[g].
-struct Weights {
-  const uint8_t* codes;    // this column block's codes
-  const float* scales;     // [NG, 16], or null (compact)
-  const float* offsets;    // [NG, 16] or null
-  int64_t G;
-  const c10::Half* scale_supers = nullptr;   // compact: [NG / R, 16]
-  const int8_t* scale_subs = nullptr;        // compact: [NG, 16]
-  const c10::Half* offset_supers = nullptr;  // compact: [NG / R, 16] (the scale supers where they are shared)
-  const int8_t* offset_subs = nullptr;       // compact: [NG, 16], or null (no offsets, or the implied ones)
-  int64_t R = 1;                             // compact: groups per super
-  int32_t implied_offset = 0;                // compact without subs: O = float(offset super) * implied_offset (Q4_0: -8)
-
-  bool has_offsets() const { return offsets != nullptr || offset_subs != nullptr || implied_offset != 0; }
-
-  // group g's S (and O) for the block's 16 columns, in fp32: one product each where compact
-  inline void group(int64_t g, vec* scale, vec* offset) const {
-    if (scales != nullptr) {
-      for (int v = 0; v < NV; ++v) scale[v] = vload(scales + g * COLS + v * LANES);
-      if (offsets != nullptr)
-        for (int v = 0; v < NV; ++v) offset[v] = vload(offsets + g * COLS + v * LANES);
-      return;
-    }
-    const int64_t super = g / R;
-    for (int v = 0; v < NV; ++v)  // no subs: each a factor 1, and super * 1.0f is the super
-      scale[v] = scale_subs != nullptr ? vmul(widen(scale_supers + super * COLS + v * LANES), widen(scale_subs + g * COLS + v * LANES))
-                                       : widen(scale_supers + super * COLS + v * LANES);
-    if (offset_subs != nullptr) {
-      for (int v = 0; v < NV; ++v)
-        offset[v] = vmul(widen(offset_supers + super * COLS + v * LANES), widen(offset_subs + g * COLS + v * LANES));
-    } else if (implied_offset != 0) {  // the same fp32 product as a stored int8 factor's
-      for (int v = 0; v < NV; ++v) offset[v] = vmul(widen(offset_supers + super * COLS + v * LANES), vset1(static_cast<float>(implied_offset)));
-    }
-  }
-};
-
-// Where every column block's weights are: `at(b)` is block b's.
-struct WeightLayout {
-  Weights first;  // block 0's
-  int64_t block_bytes, num_groups, num_supers;
-
-  Weights at(int64_t b) const {
-    Weights w = first;
-    w.codes += b * block_bytes;
-    if (w.scales != nullptr) w.scales += b * num_groups * COLS;
-    if (w.offsets != nullptr) w.offsets += b * num_groups * COLS;
-    if (w.scale_supers != nullptr) w.scale_supers += b * num_supers * COLS;
-    if (w.scale_subs != nullptr) w.scale_subs += b * num_groups * COLS;
-    if (w.offset_supers != nullptr) w.offset_supers += b * num_supers * COLS;
-    if (w.offset_subs != nullptr) w.offset_subs += b * num_groups * COLS;
-    return w;
-  }
-};
-
 // ROWS rows of quantized x against one block of 16 columns -> ROWS x 16 fp32 sums. The k range
 // goes in sub-blocks of SB = min(G, 32) k: one int32 dot product per row and sub-block, then one
 // rescale (and, with offsets, one more FMA).
@@ -370,17 +308,28 @@ void run(const at::Tensor& x, const WeightLayout& layout, int64_t num_blocks, in
   const float* xs = rows.scales.data_ptr<float>();
   const int32_t* x_sums16 = rows.sums16.data_ptr<int32_t>();
   T* op = reinterpret_cast<T*>(out.data_ptr());
+  // whole tiles of 16 rows in AMX tiles (gemm_amx.cpp) where granted, from AMX_MIN_ROWS rows; the rest here
+  const int64_t amx_rows = M >= AMX_MIN_ROWS && amx_granted() ? M / AMX_MIN_ROWS * AMX_MIN_ROWS : 0;
+  const AmxRowTerms amx_terms = amx_rows > 0 ? amx_row_terms(xs, x_sums16, amx_rows, K, layout.first.G) : AmxRowTerms{};
   at::parallel_for(0, num_blocks, 1, [&](int64_t b0, int64_t b1) {
     alignas(64) float sums[DOT_ROWS * COLS];
+    std::vector<float> amx_sums(amx_rows * COLS);
+    std::vector<uint8_t> amx_scratch(amx_rows > 0 && KIND != Codes::INT8 ? K * COLS : 0);  // nibbles or 6-bit codes as bytes
     for (int64_t b = b0; b < b1; ++b) {
       const Weights w = layout.at(b);
       const int64_t num_cols = std::min(COLS, out_features - b * COLS);
-      for (int64_t m = 0; m < M; m += DOT_ROWS) {
+      const float* block_bias = bias != nullptr ? bias + b * COLS : nullptr;
+      if (amx_rows > 0) {
+        amx_dot_rows(KIND, xq, xs, amx_terms, amx_rows, K, w, amx_scratch.data(), amx_sums.data());
+        store_rows(amx_sums.data(), static_cast<int>(amx_rows), block_bias, op + b * COLS, out_features, num_cols);
+      }
+      for (int64_t m = amx_rows; m < M; m += DOT_ROWS) {
         const int n_rows = static_cast<int>(std::min<int64_t>(DOT_ROWS, M - m));
         DOT_FNS<KIND>[n_rows - 1](xq + m * K, xs + m * num_act, x_sums16 + m * num_sums, K, w, sums);
-        store_rows(sums, n_rows, bias != nullptr ? bias + b * COLS : nullptr, op + m * out_features + b * COLS, out_features, num_cols);
+        store_rows(sums, n_rows, block_bias, op + m * out_features + b * COLS, out_features, num_cols);
       }
     }
+    if (amx_rows > 0) amx_end();
   });
 }
 
@@ -401,12 +350,23 @@ void run_dtype(const at::Tensor& x, const WeightLayout& layout, int64_t num_bloc
 bool gemm_int8_dot_supported() { return ZSERVE_HAS_GEMM_WIDEN != 0; }
 
 // The dot products this build uses: "vpdpbusd zmm", "vpdpbusd ymm (avx-vnni)", "vpmaddubsw zmm",
-// "vpmaddubsw ymm", or "" (no kernel); cpu_isa.py's int8_dot_instruction() is the same rule.
+// "vpmaddubsw ymm", or "" (no kernel); with AMX granted "tdpbsud (amx-int8) from 16 rows, <that> below";
+// cpu_isa.py's int8_dot_instruction() is the same rule.
 std::string gemm_int8_dot_instruction() {
 #if ZSERVE_HAS_GEMM_WIDEN
+  if (amx_granted()) return "tdpbsud (amx-int8) from " + std::to_string(AMX_MIN_ROWS) + " rows, " + INSTRUCTION + " below";
   return INSTRUCTION;
 #else
   return "";
+#endif
+}
+
+// Whether many rows go through AMX tiles: a build with amx_int8 whose process the OS let use them.
+bool gemm_int8_dot_amx_granted() {
+#if ZSERVE_HAS_GEMM_WIDEN
+  return amx_granted();
+#else
+  return false;
 #endif
 }
 
@@ -544,6 +504,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_activations(const at::Te
 TORCH_LIBRARY_FRAGMENT(zserve, m) {
   m.def("gemm_int8_dot_supported() -> bool", &gemm_int8_dot_supported);
   m.def("gemm_int8_dot_instruction() -> str", &gemm_int8_dot_instruction);
+  m.def("gemm_int8_dot_amx_granted() -> bool", &gemm_int8_dot_amx_granted);
   m.def("gemm_int8_dot(Tensor x, Tensor w_quads, Tensor scales, Tensor? offsets, int out_features, Tensor? bias_f32, int group_size) -> Tensor",
         &gemm_int8_dot);
   m.def("gemm_int4_dot(Tensor x, Tensor w_nibbles, Tensor scales, Tensor? offsets, int out_features, Tensor? bias_f32, int group_size) -> Tensor",

@@ -12,7 +12,8 @@ SKYLAKE_SP = ZEN3 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"}
 CASCADE_LAKE = SKYLAKE_SP | {"avx512_vnni"}
 ALDER_LAKE = ZEN3 | {"avx_vnni"}
 ZEN4 = CASCADE_LAKE | {"avx512_bf16"}
-SAPPHIRE_RAPIDS = ZEN4 | {"avx_vnni", "amx_bf16", "amx_int8", "amx_tile"}  # Zen 5 likewise, without AMX
+SAPPHIRE_RAPIDS = ZEN4 | {"avx_vnni", "amx_bf16", "amx_int8", "amx_tile"}
+ZEN5 = ZEN4 | {"avx_vnni"}
 
 
 @pytest.mark.parametrize(
@@ -26,7 +27,9 @@ SAPPHIRE_RAPIDS = ZEN4 | {"avx_vnni", "amx_bf16", "amx_int8", "amx_tile"}  # Zen
         (CASCADE_LAKE, "avx512+avx512_vnni"),
         (ALDER_LAKE, "avx2+avx_vnni"),
         (ZEN4, "avx512+avx512_vnni+avx512_bf16"),
-        (SAPPHIRE_RAPIDS, "avx512+avx512_vnni+avx_vnni+avx512_bf16"),
+        (ZEN5, "avx512+avx512_vnni+avx_vnni+avx512_bf16"),
+        (SAPPHIRE_RAPIDS, "avx512+avx512_vnni+avx_vnni+avx512_bf16+amx_int8"),
+        (ZEN5 | {"amx_int8"}, "avx512+avx512_vnni+avx_vnni+avx512_bf16"),  # AMX-INT8 needs the tile flag too
         (SKYLAKE_SP | {"avx512_bf16"}, "avx512+avx512_bf16"),  # no such CPU, but the rule is per feature
     ],
 )
@@ -52,6 +55,7 @@ def test_the_level_names_are_fixed_sets():
         ("avx512+avx512_vnni", "avx512+avx512_vnni"),
         ("avx2+avx512", "avx512"),
         ("avx512+avx512_bf16+avx512_vnni+avx_vnni", "avx512+avx512_vnni+avx_vnni+avx512_bf16"),
+        ("amx_int8+avx512", "avx512+amx_int8"),
     ],
 )
 def test_explicit_sets_and_their_canonical_names(text, name):
@@ -66,6 +70,8 @@ def test_malformed_sets_are_refused_naming_the_setting():
         assert str(refused.value).startswith(f"--cpu-isa {text!r}: ")
     with pytest.raises(ValueError, match=r"--cpu-isa avx2\+avx512_vnni: avx512_vnni needs avx512"):
         IsaFeatures.parse("avx2+avx512_vnni")
+    with pytest.raises(ValueError, match=r"--cpu-isa avx2\+amx_int8: amx_int8 needs avx512"):
+        IsaFeatures.parse("avx2+amx_int8")
     with pytest.raises(ValueError, match="--cpu-isa avx_vnni: avx_vnni needs avx2"):
         IsaFeatures.parse("avx_vnni")
     with pytest.raises(ValueError, match=r"\$ZSERVE_CPU_ISA 'x'"):

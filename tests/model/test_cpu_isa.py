@@ -40,6 +40,10 @@ LOWER_SETS = ("avx512+avx512_vnni", "avx512", "avx2", "baseline")
         ("avx512+avx512_bf16", ("-march=x86-64-v4", "-mavx512bf16"), "vpmaddubsw zmm"),
         ("avx512+avx512_vnni+avx_vnni+avx512_bf16", ("-march=x86-64-v4", "-mavx512vnni", "-mavxvnni", "-mavx512bf16"),
          "vpdpbusd zmm"),
+        ("avx512+avx512_vnni+avx_vnni+avx512_bf16+amx_int8",
+         ("-march=x86-64-v4", "-mavx512vnni", "-mavxvnni", "-mavx512bf16", "-mamx-tile", "-mamx-int8"),
+         "tdpbsud (amx-int8) from 16 rows, vpdpbusd zmm below"),
+        ("avx512+amx_int8", ("-march=x86-64-v4", "-mamx-tile", "-mamx-int8"), "tdpbsud (amx-int8) from 16 rows, vpmaddubsw zmm below"),
     ],
 )
 def test_compile_flags_and_int8_dot_instruction_of_each_set(monkeypatch, text, flags, instruction):
@@ -47,6 +51,11 @@ def test_compile_flags_and_int8_dot_instruction_of_each_set(monkeypatch, text, f
     isa = IsaFeatures.parse(text)
     assert march_flags(isa) == flags and not any("native" in flag for flag in flags)
     assert int8_dot_instruction(isa) == instruction
+
+
+def test_where_the_os_refuses_amx_the_vector_instruction_is_named():
+    isa = IsaFeatures.parse("avx512+avx512_vnni+amx_int8")
+    assert int8_dot_instruction(isa, amx_granted=False) == "vpdpbusd zmm"
 
 
 def test_off_x86_the_compiler_chooses(monkeypatch):

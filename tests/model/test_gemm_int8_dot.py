@@ -54,7 +54,8 @@ def assert_close_to_exact(y: torch.Tensor, exact: torch.Tensor, magnitude: torch
 
 @needs_kernel
 def test_the_build_reports_the_instruction_its_feature_set_chooses():
-    assert torch.ops.zserve.gemm_int8_dot_instruction() == int8_dot_instruction(cpu_isa()) != ""
+    granted = torch.ops.zserve.gemm_int8_dot_amx_granted()  # amx_int8 needs the OS's permission too
+    assert torch.ops.zserve.gemm_int8_dot_instruction() == int8_dot_instruction(cpu_isa(), amx_granted=granted) != ""
 
 
 def test_reference_quantizer_rule():
