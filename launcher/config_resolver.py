@@ -22,8 +22,8 @@ from dataclasses import replace
 from zserve.common.isa_features import resolve_cpu_isa
 from zserve.common.model_facts import ModelFacts
 from zserve.common.server_config import ServerConfig
-from zserve.common.start_phases import StartPhases
 from zserve.common.speculative_settings import resolve_speculative_config
+from zserve.common.start_phases import StartPhases
 from zserve.launcher.config_check import check_flags, check_model, resolve_zmq_port
 from zserve.launcher.facts_resolver import resolve_model_facts
 
