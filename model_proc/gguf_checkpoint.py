@@ -55,6 +55,7 @@ from zserve.model_proc.layers.int8_weights import Int8Weight
 from zserve.model_proc.layers.packed_blocks_weight import PackedBlocks
 from zserve.model_proc.layers.sparse_moe import MoeNames
 from zserve.model_proc.models.moe import MixtralForCausalLM
+from zserve.model_proc.packed_cache import PackedCache
 
 logger = logging.getLogger(__name__)
 
@@ -99,13 +100,18 @@ class ExpertSlice:
     data: np.ndarray  # this expert's rows (bytes per row for a quantized type)
 
 
-def open_checkpoint(model_dir: str | Path, show_progress: bool = False, quantization: str = "none") -> Checkpoint:
+def open_checkpoint(
+    model_dir: str | Path, show_progress: bool = False, quantization: str = "none",
+    packed_cache: PackedCache | None = None,
+) -> Checkpoint:
     """The reader for `model_dir`: a GGUF file it points at (its matrices stored in the format
-    `quantization` runs, Q8_0 for int8, come back as stored), else its safetensors."""
+    `quantization` runs, Q8_0 for int8, come back as stored; gguf_pack's results read from
+    `packed_cache` or written to it), else its safetensors."""
     source = gguf_source(model_dir)
     if source is None:
         return Checkpoint(model_dir, show_progress=show_progress)
-    return GGUFCheckpoint(model_dir, source, show_progress=show_progress, quantization=quantization)
+    return GGUFCheckpoint(model_dir, source, show_progress=show_progress, quantization=quantization,
+                          packed_cache=packed_cache)
 
 
 def hf_name(gguf_name: str, block_names: dict[str, str] = GGUF_TO_HF) -> str | None:
@@ -151,10 +157,13 @@ def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 
 class GGUFCheckpoint(Checkpoint):
-    def __init__(self, model_dir: str | Path, gguf_file: Path, show_progress: bool = False, quantization: str = "none"):
+    def __init__(
+        self, model_dir: str | Path, gguf_file: Path, show_progress: bool = False, quantization: str = "none",
+        packed_cache: PackedCache | None = None,
+    ):
         import gguf
 
-        self.gguf_file, self.quantization = gguf_file, quantization
+        self.gguf_file, self.quantization, self.packed_cache = gguf_file, quantization, packed_cache
         self._gguf = gguf
         self._file = GGUFFile(gguf_file)  # a truncated or lying file: one ValueError naming the tensor
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
@@ -292,7 +301,12 @@ class GGUFCheckpoint(Checkpoint):
         with warnings.catch_warnings():  # the map is read-only; gguf_pack only reads it
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             raw = torch.from_numpy(t.data)
-        values, *scale_parts, bits, group = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
+        if self.packed_cache is None:
+            values, *scale_parts, bits, group = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
+        else:
+            values, *scale_parts, bits, group = self.packed_cache.get_or_pack(
+                name, (r0, r1), lambda: gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
+            )
         self._file.release(t.data)
         self._progress.update(1)
         compact = CompactScales(*(part if part.numel() else None for part in scale_parts))

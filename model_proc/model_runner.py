@@ -48,6 +48,7 @@ from zserve.model_proc.layers.weight_kernels.weight_copy_policy import WeightCop
 from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 from zserve.model_proc.logits_processors import top_logprobs_of
 from zserve.model_proc.models.registry import build_model
+from zserve.model_proc.packed_cache import PackedCache
 from zserve.model_proc.packed_int4_checkpoint import PackedInt4Scheme
 from zserve.model_proc.process_memory import release_freed_memory
 from zserve.model_proc.resident_memory import resident_bytes_by_form
@@ -117,6 +118,7 @@ class ModelRunner:
         attention: str = "auto",
         fused_ops: str = "auto",
         weight_copy: str = "auto",
+        packed_cache: str = "off",
         start_phases: StartPhases | None = None,
     ):
         """The knobs come from the server config through `from_server_config` (the one source of
@@ -124,10 +126,12 @@ class ModelRunner:
         `kv_memory_fraction` of the memory free after loading, or, when `mem_fraction_static` > 0, that
         share of the device's whole memory less the weights (SGLang's meaning). `num_threads` 0 =
         `default_num_threads()` on CPU. `gemm`, `attention`, `fused_ops`: the kernel choices
-        (--gemm-backend, --attention-backend, --fused-ops); `weight_copy`: --gemm-weight-copy.
+        (--gemm-backend, --attention-backend, --fused-ops); `weight_copy`: --gemm-weight-copy;
+        `packed_cache`: --packed-cache (on: a GGUF file's packed matrices read from / written to disk).
         `start_phases`: the worker's start timeline (common/start_phases.py), marked at each step here."""
         phases = start_phases or StartPhases()
         self.gemm_choice, self.fused_ops_choice, self.weight_copy_choice = gemm, fused_ops, weight_copy  # _load_model
+        self.packed_cache_choice = packed_cache  # _load_model
         self.config = ModelConfig.from_model_dir(model_dir)
         self.device = resolve_device(device)
         self.dtype, dtype_reason = resolve_dtype(dtype, self.device)
@@ -209,6 +213,7 @@ class ModelRunner:
             attention=cfg.attention_backend,
             fused_ops=cfg.fused_ops,
             weight_copy=cfg.gemm_weight_copy,
+            packed_cache=cfg.packed_cache,
             start_phases=start_phases,
         )
 
@@ -231,12 +236,22 @@ class ModelRunner:
         pack_as_loaded(model, self.weight_kernel)
         phases.done("kernel choice")
         t0 = time.perf_counter()
-        with open_checkpoint(model_dir, show_progress=show_progress, quantization=quantization) as ckpt:
-            phases.done("checkpoint open")
-            model.load(ckpt)
-            missing = ckpt.missing_params(model)
-            self.file_bytes_by_type = ckpt.file_bytes_by_type()
+        cache = self._packed_cache()
+        loaded = False
+        try:
+            with open_checkpoint(model_dir, show_progress, quantization, cache) as ckpt:
+                phases.done("checkpoint open")
+                model.load(ckpt)
+                missing = ckpt.missing_params(model)
+                self.file_bytes_by_type = ckpt.file_bytes_by_type()
+            loaded = True
+        finally:
+            if cache is not None:
+                cache.close(complete=loaded)
         assert not missing, f"parameters not filled from the checkpoint: {missing}"
+        if cache is not None:
+            logger.info("packed cache: %d matrices read from %s, %d packed from the file", cache.num_hits,
+                        cache.paths()[1], cache.num_packed)
         count = prepack_weights(model, self.weight_kernel)  # what loading did not pack: a tied LM head
         release_freed_memory()
         phases.done("load and pack")
@@ -253,6 +268,15 @@ class ModelRunner:
                         self.quantization, plain_bytes / 1e6, str(self.dtype).removeprefix("torch."),
                         gemm_weight_bytes(model, self.dtype) / 1e6)
         return model.eval()
+
+    def _packed_cache(self) -> PackedCache | None:
+        """The cache of a GGUF file's packed matrices (--packed-cache on, --quantization gguf, on CPU), else None."""
+        source = gguf_source(self.config.model_dir)
+        if self.packed_cache_choice != "on" or self.quantization != "gguf" or source is None:
+            return None
+        if self.device.type != "cpu":
+            return None
+        return PackedCache.open(Path(self.config.model_dir), source, self.tp_rank, self.tp_size)
 
     def _choose_weight_kernel(self, plain_bytes: int) -> WeightKernel:
         """The weight kernel for this server, calibrated, with or without its second copy of the

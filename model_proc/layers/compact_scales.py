@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from zserve.model_proc.layers.block_cat import cat_blocks
+
 
 @dataclass(frozen=True)
 class CompactScales:
@@ -63,6 +65,6 @@ class CompactScales:
 
         def joined(name: str) -> torch.Tensor | None:
             tensors = [getattr(p, name) for p in parts]
-            return None if tensors[0] is None else torch.cat(tensors)
+            return None if tensors[0] is None else cat_blocks(tensors)
 
         return CompactScales(*(joined(n) for n in ("scale_supers", "scale_subs", "offset_supers", "offset_subs")))

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zserve.model_proc.layers.block_cat import cat_blocks
 from zserve.model_proc.layers.compact_scales import CompactScales
 from zserve.model_proc.layers.int4_weights import Int4Weight
 from zserve.model_proc.layers.int8_weights import Int8Weight
@@ -94,6 +95,6 @@ def join_blocks(parts: Sequence[tuple[int, object]], out_features: int) -> Packe
     if len(parts) == 1:
         return first
     return PackedBlocks(
-        torch.cat([p.values for _, p in parts]), CompactScales.cat([p.compact for _, p in parts]), first.bits,
+        cat_blocks([p.values for _, p in parts]), CompactScales.cat([p.compact for _, p in parts]), first.bits,
         first.group_size, first.in_features, out_features,
     )
