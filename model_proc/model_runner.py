@@ -237,6 +237,7 @@ class ModelRunner:
         phases.done("kernel choice")
         t0 = time.perf_counter()
         cache = self._packed_cache()
+        phases.done("packed cache read")
         loaded = False
         try:
             with open_checkpoint(model_dir, show_progress, quantization, cache) as ckpt:

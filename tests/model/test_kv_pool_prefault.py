@@ -55,7 +55,7 @@ def test_runner_reports_its_start_phases(llama_dir, caplog):
         with caplog.at_level(logging.INFO, logger="zserve.model_proc.model_runner"):
             runner = make_runner(llama_dir, device="cpu", page_size=4, kv_cache_tokens=tokens,
                                  kv_memory_fraction=0.001, start_phases=phases)
-        assert list(phases.durations_s) == ["model config", "model build", "kernel choice", "checkpoint open",
+        assert list(phases.durations_s) == ["model config", "model build", "kernel choice", "packed cache read", "checkpoint open",
                                             "load and pack", "KV pool (the rest of its prefault)",
                                             "attention and sampler"]
         assert runner.kv_pool.num_pages == (16 if tokens else runner.kv_pool.num_pages)
