@@ -237,7 +237,8 @@ def _read_whole(path: Path, num_bytes: int, num_threads: int = READ_THREADS) -> 
     bounds = [num_bytes * i // num_threads // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES for i in range(num_threads)]
     bounds.append(num_bytes)
     with open(path, "rb") as data, ThreadPoolExecutor(num_threads, thread_name_prefix="packed-read") as pool:
-        parts = [pool.submit(_read_range, data.fileno(), view, lo, hi, path) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+        parts = [pool.submit(_read_range, data.fileno(), view, lo, hi, path)
+                 for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
         for part in parts:
             part.result()  # raises a part's error
     return buffer
