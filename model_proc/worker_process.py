@@ -38,6 +38,7 @@ from zserve.common.server_config import ServerConfig
 from zserve.common.start_phases import StartPhases
 from zserve.common.transport import Addresses, Endpoint, pull, push
 from zserve.model_proc.batch_broadcast import HEARTBEAT_INTERVAL_S, BatchPublisher, BatchSubscriber
+from zserve.model_proc.packed_cache_prefetch import prefetch_packed_cache
 
 logger = logging.getLogger("model_proc")
 
@@ -163,4 +164,6 @@ def main() -> None:
     phases = StartPhases.since_process_start()
     cfg, addrs, ns = child_args()
     child_setup("model" if cfg.tp_size == 1 else f"model r{ns.rank}", cfg.log_level)
+    if cfg.packed_cache == "on":  # a cold cache file is read from disk while torch imports
+        prefetch_packed_cache(cfg.model, ns.rank, cfg.tp_size)
     serve(cfg, addrs, ns.rank, phases)

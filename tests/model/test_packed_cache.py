@@ -119,3 +119,16 @@ def test_cat_blocks_is_a_view_when_the_parts_lie_back_to_back():
     assert torch.equal(cat_blocks(reversed_parts), torch.cat(reversed_parts))
     other = [buffer[0:12].view(3, 4), torch.zeros(2, 4, dtype=torch.int16)]
     assert torch.equal(cat_blocks(other), torch.cat(other))
+
+
+def test_prefetch_asks_readahead_for_this_slices_files_only(tmp_path):
+    from zserve.model_proc.packed_cache_prefetch import prefetch_packed_cache
+
+    assert prefetch_packed_cache(tmp_path, 0, 1) == 0  # no cache folder yet
+    (tmp_path / "packed").mkdir()
+    (tmp_path / "packed" / "tp0of1-0123.bin").write_bytes(b"x" * 5000)
+    (tmp_path / "packed" / "tp1of2-4567.bin").write_bytes(b"y" * 300)
+    (tmp_path / "packed" / "tp0of1-0123.json").write_text("{}")
+    expected = 5000 if hasattr(os, "posix_fadvise") else 0
+    assert prefetch_packed_cache(tmp_path, 0, 1) == expected
+    assert prefetch_packed_cache(tmp_path, 1, 2) == (300 if expected else 0)
