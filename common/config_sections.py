@@ -31,6 +31,7 @@ class ModelSection:
     trust_remote_code: bool = False
     dtype: str = "auto"
     quantization: str = "auto"
+    packed_cache: str = "on"  # a GGUF file's packed matrices kept on disk (model_proc/checkpoints/packed_cache.py)
     context_length: int = 0
     seed: int = 0
 

@@ -290,6 +290,7 @@ class ProcReady(Message, tag=50):
     name: str
     pid: int
     info: dict[str, int | str | list[int]]  # what the launcher reports or needs: ports, url, the KV pool
+    start_phases: dict[str, float] = {}  # seconds by phase of this process's start (common/start_phases.py), in order
 
 
 class FailAll(Message, tag=51):

@@ -116,6 +116,16 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         peer_note="vLLM/SGLang --quantization (their int8 schemes: w8a8, activations quantized per token; "
         "here per block of 32, as llama.cpp's Q8_0)",
     ),
+    'packed_cache': FlagSpec(
+        "--quantization gguf: on (the file's matrices, once packed into the int8 x int8 GEMM's layout, are "
+        'kept in the model\'s cache directory, <cache root>/gguf/<file>-<key>/packed/, as many bytes as the '
+        'resident weights, and read back on later starts instead of packed again; rebuilt when the file, the '
+        'layout or zserve changes, or when it does not check) or off (packed at every start, nothing written) '
+        '(model_proc/checkpoints/packed_cache.py); default $ZSERVE_PACKED_CACHE when set',
+        choices=("on", "off"),
+        env='ZSERVE_PACKED_CACHE',
+        peer_note='none',
+    ),
     'context_length': FlagSpec(
         "tokens of prompt + output a request may use at most (0 = the model's maximum; above it is "
         'refused)',

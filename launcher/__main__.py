@@ -13,10 +13,12 @@ from typing import IO
 from zserve.common.proc_runtime import setup_logging
 from zserve.common.rank_layout import RankLayout
 from zserve.common.server_config import ServerConfig
+from zserve.common.start_phases import StartPhases
 from zserve.launcher.cli import parse_config, refuse
 from zserve.launcher.config_resolver import resolve_config
 from zserve.launcher.launcher import Launcher, StartupError
 from zserve.launcher.server_ready import ServerReady
+from zserve.launcher.start_timeline import StartTimeline
 
 logger = logging.getLogger("launcher")
 
@@ -54,6 +56,7 @@ def ready_record(cfg: ServerConfig, launcher: Launcher, port: int | None, line: 
 
 
 def main(argv: list[str] | None = None) -> None:
+    phases = StartPhases.since_process_start()
     cfg = parse_config(argv)  # refuses a bad flag alone (exit code 2)
     # data-parallel replicas, each a launch_server like this one (launcher/fleet/supervisor.py)
     if cfg.dp_size != 1 or cfg.router:
@@ -71,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
             "--trust-remote-code has no effect: zserve runs its own model code, never code from the model directory"
         )
     try:
-        cfg, model_facts = resolve_config(cfg)
+        cfg, model_facts = resolve_config(cfg, phases)
     except ValueError as exc:
         refuse(str(exc))
     from zserve.common.worker_env import worker_env
@@ -81,6 +84,7 @@ def main(argv: list[str] | None = None) -> None:
     log_file = open_shell_log(cfg.log_level) if shell else None  # the chat gets the terminal to itself
     launcher = Launcher(
         cfg, model_facts, worker_env(cfg.num_threads, cfg.device, cfg.omp_spin_count, cfg.cpu_isa), layout, log_file,
+        StartTimeline.from_launcher_phases(phases),
     )
     signal.signal(signal.SIGTERM, launcher.on_stop_signal)
     # Ctrl-C: drain, a second one aborts; under --shell it is the chat's (it stops an answer)

@@ -23,21 +23,29 @@ from zserve.common.isa_features import resolve_cpu_isa
 from zserve.common.model_facts import ModelFacts
 from zserve.common.server_config import ServerConfig
 from zserve.common.speculative_settings import resolve_speculative_config
+from zserve.common.start_phases import StartPhases
 from zserve.launcher.config_check import check_flags, check_model, resolve_zmq_port
 from zserve.launcher.facts_resolver import resolve_model_facts
 
 logger = logging.getLogger("launcher")
 
 
-def resolve_config(cfg: ServerConfig) -> tuple[ServerConfig, ModelFacts]:
-    """The parsed flags as the config and model facts every child gets (ValueError: refuse them)."""
+def resolve_config(cfg: ServerConfig, phases: StartPhases | None = None) -> tuple[ServerConfig, ModelFacts]:
+    """The parsed flags as the config and model facts every child gets (ValueError: refuse them);
+    `phases`: the launcher's start timeline, marked after the flags, the model directory and the facts."""
+    phases = phases or StartPhases()
     cfg = resolve_speculative_config(cfg)
     layout = check_flags(cfg)
     if layout.is_head_node:  # a node other than 0 listens on no client port
         cfg = resolve_zmq_port(cfg)
-    cfg = check_model(resolve_model(cfg), layout)
+    phases.done("flags")
+    cfg = resolve_model(cfg)
+    phases.done("model directory")
+    cfg = check_model(cfg, layout)
     cfg = replace(cfg, cpu_isa=resolve_cpu_isa(cfg.cpu_isa))
-    return cfg, resolve_model_facts(cfg)
+    facts = resolve_model_facts(cfg)
+    phases.done("model facts")
+    return cfg, facts
 
 
 def resolve_model(cfg: ServerConfig) -> ServerConfig:

@@ -32,9 +32,11 @@ from zserve.common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, Drain, DrainD
 from zserve.common.model_facts import ModelFacts
 from zserve.common.rank_layout import RankLayout
 from zserve.common.server_config import API_KEY_ENV, ServerConfig
+from zserve.common.start_phases import StartPhases
 from zserve.common.transport import Addresses, pull, push
 from zserve.launcher.child_process import ChildProcess
 from zserve.launcher.runtime_dir import create_runtime_dir
+from zserve.launcher.start_timeline import StartTimeline
 
 logger = logging.getLogger("launcher")
 SERVER_CHILDREN = (  # (name, module) started on node 0 after the model worker ranks (they load longest)
@@ -51,11 +53,13 @@ class StartupError(RuntimeError):
 class Launcher:
     def __init__(
         self, cfg: ServerConfig, model_facts: ModelFacts, worker_env: dict[str, str], layout: RankLayout | None = None,
-        log_file: IO[str] | None = None,
+        log_file: IO[str] | None = None, timeline: StartTimeline | None = None,
     ):
         """`cfg` and `model_facts` as launcher/config_resolver.py resolved them (every child gets both);
-        `log_file`: where the children's output goes (default: the launcher's stdout and stderr)."""
+        `log_file`: where the children's output goes (default: the launcher's stdout and stderr);
+        `timeline`: where the start's time went, logged once every child is ready (default: from now)."""
         self.cfg = cfg
+        self.timeline = timeline or StartTimeline.from_launcher_phases(StartPhases())
         self.model_facts = model_facts
         self.log_file = log_file
         self.layout = layout or RankLayout.from_config(cfg)
@@ -92,10 +96,12 @@ class Launcher:
             self.children.append(
                 ChildProcess.start(name, "zserve.model_proc", rank_args, self.worker_env, self.log_file)
             )
+            self.timeline.spawned(name)
         if self.layout.is_head_node:
             for name, module in SERVER_CHILDREN:
                 env = key_env if module == "zserve.tokenizer_proc" else None
                 self.children.append(ChildProcess.start(name, module, args, env, self.log_file))
+                self.timeline.spawned(name)
             # the client port is known: HTTP answers /health (503) during startup
             if self.cfg.http_port and self.cfg.zmq_port:
                 self._start_http(args, self.cfg.zmq_port, key_env)
@@ -115,15 +121,18 @@ class Launcher:
             msg = self.inbox.recv(timeout_ms=200)
             if isinstance(msg, ProcReady):
                 self.ready[msg.name] = msg
+                self.timeline.ready(msg)
                 logger.info("%s ready (pid %d)", msg.name, msg.pid)
                 # HTTP needs the picked port
                 if msg.name == "tokenizer" and self.cfg.http_port and not self.cfg.zmq_port:
                     self._start_http(args, int(msg.info["port"]), key_env)
+        logger.info("%s", self.timeline.summary())
         return int(self.ready["tokenizer"].info["port"]) if self.layout.is_head_node else None
 
     def _start_http(self, args: list[str], client_port: int, key_env: dict[str, str] | None) -> None:
         http_args = [*args, "--client-port", str(client_port)]
         self.children.append(ChildProcess.start("http", "zserve.http_proc", http_args, key_env, self.log_file))
+        self.timeline.spawned("http")
 
     def supervise(self) -> int:
         """Block until a stop signal (returns 0) or a dead child (returns 1; 0 on a node other

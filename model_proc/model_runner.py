@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -26,9 +27,12 @@ import numpy as np
 import torch
 
 from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
+from zserve.common.gguf_source import gguf_source
 from zserve.common.model_config import ModelConfig
+from zserve.common.start_phases import StartPhases
 from zserve.common.weight_memory import WeightMemory
 from zserve.common.worker_env import default_num_threads
+from zserve.model_proc.checkpoints.packed_cache import PackedCache
 from zserve.model_proc.chunk_pooler import final_norm, pool_chunks
 from zserve.model_proc.compute_dtype import resolve_dtype
 from zserve.model_proc.draft_verifier import DraftVerifier
@@ -99,14 +103,20 @@ class ModelRunner:
         attention: str = "auto",
         fused_ops: str = "auto",
         weight_copy: str = "auto",
+        packed_cache: str = "off",
+        start_phases: StartPhases | None = None,
     ):
         """The knobs come from the server config through `from_server_config` (the one source of
         their defaults). `kv_cache_tokens` > 0 sizes the KV pool in tokens; 0 takes
         `kv_memory_fraction` of the memory free after loading, or, when `mem_fraction_static` > 0, that
         share of the device's whole memory less the weights (SGLang's meaning). `num_threads` 0 =
         `default_num_threads()` on CPU. `gemm`, `attention`, `fused_ops`: the kernel choices
-        (--gemm-backend, --attention-backend, --fused-ops); `weight_copy`: --gemm-weight-copy."""
+        (--gemm-backend, --attention-backend, --fused-ops); `weight_copy`: --gemm-weight-copy;
+        `packed_cache`: --packed-cache (on: a GGUF file's packed matrices read from / written to disk).
+        `start_phases`: the worker's start timeline (common/start_phases.py), marked at each step here."""
+        phases = start_phases or StartPhases()
         self.gemm_choice, self.fused_ops_choice, self.weight_copy_choice = gemm, fused_ops, weight_copy  # _load_model
+        self.packed_cache_choice = packed_cache  # _load_model
         self.config = ModelConfig.from_model_dir(model_dir)
         self.device = resolve_device(device)
         self.dtype, dtype_reason = resolve_dtype(dtype, self.device)
@@ -120,42 +130,55 @@ class ModelRunner:
         if self.device.type == "cpu":
             torch.set_num_threads(num_threads or default_num_threads())
         torch.manual_seed(seed)
-
-        t0 = time.perf_counter()
-        self.model = self._load_model(show_progress)
-        logger.info(
-            "loaded %s (%s, %s) on %s in %.1fs",
-            self.config.architecture, self.dtype, dtype_reason, self.device, time.perf_counter() - t0,
-        )
+        phases.done("model config")
 
         kvh = self.config.num_kv_heads // tp_size
-        if kv_cache_tokens > 0:
-            num_pages = KVPool.num_pages_for(kv_cache_tokens, page_size)
-        else:
-            per_token = KVPool.bytes_per_token(self.config.num_layers, kvh, self.config.head_dim, self.dtype)
-            if mem_fraction_static > 0:
-                weight_bytes = sum(
-                    t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers())
-                )
-                num_pages = KVPool.num_pages_for_static_share(
-                    mem_fraction_static, self.device, weight_bytes, per_token, page_size
-                )
-            else:
-                num_pages = KVPool.num_pages_for_memory(kv_memory_fraction, self.device, per_token, page_size)
-            if tp_size > 1:  # the scheduler's page ids index every rank's pool: all take the smallest
-                num_pages = min_across_ranks(num_pages, self.device)
-        self.kv_pool = KVPool(
-            self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device
-        )
-        logger.info("KV pool: %d pages x %d tokens, %.2f GiB", num_pages, page_size, self.kv_pool.num_bytes / 2**30)
+        prefault: Future | None = None
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-prefault") as background:
+            if kv_cache_tokens > 0:  # sized in tokens: the pool exists before the weights, its first pages
+                # faulted in on the other thread while they load (the first request would pay it)
+                self.kv_pool = KVPool(self.config.num_layers, kvh, self.config.head_dim, page_size,
+                                      KVPool.num_pages_for(kv_cache_tokens, page_size), self.dtype, self.device)
+                prefault = background.submit(self.kv_pool.prefault)
+            t0 = time.perf_counter()
+            self.model = self._load_model(show_progress, phases)
+            logger.info(
+                "loaded %s (%s, %s) on %s in %.1fs",
+                self.config.architecture, self.dtype, dtype_reason, self.device, time.perf_counter() - t0,
+            )
+            if prefault is None:
+                self.kv_pool = self._sized_kv_pool(kvh, kv_memory_fraction, mem_fraction_static)
+                prefault = background.submit(self.kv_pool.prefault)
+            prefault.result()  # raises what the prefault raised
+        phases.done("KV pool (the rest of its prefault)")
+        logger.info("KV pool: %d pages x %d tokens, %.2f GiB", self.kv_pool.num_pages, page_size,
+                    self.kv_pool.num_bytes / 2**30)
         resident, copy_bytes = resident_bytes_by_form(self.model, self.dtype)
         self.memory = WeightMemory(self.file_bytes_by_type, resident, copy_bytes, self.kv_pool.num_bytes)
         logger.info("memory: %s", self.memory.summary())
         self.attention_backend = attention_backend(self.device, self.dtype, attention)
         self.sampler = Sampler(self.device)
+        phases.done("attention and sampler")
+
+    def _sized_kv_pool(self, kvh: int, kv_memory_fraction: float, mem_fraction_static: float) -> KVPool:
+        """The KV pool sized by memory (no --kv-cache-tokens): a share of what is free after loading."""
+        page_size = self.page_size
+        per_token = KVPool.bytes_per_token(self.config.num_layers, kvh, self.config.head_dim, self.dtype)
+        if mem_fraction_static > 0:
+            weight_bytes = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
+            num_pages = KVPool.num_pages_for_static_share(
+                mem_fraction_static, self.device, weight_bytes, per_token, page_size
+            )
+        else:
+            num_pages = KVPool.num_pages_for_memory(kv_memory_fraction, self.device, per_token, page_size)
+        if self.tp_size > 1:  # the scheduler's page ids index every rank's pool: all take the smallest
+            num_pages = min_across_ranks(num_pages, self.device)
+        return KVPool(self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device)
 
     @staticmethod
-    def from_server_config(cfg: ServerConfig, tp_rank: int = 0, show_progress: bool | None = None) -> ModelRunner:
+    def from_server_config(
+        cfg: ServerConfig, tp_rank: int = 0, show_progress: bool | None = None, start_phases: StartPhases | None = None
+    ) -> ModelRunner:
         """Unpack the launcher's ServerConfig into plain values."""
         return ModelRunner(
             cfg.model,
@@ -175,9 +198,11 @@ class ModelRunner:
             attention=cfg.attention_backend,
             fused_ops=cfg.fused_ops,
             weight_copy=cfg.gemm_weight_copy,
+            packed_cache=cfg.packed_cache,
+            start_phases=start_phases,
         )
 
-    def _load_model(self, show_progress: bool | None) -> torch.nn.Module:
+    def _load_model(self, show_progress: bool | None, phases: StartPhases) -> torch.nn.Module:
         if show_progress is None:
             show_progress = self.config.num_params >= PROGRESS_MIN_PARAMS
         previous_dtype = torch.get_default_dtype()
@@ -187,21 +212,36 @@ class ModelRunner:
                 model = build_model(self.config, self.tp_rank, self.tp_size)
         finally:
             torch.set_default_dtype(previous_dtype)
+        phases.done("model build")
         model_dir, quantization = self.config.model_dir, self.quantization
         # the kernel is chosen first, so each matrix is packed as soon as its layer has loaded: the load peak is
         # the packed model plus one matrix (and its file pages), never the whole model in --dtype
         plain_bytes = gemm_weight_bytes(model, self.dtype)  # shapes only: nothing is packed yet
         self.weight_kernel = self._choose_weight_kernel(plain_bytes)
         pack_as_loaded(model, self.weight_kernel)
+        phases.done("kernel choice")
         t0 = time.perf_counter()
         stored, served = checkpoint_method(model_dir), get_quant_method(quantization)
-        with stored.open_checkpoint(model_dir, served, show_progress, getattr(model, "names", None)) as ckpt:
-            model.load(ckpt)
-            missing = ckpt.missing_params(model)
-            self.file_bytes_by_type = ckpt.file_bytes_by_type()
+        cache = self._packed_cache()
+        phases.done("packed cache read")
+        loaded = False
+        try:
+            with stored.open_checkpoint(model_dir, served, show_progress, getattr(model, "names", None), cache) as ckpt:
+                phases.done("checkpoint open")
+                model.load(ckpt)
+                missing = ckpt.missing_params(model)
+                self.file_bytes_by_type = ckpt.file_bytes_by_type()
+            loaded = True
+        finally:
+            if cache is not None:
+                cache.close(complete=loaded)
         assert not missing, f"parameters not filled from the checkpoint: {missing}"
+        if cache is not None:
+            logger.info("packed cache: %d matrices read from %s, %d packed from the file", cache.num_hits,
+                        cache.paths()[1], cache.num_packed)
         count = prepack_weights(model, self.weight_kernel)  # what loading did not pack: a tied LM head
         release_freed_memory()
+        phases.done("load and pack")
         # norms, gated activation, rotary + K/V write: one call each
         if fused_ops_available(self.device, self.dtype, self.fused_ops_choice):
             for module in model.modules():
@@ -215,6 +255,14 @@ class ModelRunner:
                         self.quantization, plain_bytes / 1e6, str(self.dtype).removeprefix("torch."),
                         gemm_weight_bytes(model, self.dtype) / 1e6)
         return model.eval()
+
+    def _packed_cache(self) -> PackedCache | None:
+        """The cache of a GGUF file's packed matrices (--packed-cache on, --quantization gguf, on CPU), else None."""
+        source = gguf_source(self.config.model_dir)
+        packs = get_quant_method(self.quantization).gguf_packs  # the method that packs a file's rows at load
+        if self.packed_cache_choice != "on" or not packs or source is None or self.device.type != "cpu":
+            return None
+        return PackedCache.open(Path(self.config.model_dir), source, self.tp_rank, self.tp_size)
 
     def _choose_weight_kernel(self, plain_bytes: int) -> WeightKernel:
         """The weight kernel for this server, calibrated, with or without its second copy of the

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import zmq
 
@@ -34,16 +35,19 @@ from zserve.common.messages import (
 from zserve.common.proc_runtime import child_args, child_setup
 from zserve.common.rank_layout import RankLayout
 from zserve.common.server_config import ServerConfig
+from zserve.common.start_phases import StartPhases
 from zserve.common.transport import Addresses, Endpoint, pull, push
 from zserve.model_proc.batch_broadcast import HEARTBEAT_INTERVAL_S, BatchPublisher, BatchSubscriber
+from zserve.model_proc.packed_cache_prefetch import prefetch_packed_cache
 
 logger = logging.getLogger("model_proc")
 
 
-def build_runner(cfg: ServerConfig, rank: int):
+def build_runner(cfg: ServerConfig, rank: int, phases: StartPhases):
     from zserve.model_proc.model_runner import ModelRunner
 
-    return ModelRunner.from_server_config(cfg, tp_rank=rank)
+    phases.done("model code imports")
+    return ModelRunner.from_server_config(cfg, tp_rank=rank, start_phases=phases)
 
 
 def run_step(runner, batch: ForwardBatch) -> StepResult | WorkerError:
@@ -56,6 +60,7 @@ def run_step(runner, batch: ForwardBatch) -> StepResult | WorkerError:
 def lead(runner, inbox: Endpoint, results: Endpoint, publisher: BatchPublisher | None) -> None:
     """Rank 0's loop."""
     timeout_ms = int(HEARTBEAT_INTERVAL_S * 1000) if publisher else None
+    first_batch = True
     while True:
         got = inbox.recv_frame(timeout_ms)
         if got is None:
@@ -64,7 +69,12 @@ def lead(runner, inbox: Endpoint, results: Endpoint, publisher: BatchPublisher |
         frame, batch = got
         if publisher:
             publisher.publish(frame, batch.step_id)
+        t0 = time.perf_counter()
         reply = run_step(runner, batch)
+        if first_batch:  # the start line's last piece: what the first request pays beyond a later one
+            first_batch = False
+            logger.info("first batch: %d tokens of %d requests in %.2f s", batch.num_tokens, batch.num_reqs,
+                        time.perf_counter() - t0)
         if isinstance(reply, WorkerError):
             logger.error("refused batch %d: %s", reply.step_id, reply.message)
         results.send(reply)
@@ -76,7 +86,9 @@ def follow(runner, subscriber: BatchSubscriber) -> None:
         run_step(runner, batch)  # rank 0 reports the result, or the refusal
 
 
-def serve_lead(cfg: ServerConfig, addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoint, name: str) -> None:
+def serve_lead(
+    cfg: ServerConfig, addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoint, name: str, phases: StartPhases
+) -> None:
     inbox = pull(ctx, addrs.worker_inbox, WORKER_INBOX)
     results = push(ctx, addrs.worker_results, WORKER_TO_SCHEDULER)
     publisher = BatchPublisher(ctx, addrs.rank_broadcast, cfg.tp_size - 1) if cfg.tp_size > 1 else None
@@ -86,7 +98,8 @@ def serve_lead(cfg: ServerConfig, addrs: Addresses, runner, ctx: zmq.Context, la
             publisher.wait_for_followers(cfg.startup_timeout_s)
         info = runner.info()
         results.send(WorkerReady(**info, memory=runner.memory))
-        launcher.send(ProcReady(name=name, pid=os.getpid(), info=info))
+        phases.done("ready")
+        launcher.send(ProcReady(name=name, pid=os.getpid(), info=info, start_phases=phases.durations_s))
         logger.info("model worker ready (%d ranks): %s", cfg.tp_size, info)
         lead(runner, inbox, results, publisher)
     except Exception as exc:
@@ -97,15 +110,19 @@ def serve_lead(cfg: ServerConfig, addrs: Addresses, runner, ctx: zmq.Context, la
             publisher.close(error)
 
 
-def serve_follower(addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoint, name: str) -> None:
+def serve_follower(
+    addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoint, name: str, phases: StartPhases
+) -> None:
     subscriber = BatchSubscriber(ctx, addrs.rank_broadcast)
-    launcher.send(ProcReady(name=name, pid=os.getpid(), info={}))
+    phases.done("ready")
+    launcher.send(ProcReady(name=name, pid=os.getpid(), info={}, start_phases=phases.durations_s))
     logger.info("%s ready, following rank 0 on %s", name, addrs.rank_broadcast)
     follow(runner, subscriber)
     logger.info("rank 0 stopped; %s exits", name)
 
 
-def serve(cfg: ServerConfig, addrs: Addresses, rank: int) -> None:
+def serve(cfg: ServerConfig, addrs: Addresses, rank: int, phases: StartPhases) -> None:
+    """`phases`: this process's start timeline, sent to the launcher in ProcReady."""
     from zserve.model_proc.compute_dtype import resolve_dtype
     from zserve.model_proc.tp_group import (
         check_same_on_all_ranks,
@@ -118,6 +135,7 @@ def serve(cfg: ServerConfig, addrs: Addresses, rank: int) -> None:
     device = rank_device(cfg.device, layout.local_index(rank), cfg.tp_size)
     name = layout.child_name(rank)
     ctx = zmq.Context()
+    phases.done("torch import")
     try:
         launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)
         with tp_group(addrs.dist_init, rank, cfg.tp_size, device, cfg.startup_timeout_s):
@@ -133,16 +151,19 @@ def serve(cfg: ServerConfig, addrs: Addresses, rank: int) -> None:
                     fingerprint, device,
                     "models or --dtype/--quantization/--page-size/--kv-cache-tokens/--kv-memory-fraction/--seed",
                 )
-            runner = build_runner(cfg, rank)
+            runner = build_runner(cfg, rank, phases)
             if rank == 0:
-                serve_lead(cfg, addrs, runner, ctx, launcher, name)
+                serve_lead(cfg, addrs, runner, ctx, launcher, name, phases)
             else:
-                serve_follower(addrs, runner, ctx, launcher, name)
+                serve_follower(addrs, runner, ctx, launcher, name, phases)
     finally:
         ctx.destroy(linger=0)
 
 
 def main() -> None:
+    phases = StartPhases.since_process_start()
     cfg, addrs, ns = child_args()
     child_setup("model" if cfg.tp_size == 1 else f"model r{ns.rank}", cfg.log_level)
-    serve(cfg, addrs, ns.rank)
+    if cfg.packed_cache == "on":  # a cold cache file is read from disk while torch imports
+        prefetch_packed_cache(cfg.model, ns.rank, cfg.tp_size)
+    serve(cfg, addrs, ns.rank, phases)

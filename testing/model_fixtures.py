@@ -35,6 +35,7 @@ import torch
 from zserve.common.forward_batch import ForwardBatch, SamplingArrays
 from zserve.common.server_config import ServerConfig
 from zserve.common.server_flags import env_defaults
+from zserve.common.start_phases import StartPhases
 from zserve.model_proc.model_runner import ModelRunner
 
 VOCAB_SIZE = 600  # covers testing.tokenizer_fixtures' byte-level BPE of 600 tokens
@@ -101,13 +102,16 @@ TINY_KINDS["gemma3_mm"] = ("Gemma3Config", dict(
 ))
 
 
-def make_runner(model_dir: str | Path, *, tp_rank: int = 0, **overrides: Any) -> ModelRunner:
+def make_runner(
+    model_dir: str | Path, *, tp_rank: int = 0, start_phases: StartPhases | None = None, **overrides: Any
+) -> ModelRunner:
     """A ModelRunner with the server's defaults (`ServerConfig()`, with the kernel choices that
     $ZSERVE_GEMM, $ZSERVE_ATTENTION and $ZSERVE_FUSED_OPS set, as launch_server takes them), except
-    what the test names (`page_size=4, kv_cache_tokens=512, device="cpu"`, ...)."""
+    what the test names (`page_size=4, kv_cache_tokens=512, device="cpu"`, ...); `start_phases`: the
+    timeline the runner marks (common/start_phases.py)."""
     from_env = {name: value for name, (_, value) in env_defaults().items()}
     cfg = replace(ServerConfig(model=str(model_dir), **from_env), **overrides)
-    return ModelRunner.from_server_config(cfg, tp_rank=tp_rank)
+    return ModelRunner.from_server_config(cfg, tp_rank=tp_rank, start_phases=start_phases)
 
 
 def make_tiny_checkpoint(

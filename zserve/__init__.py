@@ -6,20 +6,39 @@ The design's top-level folders (client/, common/, launcher/, ...) are this packa
 `zserve.client`, `zserve.common`, `zserve.launcher`, ... pyproject.toml maps each folder under the
 `zserve` name, so an installed zserve puts only `zserve` into site-packages and a user's own
 `client.py` or `common.py` cannot shadow any part of it (scripts/setup.sh installs it editable).
+
+The public names are imported on first use (PEP 562 `__getattr__`): every server process imports
+a part of this package (`zserve.model_proc`, `zserve.scheduler_proc`, ...), and none of them should
+pay for the client, the Engine and numpy at start (about 0.3 s each on a 2-core machine).
 """
 
+from importlib import import_module
 
-from zserve import client as _client
-from zserve.client import *  # noqa: F403  (the client's public names, listed once in zserve/client/__init__.py)
-from zserve.common.error_code import ErrorCode as ErrorCode
-from zserve.engine import Engine as Engine
-from zserve.engine import EngineError as EngineError
-from zserve.llm import LLM as LLM
-from zserve.request_output import CompletionOutput as CompletionOutput
-from zserve.request_output import RequestOutput as RequestOutput
-from zserve.sampling_params import SamplingParams as SamplingParams
+_CLIENT_NAMES = (
+    "AsyncClient", "Client", "GenerateResult", "InvalidRequestError", "RequestTimeoutError", "ServerBusyError",
+    "ServerError", "ServerGoneError", "ServerShuttingDownError", "TextStream", "UnauthorizedError", "Usage",
+)
+_HOMES = {  # public name -> the module that defines it
+    **dict.fromkeys(_CLIENT_NAMES, "zserve.client"),
+    "ErrorCode": "zserve.common.error_code",
+    "Engine": "zserve.engine",
+    "EngineError": "zserve.engine",
+    "LLM": "zserve.llm",
+    "CompletionOutput": "zserve.request_output",
+    "RequestOutput": "zserve.request_output",
+    "SamplingParams": "zserve.sampling_params",
+}
+__all__ = sorted(_HOMES)
 
-__all__ = sorted([
-    *_client.__all__, "CompletionOutput", "Engine", "EngineError", "ErrorCode", "LLM", "RequestOutput",
-    "SamplingParams",
-])
+
+def __getattr__(name: str):
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'zserve' has no attribute {name!r}")
+    value = getattr(import_module(home), name)
+    globals()[name] = value  # once: later lookups find it without this hook
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -49,6 +49,7 @@ import torch
 from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
 from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.checkpoints.gguf_file import GGUFFile
+from zserve.model_proc.checkpoints.packed_cache import PackedCache
 from zserve.model_proc.kernels.cpu_kernels import load_gguf_pack
 from zserve.model_proc.weights.compact_scales import CompactScales
 from zserve.model_proc.weights.gguf_blocks import block_type, decode
@@ -169,13 +170,14 @@ def _resident_codes(type_name: str) -> str:
 class GGUFCheckpoint(Checkpoint):
     def __init__(
         self, model_dir: str | Path, gguf_file: Path, show_progress: bool = False, served: ServedMethod | None = None,
-        moe_names: MoeTensorNames | None = None,
+        moe_names: MoeTensorNames | None = None, packed_cache: PackedCache | None = None,
     ):
         """`served`: the method the server runs (None: every matrix as floats); `moe_names`: the
-        model's MoE naming (its `names`; None for a model without sparse layers)."""
+        model's MoE naming (its `names`; None for a model without sparse layers); `packed_cache`:
+        where gguf_pack's results are read from or written to (None: packed, nothing kept)."""
         import gguf
 
-        self.gguf_file, self.served = gguf_file, served
+        self.gguf_file, self.served, self.packed_cache = gguf_file, served, packed_cache
         self._gguf = gguf
         self._file = GGUFFile(gguf_file)  # a truncated or lying file: one ValueError naming the tensor
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
@@ -306,7 +308,12 @@ class GGUFCheckpoint(Checkpoint):
         with warnings.catch_warnings():  # the map is read-only; gguf_pack only reads it
             warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
             raw = torch.from_numpy(t.data)
-        values, *scale_parts, bits, group, implied_offset = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
+        if self.packed_cache is None:
+            values, *scale_parts, bits, group, implied_offset = gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
+        else:
+            values, *scale_parts, bits, group, implied_offset = self.packed_cache.get_or_pack(
+                name, (r0, r1), lambda: gguf_pack(raw, t.tensor_type.name, row_ids, in_features)
+            )
         self._file.release(t.data)
         self._progress.update(1)
         compact = CompactScales(*(part if part.numel() else None for part in scale_parts), implied_offset)

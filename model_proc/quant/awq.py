@@ -37,7 +37,8 @@ class AwqMethod(QuantMethod):
         return packed_int4_problem(quant_config)
 
     def open_checkpoint(
-        self, model_dir: Path, served: QuantMethod, show_progress: bool, moe_names: Any = None
+        self, model_dir: Path, served: QuantMethod, show_progress: bool, moe_names: Any = None,
+        packed_cache: Any = None,
     ) -> Checkpoint:
         scheme = PackedInt4Scheme.from_config(raw_config(model_dir))
         return Checkpoint(model_dir, show_progress=show_progress, packed_int4=scheme)

@@ -29,8 +29,10 @@ class GgufMethod(QuantMethod):
         return gguf_source(model_dir) is not None
 
     def open_checkpoint(
-        self, model_dir: Path, served: QuantMethod, show_progress: bool, moe_names: Any = None
+        self, model_dir: Path, served: QuantMethod, show_progress: bool, moe_names: Any = None,
+        packed_cache: Any = None,
     ) -> Checkpoint:
         source = gguf_source(model_dir)
         assert source is not None, f"{model_dir} points at no GGUF file"
-        return GGUFCheckpoint(model_dir, source, show_progress=show_progress, served=served, moe_names=moe_names)
+        return GGUFCheckpoint(model_dir, source, show_progress=show_progress, served=served, moe_names=moe_names,
+                              packed_cache=packed_cache)

@@ -68,8 +68,10 @@ class QuantMethod(ABC):
         return kernel
 
     def open_checkpoint(
-        self, model_dir: Path, served: QuantMethod, show_progress: bool, moe_names: Any = None
+        self, model_dir: Path, served: QuantMethod, show_progress: bool, moe_names: Any = None,
+        packed_cache: Any = None,
     ) -> Checkpoint:
         """The reader of a checkpoint stored in this method, served as `served` (`moe_names`: the
-        model's MoE naming, layers/sparse_moe.py MoeNames, for a file that stores experts stacked)."""
+        model's MoE naming, layers/sparse_moe.py MoeNames, for a file that stores experts stacked;
+        `packed_cache`: checkpoints/packed_cache.py's PackedCache where the reader packs at load, or None)."""
         return Checkpoint(model_dir, show_progress=show_progress)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from zserve.model_proc.weights.block_cat import cat_blocks
+
 
 @dataclass(frozen=True)
 class CompactScales:
@@ -78,7 +80,7 @@ class CompactScales:
 
         def joined(name: str) -> torch.Tensor | None:
             tensors = [getattr(p, name) for p in parts]
-            return None if tensors[0] is None else torch.cat(tensors)
+            return None if tensors[0] is None else cat_blocks(tensors)
 
         names = ("scale_supers", "scale_subs", "offset_supers", "offset_subs")
         return CompactScales(*(joined(n) for n in names), parts[0].implied_offset)

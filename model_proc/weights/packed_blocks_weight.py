@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zserve.model_proc.weights.block_cat import cat_blocks
 from zserve.model_proc.weights.column_blocks import BLOCK_COLS
 from zserve.model_proc.weights.compact_scales import CompactScales
 from zserve.model_proc.weights.int4_weights import Int4Weight
@@ -101,6 +102,6 @@ def join_blocks(parts: Sequence[tuple[int, object]], out_features: int) -> Packe
     if len(parts) == 1:
         return first
     return PackedBlocks(
-        torch.cat([p.values for _, p in parts]), CompactScales.cat([p.compact for _, p in parts]), first.bits,
+        cat_blocks([p.values for _, p in parts]), CompactScales.cat([p.compact for _, p in parts]), first.bits,
         first.group_size, first.in_features, out_features,
     )

