@@ -1,6 +1,6 @@
 """The bytes a loaded model holds, by form (common/weight_memory.py's `resident_bytes_by_form`).
 
-Each GemmWeight's packed state counts once: its codes ("4-bit codes", "int8 codes") or 16-bit
+Each GemmWeight's packed state (and a MoE layer's stacked experts') counts once: its codes ("4-bit codes", "int8 codes") or 16-bit
 values ("<dtype> matrices"), its fp32 scales, offsets and padded bias, and apart from those the
 second copy a row-split kernel keeps for products of many rows. Every other parameter or buffer
 (embeddings, norms, biases, a torch kernel's plain matrix) counts by dtype, each storage once.
@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from zserve.model_proc.layers.gemm import GemmWeight
+from zserve.model_proc.layers.stacked_experts import StackedExperts
 
 CODE_FORMS = {4: "4-bit codes", 8: "int8 codes"}
 SIDE_FORM = "fp32 scales, offsets and biases"
@@ -46,6 +47,7 @@ def resident_bytes_by_form(model: nn.Module, dtype: torch.dtype) -> tuple[dict[s
             forms[form] += _nbytes(t)
 
     packed_weights = [m.packed for m in model.modules() if isinstance(m, GemmWeight) and m.packed is not None]
+    packed_weights += [p for m in model.modules() if isinstance(m, StackedExperts) for p in m.packed_weights()]
     while packed_weights:
         packed = packed_weights.pop()
         if packed.pieces:  # column pieces, each in its own format (layers/column_pieces.py)
