@@ -1,8 +1,9 @@
 """The bytes a loaded model holds, by form (common/weight_memory.py's `resident_bytes_by_form`).
 
-Each GemmWeight's packed state (and a MoE layer's stacked experts') counts once: its codes ("4-bit codes", "int8 codes") or 16-bit
-values ("<dtype> matrices"), its fp32 scales, offsets and padded bias, and apart from those the
-second copy a row-split kernel keeps for products of many rows. Every other parameter or buffer
+Each GemmWeight's packed state (and a MoE layer's stacked experts': stacked_experts.py) counts
+once: its codes ("4-bit codes", "int8 codes") or 16-bit values ("<dtype> matrices"), its fp32
+scales, offsets and padded bias, and apart from those the second copy a row-split kernel keeps
+for products of many rows. Every other parameter or buffer
 (embeddings, norms, biases, a torch kernel's plain matrix) counts by dtype, each storage once.
 """
 

@@ -25,8 +25,8 @@ import torch
 from torch import nn
 
 from zserve.model_proc.checkpoint import Checkpoint
-from zserve.model_proc.layers.activation import FUSED_GATED_ACTIVATIONS, get_activation
 from zserve.model_proc.kernels.cpu_kernels import load_moe_experts
+from zserve.model_proc.layers.activation import FUSED_GATED_ACTIVATIONS, get_activation
 from zserve.model_proc.layers.linear import ColumnParallelLinear, RowParallelLinear
 from zserve.model_proc.layers.stacked_experts import StackedExperts, join_per_expert
 
@@ -110,7 +110,8 @@ class FusedExperts(nn.Module):
             (gate, (num_experts, intermediate, hidden)), (up, (num_experts, intermediate, hidden)),
             (down, (num_experts, hidden, intermediate)))]
         in_features = (hidden, hidden, intermediate)
-        if any(s is None or not kernel.kernel_for(k).takes_stored(s) for s, k in zip(stacked, in_features, strict=True)):
+        kernels = [kernel.kernel_for(k) for k in in_features]
+        if any(s is None or not k.takes_stored(s) for s, k in zip(stacked, kernels, strict=True)):
             return None  # (a projection packed here is dropped: the loop reads it again, expert by expert)
         gate_up = join_per_expert(stacked[0], stacked[1], num_experts)
         return None if gate_up is None else StackedExperts(num_experts, gate_up, stacked[2])
