@@ -1,10 +1,11 @@
 """The bytes a loaded model holds, by form (common/weight_memory.py's `resident_bytes_by_form`).
 
-Each GemmWeight's packed state counts once: its codes ("4-bit codes", "int8 codes") or 16-bit
-values ("<dtype> matrices"), its fp32 scales, offsets and padded bias, and apart from those the
-second copy a row-split kernel keeps for products of many rows; an embedding table kept in the file's
-blocks (VocabParallelEmbedding.packed_table) counts its codes and scales likewise (once, where a tied
-LM head multiplies by the same tensors). Every other parameter or buffer
+Each GemmWeight's packed state (and a MoE layer's stacked experts': layers/stacked_experts.py) counts
+once: its codes ("4-bit codes", "6-bit codes", "int8 codes") or 16-bit values ("<dtype> matrices"), its
+fp32 scales, offsets and padded bias, and apart from those the second copy a row-split kernel keeps for
+products of many rows; an embedding table kept in the file's blocks (VocabParallelEmbedding.packed_table)
+counts its codes and scales likewise (once, where a tied LM head multiplies by the same tensors). Every
+other parameter or buffer
 (embeddings, norms, biases, a torch kernel's plain matrix) counts by dtype, each storage once.
 """
 
@@ -17,6 +18,7 @@ from torch import nn
 
 from zserve.model_proc.layers.embedding import VocabParallelEmbedding
 from zserve.model_proc.layers.gemm import GemmWeight
+from zserve.model_proc.layers.stacked_experts import StackedExperts
 
 CODE_FORMS = {4: "4-bit codes", 6: "6-bit codes", 8: "int8 codes"}
 SIDE_FORM = "fp32 scales, offsets and biases"
@@ -49,6 +51,7 @@ def resident_bytes_by_form(model: nn.Module, dtype: torch.dtype) -> tuple[dict[s
             forms[form] += _nbytes(t)
 
     packed_weights = [m.packed for m in model.modules() if isinstance(m, GemmWeight) and m.packed is not None]
+    packed_weights += [p for m in model.modules() if isinstance(m, StackedExperts) for p in m.packed_weights()]
     while packed_weights:
         packed = packed_weights.pop()
         if packed.pieces:  # column pieces, each in its own format (weights/column_pieces.py)

@@ -232,7 +232,7 @@ def quantized_tensor(type_name: str, data: np.ndarray, seed: int):
 
 
 # A Q4_K_M-like mix (llama-quantize's: Q6_K for attn_v and ffn_down, Q4_K elsewhere), the embedding in Q8_0
-Q4_K_M_MIX = {"attn_v": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q8_0", "output": "Q6_K"}
+Q4_K_M_MIX = {"attn_v": "Q6_K", "ffn_down": "Q6_K", "ffn_down_exps": "Q6_K", "token_embd": "Q8_0", "output": "Q6_K"}
 
 
 def type_of(weight_type: str, gguf_tensor_name: str) -> str:

@@ -191,6 +191,11 @@ class Checkpoint:
             weight.offsets[groups, r0:r1].contiguous(), group,
         )
 
+    def packed_experts(self, name: str, expected_shape: tuple[int, int, int]) -> object | None:
+        """A MoE layer's experts of one projection packed together (a GGUF file's stacked tensor:
+        GGUFCheckpoint); None here: safetensors hold one matrix per expert."""
+        return None
+
     def copy_into(
         self, param: torch.Tensor, tensor: torch.Tensor, name: str, row_offset: int = 0, transposed: bool = False
     ) -> None:

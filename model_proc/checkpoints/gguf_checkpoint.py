@@ -149,6 +149,12 @@ def moe_tensors(t, names: MoeTensorNames | None) -> dict[str, object] | None:
     }
 
 
+def stacked_name(expert_name: str) -> str:
+    """`...experts.<e>.<projection>.weight` -> `...experts.<projection>.weight`: a stacked tensor's name."""
+    head, _, rest = expert_name.partition(".experts.")
+    return f"{head}.experts.{rest.partition('.')[2]}"
+
+
 def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Undo convert_hf_to_gguf's `permute` of q/k rows, as transformers' LlamaTensorProcessor does.
 
@@ -185,8 +191,12 @@ class GGUFCheckpoint(Checkpoint):
         self._gemma = self.architecture in GEMMA_GGUF_ARCHITECTURES  # norms stored as 1 + w (common/gguf_gemma.py)
         block_names = BLOCK_NAMES_BY_ARCH.get(self.architecture, GGUF_TO_HF)
         self._tensors = {}
+        self._stacked: dict[str, object] = {}  # experts.<projection>.weight under a MoE block -> its stacked tensor
         for t in self._file.tensors:
-            self._tensors.update(moe_tensors(t, moe_names) or {hf_name(t.name, block_names): t})
+            experts = moe_tensors(t, moe_names)
+            self._tensors.update(experts or {hf_name(t.name, block_names): t})
+            if experts is not None and len(t.shape) == 3:
+                self._stacked[stacked_name(next(iter(experts)))] = t
         self._tensors.pop(None, None)
         self._num_heads = int(config["num_attention_heads"])
         self._num_kv_heads = int(config.get("num_key_value_heads") or self._num_heads)
@@ -318,6 +328,33 @@ class GGUFCheckpoint(Checkpoint):
         self._progress.update(1)
         compact = CompactScales(*(part if part.numel() else None for part in scale_parts), implied_offset)
         return PackedBlocks(values, compact, bits, group, in_features, r1 - r0)
+
+    def packed_experts(self, name: str, expected_shape: tuple[int, int, int]) -> PackedBlocks | None:
+        """Every expert's matrix of a stacked tensor (`name`: `model.layers.N.mlp.experts.<projection>.weight`,
+        `expected_shape` [E, out, in]) packed in one gguf_pack call, each expert's column blocks after
+        the previous one's, its file pages released; None unless --quantization gguf keeps this type as
+        stored, gguf_pack is built and each expert's columns are whole 16-column blocks."""
+        t = self._stacked.get(name)
+        gguf_pack = load_gguf_pack()
+        packs = self.served is not None and self.served.gguf_packs and t is not None
+        if not packs or gguf_pack is None or t.tensor_type.name not in self.served.gguf_types_kept:
+            return None
+        if not torch.ops.zserve.gguf_pack_supports(t.tensor_type.name):
+            return None
+        in_features, out_features, num_experts = (int(d) for d in t.shape)
+        self._check_shape(name, (num_experts, out_features, in_features), expected_shape)
+        if out_features % 16:
+            return None
+        with warnings.catch_warnings():  # the map is read-only; gguf_pack only reads it
+            warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+            raw = torch.from_numpy(t.data.reshape(num_experts * out_features, -1))
+        values, *scale_parts, bits, group, implied_offset = gguf_pack(
+            raw, t.tensor_type.name, torch.arange(num_experts * out_features), in_features
+        )
+        self._file.release(t.data)
+        self._progress.update(num_experts)
+        compact = CompactScales(*(part if part.numel() else None for part in scale_parts), implied_offset)
+        return PackedBlocks(values, compact, bits, group, in_features, num_experts * out_features)
 
     def _decoded_weight(
         self, name: str, expected_shape: tuple[int, ...], rows: tuple[int, int] | None, cols: tuple[int, int] | None

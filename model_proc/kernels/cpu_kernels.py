@@ -7,8 +7,9 @@ VPDPBUSD with AVX512-VNNI or AVX-VNNI, VPMADDUBSW elsewhere; many rows in AMX ti
 gemm_amx.cpp with amx_int8), gemm_bf16.cpp (zserve::gemm_bf16, with
 AVX512-BF16), fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_store), gguf_pack.cpp
 (zserve::gguf_pack: a GGUF matrix's quantized rows straight into gemm_int8_dot's layout, at load),
-six_bit_quads.cpp (zserve::six_bit_quads: Q6_K's 6-bit codes, six_bit_codes.h, as int8 quads) and
-cpu_probe.cpp (zserve::probe_rate: the clock and each GEMM instruction's rate under load, for
+six_bit_quads.cpp (zserve::six_bit_quads: Q6_K's 6-bit codes, six_bit_codes.h, as int8 quads),
+moe_experts.cpp (zserve::moe_experts: a MoE layer's routed experts in one call over their stacked GGUF
+blocks) and cpu_probe.cpp (zserve::probe_rate: the clock and each GEMM instruction's rate under load, for
 bench_model's peak).
 
 The instruction set is cpu_isa.py's: every feature the CPU has, or a smaller set forced with
@@ -62,7 +63,7 @@ SOURCES = tuple(
     Path(__file__).with_name(name)
     for name in (
         "paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_int8_dot.cpp", "gemm_amx.cpp", "gemm_bf16.cpp",
-        "fused_ops.cpp", "cpu_probe.cpp", "gguf_pack.cpp", "six_bit_quads.cpp",
+        "fused_ops.cpp", "cpu_probe.cpp", "gguf_pack.cpp", "six_bit_quads.cpp", "moe_experts.cpp",
     )
 )
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
@@ -234,6 +235,14 @@ def load_gguf_pack() -> Callable | None:
     """torch.ops.zserve.gguf_pack (GGUF rows into gemm_int8_dot's layout; plain C++, every feature set), or None
     when the kernels cannot be built here."""
     return torch.ops.zserve.gguf_pack if load_cpu_kernels() else None
+
+
+def load_moe_experts() -> Callable | None:
+    """torch.ops.zserve.moe_experts (a MoE layer's routed experts over gemm_dot_compact), or None when
+    the kernels cannot be built here or the set has no avx2 (no gemm_int8_dot under it)."""
+    if not load_cpu_kernels() or not torch.ops.zserve.gemm_int8_dot_supported():
+        return None
+    return torch.ops.zserve.moe_experts
 
 
 def main() -> None:

@@ -130,13 +130,15 @@ def test_int8_dot_kernel_on_every_path_this_cpu_runs():
     """The int8 x int8 GEMM (and its 4-bit path) has four forms (INT8_DOT_PATHS); this process and the run above
     reach one each, so every other one this CPU can run gets its tests alone in one more build (a Sapphire Rapids:
     AVX-VNNI ymm at avx2+avx_vnni, VPMADDUBSW zmm at avx512 and ymm at avx2). test_gemm_int8_dot.py checks there
-    that the build reports the path's instruction."""
+    that the build reports the path's instruction; the stacked MoE experts (moe_experts.cpp over that GEMM) run
+    their parity test there too."""
     others = int8_dot_sets()
     if not others:
         pytest.skip(f"this CPU runs no other int8 dot path below {cpu_isa().name}")
     for isa in others:
         files = ["tests/model/test_gemm_int8_dot.py", "tests/model/test_gguf_blocks.py", "tests/model/test_six_bit_codes.py",
-                 "tests/model/test_gguf_pack.py"]  # 6-bit codes and compact scales, decoded by each path
+                 "tests/model/test_gguf_pack.py",  # 6-bit codes and compact scales, decoded by each path
+                 "tests/model/test_gguf_moe.py::test_stacked_experts_match_the_loop"]
         stdout = run_child_pytest(isa, files, timeout_s=900)
         assert " skipped" not in stdout, f"ZSERVE_CPU_ISA={isa.name}:\n{stdout[-2000:]}"
 

@@ -10,6 +10,13 @@ the experts stacked [n_expert, out, in] per projection, read one expert slice at
 The qwen3_moe fixture's layer 1 is dense (mlp_only_layers): the config rebuilt from the metadata
 finds it by its missing ffn_gate_exps. Its hidden and expert widths are equal (64), so an expert read
 in the wrong orientation fails on values, not on shape. Q4_K rows are 256 values: that variant is 256 wide.
+
+The stacked path (layers/stacked_experts.py, kernels/moe_experts.cpp: --quantization gguf on the
+int8-dot kernel, each projection of a layer's experts packed in one call, one op per layer): its
+output equal bit for bit to fused_experts.py's loop over the same file's experts (float32 and
+bfloat16, 1 to 37 tokens), for Q4_K and Q4_K_M (down experts Q6_K: 8-bit codes, groups of 16);
+the served model's greedy tokens equal to the loop's (that kernel quantizes activations to int8,
+so transformers is the oracle of the exact paths only); nothing per expert left.
 """
 
 from __future__ import annotations
@@ -17,12 +24,16 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from testing.cache_dirs import private_cache_dir
 from testing.gguf_fixtures import dequantized_hf_dir, write_gguf
 from testing.model_fixtures import GreedyDriver, HfReference, make_runner, make_tiny_checkpoint, random_prompt
 from zserve.launcher.gguf_model_dir import gguf_model_dir
-from zserve.model_proc.layers.fused_experts import ExpertMLP
+from zserve.model_proc.layers import fused_experts
+from zserve.model_proc.layers.fused_experts import ExpertMLP, FusedExperts
+from zserve.model_proc.layers.stacked_experts import StackedExperts
+from zserve.model_proc.resident_memory import resident_bytes_by_form
 
 NEW_TOKENS = 12
 WIDE = {"hidden_size": 256, "intermediate_size": 512, "moe_intermediate_size": 256, "head_dim": 64}
@@ -62,6 +73,68 @@ def test_moe_gguf_greedy_matches_transformers(tmp_path, name):
     ours = driver.generate([driver.add(p, NEW_TOKENS) for p in prompts])
     for prompt, out in zip(prompts, ours, strict=True):
         assert out == reference.generate(prompt, NEW_TOKENS), f"{name}: prompt of {len(prompt)} tokens"
+
+
+def _routes(num_tokens: int, num_experts: int, top_k: int, dtype: torch.dtype, seed: int):
+    """x, distinct expert ids per token and their weights, random."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(num_tokens, WIDE["hidden_size"], generator=gen).to(dtype)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(num_tokens)])
+    weights = torch.rand(num_tokens, top_k, generator=gen).softmax(dim=1).to(dtype)
+    return x, ids, weights
+
+
+@pytest.mark.parametrize("weight_type", ["Q4_K", "Q4_K_M"])
+def test_stacked_experts_match_the_loop(tmp_path, monkeypatch, weight_type):
+    hf_dir = make_tiny_checkpoint(tmp_path / "hf", "qwen3_moe", **WIDE)
+    gguf_file = write_gguf(hf_dir, tmp_path / "m.gguf", weight_type)
+    model_dir = gguf_model_dir(gguf_file, with_tokenizer=False)
+    options = {"page_size": 4, "kv_cache_tokens": 512, "device": "cpu", "dtype": "float32", "quantization": "gguf",
+               "gemm_backend": "zserve_dot"}
+    runner = make_runner(model_dir, **options)
+    if runner.gemm_backend != "zserve_int8_dot":
+        pytest.skip(f"the stacked experts run on the zserve_int8_dot kernel (here: {runner.gemm_backend})")
+    stacked = [m for m in runner.model.modules() if isinstance(m, FusedExperts)]
+    assert len(stacked) == 2 and all(m.stacked is not None and len(m.experts) == 0 for m in stacked)
+    assert not [m for m in runner.model.modules() if isinstance(m, ExpertMLP)]
+    down_bits = {m.stacked.down.bits for m in stacked}
+    assert down_bits == ({4} if weight_type == "Q4_K" else {6}), down_bits  # the mix: Q6_K down experts, 6-bit codes
+    # the memory line counts the stacked codes and scales once each
+    forms, _ = resident_bytes_by_form(runner.model, torch.float32)
+    stacked_codes = sum(p.values.numel() for m in stacked for p in m.stacked.packed_weights())
+    assert forms["4-bit codes"] + forms.get("6-bit codes", 0) + forms.get("int8 codes", 0) >= stacked_codes
+    assert "uint8 embeddings and norms" not in forms or forms["uint8 embeddings and norms"] < stacked_codes
+
+    monkeypatch.setattr(fused_experts, "load_moe_experts", lambda: None)  # the same file through the loop
+    loop_runner = make_runner(model_dir, **options)
+    loops = [m for m in loop_runner.model.modules() if isinstance(m, FusedExperts)]
+    assert all(m.stacked is None and len(m.experts) == 8 for m in loops)
+    for dtype in (torch.float32, torch.bfloat16):
+        for num_tokens in (1, 5, 37):
+            x, ids, weights = _routes(num_tokens, 8, 2, dtype, seed=num_tokens)
+            for ours, loop in zip(stacked, loops, strict=True):
+                got, want = ours(x, ids, weights), loop(x, ids, weights)
+                assert got.dtype == dtype and torch.equal(got, want), (dtype, num_tokens)
+
+    # served end to end: the same greedy tokens as the loop (the int8-dot kernel quantizes activations, so
+    # transformers is the oracle of the exact paths above, not of this one)
+    prompts = [random_prompt(n, seed=n) for n in (1, 7, 23)]
+    outputs = []
+    for served in (runner, loop_runner):
+        driver = GreedyDriver(served)
+        outputs.append(driver.generate([driver.add(p, NEW_TOKENS) for p in prompts]))
+    assert outputs[0] == outputs[1]
+
+
+def test_stacked_experts_refuse_partial_blocks():
+    from zserve.model_proc.weights.compact_scales import CompactScales
+    from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
+
+    codes = torch.zeros(3, 32, 16, 4, dtype=torch.uint8)  # 3 blocks: not 2 experts of whole blocks
+    compact = CompactScales(torch.zeros(3, 1, 16, dtype=torch.float16), torch.zeros(3, 8, 16, dtype=torch.int8), None, None)
+    blocks = PackedBlocks(codes, compact, 4, 32, 256, 48)
+    with pytest.raises(ValueError, match="not 2 experts"):
+        StackedExperts(2, blocks, blocks)
 
 
 def test_moe_config_from_the_metadata(tmp_path):
