@@ -131,7 +131,7 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, kee
     slots are first written rather than all at start (torch.zeros would touch every page of a
     pool that may be a third of the machine's memory), and MADV_HUGEPAGE asks for 2 MiB pages,
     which decode's page gathers stream through (see worker_env.py on huge pages)."""
-    if device.type != "cpu":
+    if device.type != "cpu" or math.prod(shape) == 0:  # nothing to map (no heads on this rank: the model refuses it)
         return torch.zeros(shape, dtype=dtype, device=device)
     num_bytes = math.prod(shape) * dtype.itemsize
     buffer = mmap.mmap(-1, max(num_bytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

@@ -18,7 +18,7 @@ def probed_instructions(isa: IsaFeatures) -> set[str]:
     if isa.vector_bits == 0:
         return set()
     return {"fma", "vpmaddubsw"} | ({"vdpbf16ps"} if "avx512_bf16" in isa else set()) | (
-        {"vpdpbusd"} if int8_dot_instruction(isa).startswith("vpdpbusd") else set()
+        {"vpdpbusd"} if "vpdpbusd" in int8_dot_instruction(isa) else set()
     )
 
 
