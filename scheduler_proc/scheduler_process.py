@@ -53,7 +53,7 @@ from zserve.common.weight_memory import WeightMemory
 from zserve.scheduler_proc.scheduler import Scheduler
 from zserve.scheduler_proc.scheduler_knobs import SchedulerKnobs, scheduler_knobs
 from zserve.scheduler_proc.stats_logger import StatsLogger
-from zserve.scheduler_proc.xgrammar_source import XGrammarSource
+from zserve.scheduler_proc.xgrammar_source import XGrammarSource, grammar_thread
 
 logger = logging.getLogger("scheduler_proc")
 GRAMMAR_POLL_MS = 5  # how often a loop with nothing to run but grammars being built looks again
@@ -194,12 +194,16 @@ def serve(
         to_worker = push(ctx, addrs.worker_inbox, WORKER_INBOX)
         to_detok = push(ctx, addrs.detok_inbox, DETOK_INBOX)
         launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)
+        # xgrammar's import starts now, while the model worker loads, not beside the first requests
+        grammar_executor = grammar_thread() if sched.grammar_backend == "xgrammar" else None
         ready = from_worker.recv()
         assert isinstance(ready, WorkerReady), ready
         context_len = facts.context_len  # the launcher's, which the frontend checks prompts against too
         grammar_source = None
         if sched.grammar_backend == "xgrammar":
-            grammar_source = XGrammarSource(model.tokenizer_dir, ready.vocab_size, list(ready.eos_token_ids))
+            grammar_source = XGrammarSource(
+                model.tokenizer_dir, ready.vocab_size, list(ready.eos_token_ids), executor=grammar_executor
+            )
             grammar_source.warm_up()
         scheduler = Scheduler(
             num_pages=ready.num_pages,

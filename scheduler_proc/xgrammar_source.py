@@ -7,7 +7,10 @@
     fill_bitmask / accept / is_terminated / release: the request's matcher
 
 xgrammar (and transformers, for the tokenizer's vocabulary) are imported in the background
-thread, which `warm_up` starts at startup; `--grammar-backend none` builds no source at all.
+thread that `grammar_thread()` starts as the scheduler process starts, so the import (~1.5 s: it
+imports torch) overlaps the model worker's load instead of the first requests (the scheduler's loop
+shares the GIL with it); `warm_up` then indexes the vocabulary there once the worker has said its
+size. `--grammar-backend none` builds no source and starts no thread.
 """
 
 from __future__ import annotations
@@ -41,6 +44,21 @@ def lower_this_thread_priority(nice: int) -> None:
         logger.debug("grammar thread keeps its priority: %s", exc)
 
 
+def import_grammar_modules() -> None:
+    """xgrammar and the tokenizer class it indexes (a failure here repeats, and is logged, at the warm-up)."""
+    import xgrammar  # noqa: F401
+    from transformers import PreTrainedTokenizerFast  # noqa: F401
+
+
+def grammar_thread() -> ThreadPoolExecutor:
+    """The grammar thread, GRAMMAR_THREAD_NICE below the process, its first work the modules' import."""
+    executor = ThreadPoolExecutor(
+        1, thread_name_prefix="grammar", initializer=lower_this_thread_priority, initargs=(GRAMMAR_THREAD_NICE,)
+    )
+    executor.submit(import_grammar_modules)
+    return executor
+
+
 class GrammarError(ValueError):
     """The grammar spec cannot be compiled (the message is xgrammar's, fit for the client)."""
 
@@ -52,7 +70,7 @@ class XGrammarSource:
     stop_token_ids: list[int]
     _building: dict[int, Future] = field(default_factory=dict)  # req_id -> its compiled grammar, to come
     _matchers: dict[int, Any] = field(default_factory=dict)  # req_id -> xgrammar.GrammarMatcher
-    _executor: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="grammar"))
+    executor: ThreadPoolExecutor = field(default_factory=grammar_thread)  # the scheduler hands over the one it started
     _compiled: dict[tuple[str, str], Future] = field(default_factory=dict)
     _compiler: Any = None
     _whitespace_ids: frozenset[int] | None = None  # from the vocabulary the compiler indexed
@@ -63,11 +81,7 @@ class XGrammarSource:
         constrained request does not wait for it (a failure is logged; requests then fail with it).
         The grammar thread runs GRAMMAR_THREAD_NICE below the process, so this second or two of work
         does not slow the first answers on a machine of few cores (the model worker gets them first)."""
-        self._executor.submit(self._warm_up).add_done_callback(self._log_warm_up)
-
-    def _warm_up(self) -> None:
-        lower_this_thread_priority(GRAMMAR_THREAD_NICE)
-        self._get_compiler()
+        self.executor.submit(self._get_compiler).add_done_callback(self._log_warm_up)
 
     @staticmethod
     def _log_warm_up(future: Future) -> None:
@@ -77,7 +91,7 @@ class XGrammarSource:
     def start(self, req_id: int, spec: tuple[str, str]) -> None:
         future = self._compiled.get(spec)
         if future is None:
-            future = self._compiled[spec] = self._executor.submit(self._compile, spec)
+            future = self._compiled[spec] = self.executor.submit(self._compile, spec)
         self._building[req_id] = future
 
     def is_ready(self, req_id: int) -> bool:
@@ -122,7 +136,7 @@ class XGrammarSource:
         return self._whitespace_ids
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        self.executor.shutdown(wait=False, cancel_futures=True)
 
     # ---- in the background thread --------------------------------------------------------------
 

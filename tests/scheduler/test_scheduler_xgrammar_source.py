@@ -82,3 +82,23 @@ def test_whitespace_ids_are_the_tokens_that_decode_to_whitespace_only(source, mo
     assert expected and source.whitespace_ids() == expected
     assert tokenizer.encode("\n", False)[0] in source.whitespace_ids()
     source.release(1)
+
+
+def test_the_grammar_thread_imports_xgrammar_first_and_runs_below_the_process(model_dir):
+    import os
+    import sys
+    import threading
+
+    from zserve.scheduler_proc.xgrammar_source import GRAMMAR_THREAD_NICE, grammar_thread
+
+    executor = grammar_thread()
+    try:
+        thread_nice = executor.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result(60)
+        assert "xgrammar" in sys.modules  # the first work queued, done before the probe ran
+        assert thread_nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + GRAMMAR_THREAD_NICE)
+        config = json.loads((model_dir / "config.json").read_text())
+        source = XGrammarSource(str(model_dir), config["vocab_size"], [config["eos_token_id"]], executor=executor)
+        source.warm_up()  # the vocabulary indexed on the thread handed over
+        assert executor.submit(lambda: source._compiler is not None).result(60)
+    finally:
+        executor.shutdown(wait=True)
