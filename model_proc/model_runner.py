@@ -32,6 +32,7 @@ from zserve.common.model_config import ModelConfig
 from zserve.common.start_phases import StartPhases
 from zserve.common.weight_memory import WeightMemory
 from zserve.common.worker_env import default_num_threads
+from zserve.model_proc.checkpoints.early_cache_read import EarlyCacheRead
 from zserve.model_proc.checkpoints.packed_cache import PackedCache
 from zserve.model_proc.chunk_pooler import final_norm, pool_chunks
 from zserve.model_proc.compute_dtype import resolve_dtype
@@ -105,6 +106,7 @@ class ModelRunner:
         weight_copy: str = "auto",
         packed_cache: str = "off",
         start_phases: StartPhases | None = None,
+        early_cache_read: EarlyCacheRead | None = None,
     ):
         """The knobs come from the server config through `from_server_config` (the one source of
         their defaults). `kv_cache_tokens` > 0 sizes the KV pool in tokens; 0 takes
@@ -117,6 +119,7 @@ class ModelRunner:
         phases = start_phases or StartPhases()
         self.gemm_choice, self.fused_ops_choice, self.weight_copy_choice = gemm, fused_ops, weight_copy  # _load_model
         self.packed_cache_choice = packed_cache  # _load_model
+        self.early_cache_read = early_cache_read  # the packed cache's read started with the worker: _packed_cache
         self.config = ModelConfig.from_model_dir(model_dir)
         self.device = resolve_device(device)
         self.dtype, dtype_reason = resolve_dtype(dtype, self.device)
@@ -177,7 +180,8 @@ class ModelRunner:
 
     @staticmethod
     def from_server_config(
-        cfg: ServerConfig, tp_rank: int = 0, show_progress: bool | None = None, start_phases: StartPhases | None = None
+        cfg: ServerConfig, tp_rank: int = 0, show_progress: bool | None = None, start_phases: StartPhases | None = None,
+        early_cache_read: EarlyCacheRead | None = None,
     ) -> ModelRunner:
         """Unpack the launcher's ServerConfig into plain values."""
         return ModelRunner(
@@ -200,6 +204,7 @@ class ModelRunner:
             weight_copy=cfg.gemm_weight_copy,
             packed_cache=cfg.packed_cache,
             start_phases=start_phases,
+            early_cache_read=early_cache_read,
         )
 
     def _load_model(self, show_progress: bool | None, phases: StartPhases) -> torch.nn.Module:
@@ -260,9 +265,12 @@ class ModelRunner:
         """The cache of a GGUF file's packed matrices (--packed-cache on, --quantization gguf, on CPU), else None."""
         source = gguf_source(self.config.model_dir)
         packs = get_quant_method(self.quantization).gguf_packs  # the method that packs a file's rows at load
+        early, self.early_cache_read = self.early_cache_read, None  # taken once
         if self.packed_cache_choice != "on" or not packs or source is None or self.device.type != "cpu":
+            if early is not None:
+                early.take(Path(), -1)  # read for nothing: freed
             return None
-        return PackedCache.open(Path(self.config.model_dir), source, self.tp_rank, self.tp_size)
+        return PackedCache.open(Path(self.config.model_dir), source, self.tp_rank, self.tp_size, early)
 
     def _choose_weight_kernel(self, plain_bytes: int) -> WeightKernel:
         """The weight kernel for this server, calibrated, with or without its second copy of the

@@ -38,16 +38,16 @@ from zserve.common.server_config import ServerConfig
 from zserve.common.start_phases import StartPhases
 from zserve.common.transport import Addresses, Endpoint, pull, push
 from zserve.model_proc.batch_broadcast import HEARTBEAT_INTERVAL_S, BatchPublisher, BatchSubscriber
-from zserve.model_proc.packed_cache_prefetch import prefetch_packed_cache
+from zserve.model_proc.checkpoints.early_cache_read import EarlyCacheRead
 
 logger = logging.getLogger("model_proc")
 
 
-def build_runner(cfg: ServerConfig, rank: int, phases: StartPhases):
+def build_runner(cfg: ServerConfig, rank: int, phases: StartPhases, early_read: EarlyCacheRead | None):
     from zserve.model_proc.model_runner import ModelRunner
 
     phases.done("model code imports")
-    return ModelRunner.from_server_config(cfg, tp_rank=rank, start_phases=phases)
+    return ModelRunner.from_server_config(cfg, tp_rank=rank, start_phases=phases, early_cache_read=early_read)
 
 
 def run_step(runner, batch: ForwardBatch) -> StepResult | WorkerError:
@@ -121,8 +121,11 @@ def serve_follower(
     logger.info("rank 0 stopped; %s exits", name)
 
 
-def serve(cfg: ServerConfig, addrs: Addresses, rank: int, phases: StartPhases) -> None:
-    """`phases`: this process's start timeline, sent to the launcher in ProcReady."""
+def serve(
+    cfg: ServerConfig, addrs: Addresses, rank: int, phases: StartPhases, early_read: EarlyCacheRead | None = None
+) -> None:
+    """`phases`: this process's start timeline, sent to the launcher in ProcReady; `early_read`: the
+    packed cache being read since the process started (checkpoints/early_cache_read.py), or None."""
     from zserve.model_proc.compute_dtype import resolve_dtype
     from zserve.model_proc.tp_group import (
         check_same_on_all_ranks,
@@ -151,7 +154,7 @@ def serve(cfg: ServerConfig, addrs: Addresses, rank: int, phases: StartPhases) -
                     fingerprint, device,
                     "models or --dtype/--quantization/--page-size/--kv-cache-tokens/--kv-memory-fraction/--seed",
                 )
-            runner = build_runner(cfg, rank, phases)
+            runner = build_runner(cfg, rank, phases, early_read)
             if rank == 0:
                 serve_lead(cfg, addrs, runner, ctx, launcher, name, phases)
             else:
@@ -164,6 +167,6 @@ def main() -> None:
     phases = StartPhases.since_process_start()
     cfg, addrs, ns = child_args()
     child_setup("model" if cfg.tp_size == 1 else f"model r{ns.rank}", cfg.log_level)
-    if cfg.packed_cache == "on":  # a cold cache file is read from disk while torch imports
-        prefetch_packed_cache(cfg.model, ns.rank, cfg.tp_size)
-    serve(cfg, addrs, ns.rank, phases)
+    # the packed cache (warm or cold) is read into memory while torch imports and the model is built
+    early_read = EarlyCacheRead.start(cfg.model, ns.rank, cfg.tp_size) if cfg.packed_cache == "on" else None
+    serve(cfg, addrs, ns.rank, phases, early_read)

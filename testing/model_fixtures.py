@@ -103,15 +103,18 @@ TINY_KINDS["gemma3_mm"] = ("Gemma3Config", dict(
 
 
 def make_runner(
-    model_dir: str | Path, *, tp_rank: int = 0, start_phases: StartPhases | None = None, **overrides: Any
+    model_dir: str | Path, *, tp_rank: int = 0, start_phases: StartPhases | None = None,
+    early_cache_read: Any = None, **overrides: Any
 ) -> ModelRunner:
     """A ModelRunner with the server's defaults (`ServerConfig()`, with the kernel choices that
     $ZSERVE_GEMM, $ZSERVE_ATTENTION and $ZSERVE_FUSED_OPS set, as launch_server takes them), except
     what the test names (`page_size=4, kv_cache_tokens=512, device="cpu"`, ...); `start_phases`: the
-    timeline the runner marks (common/start_phases.py)."""
+    timeline the runner marks (common/start_phases.py); `early_cache_read`: the worker's early read of
+    the packed cache (model_proc/checkpoints/early_cache_read.py)."""
     from_env = {name: value for name, (_, value) in env_defaults().items()}
     cfg = replace(ServerConfig(model=str(model_dir), **from_env), **overrides)
-    return ModelRunner.from_server_config(cfg, tp_rank=tp_rank, start_phases=start_phases)
+    return ModelRunner.from_server_config(cfg, tp_rank=tp_rank, start_phases=start_phases,
+                                          early_cache_read=early_cache_read)
 
 
 def make_tiny_checkpoint(

@@ -45,6 +45,8 @@ from typing import IO
 
 import torch
 
+from zserve.model_proc.checkpoints.early_cache_read import EarlyCacheRead
+
 logger = logging.getLogger(__name__)
 
 FORMAT = "zserve-packed-2"  # 2: each entry keeps gguf_pack's implied offset factor
@@ -99,15 +101,25 @@ class PackedCache:
     num_packed: int = 0
 
     @classmethod
-    def open(cls, model_dir: Path, gguf_file: Path, tp_rank: int = 0, tp_size: int = 1) -> PackedCache:
-        """The cache of `gguf_file` in `model_dir`/packed: read if valid, else a fresh one to write."""
+    def open(
+        cls, model_dir: Path, gguf_file: Path, tp_rank: int = 0, tp_size: int = 1, early: EarlyCacheRead | None = None
+    ) -> PackedCache:
+        """The cache of `gguf_file` in `model_dir`/packed: read if valid (taken from `early` where it
+        read this file while the worker started), else a fresh one to write."""
         folder = Path(model_dir) / "packed"
         cache = cls(folder, f"tp{tp_rank}of{tp_size}", cache_key(gguf_file, tp_rank, tp_size))
         manifest_path, data_path = cache.paths()
+        if not manifest_path.is_file() and early is not None:
+            early.take(data_path, -1)  # another key's file: freed
         if manifest_path.is_file():
             problem = cache._check(manifest_path, data_path)
+            num_bytes = int(cache.manifest["data_bytes"]) if problem is None else -1
+            early_buffer = early.take(data_path, num_bytes) if early is not None else None
             if problem is None:
-                cache._buffer = _read_whole(data_path, int(cache.manifest["data_bytes"]))
+                if early_buffer is not None:  # read while the worker imported torch: shared, not copied
+                    cache._buffer = torch.frombuffer(early_buffer, dtype=torch.uint8)
+                else:
+                    cache._buffer = _read_whole(data_path, num_bytes)
                 return cache
             logger.warning("packed cache %s refused (%s): packing from the GGUF file and writing it again",
                            manifest_path, problem)

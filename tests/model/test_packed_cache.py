@@ -14,6 +14,7 @@ from testing.cache_dirs import private_cache_dir
 from testing.gguf_fixtures import write_gguf
 from testing.model_fixtures import GreedyDriver, make_runner, make_tiny_checkpoint, random_prompt
 from zserve.launcher.gguf_model_dir import gguf_model_dir
+from zserve.model_proc.checkpoints.early_cache_read import EarlyCacheRead
 from zserve.model_proc.checkpoints.packed_cache import PackedCache
 from zserve.model_proc.kernels.cpu_kernels import load_gguf_pack
 from zserve.model_proc.weights.block_cat import cat_blocks
@@ -121,14 +122,42 @@ def test_cat_blocks_is_a_view_when_the_parts_lie_back_to_back():
     assert torch.equal(cat_blocks(other), torch.cat(other))
 
 
-def test_prefetch_asks_readahead_for_this_slices_files_only(tmp_path):
-    from zserve.model_proc.packed_cache_prefetch import prefetch_packed_cache
+def test_the_early_read_holds_this_slices_one_file_or_nothing(tmp_path):
+    """EarlyCacheRead (started at the worker's first line): this rank's single data file, read whole;
+    handed over only for that file and size; nothing started without exactly one such file."""
+    assert EarlyCacheRead.start(tmp_path, 0, 1) is None  # no cache folder yet
+    folder = tmp_path / "packed"
+    folder.mkdir()
+    data = os.urandom(5 * (2 << 20) + 12345)  # parts of whole huge pages, and a tail
+    (folder / "tp0of1-0123.bin").write_bytes(data)
+    (folder / "tp0of1-0123.json").write_text("{}")
+    (folder / "tp1of2-4567.bin").write_bytes(b"y" * 300)
+    read = EarlyCacheRead.start(tmp_path, 0, 1, num_threads=3)
+    assert read is not None and read.path == folder / "tp0of1-0123.bin"
+    buffer = read.take(folder / "tp0of1-0123.bin", len(data))
+    assert buffer is not None and bytes(buffer) == data
+    other = EarlyCacheRead.start(tmp_path, 1, 2)
+    assert other.take(folder / "tp1of2-9999.bin", 300) is None and other.buffer.closed  # another key: freed
+    wrong_size = EarlyCacheRead.start(tmp_path, 1, 2)
+    assert wrong_size.take(folder / "tp1of2-4567.bin", 301) is None and wrong_size.buffer.closed
+    (folder / "tp0of1-89ab.bin").write_bytes(b"z" * 10)
+    assert EarlyCacheRead.start(tmp_path, 0, 1) is None  # two keys: the runner reads the one it wants itself
 
-    assert prefetch_packed_cache(tmp_path, 0, 1) == 0  # no cache folder yet
-    (tmp_path / "packed").mkdir()
-    (tmp_path / "packed" / "tp0of1-0123.bin").write_bytes(b"x" * 5000)
-    (tmp_path / "packed" / "tp1of2-4567.bin").write_bytes(b"y" * 300)
-    (tmp_path / "packed" / "tp0of1-0123.json").write_text("{}")
-    expected = 5000 if hasattr(os, "posix_fadvise") else 0
-    assert prefetch_packed_cache(tmp_path, 0, 1) == expected
-    assert prefetch_packed_cache(tmp_path, 1, 2) == (300 if expected else 0)
+
+@needs_gguf_pack
+def test_the_cache_read_early_gives_the_same_logits(gguf_dir):
+    """The worker's path: the cache file read while the model is built, then handed to PackedCache."""
+    model_dir, gguf_file = gguf_dir
+    reference = logits_and_cache(model_dir, "on")  # writes the cache
+    early = EarlyCacheRead.start(model_dir, 0, 1)
+    assert early is not None
+    runner = make_runner(model_dir, page_size=4, kv_cache_tokens=256, device="cpu", dtype="bfloat16",
+                         quantization="gguf", packed_cache="on", early_cache_read=early)
+    assert early.buffer.closed is False  # handed over, not freed: the weights are views of it
+    driver = GreedyDriver(runner)
+    batch = driver.build_batch([driver.add(random_prompt(n, seed=n), 1) for n in (3, 11)])
+    assert torch.equal(runner.last_logits(batch), reference)
+    unused = EarlyCacheRead.start(model_dir, 0, 1)
+    make_runner(model_dir, page_size=4, kv_cache_tokens=256, device="cpu", dtype="bfloat16", quantization="gguf",
+                packed_cache="off", early_cache_read=unused)
+    assert unused.buffer.closed  # --packed-cache off (or no cache read): the early read is freed
