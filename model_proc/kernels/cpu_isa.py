@@ -22,7 +22,7 @@ import platform
 from zserve.common.isa_features import CPU_ISA_ENV, LEVELS, X86_MACHINES, IsaFeatures, choose_isa, cpu_flags
 
 __all__ = [
-    "AMX_MIN_ROWS", "LEVELS", "IsaFeatures", "choose_isa", "cpu_flags", "cpu_isa", "int8_dot_instruction",
+    "AMX_MIN_ROWS", "BF16_TILE_MIN_ROWS", "LEVELS", "IsaFeatures", "choose_isa", "cpu_flags", "cpu_isa", "int8_dot_instruction",
     "march_flags",
 ]
 ISA_ENV = CPU_ISA_ENV  # the worker's set, from --cpu-isa by the launcher (worker_env)
@@ -32,6 +32,8 @@ EXTENSION_FLAGS = {  # the compiler flags of each extension
     "amx_int8": ("-mamx-tile", "-mamx-int8"),
 }
 AMX_MIN_ROWS = 16  # kernels/int8_dot.h's: from this many rows gemm_int8_dot multiplies in AMX tiles
+# kernels/int8_dot.h's: from this many rows a bf16 x goes through bf16 tiles (kernels/bf16_tiles.cpp), where granted
+BF16_TILE_MIN_ROWS = 192
 
 
 @functools.cache

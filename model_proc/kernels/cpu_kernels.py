@@ -64,6 +64,7 @@ SOURCES = tuple(
     for name in (
         "paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_int8_dot.cpp", "gemm_amx.cpp", "gemm_bf16.cpp",
         "fused_ops.cpp", "cpu_probe.cpp", "gguf_pack.cpp", "six_bit_quads.cpp", "moe_experts.cpp",
+        "bf16_tiles.cpp",
     )
 )
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
@@ -229,6 +230,10 @@ def _log_int8_dot_instruction() -> None:
         )
     else:
         logger.info("int8 dot products by %s", instruction)
+    bf16_tile_rows = torch.ops.zserve.gemm_int8_dot_bf16_tile_rows()
+    if bf16_tile_rows:
+        logger.info("bf16 activations of %d rows and more: the weight decoded to bf16 per chunk, AMX-BF16 tiles "
+                    "(oneDNN's matmul; kernels/bf16_tiles.cpp)", bf16_tile_rows)
 
 
 def load_gguf_pack() -> Callable | None:

@@ -301,6 +301,9 @@ template <typename T, Codes KIND>
 void run(const at::Tensor& x, const WeightLayout& layout, int64_t num_blocks, int64_t out_features, const float* bias,
          at::Tensor& out) {
   const int64_t M = x.size(0), K = x.size(1);
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {  // many rows of bf16: through bf16 tiles where the CPU has them
+    if (M >= BF16_TILE_MIN_ROWS && bf16_tiles_granted()) return gemm_bf16_tiles(KIND, x, layout, num_blocks, out_features, bias, out);
+  }
   const int64_t num_act = K / ACT_BLOCK, num_sums = K / SUM_BLOCK;
   at::Tensor x_f32;
   const QuantizedRows rows = quantize_rows(x_as_f32<T>(x, x_f32), M, K, x.options());
@@ -367,6 +370,15 @@ bool gemm_int8_dot_amx_granted() {
   return amx_granted();
 #else
   return false;
+#endif
+}
+
+// From how many rows a bf16 x goes through bf16 tiles (bf16_tiles.cpp); 0: never here.
+int64_t gemm_int8_dot_bf16_tile_rows() {
+#if ZSERVE_HAS_GEMM_WIDEN
+  return bf16_tiles_granted() ? BF16_TILE_MIN_ROWS : 0;
+#else
+  return 0;
 #endif
 }
 
@@ -505,6 +517,7 @@ TORCH_LIBRARY_FRAGMENT(zserve, m) {
   m.def("gemm_int8_dot_supported() -> bool", &gemm_int8_dot_supported);
   m.def("gemm_int8_dot_instruction() -> str", &gemm_int8_dot_instruction);
   m.def("gemm_int8_dot_amx_granted() -> bool", &gemm_int8_dot_amx_granted);
+  m.def("gemm_int8_dot_bf16_tile_rows() -> int", &gemm_int8_dot_bf16_tile_rows);
   m.def("gemm_int8_dot(Tensor x, Tensor w_quads, Tensor scales, Tensor? offsets, int out_features, Tensor? bias_f32, int group_size) -> Tensor",
         &gemm_int8_dot);
   m.def("gemm_int4_dot(Tensor x, Tensor w_nibbles, Tensor scales, Tensor? offsets, int out_features, Tensor? bias_f32, int group_size) -> Tensor",

@@ -99,6 +99,16 @@ AmxRowTerms amx_row_terms(const float* xs, const int32_t* x_sums16, int64_t rows
 void amx_dot_rows(Codes kind, const int8_t* xq, const float* xs, const AmxRowTerms& terms, int64_t rows, int64_t K,
                   const Weights& w, uint8_t* scratch, float* sums);
 
+// bf16_tiles.cpp. Whether a bf16 x of BF16_TILE_MIN_ROWS rows and more is multiplied through bf16
+// tiles: AMX-BF16 on the CPU, a build with amx_int8, the tiles granted (amx_granted()).
+bool bf16_tiles_granted();
+constexpr int64_t BF16_TILE_MIN_ROWS = 192;  // cpu_isa.py's BF16_TILE_MIN_ROWS
+
+// The weight's column blocks decoded into bf16 chunk by chunk and multiplied by oneDNN's bf16 matmul:
+// out [M, out_features] (bf16) = x (bf16 [M, K]) @ W (+ bias, fp32). Only where bf16_tiles_granted().
+void gemm_bf16_tiles(Codes kind, const at::Tensor& x, const WeightLayout& layout, int64_t num_blocks, int64_t out_features,
+                     const float* bias, at::Tensor& out);
+
 #endif
 
 }  // namespace zserve_int8_dot

@@ -22,11 +22,12 @@ import torch
 from testing.random_dot_weights import random_dot_weight, side_by_side
 from tests.model.test_cpu_isa import REPO, next_lower_set, run_child_pytest
 from tests.model.test_gemm_int8_dot import needs_kernel, random_rows
-from zserve.model_proc.kernels.cpu_isa import AMX_MIN_ROWS, cpu_isa, int8_dot_instruction
+from zserve.model_proc.kernels.cpu_isa import AMX_MIN_ROWS, BF16_TILE_MIN_ROWS, cpu_isa, int8_dot_instruction
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8_dot
 from zserve.model_proc.layers.weight_kernels.int8_kernels import gemm_int8_dot
 
-ROWS = [1, 15, 16, 17, 33, 256]
+# bf16 x of BF16_TILE_MIN_ROWS rows and more goes through bf16 tiles where the CPU has AMX-BF16 (test_bf16_tiles.py)
+ROWS = [1, 15, 16, 17, 33, BF16_TILE_MIN_ROWS - 1]
 K, N = 256, 40  # N off the blocks of 16
 
 
