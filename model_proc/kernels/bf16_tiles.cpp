@@ -7,7 +7,7 @@
 // the AMX-INT8 path a tile store and a vector rescale per 32 k: oneDNN's AMX-BF16 matmul on the
 // weight in bf16 measured 1.7-2.7x faster at 256-1024 rows (benchmarks/bench_amx_gemm.py). The
 // bf16 weight is not kept: each chunk of column blocks is decoded into one scratch of at most
-// CHUNK_BYTES (in cache-sized pieces per thread), multiplied, and the scratch reused.
+// CHUNK_BYTES (threads splitting K in slabs), multiplied, and the scratch reused.
 //
 // Arithmetic: W = C * S + O as decode_block_bf16 computes it (the scales and offsets as the int8
 // paths read them, Weights::group; C * S + O in fp32, rounded to bf16 once, to nearest even),
@@ -69,13 +69,15 @@ struct GroupValues {
   }
 };
 
-// One column block (16 columns, all K) -> out[k * ld + j], bf16.
-void decode_block_bf16(Codes kind, const Weights& w, int64_t K, c10::BFloat16* out, int64_t ld) {
+constexpr int64_t SLAB_K = 64;  // k per slab: whole loads of every kind of codes (4, 8 or 16 k)
+
+// One column block's rows [k_begin, k_end) (16 columns) -> out[k * ld + j], bf16.
+void decode_block_bf16(Codes kind, const Weights& w, int64_t k_begin, int64_t k_end, c10::BFloat16* out, int64_t ld) {
   const int64_t k_per_load = kind == Codes::NIBBLES ? 2 * QUAD : kind == Codes::SIX ? zserve_six_bit::K_PER_UNIT : QUAD;
   const int64_t load_bytes = kind == Codes::SIX ? zserve_six_bit::UNIT_BYTES : COLS * QUAD;
   GroupValues group{_mm512_setzero_ps(), _mm512_setzero_ps(), w.has_offsets()};
   int64_t current_group = -1;
-  for (int64_t k0 = 0; k0 < K; k0 += k_per_load) {
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += k_per_load) {
     if (k0 / w.G != current_group) {  // a group spans whole loads: G is 16, a multiple of 32, or K
       current_group = k0 / w.G;
       w.group(current_group, &group.scale, &group.offset);
@@ -125,9 +127,15 @@ bool bf16_tiles_granted() {
   return granted;
 }
 
+// Threads split K in slabs; a slab goes block after block, so the two halves of each 64-byte line of
+// out (two blocks' 16 bf16 of one k) are written while the line is still in cache.
 void decode_blocks_bf16(Codes kind, const WeightLayout& layout, int64_t K, int64_t b0, int64_t b1, c10::BFloat16* out, int64_t ld) {
-  at::parallel_for(b0, b1, 1, [&](int64_t first, int64_t end) {
-    for (int64_t b = first; b < end; ++b) decode_block_bf16(kind, layout.at(b), K, out + (b - b0) * COLS, ld);
+  const int64_t num_slabs = (K + SLAB_K - 1) / SLAB_K;
+  at::parallel_for(0, num_slabs, 1, [&](int64_t first, int64_t end) {
+    for (int64_t slab = first; slab < end; ++slab) {
+      const int64_t k_begin = slab * SLAB_K, k_end = std::min(K, k_begin + SLAB_K);
+      for (int64_t b = b0; b < b1; ++b) decode_block_bf16(kind, layout.at(b), k_begin, k_end, out + (b - b0) * COLS, ld);
+    }
   });
 }
 
