@@ -1,5 +1,7 @@
 """The int8 x int8 GEMM with its rows in AMX tiles (TDPBSUD, kernels/gemm_amx.cpp) against the same
-kernel's vector path (VPDPBUSD zmm) and oneDNN's bf16 matmul (AMX-BF16 where the CPU has it), on a
+kernel's vector path (VPDPBUSD zmm), its bf16 tiles (bf16 x of 128 rows and more decoded to bf16 per chunk for
+oneDNN, kernels/bf16_tiles.cpp, where the CPU has AMX-BF16: column `tiles`) and oneDNN's bf16 matmul on a kept
+bf16 copy (AMX-BF16 where the CPU has it), on a
 1B model's MLP shapes (K = 2048: N = 8192 and 2048) and a Q4_K-like 4-bit weight (nibbles, groups of
 32, compact scales and offsets are not needed for the timing: fp32 scales and offsets).
 
@@ -43,7 +45,8 @@ def worker(rows: list[int], repeats: int, with_onednn: bool) -> None:
 
     assert load_gemm_int8_dot() is not None, "no int8 dot kernel in this build"
     g = torch.Generator().manual_seed(0)
-    results = {"instruction": torch.ops.zserve.gemm_int8_dot_instruction(), "ms": {}}
+    results = {"instruction": torch.ops.zserve.gemm_int8_dot_instruction(),
+               "bf16_tile_rows": torch.ops.zserve.gemm_int8_dot_bf16_tile_rows(), "ms": {}}
     for n in OUT_FEATURES:
         blocks = n // 16
         codes = torch.randint(0, 256, (blocks, K // 8, 16, 4), dtype=torch.uint8, generator=g)
@@ -53,10 +56,15 @@ def worker(rows: list[int], repeats: int, with_onednn: bool) -> None:
         for m in rows:
             x = torch.randn(m, K, generator=g).bfloat16()
             weights = (codes, scales, offsets, n)
-            results["ms"][f"int4_dot {m}x{K}x{n}"] = best_ms(
-                lambda x=x, w=weights: torch.ops.zserve.gemm_int4_dot(x, w[0], w[1], w[2], w[3], None, 32), repeats
-            )
+
+            def int4_dot(x_in, w=weights):
+                return torch.ops.zserve.gemm_int4_dot(x_in, w[0], w[1], w[2], w[3], None, 32)
+
+            # fp16 x: always the int8 contract (AMX-INT8 tiles from 16 rows in the amx child); bf16 x: bf16 tiles
+            # from BF16_TILE_MIN_ROWS rows where the CPU has AMX-BF16 (kernels/bf16_tiles.cpp), the int8 path below
+            results["ms"][f"int4_dot {m}x{K}x{n}"] = best_ms(lambda x=x.half(): int4_dot(x), repeats)
             if with_onednn:
+                results["ms"][f"int4_dot_bf16 {m}x{K}x{n}"] = best_ms(lambda x=x: int4_dot(x), repeats)
                 results["ms"][f"onednn_bf16 {m}x{K}x{n}"] = best_ms(lambda x=x, w=w_bf16: x @ w, repeats)
     print("RESULT " + json.dumps(results), flush=True)
 
@@ -101,7 +109,10 @@ def main() -> None:
         runs["vector"].append(run_child(args.vector_isa, rows, args.repeats, args.threads, with_onednn=False))
     print(f"# amx child: {runs['amx'][0]['instruction']}; vector child ({args.vector_isa}): {runs['vector'][0]['instruction']}")
     print(f"# load after {load_average()}; medians of {args.rounds} rounds, each the best of {args.repeats}")
-    print(f"{'M x K x N':>18} {'amx ms':>9} {'vector ms':>10} {'onednn bf16 ms':>15} {'vector/amx':>11} {'onednn/amx':>11}")
+    tiles_from = runs["amx"][0]["bf16_tile_rows"]
+    print(f"# bf16 tiles (bf16 x): {f'from {tiles_from} rows' if tiles_from else 'none in this build or on this CPU'}")
+    print(f"{'M x K x N':>18} {'amx ms':>9} {'vector ms':>10} {'tiles ms':>9} {'onednn bf16 ms':>15} {'vector/amx':>11} "
+          f"{'amx/tiles':>10} {'onednn/amx':>11}")
     for n in OUT_FEATURES:
         for m in rows:
             shape = f"{m}x{K}x{n}"
@@ -110,7 +121,9 @@ def main() -> None:
                 return statistics.median(r["ms"][f"{name} {shape}"] for r in runs[kind])
 
             amx, vector, onednn = med("amx", "int4_dot"), med("vector", "int4_dot"), med("amx", "onednn_bf16")
-            print(f"{shape:>18} {amx:9.2f} {vector:10.2f} {onednn:15.2f} {vector / amx:11.2f} {onednn / amx:11.2f}")
+            tiles = med("amx", "int4_dot_bf16")
+            print(f"{shape:>18} {amx:9.2f} {vector:10.2f} {tiles:9.2f} {onednn:15.2f} {vector / amx:11.2f} {amx / tiles:10.2f} "
+                  f"{onednn / amx:11.2f}")
 
 
 if __name__ == "__main__":
