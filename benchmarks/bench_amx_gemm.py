@@ -1,5 +1,5 @@
 """The int8 x int8 GEMM with its rows in AMX tiles (TDPBSUD, kernels/gemm_amx.cpp) against the same
-kernel's vector path (VPDPBUSD zmm), its bf16 tiles (bf16 x of 128 rows and more decoded to bf16 per chunk for
+kernel's vector path (VPDPBUSD zmm), its bf16 tiles (bf16 x of 256 rows and more decoded to bf16 per chunk for
 oneDNN, kernels/bf16_tiles.cpp, where the CPU has AMX-BF16: column `tiles`) and oneDNN's bf16 matmul on a kept
 bf16 copy (AMX-BF16 where the CPU has it), on a
 1B model's MLP shapes (K = 2048: N = 8192 and 2048) and a Q4_K-like 4-bit weight (nibbles, groups of

@@ -33,7 +33,7 @@ EXTENSION_FLAGS = {  # the compiler flags of each extension
 }
 AMX_MIN_ROWS = 16  # kernels/int8_dot.h's: from this many rows gemm_int8_dot multiplies in AMX tiles
 # kernels/int8_dot.h's: from this many rows a bf16 x goes through bf16 tiles (kernels/bf16_tiles.cpp), where granted
-BF16_TILE_MIN_ROWS = 128
+BF16_TILE_MIN_ROWS = 256
 
 
 @functools.cache

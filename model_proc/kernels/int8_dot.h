@@ -102,7 +102,7 @@ void amx_dot_rows(Codes kind, const int8_t* xq, const float* xs, const AmxRowTer
 // bf16_tiles.cpp. Whether a bf16 x of BF16_TILE_MIN_ROWS rows and more is multiplied through bf16
 // tiles: AMX-BF16 on the CPU, a build with amx_int8, the tiles granted (amx_granted()).
 bool bf16_tiles_granted();
-constexpr int64_t BF16_TILE_MIN_ROWS = 128;  // cpu_isa.py's BF16_TILE_MIN_ROWS
+constexpr int64_t BF16_TILE_MIN_ROWS = 256;  // cpu_isa.py's BF16_TILE_MIN_ROWS
 
 // The weight's column blocks decoded into bf16 chunk by chunk and multiplied by oneDNN's bf16 matmul:
 // out [M, out_features] (bf16) = x (bf16 [M, K]) @ W (+ bias, fp32). Only where bf16_tiles_granted().
