@@ -41,7 +41,10 @@ class EarlyCacheRead:
             return None
         path = found[0]
         size = path.stat().st_size
-        read = cls(path, mmap.mmap(-1, size))
+        buffer = mmap.mmap(-1, size)
+        if hasattr(mmap, "MADV_HUGEPAGE"):  # as torch's own buffers in the worker (THP_MEM_ALLOC_ENABLE): decode
+            buffer.madvise(mmap.MADV_HUGEPAGE)  # streams these weights every step, 4 KiB pages cost it TLB misses
+        read = cls(path, buffer)
         bounds = [size * i // num_threads // HUGE_PAGE_BYTES * HUGE_PAGE_BYTES for i in range(num_threads)] + [size]
         for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
             thread = threading.Thread(target=read._read_part, args=(lo, hi), name="packed-early-read", daemon=True)
