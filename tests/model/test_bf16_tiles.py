@@ -139,3 +139,50 @@ def test_column_pieces_of_different_codes_each_go_through_the_tiles():
     )
     decoded = gemm_int8_dot(torch.eye(k, dtype=torch.bfloat16), pieces, None)
     assert_within_one_rounding(decoded, dense(pieces, k).bfloat16(), "pieces")
+
+
+@needs_bf16_tiles
+def test_a_long_prompt_of_a_q4_k_m_file_matches_transformers_in_bf16(tmp_path, monkeypatch):
+    """A Q4_K_M file in bf16 end to end: a 300-token prompt's prefill goes through the bf16 tiles (every linear layer
+    sees 300 rows), the LM head's one row and every decode step through the int8 paths. The oracle is transformers'
+    own GGUF loader on the same file in bf16, every linear layer's input quantized as the int8 kernel quantizes it
+    where it has fewer than BF16_TILE_MIN_ROWS rows (testing/int8_oracle.py) and left in bf16 where it has more:
+    greedy tokens identical up to a near-tie of its logits (test_gguf_stored.py's rule), and the first token (the
+    prefill's) always identical. (On this fixture both prompts leave transformers at the same near-tie a few decode
+    steps in: after token 322, 438 against 296.)"""
+    import torch.nn as nn
+
+    from testing.cache_dirs import private_cache_dir
+    from testing.gguf_fixtures import write_gguf
+    from testing.int8_oracle import fake_quantize
+    from testing.model_fixtures import GreedyDriver, first_divergence, make_runner, make_tiny_checkpoint, random_prompt
+    from tests.model.test_gguf_stored import NEAR_TIE_ULPS, WIDE, transformers_greedy_with_logits
+    from zserve.launcher.demo_model import _load_gguf_model
+    from zserve.launcher.gguf_model_dir import gguf_model_dir
+
+    monkeypatch.setenv("ZSERVE_CACHE_DIR", str(private_cache_dir(tmp_path / "cache")))
+    hf_dir = make_tiny_checkpoint(tmp_path / "hf", "llama", **WIDE, max_position_embeddings=512)
+    gguf_file = write_gguf(hf_dir, tmp_path / "m.gguf", "Q4_K_M")
+    runner = make_runner(gguf_model_dir(gguf_file, with_tokenizer=False), page_size=4, kv_cache_tokens=1024, device="cpu",
+                         dtype="bfloat16", quantization="gguf", gemm_backend="zserve_dot")
+    assert runner.gemm_backend == "zserve_int8_dot"
+    prompts = [random_prompt(n, seed=n) for n in (300, 290)]
+    driver = GreedyDriver(runner)
+    ours = driver.generate([driver.add(p, 8) for p in prompts])
+
+    model = _load_gguf_model(gguf_file).to(torch.bfloat16)
+
+    def as_the_kernel_sees_it(_module, args):
+        x = args[0]
+        rows = x.reshape(-1, x.shape[-1])
+        if rows.shape[0] >= BF16_TILE_MIN_ROWS:
+            return None  # the tiles' product: x in bf16
+        return (fake_quantize(rows.float()).reshape(x.shape).to(x.dtype), *args[1:])
+
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            module.register_forward_pre_hook(as_the_kernel_sees_it)
+    for prompt, out in zip(prompts, ours, strict=True):
+        theirs, logits = transformers_greedy_with_logits(model, prompt, 8)
+        where = first_divergence(out, theirs, logits, NEAR_TIE_ULPS)  # raises at any difference but a near-tie
+        assert where is None or where > 0, (out, theirs)  # the prefill's token (the tiles' product) is the same
