@@ -22,8 +22,8 @@ import platform
 from zserve.common.isa_features import CPU_ISA_ENV, LEVELS, X86_MACHINES, IsaFeatures, choose_isa, cpu_flags
 
 __all__ = [
-    "AMX_MIN_ROWS", "BF16_TILE_MIN_ROWS", "LEVELS", "IsaFeatures", "choose_isa", "cpu_flags", "cpu_isa", "int8_dot_instruction",
-    "march_flags",
+    "AMX_MIN_ROWS", "BF16_TILE_MIN_ROWS", "LEVELS", "IsaFeatures", "choose_isa", "cpu_flags", "cpu_isa",
+    "int8_dot_instruction", "march_flags",
 ]
 ISA_ENV = CPU_ISA_ENV  # the worker's set, from --cpu-isa by the launcher (worker_env)
 BASE_MARCH = {0: "-march=x86-64", 256: "-march=x86-64-v3", 512: "-march=x86-64-v4"}  # by vector width
