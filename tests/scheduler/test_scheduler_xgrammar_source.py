@@ -84,18 +84,27 @@ def test_whitespace_ids_are_the_tokens_that_decode_to_whitespace_only(source, mo
     source.release(1)
 
 
-def test_the_grammar_thread_imports_xgrammar_first_and_runs_below_the_process(model_dir):
+def test_the_grammar_thread_imports_xgrammar_first_and_runs_below_the_process(model_dir, monkeypatch):
     import os
-    import sys
     import threading
 
+    from zserve.scheduler_proc import xgrammar_source
     from zserve.scheduler_proc.xgrammar_source import GRAMMAR_THREAD_NICE, grammar_thread
 
+    ran = []  # (what, thread name, its niceness) in the order the grammar thread ran them
+
+    def on_this_thread(what: str) -> None:
+        tid = threading.get_native_id()
+        ran.append((what, threading.current_thread().name, os.getpriority(os.PRIO_PROCESS, tid)))
+
+    imports = xgrammar_source.import_grammar_modules
+    monkeypatch.setattr(xgrammar_source, "import_grammar_modules", lambda: (on_this_thread("import"), imports()))
     executor = grammar_thread()
     try:
-        thread_nice = executor.submit(lambda: os.getpriority(os.PRIO_PROCESS, threading.get_native_id())).result(60)
-        assert "xgrammar" in sys.modules  # the first work queued, done before the probe ran
-        assert thread_nice == min(19, os.getpriority(os.PRIO_PROCESS, 0) + GRAMMAR_THREAD_NICE)
+        executor.submit(on_this_thread, "probe").result(60)
+        nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + GRAMMAR_THREAD_NICE)
+        assert [what for what, _, _ in ran] == ["import", "probe"]  # the import was the thread's first work
+        assert all(name.startswith("grammar") and thread_nice == nice for _, name, thread_nice in ran), ran
         config = json.loads((model_dir / "config.json").read_text())
         source = XGrammarSource(str(model_dir), config["vocab_size"], [config["eos_token_id"]], executor=executor)
         source.warm_up()  # the vocabulary indexed on the thread handed over
