@@ -10,7 +10,8 @@ Per server and round:
     polled every 0.1 s (the page cache is warm after the first round; the first round is printed too);
   * memory: the summed PSS (/proc/PID/smaps_rollup) of the server's processes (the launcher and every
     descendant), sampled every 0.1 s from launch: its peak up to the first answer, and once serving
-    (after the one-at-a-time requests). PSS counts a mapped file's pages too, so llama.cpp's memory-mapped
+    (right after the last request), and at rest (`--rest-s` later: zserve's worker hands a large
+    step's freed heap back after 1 s idle). PSS counts a mapped file's pages too, so llama.cpp's memory-mapped
     weights are in its figure, and a page two processes share is split between them;
   * one at a time: `--single` streamed completions of `--input-len` random token ids (no prefix is
     shared) and `--output-len` tokens (ignore_eos), TPOT = (latency - TTFT) / (tokens - 1), p50;
@@ -172,6 +173,7 @@ class Round:
     launch_to_answer_s: float
     peak_pss_mb: float
     serving_pss_mb: float
+    rest_pss_mb: float
     ttft_p50_ms: float
     tpot_p50_ms: float
     burst_tok_s: float  # output tokens per second of `--burst` requests sent at once (0: none)
@@ -193,10 +195,12 @@ def run_server(name: str, cmd: list[str], base: str, args: argparse.Namespace, r
                                     args.output_len) for _ in range(args.single)]
         burst_tok_s = burst_throughput(base, model, args, round_idx) if args.burst else 0.0
         serving = pss_bytes(tree_pids(proc.pid))
+        time.sleep(args.rest_s)
+        rest = pss_bytes(tree_pids(proc.pid))
         memory = {}
         if name != "llama.cpp":
             memory = get(f"{base}/server_info").get("memory", {})
-        return Round(name, round_idx, launch_s, peak / 1e6, serving / 1e6,
+        return Round(name, round_idx, launch_s, peak / 1e6, serving / 1e6, rest / 1e6,
                      statistics.median(r[0] for r in results), statistics.median(r[1] for r in results), burst_tok_s,
                      answer, memory)
     finally:
@@ -237,6 +241,7 @@ def main() -> None:
     p.add_argument("--burst", type=int, default=0, help="requests sent at once after the single ones (0: none)")
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--rest-s", type=float, default=2.0, help="seconds after the last request to sample PSS at rest")
     p.add_argument("--start-timeout-s", type=float, default=600.0)
     p.add_argument("--zserve-args", default="", help="extra launch_server flags")
     p.add_argument("--zserve-variant", action="append", default=[], metavar="NAME=FLAGS",
@@ -256,7 +261,8 @@ def main() -> None:
             result = run_server(name, cmd, base, args, round_idx, env)
             rounds.append(result)
             print(f"  round {round_idx} {name:14s} launch->answer {result.launch_to_answer_s:6.2f} s  peak PSS "
-                  f"{result.peak_pss_mb:7.1f} MB  serving PSS {result.serving_pss_mb:7.1f} MB  TTFT p50 "
+                  f"{result.peak_pss_mb:7.1f} MB  serving PSS {result.serving_pss_mb:7.1f} MB  at rest {result.rest_pss_mb:7.1f} MB  "
+                  f"TTFT p50 "
                   f"{result.ttft_p50_ms:7.1f} ms  TPOT p50 {result.tpot_p50_ms:6.1f} ms  burst {result.burst_tok_s:6.1f} tok/s  "
                   f"answer {result.answer!r}",
                   flush=True)

@@ -5,6 +5,11 @@ threshold rises to the largest block freed so far (up to 32 MB), so after the fi
 model's loading allocates from the heap, whose freed pages stay resident. `release_freed_memory`
 (malloc_trim) returns them once loading is done, so the resident size is the model's, not its
 load peak's. Elsewhere (no glibc) it does nothing.
+
+The worker keeps freed heap memory on purpose while it serves (worker_env.py: the next step reuses
+the pages without faulting them in again), so a large step's activations (a long prefill chunk)
+would stay resident for good. `IdleHeapRelease` returns them once the worker has had no batch for
+`idle_s` after a step: busy, steps reuse the heap; at rest, the process holds what the model holds.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import ctypes
 import ctypes.util
 import functools
 import logging
+import math
+import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
@@ -37,6 +44,34 @@ def release_freed_memory() -> bool:
         return False
     libc.malloc_trim(0)
     return True
+
+
+class IdleHeapRelease:
+    """When a worker's freed heap pages go back to the system: once per busy spell, after `idle_s` without a step."""
+
+    def __init__(self, idle_s: float, release=release_freed_memory, clock=time.monotonic):
+        if idle_s <= 0:
+            raise ValueError(f"idle_s must be > 0, got {idle_s}")
+        self.idle_s = idle_s
+        self._release, self._clock = release, clock
+        self._last_step_s: float | None = None  # None: nothing ran since the last release
+
+    def step_done(self) -> None:
+        self._last_step_s = self._clock()
+
+    def wait_ms(self) -> int | None:
+        """How long the worker may wait for its next batch before `on_idle` is due (None: no release pending)."""
+        if self._last_step_s is None:
+            return None
+        return max(0, math.ceil((self._last_step_s + self.idle_s - self._clock()) * 1000))  # never wakes early
+
+    def on_idle(self) -> bool:
+        """Called when a wait for a batch timed out: releases when due; whether it did."""
+        if self._last_step_s is None or self._clock() - self._last_step_s < self.idle_s:
+            return False
+        self._last_step_s = None
+        self._release()
+        return True
 
 
 def resident_bytes(status: Path = Path("/proc/self/status")) -> int | None:

@@ -2,7 +2,8 @@
 
     rank 0:    recv batch from the scheduler -> re-broadcast its frame to the followers
                -> ModelRunner.run -> send StepResult                               (forever)
-               (idle for 0.5 s: a heartbeat to the followers instead)
+               (idle for 0.5 s: a heartbeat to the followers instead; idle for 1 s after a
+               step: the heap's freed pages handed back, process_memory.IdleHeapRelease)
     rank 1..:  recv batch from rank 0 -> ModelRunner.run, result dropped           (until rank 0 stops)
 
 Every rank runs every forward (the layers' collectives keep them in step); only rank 0 talks
@@ -39,8 +40,11 @@ from zserve.common.start_phases import StartPhases
 from zserve.common.transport import Addresses, Endpoint, pull, push
 from zserve.model_proc.batch_broadcast import HEARTBEAT_INTERVAL_S, BatchPublisher, BatchSubscriber
 from zserve.model_proc.checkpoints.early_cache_read import EarlyCacheRead
+from zserve.model_proc.process_memory import IdleHeapRelease
 
 logger = logging.getLogger("model_proc")
+
+HEAP_RELEASE_IDLE_S = 1.0  # a worker with no batch this long after a step hands its freed heap pages back
 
 
 def build_runner(cfg: ServerConfig, rank: int, phases: StartPhases, early_read: EarlyCacheRead | None):
@@ -57,20 +61,27 @@ def run_step(runner, batch: ForwardBatch) -> StepResult | WorkerError:
         return WorkerError(step_id=batch.step_id, message=str(exc))
 
 
-def lead(runner, inbox: Endpoint, results: Endpoint, publisher: BatchPublisher | None) -> None:
+def lead(runner, inbox: Endpoint, results: Endpoint, publisher: BatchPublisher | None,
+         heap: IdleHeapRelease | None = None) -> None:
     """Rank 0's loop."""
-    timeout_ms = int(HEARTBEAT_INTERVAL_S * 1000) if publisher else None
+    heartbeat_ms = int(HEARTBEAT_INTERVAL_S * 1000) if publisher else None
     first_batch = True
     while True:
-        got = inbox.recv_frame(timeout_ms)
+        waits_ms = [ms for ms in (heartbeat_ms, heap.wait_ms() if heap else None) if ms is not None]
+        got = inbox.recv_frame(min(waits_ms) if waits_ms else None)
         if got is None:
-            publisher.heartbeat()
+            if publisher:
+                publisher.heartbeat()
+            if heap:
+                heap.on_idle()
             continue
         frame, batch = got
         if publisher:
             publisher.publish(frame, batch.step_id)
         t0 = time.perf_counter()
         reply = run_step(runner, batch)
+        if heap:
+            heap.step_done()
         if first_batch:  # the start line's last piece: what the first request pays beyond a later one
             first_batch = False
             logger.info("first batch: %d tokens of %d requests in %.2f s", batch.num_tokens, batch.num_reqs,
@@ -101,7 +112,7 @@ def serve_lead(
         phases.done("ready")
         launcher.send(ProcReady(name=name, pid=os.getpid(), info=info, start_phases=phases.durations_s))
         logger.info("model worker ready (%d ranks): %s", cfg.tp_size, info)
-        lead(runner, inbox, results, publisher)
+        lead(runner, inbox, results, publisher, IdleHeapRelease(HEAP_RELEASE_IDLE_S))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
         raise
