@@ -1,4 +1,4 @@
-"""SGLang's shapes shared by its /generate route (http_proc/sglang_generate.py) and zserve.Engine's SGLang form:
+"""SGLang's shapes shared by its /generate route (http_proc/apis/sglang/protocol.py) and zserve.Engine's SGLang form:
 its sampling names (`max_new_tokens`, ...) and the result of one request, `{"text", "output_ids", "meta_info"}`."""
 
 from __future__ import annotations

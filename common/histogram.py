@@ -2,7 +2,7 @@
 
 The frontend (every request passes it, whatever its door) counts TTFT, inter-token gaps, end
 to end latency and token counts; the scheduler counts queue time. The HTTP process renders them
-for Prometheus at each scrape (http_proc/server_metrics.py), so `/metrics` covers ZMQ clients
+for Prometheus at each scrape (http_proc/shared/server_metrics.py), so `/metrics` covers ZMQ clients
 too. `counts[i]` counts values <= bounds[i] (and > bounds[i - 1]); `counts[-1]` those above the
 last bound.
 """

@@ -441,7 +441,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         "HTTP chat: a reasoning model's thinking (<think>...</think>) split from the answer into "
         'message.reasoning_content (streamed: delta.reasoning_content): qwen3 (thinking unless the request '
         'sends chat_template_kwargs enable_thinking false) or deepseek-r1 (always thinking); none keeps it '
-        'in content (http_proc/reasoning_parser.py)',
+        'in content (http_proc/reasoning.py)',
         choices=('none', 'qwen3', 'deepseek-r1'),
         value_aliases={'deepseek_r1': 'deepseek-r1'},
         peer_note="vLLM --reasoning-parser (qwen3, deepseek_r1); SGLang --reasoning-parser (qwen3, deepseek-r1)",
@@ -450,7 +450,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         'HTTP chat: the format tool calls are read in from answers to requests with tools: hermes '
         '(<tool_call> JSON; qwen25 is its SGLang name), llama3_json, mistral ([TOOL_CALLS]), qwen3_coder '
         '(<function=...> XML), pythonic ([f(a=1)]); auto picks it from the chat template (none found: '
-        'calls stay text) (http_proc/tool_call_parser.py)',
+        'calls stay text) (http_proc/tools/parser.py)',
         choices=('auto', 'hermes', 'llama3_json', 'mistral', 'qwen3_coder', 'pythonic'),
         value_aliases={'qwen25': 'hermes', 'qwen': 'hermes', 'llama3': 'llama3_json', 'llama4_pythonic': 'pythonic'},
         peer_note='vLLM --tool-call-parser (hermes, llama3_json, mistral, qwen3_coder, pythonic); SGLang '

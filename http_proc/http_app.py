@@ -1,22 +1,22 @@
 """The ASGI application (Starlette): routes, and errors in the OpenAI shape for every failure mode.
 
-    GET  /health               200 ready | 503 starting, stalled, broken or draining, from state (health_monitor.py)
+    GET  /health               200 ready | 503 starting, stalled, broken or draining (shared/health_monitor.py)
     GET  /health_generate      200 when one real token was generated now (a probe: not counted as traffic)
-    GET  /metrics              Prometheus text (server_metrics.py)
-    GET  /server_info          SGLang's: the settings, as sglang-router reads them to register a worker (server_info.py)
-    GET  /model_info           SGLang's: model path, tokenizer path, is_generation (server_info.py)
+    GET  /metrics              Prometheus text (shared/server_metrics.py)
+    GET  /server_info          SGLang's: the settings sglang-router reads to register a worker (shared/server_info.py)
+    GET  /model_info           SGLang's: model path, tokenizer path, is_generation (shared/server_info.py)
     GET  /get_server_info, /get_model_info   the same, under SGLang's older names
     GET  /get_load             SGLang's: requests and KV tokens in use (sglang-router's power_of_two policy reads it)
-    GET  /v1/models            the one model served (openai_routes.py)
-    POST /v1/completions       openai_routes.py
-    POST /v1/chat/completions  openai_routes.py
-    POST /tokenize, /detokenize  vLLM's: the frontend's tokenizer (tokenize_route.py)
-    POST /v1/responses         OpenAI's Responses API on the chat path (responses_route.py)
-    POST /v1/messages, /v1/messages/count_tokens   Anthropic's Messages API on the chat path (anthropic_route.py)
-    POST /v1/embeddings        a --task embed server's (embeddings_route.py)
-    POST /generate             generate_route.py
+    GET  /v1/models            the one model served (apis/openai/route.py)
+    POST /v1/completions       apis/openai/route.py
+    POST /v1/chat/completions  apis/openai/route.py
+    POST /tokenize, /detokenize  vLLM's: the frontend's tokenizer (apis/openai/tokenize_route.py)
+    POST /v1/responses         OpenAI's Responses API on the chat path (apis/responses/route.py)
+    POST /v1/messages, /v1/messages/count_tokens   Anthropic's Messages API on the chat path (apis/anthropic/route.py)
+    POST /v1/embeddings        a --task embed server's (apis/openai/embeddings_route.py)
+    POST /generate             apis/sglang/route.py
 
-Every request first passes the RequestGate (request_gate.py: Host, Origin/CORS, API key, JSON
+Every request first passes the RequestGate (shared/request_gate.py: Host, Origin/CORS, API key, JSON
 body and its size). Plain Starlette rather than FastAPI: request bodies are validated by our own pydantic models
 anyway, and FastAPI's extra middleware and routing layers cost CPU on every request and every
 streamed chunk, which is latency on a busy machine.
@@ -33,17 +33,17 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from zserve.http_proc.anthropic_route import anthropic_routes
-from zserve.http_proc.api_error import ApiError
-from zserve.http_proc.embeddings_route import embeddings_routes
-from zserve.http_proc.generate_route import generate_routes
-from zserve.http_proc.http_state import STATS_TIMEOUT_S, HttpState
-from zserve.http_proc.openai_routes import openai_routes
-from zserve.http_proc.request_gate import RequestGate
-from zserve.http_proc.response_guard import error_response
-from zserve.http_proc.responses_route import responses_routes
-from zserve.http_proc.server_info import server_info_routes
-from zserve.http_proc.tokenize_route import tokenize_routes
+from zserve.http_proc.apis.anthropic.route import anthropic_routes
+from zserve.http_proc.apis.openai.embeddings_route import embeddings_routes
+from zserve.http_proc.apis.openai.route import openai_routes
+from zserve.http_proc.apis.openai.tokenize_route import tokenize_routes
+from zserve.http_proc.apis.responses.route import responses_routes
+from zserve.http_proc.apis.sglang.route import generate_routes
+from zserve.http_proc.shared.api_error import ApiError
+from zserve.http_proc.shared.http_state import STATS_TIMEOUT_S, HttpState
+from zserve.http_proc.shared.request_gate import RequestGate
+from zserve.http_proc.shared.response_guard import error_response
+from zserve.http_proc.shared.server_info import server_info_routes
 
 
 def build_app(state: HttpState) -> RequestGate:

@@ -33,15 +33,15 @@ from zserve.common.model_facts import ModelFacts
 from zserve.common.proc_runtime import child_setup
 from zserve.common.server_config import API_KEY_ENV, ServerConfig
 from zserve.common.transport import Addresses, push
-from zserve.http_proc.health_monitor import HealthMonitor
 from zserve.http_proc.http_app import build_app
-from zserve.http_proc.http_state import HttpState
-from zserve.http_proc.reasoning_parser import ReasoningParser
-from zserve.http_proc.request_gate import WILDCARD_HOSTS, GatePolicy
-from zserve.http_proc.server_info import ServerInfo
-from zserve.http_proc.server_metrics import ServerMetrics
-from zserve.http_proc.tool_call_parser import ToolCallParser
-from zserve.http_proc.unknown_fields import UnknownFieldPolicy
+from zserve.http_proc.reasoning import ReasoningParser
+from zserve.http_proc.shared.health_monitor import HealthMonitor
+from zserve.http_proc.shared.http_state import HttpState
+from zserve.http_proc.shared.request_gate import WILDCARD_HOSTS, GatePolicy
+from zserve.http_proc.shared.server_info import ServerInfo
+from zserve.http_proc.shared.server_metrics import ServerMetrics
+from zserve.http_proc.shared.unknown_fields import UnknownFieldPolicy
+from zserve.http_proc.tools.parser import ToolCallParser
 
 logger = logging.getLogger("http_proc")
 GRACEFUL_SHUTDOWN_S = 3

@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from testing.paths import REPO_ROOT
 from testing.processes import child_pids, cmdline, pid_alive
 from zserve.common.net_ports import free_port, http_url
-from zserve.http_proc.server_metrics import PREFIX, STAT_COUNTERS
+from zserve.http_proc.shared.server_metrics import PREFIX, STAT_COUNTERS
 from zserve.launcher.server_ready import ServerReady
 from zserve.launcher.server_subprocess import ServerSubprocess
 

@@ -23,8 +23,8 @@ import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
 
 from zserve.client.types import GenerateResult, ServerError, Usage, server_error
-from zserve.http_proc.api_error import error_code_of
-from zserve.http_proc.server_metrics import PREFIX, STAT_COUNTERS, STAT_GAUGES
+from zserve.http_proc.shared.api_error import error_code_of
+from zserve.http_proc.shared.server_metrics import PREFIX, STAT_COUNTERS, STAT_GAUGES
 
 METRIC_TO_STAT = {f"{PREFIX}_{name}": key for key, name, _ in STAT_GAUGES} | {
     f"{PREFIX}_{name}_total": key for key, name, _ in STAT_COUNTERS

@@ -161,8 +161,8 @@ def test_every_allowed_arrow_is_still_used():
 
 
 @pytest.mark.parametrize(("package", "rel_path", "source", "expected"), [
-    ("launcher", "launcher/x.py", "from zserve.http_proc.tool_call_parser import x\n",
-     "launcher/x.py:1: launcher imports zserve.http_proc.tool_call_parser, an arrow launcher -> http_proc not in ALLOWED_ARROWS"),
+    ("launcher", "launcher/x.py", "from zserve.http_proc.tools.parser import x\n",
+     "launcher/x.py:1: launcher imports zserve.http_proc.tools.parser, an arrow launcher -> http_proc not in ALLOWED_ARROWS"),
     ("model_proc", "model_proc/x.py", "def f():\n    import zserve.scheduler_proc.scheduler\n",
      "model_proc/x.py:2: model_proc imports zserve.scheduler_proc.scheduler, an arrow model_proc -> scheduler_proc"),
     ("common", "common/x.py", "from zserve import Client\n", "common/x.py:1: common imports zserve, an arrow common -> zserve"),

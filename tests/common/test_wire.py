@@ -56,7 +56,7 @@ from zserve.common.wire import (
     WireError,
     tag_of,
 )
-from zserve.http_proc.api_error import ApiError, error_code_of
+from zserve.http_proc.shared.api_error import ApiError, error_code_of
 
 
 def _batch() -> ForwardBatch:

@@ -10,14 +10,14 @@ import pytest
 
 from testing.paths import REPO_ROOT
 from zserve.common.sampling_params import SamplingParams
-from zserve.http_proc import sglang_generate
-from zserve.http_proc.anthropic_protocol import MessagesRequest
-from zserve.http_proc.embeddings_route import EmbeddingRequest
-from zserve.http_proc.openai_protocol import ChatCompletionRequest, CompletionRequest
-from zserve.http_proc.refused_fields import REFUSED_UNLESS_DEFAULT
-from zserve.http_proc.responses_protocol import ResponsesRequest
-from zserve.http_proc.tokenize_route import DetokenizeRequest, TokenizeRequest
-from zserve.http_proc.unknown_fields import SGLANG_IGNORED_FIELDS
+from zserve.http_proc.apis.anthropic.protocol import MessagesRequest
+from zserve.http_proc.apis.openai.embeddings_route import EmbeddingRequest
+from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, CompletionRequest
+from zserve.http_proc.apis.openai.tokenize_route import DetokenizeRequest, TokenizeRequest
+from zserve.http_proc.apis.responses.protocol import ResponsesRequest
+from zserve.http_proc.apis.sglang import protocol as sglang_protocol
+from zserve.http_proc.shared.refused_fields import REFUSED_UNLESS_DEFAULT
+from zserve.http_proc.shared.unknown_fields import SGLANG_IGNORED_FIELDS
 from zserve.tokenizer_proc.request_validator import BODY_KEYS
 
 GENERATION_ROUTES = ("chat", "completions", "/generate")
@@ -28,8 +28,8 @@ TABLE_HEADER = "| Field | Route | Here | Why |"
 def declared_fields() -> dict[str, set[str]]:
     """route -> every field name a request on it may carry and the server reads."""
     generate = set(BODY_KEYS) - {"sampling", "n"} | {"stream"} | set(SamplingParams.__struct_fields__)
-    generate |= {"sampling_params", *sglang_generate.RENAMED_TOP, *sglang_generate.KEPT_TOP}
-    generate |= {*sglang_generate.RENAMED_SAMPLING, *sglang_generate.KEPT_SAMPLING, *sglang_generate.SGLANG_ONLY_TOP}
+    generate |= {"sampling_params", *sglang_protocol.RENAMED_TOP, *sglang_protocol.KEPT_TOP}
+    generate |= {*sglang_protocol.RENAMED_SAMPLING, *sglang_protocol.KEPT_SAMPLING, *sglang_protocol.SGLANG_ONLY_TOP}
     refused = set(REFUSED_UNLESS_DEFAULT)
     refused_sglang = {name for name in refused if not name.startswith("guided_")}  # vLLM's are OpenAI-route fields
     ignored = {name for name in SGLANG_IGNORED_FIELDS if "." not in name}

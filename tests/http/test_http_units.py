@@ -22,12 +22,14 @@ from zserve.common.finish_reason import FinishReason
 from zserve.common.histogram import TTFT_BOUNDS_S, Histogram
 from zserve.common.messages import FrontendStats, StatsOut
 from zserve.common.scheduler_stats import SchedulerStats
-from zserve.http_proc.api_error import ApiError
-from zserve.http_proc.health_monitor import HealthMonitor
-from zserve.http_proc.openai_formatter import OpenAIFormatter, usage_of
-from zserve.http_proc.openai_protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
-from zserve.http_proc.request_group import ChoiceEvent
-from zserve.http_proc.server_metrics import ServerMetrics
+from zserve.http_proc.apis.openai.chat_formatter import ChatFormatter
+from zserve.http_proc.apis.openai.completion_formatter import CompletionFormatter
+from zserve.http_proc.apis.openai.formatter import usage_of
+from zserve.http_proc.apis.openai.protocol import MAX_CHOICES, ChatCompletionRequest, CompletionRequest
+from zserve.http_proc.shared.api_error import ApiError
+from zserve.http_proc.shared.health_monitor import HealthMonitor
+from zserve.http_proc.shared.request_group import ChoiceEvent
+from zserve.http_proc.shared.server_metrics import ServerMetrics
 
 
 def test_completion_expands_n_and_prompt_lists_with_the_requests_seed():
@@ -136,7 +138,7 @@ def test_usage_counts_each_prompt_once_and_sums_completions():
 
 
 def test_chat_formatter_shapes():
-    fmt = OpenAIFormatter(True, "m", include_usage=True)
+    fmt = ChatFormatter(model_name="m", include_usage=True)
     [opening] = fmt.opening_chunks(1)
     assert b'"role":"assistant"' in opening and b'"usage":null' in opening
     assert fmt.event_chunk(ChoiceEvent(0, "", [], result("", None, 1, 0, 0))) is None
@@ -145,7 +147,7 @@ def test_chat_formatter_shapes():
     subs = ChatCompletionRequest(messages=[{"role": "user", "content": "a"}]).sub_requests()
     body = fmt.body(subs, [result("hi", "stop", 1, 1, 0)])
     assert body["object"] == "chat.completion" and body["choices"][0]["message"] == {"role": "assistant", "content": "hi"}
-    assert OpenAIFormatter(False, "m").usage_chunk(subs, []) is None
+    assert CompletionFormatter(model_name="m").usage_chunk(subs, []) is None
 
 
 class FakeClient:

@@ -1,4 +1,4 @@
-"""JsonShape (http_proc/json_shape.py) and the request gate's shape check: a body with a longer
+"""JsonShape (http_proc/shared/json_shape.py) and the request gate's shape check: a body with a longer
 array or more objects than any valid request is refused before anything parses it."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import json
 import pytest
 
 from tests.http.test_request_gate import JSON, error_of, policy, run_gate
-from zserve.http_proc.json_shape import JsonShape
-from zserve.http_proc.request_gate import MAX_JSON_OBJECTS, MIN_JSON_RUN, SCAN_MIN_BYTES
+from zserve.http_proc.shared.json_shape import JsonShape
+from zserve.http_proc.shared.request_gate import MAX_JSON_OBJECTS, MIN_JSON_RUN, SCAN_MIN_BYTES
 
 
 def shape_of(body: bytes, slice_bytes: int) -> JsonShape:

@@ -6,10 +6,11 @@ from __future__ import annotations
 import json
 
 from zserve.client.types import GenerateResult, Usage
-from zserve.http_proc.openai_formatter import OpenAIFormatter
-from zserve.http_proc.openai_protocol import ChatCompletionRequest, CompletionRequest
-from zserve.http_proc.openai_routes import echoed
-from zserve.http_proc.request_group import ChoiceEvent
+from zserve.http_proc.apis.openai.chat_formatter import ChatFormatter
+from zserve.http_proc.apis.openai.completion_formatter import CompletionFormatter
+from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, CompletionRequest
+from zserve.http_proc.apis.openai.route import echoed
+from zserve.http_proc.shared.request_group import ChoiceEvent
 
 
 def logprob_result() -> GenerateResult:
@@ -25,7 +26,7 @@ def logprob_result() -> GenerateResult:
 
 
 def test_chat_logprobs_use_the_attached_texts():
-    fmt = OpenAIFormatter(True, "m", wants_logprobs=True)
+    fmt = ChatFormatter(model_name="m", wants_logprobs=True)
     subs = ChatCompletionRequest(messages=[{"role": "user", "content": "a"}], logprobs=True, top_logprobs=2).sub_requests()
     [choice] = fmt.body(subs, [logprob_result()])["choices"]
     content = choice["logprobs"]["content"]
@@ -41,7 +42,7 @@ def test_completion_echo_of_token_ids_shows_the_servers_prompt_text_and_its_logp
     assert sub.sampling["return_prompt_text"] is True  # the server decodes the prompt, here nothing does
     [text_sub] = CompletionRequest(prompt="ABC", echo=True).sub_requests()
     assert "return_prompt_text" not in echoed(text_sub).sampling  # a text prompt is echoed as sent
-    fmt = OpenAIFormatter(False, "m", wants_logprobs=True, echoes={0: None})
+    fmt = CompletionFormatter(model_name="m", wants_logprobs=True, echoes={0: None})
     [choice] = fmt.body([sub], [logprob_result()])["choices"]
     assert choice["text"] == "ABC ok"
     lp = choice["logprobs"]
@@ -53,7 +54,7 @@ def test_completion_echo_of_token_ids_shows_the_servers_prompt_text_and_its_logp
 
 def test_streamed_echo_sends_the_prompt_text_in_the_first_chunk():
     [sub] = CompletionRequest(prompt=[1, 2, 3], echo=True).sub_requests()
-    fmt = OpenAIFormatter(False, "m", echoes={0: None})
+    fmt = CompletionFormatter(model_name="m", echoes={0: None})
     first = GenerateResult(1, text=" o", output_ids=[11], prompt_text="ABC")
     chunk = fmt.event_chunk(ChoiceEvent(0, " o", [11], first))
     body = json.loads(chunk.removeprefix(b"data: "))

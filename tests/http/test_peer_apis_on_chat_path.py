@@ -11,13 +11,13 @@ import pytest
 from testing.asgi_call import RecordingClient, call_app
 from zserve.client.types import GenerateResult, Usage, server_error
 from zserve.common.error_code import ErrorCode
-from zserve.http_proc.health_monitor import HealthMonitor
 from zserve.http_proc.http_app import build_app
-from zserve.http_proc.http_state import HttpState
-from zserve.http_proc.reasoning_parser import ReasoningParser
-from zserve.http_proc.request_gate import GatePolicy
-from zserve.http_proc.server_metrics import ServerMetrics
-from zserve.http_proc.tool_call_parser import ToolCallParser
+from zserve.http_proc.reasoning import ReasoningParser
+from zserve.http_proc.shared.health_monitor import HealthMonitor
+from zserve.http_proc.shared.http_state import HttpState
+from zserve.http_proc.shared.request_gate import GatePolicy
+from zserve.http_proc.shared.server_metrics import ServerMetrics
+from zserve.http_proc.tools.parser import ToolCallParser
 
 ANSWER = '<think>The user wants weather.</think>\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}}}

@@ -9,11 +9,11 @@ import json
 import pytest
 
 from zserve.client.types import GenerateResult
-from zserve.http_proc.openai_formatter import OpenAIFormatter
-from zserve.http_proc.openai_protocol import ChatCompletionRequest
-from zserve.http_proc.reasoning_parser import ReasoningOptions, ReasoningParser
-from zserve.http_proc.request_group import ChoiceEvent
-from zserve.http_proc.tool_call_parser import ToolCallParser
+from zserve.http_proc.apis.openai.chat_formatter import ChatFormatter
+from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest
+from zserve.http_proc.reasoning import ReasoningOptions, ReasoningParser
+from zserve.http_proc.shared.request_group import ChoiceEvent
+from zserve.http_proc.tools.parser import ToolCallParser
 
 QWEN3 = ReasoningParser("qwen3")
 R1 = ReasoningParser("deepseek-r1")
@@ -71,7 +71,7 @@ def result(text: str, finish: str | None) -> GenerateResult:
     return r
 
 
-def streamed(fmt: OpenAIFormatter, pieces: list[str]) -> list[dict]:
+def streamed(fmt: ChatFormatter, pieces: list[str]) -> list[dict]:
     text, deltas = "", []
     for piece in pieces:
         text += piece
@@ -97,12 +97,12 @@ PIECES = ["<thi", "nk>\nLet me", " see.</th", "ink>\n\nIt is", " 4."]
 
 def test_message_and_deltas_carry_reasoning_content():
     request = chat()
-    fmt = OpenAIFormatter(True, "m", reasoning=request.reasoning(QWEN3))
+    fmt = ChatFormatter(model_name="m", reasoning=request.reasoning(QWEN3))
     body = fmt.body(request.sub_requests(), [result("".join(PIECES), "stop")])
     assert body["choices"][0]["message"] == {
         "role": "assistant", "content": "\n\nIt is 4.", "reasoning_content": "\nLet me see.",
     }
-    deltas = streamed(OpenAIFormatter(True, "m", reasoning=request.reasoning(QWEN3)), PIECES)
+    deltas = streamed(ChatFormatter(model_name="m", reasoning=request.reasoning(QWEN3)), PIECES)
     assert joined(deltas, "reasoning_content") == "\nLet me see." and joined(deltas, "content") == "\n\nIt is 4."
     first_content = next(i for i, d in enumerate(deltas) if d.get("content"))
     assert all(not d.get("reasoning_content") for d in deltas[first_content + 1:])
@@ -111,26 +111,26 @@ def test_message_and_deltas_carry_reasoning_content():
 def test_separate_reasoning_false_keeps_the_thinking_in_content_and_no_parser_changes_nothing():
     text = "".join(PIECES)
     for request, parser in [(chat(separate_reasoning=False), QWEN3), (chat(), None)]:
-        fmt = OpenAIFormatter(True, "m", reasoning=request.reasoning(parser))
+        fmt = ChatFormatter(model_name="m", reasoning=request.reasoning(parser))
         assert fmt.body(request.sub_requests(), [result(text, "stop")])["choices"][0]["message"] == {
             "role": "assistant", "content": text,
         }
-        deltas = streamed(OpenAIFormatter(True, "m", reasoning=request.reasoning(parser)), PIECES)
+        deltas = streamed(ChatFormatter(model_name="m", reasoning=request.reasoning(parser)), PIECES)
         assert joined(deltas, "content") == text and not joined(deltas, "reasoning_content")
 
 
 def test_stream_reasoning_false_sends_the_thinking_in_one_delta_once_it_ends():
     request = chat(stream_reasoning=False)
-    deltas = streamed(OpenAIFormatter(True, "m", reasoning=request.reasoning(QWEN3)), PIECES)
+    deltas = streamed(ChatFormatter(model_name="m", reasoning=request.reasoning(QWEN3)), PIECES)
     assert [d["reasoning_content"] for d in deltas if d.get("reasoning_content")] == ["\nLet me see."]
     assert joined(deltas, "content") == "\n\nIt is 4."
-    cut = streamed(OpenAIFormatter(True, "m", reasoning=request.reasoning(QWEN3)), ["<think>a", "b", "c"])
+    cut = streamed(ChatFormatter(model_name="m", reasoning=request.reasoning(QWEN3)), ["<think>a", "b", "c"])
     assert [d.get("reasoning_content") for d in cut] == ["abc"]  # cut short: sent at the end
 
 
 def test_thinking_off_answers_in_content():
     request = chat(chat_template_kwargs=OFF)
-    fmt = OpenAIFormatter(True, "m", reasoning=request.reasoning(QWEN3))
+    fmt = ChatFormatter(model_name="m", reasoning=request.reasoning(QWEN3))
     message = fmt.body(request.sub_requests(), [result("It is 4.", "stop")])["choices"][0]["message"]
     assert message == {"role": "assistant", "content": "It is 4.", "reasoning_content": None}
     assert request.sub_requests()[0].prompt["chat_template_kwargs"] == OFF  # and it reaches the template
@@ -142,14 +142,14 @@ def test_tool_calls_are_parsed_from_the_content_after_the_thinking():
     text = "<think>I should call add.</think>\n\n" + call
     request = chat(tools=tools)
     hermes = request.tool_parser(ToolCallParser("hermes"))
-    body = OpenAIFormatter(True, "m", tool_parser=hermes, reasoning=request.reasoning(QWEN3)).body(
+    body = ChatFormatter(model_name="m", tool_parser=hermes, reasoning=request.reasoning(QWEN3)).body(
         request.sub_requests(), [result(text, "stop")])
     [choice] = body["choices"]
     assert choice["finish_reason"] == "tool_calls" and choice["message"]["reasoning_content"] == "I should call add."
     assert choice["message"]["content"] is None
     assert json.loads(choice["message"]["tool_calls"][0]["function"]["arguments"]) == {"a": 1, "b": 2}
     pieces = [text[i:i + 5] for i in range(0, len(text), 5)]
-    deltas = streamed(OpenAIFormatter(True, "m", tool_parser=hermes, reasoning=request.reasoning(QWEN3)), pieces)
+    deltas = streamed(ChatFormatter(model_name="m", tool_parser=hermes, reasoning=request.reasoning(QWEN3)), pieces)
     assert joined(deltas, "reasoning_content") == "I should call add."
     assert joined(deltas, "content").strip() == ""  # the call never streams as content
     calls = [call for d in deltas for call in d.get("tool_calls", [])]
@@ -180,7 +180,7 @@ def test_with_thinking_on_a_grammar_starts_after_the_think_end_ids(fields, gramm
 
 
 def test_a_forced_tool_call_while_thinking_needs_the_thinking_split_off():
-    from zserve.http_proc.api_error import ApiError
+    from zserve.http_proc.shared.api_error import ApiError
 
     forced = {"tools": [{"type": "function", "function": {"name": "add"}}], "tool_choice": "required"}
     with pytest.raises(ApiError) as caught:

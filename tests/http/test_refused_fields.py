@@ -8,12 +8,12 @@ import json
 import pytest
 
 from testing.asgi_call import RecordingClient, call_app
-from zserve.http_proc.health_monitor import HealthMonitor
 from zserve.http_proc.http_app import build_app
-from zserve.http_proc.http_state import HttpState
-from zserve.http_proc.request_gate import GatePolicy
-from zserve.http_proc.server_metrics import ServerMetrics
-from zserve.http_proc.unknown_fields import UnknownFieldPolicy
+from zserve.http_proc.shared.health_monitor import HealthMonitor
+from zserve.http_proc.shared.http_state import HttpState
+from zserve.http_proc.shared.request_gate import GatePolicy
+from zserve.http_proc.shared.server_metrics import ServerMetrics
+from zserve.http_proc.shared.unknown_fields import UnknownFieldPolicy
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
 COMPLETION = {"prompt": "hi", "max_tokens": 4}

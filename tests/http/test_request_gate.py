@@ -1,4 +1,4 @@
-"""The HTTP request gate (http_proc/request_gate.py): Host, Origin/CORS, API key, JSON body and
+"""The HTTP request gate (http_proc/shared/request_gate.py): Host, Origin/CORS, API key, JSON body and
 its size. Unit tests drive the ASGI middleware directly; one module-scoped server checks the
 same through a real HTTP process started with the flags."""
 
@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 from testing.server_process import free_port, start_server
-from zserve.http_proc.request_gate import GatePolicy, RequestGate, host_name
-from zserve.http_proc.server_metrics import ServerMetrics
+from zserve.http_proc.shared.request_gate import GatePolicy, RequestGate, host_name
+from zserve.http_proc.shared.server_metrics import ServerMetrics
 
 KEY = "s3cret-key"
 

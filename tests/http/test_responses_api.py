@@ -9,13 +9,13 @@ import json
 import pytest
 
 from testing.asgi_call import RecordingClient, call_app
-from zserve.http_proc.health_monitor import HealthMonitor
+from zserve.http_proc.apis.responses.events import ResponseEnvelope, ResponsesStream
+from zserve.http_proc.apis.responses.protocol import ResponsesRequest
 from zserve.http_proc.http_app import build_app
-from zserve.http_proc.http_state import HttpState
-from zserve.http_proc.request_gate import GatePolicy
-from zserve.http_proc.responses_events import ResponseEnvelope, ResponsesStream
-from zserve.http_proc.responses_protocol import ResponsesRequest
-from zserve.http_proc.server_metrics import ServerMetrics
+from zserve.http_proc.shared.health_monitor import HealthMonitor
+from zserve.http_proc.shared.http_state import HttpState
+from zserve.http_proc.shared.request_gate import GatePolicy
+from zserve.http_proc.shared.server_metrics import ServerMetrics
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "the weather",
            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}

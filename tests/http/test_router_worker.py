@@ -13,13 +13,13 @@ import logging
 import pytest
 
 from testing.asgi_call import RecordingClient, call_app
-from zserve.http_proc.health_monitor import HealthMonitor
 from zserve.http_proc.http_app import build_app
-from zserve.http_proc.http_state import HttpState
-from zserve.http_proc.request_gate import GatePolicy
-from zserve.http_proc.server_info import ServerInfo
-from zserve.http_proc.server_metrics import ServerMetrics
-from zserve.http_proc.unknown_fields import UnknownFieldPolicy
+from zserve.http_proc.shared.health_monitor import HealthMonitor
+from zserve.http_proc.shared.http_state import HttpState
+from zserve.http_proc.shared.request_gate import GatePolicy
+from zserve.http_proc.shared.server_info import ServerInfo
+from zserve.http_proc.shared.server_metrics import ServerMetrics
+from zserve.http_proc.shared.unknown_fields import UnknownFieldPolicy
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 # Bodies as sglang-router 0.3.2 forwards them (captured): the client sent {"messages", "max_tokens": 4} (no model),

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from zserve.http_proc.api_error import ApiError
-from zserve.http_proc.openai_protocol import ChatCompletionRequest, CompletionRequest
+from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, CompletionRequest
+from zserve.http_proc.shared.api_error import ApiError
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 MESSAGES = [{"role": "user", "content": "hi"}]

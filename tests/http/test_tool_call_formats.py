@@ -13,11 +13,11 @@ import pytest
 
 from zserve.client.types import GenerateResult
 from zserve.common.tool_call_format import TOOL_CALL_FORMATS, template_tool_call_format
-from zserve.http_proc.openai_formatter import OpenAIFormatter
-from zserve.http_proc.openai_protocol import ChatCompletionRequest, with_tool_markup
-from zserve.http_proc.request_group import ChoiceEvent
-from zserve.http_proc.tool_call_parser import SCANNERS, ToolCallParser
-from zserve.http_proc.tool_choice import ForcedToolChoice
+from zserve.http_proc.apis.openai.chat_formatter import ChatFormatter
+from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, with_tool_markup
+from zserve.http_proc.apis.openai.tool_choice import ForcedToolChoice
+from zserve.http_proc.shared.request_group import ChoiceEvent
+from zserve.http_proc.tools.parser import SCANNERS, ToolCallParser
 
 TOOLS = [
     {"type": "function", "function": {"name": "get_weather", "parameters": {
@@ -81,7 +81,7 @@ def parser_of(kind: str) -> ToolCallParser:
 def non_streamed(kind: str | ForcedToolChoice, text: str) -> dict:
     parser = parser_of(kind) if isinstance(kind, str) else kind
     subs = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS).sub_requests()
-    [choice] = OpenAIFormatter(True, "m", tool_parser=parser).body(subs, [result(text, "stop")])["choices"]
+    [choice] = ChatFormatter(model_name="m", tool_parser=parser).body(subs, [result(text, "stop")])["choices"]
     return choice
 
 
@@ -89,7 +89,7 @@ def streamed(kind: str | ForcedToolChoice, pieces: list[str]) -> tuple[str, list
     """(content, [(name, arguments)], finish_reason) of the answer sent in `pieces`, checking the
     chunks' shapes on the way: a call's id, type and name once, with arguments ""; then only
     index and argument pieces."""
-    fmt = OpenAIFormatter(True, "m", tool_parser=parser_of(kind) if isinstance(kind, str) else kind)
+    fmt = ChatFormatter(model_name="m", tool_parser=parser_of(kind) if isinstance(kind, str) else kind)
     text, events = "", []
     for piece in pieces:
         text += piece
@@ -144,7 +144,7 @@ def test_streamed_calls_concatenate_to_the_non_streamed_ones_at_every_cut(kind, 
         pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
         assert streamed(kind, pieces) == expected, pieces
     if calls and "<tool_call>{\"arguments\"" not in text:  # arguments are sent in pieces, not in one blob at the end
-        fmt = OpenAIFormatter(True, "m", tool_parser=parser_of(kind))
+        fmt = ChatFormatter(model_name="m", tool_parser=parser_of(kind))
         sent = [fmt.event_chunk(ChoiceEvent(0, ch, [0], result(text[:i + 1], None))) for i, ch in enumerate(text)]
         pieces = [e for blob in sent if blob for part in blob.split(b"\n\n") if part
                   for e in json.loads(part[len(b"data: "):])["choices"][0]["delta"].get("tool_calls", []) if "id" not in e]
@@ -154,7 +154,7 @@ def test_streamed_calls_concatenate_to_the_non_streamed_ones_at_every_cut(kind, 
 def test_parallel_tool_calls_false_streams_the_first_call_only():
     kind, text, _, _ = CASES[0]
     parser = parser_of(kind).single_call()
-    fmt = OpenAIFormatter(True, "m", tool_parser=parser)
+    fmt = ChatFormatter(model_name="m", tool_parser=parser)
     blobs = [fmt.event_chunk(ChoiceEvent(0, ch, [0], result(text[:i + 1], None))) for i, ch in enumerate(text)]
     blobs.append(fmt.event_chunk(ChoiceEvent(0, "", [], result(text, "stop"))))
     names = [e["function"]["name"] for blob in blobs if blob for part in blob.split(b"\n\n") if part

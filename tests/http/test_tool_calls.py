@@ -8,11 +8,11 @@ import json
 import pytest
 
 from zserve.client.types import GenerateResult
-from zserve.http_proc.openai_formatter import OpenAIFormatter
-from zserve.http_proc.openai_protocol import ChatCompletionRequest
-from zserve.http_proc.request_group import ChoiceEvent
-from zserve.http_proc.tool_call_parser import ToolCallParser
-from zserve.http_proc.tool_scan import ParsedCall
+from zserve.http_proc.apis.openai.chat_formatter import ChatFormatter
+from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest
+from zserve.http_proc.shared.request_group import ChoiceEvent
+from zserve.http_proc.tools.parser import ToolCallParser
+from zserve.http_proc.tools.scan import ParsedCall
 from zserve.tokenizer_proc.chat_template import ChatTemplate
 
 HERMES = ToolCallParser("hermes")
@@ -68,7 +68,7 @@ def result(text: str, finish: str | None) -> GenerateResult:
 
 def test_chat_response_shapes_with_tool_calls_streamed_and_not():
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-    fmt = OpenAIFormatter(True, "m", tool_parser=HERMES)
+    fmt = ChatFormatter(model_name="m", tool_parser=HERMES)
     subs = ChatCompletionRequest(messages=[{"role": "user", "content": "1+2?"}], tools=TOOLS).sub_requests()
     body = fmt.body(subs, [result("Sure. " + call, "stop")])
     [choice] = body["choices"]
@@ -147,7 +147,7 @@ def test_tools_reach_the_template_through_http(model_dir, tmp_path):
 def test_forced_tool_choice_builds_the_schema_and_parses_its_answer():
     import jsonschema
 
-    from zserve.http_proc.tool_choice import ForcedToolChoice
+    from zserve.http_proc.apis.openai.tool_choice import ForcedToolChoice
 
     required = ForcedToolChoice.of(TOOLS, "required")
     answer = [{"name": "get_weather", "parameters": {"city": "Paris"}}, {"name": "add", "parameters": {"a": 1, "b": 2}}]
@@ -260,7 +260,7 @@ def test_parallel_tool_calls_false_keeps_only_the_first_call_streamed_and_not():
     default = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS)
     assert default.tool_parser(HERMES) == HERMES.with_tools(TOOLS) and default.tool_parser(None) is None
 
-    fmt = OpenAIFormatter(True, "m", tool_parser=parser)
+    fmt = ChatFormatter(model_name="m", tool_parser=parser)
     [choice] = fmt.body(single.sub_requests(), [result(TWO_CALLS, "stop")])["choices"]
     assert choice["finish_reason"] == "tool_calls" and [c["function"]["name"] for c in choice["message"]["tool_calls"]] == ["get_weather"]
     final = fmt.event_chunk(ChoiceEvent(0, TWO_CALLS, [0], result(TWO_CALLS, "stop")))

@@ -9,9 +9,9 @@ import logging
 
 import pytest
 
-from zserve.http_proc.api_error import ApiError
-from zserve.http_proc.openai_protocol import ChatCompletionRequest, CompletionRequest, parse_body
-from zserve.http_proc.unknown_fields import UnknownFieldPolicy, field_path
+from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from zserve.http_proc.shared.api_error import ApiError
+from zserve.http_proc.shared.unknown_fields import UnknownFieldPolicy, field_path
 
 CHAT = "/v1/chat/completions"
 TOOL = {"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}}}}

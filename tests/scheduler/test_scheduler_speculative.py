@@ -32,7 +32,7 @@ from zserve.common.sampling_params import SamplingParams
 from zserve.common.scheduler_stats import SchedulerStats
 from zserve.common.server_config import ServerConfig
 from zserve.common.speculative_settings import SpeculativeSettings, resolve_speculative_config
-from zserve.http_proc.server_metrics import ServerMetrics
+from zserve.http_proc.shared.server_metrics import ServerMetrics
 from zserve.launcher.cli import parse_config
 from zserve.scheduler_proc.ngram_drafter import BACKOFF_MIN_STEPS, BACKOFF_WINDOW, MISS_STEPS, NgramDrafter
 from zserve.scheduler_proc.scheduler import STEP_POLICIES

@@ -1,0 +1,1 @@
+"""Anthropic's Messages API (/v1/messages), translated onto the chat path (apis/openai/chat_call.py)."""

@@ -1,0 +1,1 @@
+"""The native /generate, in zserve's shape or SGLang's."""
