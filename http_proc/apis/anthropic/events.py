@@ -21,6 +21,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from zserve.http_proc.apis.openai.chat_chunks import ChatChunkWalk, ChatPiece
 from zserve.http_proc.shared.anthropic_error import anthropic_error_body
 from zserve.http_proc.shared.api_error import ApiError
 
@@ -85,27 +86,21 @@ class MessagesStream:
         self.call_blocks: dict[int, int] = {}  # chat tool-call index -> its block index
         self.held = ""  # text that may be (the start of) a stop sequence, not sent yet
         self.hold_len = max((len(s) for s in envelope.stop_sequences), default=0)
-        self.finish_reason: str | None = None
-        self.usage: dict[str, Any] | None = None
+        self.chat = ChatChunkWalk()  # the finish reason and the usage
 
     def opening(self) -> list[dict[str, Any]]:
         message = self.envelope.message([], None, None, {"input_tokens": 0, "output_tokens": 0})
         return [{"type": "message_start", "message": message}]
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
         events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning_content"):
-                events += self._delta("thinking", {"type": "thinking_delta", "thinking": delta["reasoning_content"]})
-            if delta.get("content"):
-                events += self._text(delta["content"])
-            for call in delta.get("tool_calls") or []:
-                events += self._call(call)
-            if choice.get("finish_reason") is not None:
-                self.finish_reason = choice["finish_reason"]
+        for piece in self.chat.pieces(chunk):
+            if piece.kind == "thinking":
+                events += self._delta("thinking", {"type": "thinking_delta", "thinking": piece.text})
+            elif piece.kind == "text":
+                events += self._text(piece.text)
+            else:
+                events += self._call(piece)
         return events
 
     def error_event(self, error: ApiError) -> dict[str, Any]:
@@ -113,14 +108,14 @@ class MessagesStream:
         return anthropic_error_body(error.status, error.message)
 
     def closing(self) -> list[dict[str, Any]]:
-        stop = matched_stop(self.held, self.finish_reason, self.envelope.stop_sequences)
+        stop = matched_stop(self.held, self.chat.finish_reason, self.envelope.stop_sequences)
         rest = self.held[: len(self.held) - len(stop)] if stop else self.held
         self.held = ""
         events = self._delta("text", {"type": "text_delta", "text": rest}) if rest else []
         events += self._close()
-        reason = "stop_sequence" if stop else stop_reason_of(self.finish_reason)
+        reason = "stop_sequence" if stop else stop_reason_of(self.chat.finish_reason)
         return [*events, {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": stop},
-                          "usage": usage_of(self.usage)}, {"type": "message_stop"}]
+                          "usage": usage_of(self.chat.usage)}, {"type": "message_stop"}]
 
     # ---- pieces ------------------------------------------------------------------------------
 
@@ -130,21 +125,18 @@ class MessagesStream:
         self.held, sent = held[cut:], held[:cut]
         return self._delta("text", {"type": "text_delta", "text": sent}) if sent else []
 
-    def _call(self, call: dict[str, Any]) -> list[dict[str, Any]]:
-        idx = call.get("index", len(self.call_blocks))
-        function = call.get("function") or {}
+    def _call(self, piece: ChatPiece) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        if idx not in self.call_blocks:
+        if piece.call_idx not in self.call_blocks:
             if self.held:  # the text before the call (a stop sequence ends the answer: it cannot be one)
                 events += self._delta("text", {"type": "text_delta", "text": self.held})
                 self.held = ""
-            block = {"type": "tool_use", "id": call.get("id") or "", "name": function.get("name") or "", "input": {}}
+            block = {"type": "tool_use", "id": piece.call_id, "name": piece.name, "input": {}}
             events += self._start("tool_use", block)
-            self.call_blocks[idx] = self.num_blocks - 1
-        piece = function.get("arguments") or ""
-        if piece:  # (to its own block: the anthropic SDK accumulates by index)
-            events.append({"type": "content_block_delta", "index": self.call_blocks[idx],
-                           "delta": {"type": "input_json_delta", "partial_json": piece}})
+            self.call_blocks[piece.call_idx] = self.num_blocks - 1
+        if piece.text:  # (to its own block: the anthropic SDK accumulates by index)
+            events.append({"type": "content_block_delta", "index": self.call_blocks[piece.call_idx],
+                           "delta": {"type": "input_json_delta", "partial_json": piece.text}})
         return events
 
     def _delta(self, kind: str, delta: dict[str, Any]) -> list[dict[str, Any]]:

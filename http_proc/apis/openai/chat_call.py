@@ -95,7 +95,8 @@ def chunk_dict(sse_bytes: bytes) -> dict[str, Any]:
 
 
 class TranslatedStream(Protocol):
-    """An API's events made from the chat stream's chunks (apis/responses/events.py, apis/anthropic/events.py)."""
+    """An API's events made from the chat stream's chunks (apis/responses/events.py, apis/anthropic/events.py),
+    each walking them with a ChatChunkWalk (chat_chunks.py)."""
 
     def opening(self) -> list[dict[str, Any]]: ...
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]: ...

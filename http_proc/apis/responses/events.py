@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from zserve.http_proc.apis.openai.chat_chunks import ChatChunkWalk, ChatPiece
 from zserve.http_proc.apis.responses.protocol import ResponsesRequest
 from zserve.http_proc.shared.api_error import ApiError
 
@@ -126,8 +127,7 @@ class ResponsesStream:
         self.done: dict[int, dict[str, Any]] = {}  # output index -> the item, once done
         self.open: OpenItem | None = None  # the message or reasoning item being streamed
         self.calls: dict[int, OpenItem] = {}  # chat tool-call index -> its item
-        self.finish_reason: str | None = None
-        self.usage: dict[str, Any] | None = None
+        self.chat = ChatChunkWalk()  # the finish reason and the usage
 
     def opening(self) -> list[dict[str, Any]]:
         created = self.envelope.response("in_progress", [], None)
@@ -136,19 +136,12 @@ class ResponsesStream:
 
     def feed(self, chunk: dict[str, Any]) -> list[dict[str, Any]]:
         """The events for one chat chunk."""
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
         events: list[dict[str, Any]] = []
-        for choice in chunk.get("choices") or []:
-            delta = choice.get("delta") or {}
-            if delta.get("reasoning_content"):
-                events += self._text_delta("reasoning", delta["reasoning_content"])
-            if delta.get("content"):
-                events += self._text_delta("message", delta["content"])
-            for call in delta.get("tool_calls") or []:
-                events += self._call_delta(call)
-            if choice.get("finish_reason") is not None:
-                self.finish_reason = choice["finish_reason"]
+        for piece in self.chat.pieces(chunk):
+            if piece.kind == "call":
+                events += self._call_delta(piece)
+            else:
+                events += self._text_delta("reasoning" if piece.kind == "thinking" else "message", piece.text)
         return events
 
     def closing(self) -> list[dict[str, Any]]:
@@ -157,7 +150,7 @@ class ResponsesStream:
         for item in self.calls.values():
             events += self._close_call(item)
         output = [self.done[idx] for idx in sorted(self.done)]
-        done = self.envelope.response("completed", output, response_usage(self.usage), self.finish_reason)
+        done = self.envelope.response("completed", output, response_usage(self.chat.usage), self.chat.finish_reason)
         kind = "response.incomplete" if done["status"] == "incomplete" else "response.completed"
         return [*events, self.event(kind, response=done)]
 
@@ -194,23 +187,20 @@ class ResponsesStream:
             return [*events, self.event("response.output_text.delta", **self._where(item), delta=text, logprobs=[])]
         return [*events, self.event("response.reasoning_text.delta", **self._where(item), delta=text)]
 
-    def _call_delta(self, call: dict[str, Any]) -> list[dict[str, Any]]:
+    def _call_delta(self, piece: ChatPiece) -> list[dict[str, Any]]:
         events: list[dict[str, Any]] = []
-        idx = call.get("index", len(self.calls))
-        function = call.get("function") or {}
-        item = self.calls.get(idx)
+        item = self.calls.get(piece.call_idx)
         if item is None:
             events += self._close_open()  # the text before the calls is done
-            item = OpenItem("function_call", self._next_output_idx(), new_id("fc"), call_id=call.get("id") or "",
-                            name=function.get("name") or "")
-            self.calls[idx] = item
+            item = OpenItem("function_call", self._next_output_idx(), new_id("fc"), call_id=piece.call_id,
+                            name=piece.name)
+            self.calls[piece.call_idx] = item
             events.append(self._added(item, function_call_item(item.item_id, item.call_id, item.name, "",
                                                                "in_progress")))
-        piece = function.get("arguments") or ""
-        if piece:
-            item.text += piece
+        if piece.text:
+            item.text += piece.text
             events.append(self.event("response.function_call_arguments.delta", item_id=item.item_id,
-                                      output_index=item.output_idx, delta=piece))
+                                      output_index=item.output_idx, delta=piece.text))
         return events
 
     def _added(self, item: OpenItem, body: dict[str, Any]) -> dict[str, Any]:
@@ -226,7 +216,7 @@ class ResponsesStream:
             return []
         if item.kind == "message":
             part = {"type": "output_text", "text": item.text, "annotations": [], "logprobs": []}
-            status = "incomplete" if self.finish_reason == "length" else "completed"
+            status = "incomplete" if self.chat.finish_reason == "length" else "completed"
             body = message_item(item.item_id, item.text, status)
             events = [self.event("response.output_text.done", **self._where(item), text=item.text, logprobs=[]),
                       self.event("response.content_part.done", **self._where(item), part=part)]
