@@ -17,6 +17,15 @@ MODEL_PROC_ARROWS; the modules at model_proc's top level, the runner and the wor
     quant        one class per quantization method
     checkpoints  the safetensors and GGUF readers
     weights      the quantized weight types, the GGUF block tables   kernels  the C++ ops, the CPU's features
+
+http_proc's wings stand on floors the same way (HTTP_PROC_FLOORS, HTTP_PROC_ARROWS; a module at
+http_proc's top level is the roof, reasoning.py a one-file wing):
+
+    (root)                          http_process, http_app: the process, the app that mounts every API
+    apis/responses  apis/anthropic  translated onto the chat path of apis/openai
+    apis/openai     apis/sglang     completions and chat (+ embeddings, tokenize); the native /generate
+    shared                          state, guard, gate, errors, SSE, the request group, health, metrics
+    tools           reasoning       the tool-call and reasoning parsers: no HTTP
 """
 
 from __future__ import annotations
@@ -69,26 +78,34 @@ def model_proc_unit(rel_path: str) -> str:
     return parts[0] if len(parts) > 1 else MODEL_PROC_ROOT
 
 
-def model_proc_arrows(rel_path: str, source: str) -> list[tuple[str, str, str]]:
-    """(importer unit, imported unit, where) for every import in model_proc/<rel_path> that reaches
-    another unit of model_proc."""
-    importer, arrows = model_proc_unit(rel_path), []
+def inner_imports(package: str, rel_path: str, source: str) -> list[tuple[list[str], int]]:
+    """(the dotted name's parts below zserve.<package>, line) for every import in <package>/<rel_path> of
+    one of the package's own modules."""
+    found = []
     for node in ast.walk(ast.parse(source, rel_path)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             names = [node.module or ""]
-            if node.module == "zserve.model_proc":  # from zserve.model_proc import x
-                names = [f"zserve.model_proc.{alias.name}" for alias in node.names]
+            if node.module == f"zserve.{package}":  # from zserve.<package> import x
+                names = [f"zserve.{package}.{alias.name}" for alias in node.names]
         else:
             continue
         for name in names:
             parts = name.split(".")
-            if parts[:2] != ["zserve", "model_proc"] or len(parts) < 3:
-                continue
-            imported = parts[2] if parts[2] in MODEL_PROC_FLOORS else MODEL_PROC_ROOT
-            if imported != importer:
-                arrows.append((importer, imported, f"model_proc/{rel_path}:{node.lineno}"))
+            if parts[:2] == ["zserve", package] and len(parts) > 2:
+                found.append((parts[2:], node.lineno))
+    return found
+
+
+def model_proc_arrows(rel_path: str, source: str) -> list[tuple[str, str, str]]:
+    """(importer unit, imported unit, where) for every import in model_proc/<rel_path> that reaches
+    another unit of model_proc."""
+    importer, arrows = model_proc_unit(rel_path), []
+    for parts, line in inner_imports("model_proc", rel_path, source):
+        imported = parts[0] if parts[0] in MODEL_PROC_FLOORS else MODEL_PROC_ROOT
+        if imported != importer:
+            arrows.append((importer, imported, f"model_proc/{rel_path}:{line}"))
     return arrows
 
 
@@ -96,6 +113,53 @@ def all_model_proc_arrows() -> list[tuple[str, str, str]]:
     root = REPO_ROOT / "model_proc"
     return [arrow for path in sorted(root.rglob("*.py"))
             for arrow in model_proc_arrows(str(path.relative_to(root)), path.read_text(encoding="utf-8"))]
+
+
+HTTP_PROC_ROOT = "(root)"  # a module at http_proc's top level (but a one-file wing: reasoning.py)
+HTTP_PROC_FLOORS = {"tools": 0, "reasoning": 0, "shared": 1, "apis/openai": 2, "apis/sglang": 2, "apis/responses": 3,
+                    "apis/anthropic": 3, HTTP_PROC_ROOT: 4}
+HTTP_PROC_ARROWS = {
+    ("shared", "tools"): "the state holds the server's tool-call parser (--tool-call-parser, else the template's)",
+    ("shared", "reasoning"): "the state holds the server's --reasoning-parser",
+    ("apis/openai", "shared"): "a route runs on the state, behind the guard, and sends its choices as a request group",
+    ("apis/openai", "tools"): "chat answers' tool calls are parsed, and streamed, by the tool-call parser",
+    ("apis/openai", "reasoning"): "chat answers' thinking is split by the reasoning parser",
+    ("apis/sglang", "shared"): "/generate runs on the state, behind the guard, as a request group",
+    ("apis/responses", "shared"): "the route runs on the state, behind the guard",
+    ("apis/responses", "apis/openai"): "a Responses request runs as a chat request (ChatCall), its events from chat chunks",
+    ("apis/anthropic", "shared"): "the route runs on the state, behind the guard; errors in Anthropic's shape",
+    ("apis/anthropic", "apis/openai"): "a Messages request runs as a chat request (ChatCall), its events from chat chunks",
+    (HTTP_PROC_ROOT, "apis/openai"): "the app mounts each API's routes",
+    (HTTP_PROC_ROOT, "apis/sglang"): "the app mounts each API's routes",
+    (HTTP_PROC_ROOT, "apis/responses"): "the app mounts each API's routes",
+    (HTTP_PROC_ROOT, "apis/anthropic"): "the app mounts each API's routes",
+    (HTTP_PROC_ROOT, "shared"): "the process builds the state; the app puts the gate and the guard in front",
+    (HTTP_PROC_ROOT, "tools"): "the process picks the tool-call parser (--tool-call-parser, the chat template)",
+    (HTTP_PROC_ROOT, "reasoning"): "the process builds the --reasoning-parser",
+}
+
+
+def http_proc_unit(parts: list[str]) -> str:
+    """The wing of http_proc's module <parts> (a path or a dotted name below http_proc, `.py` dropped)."""
+    if parts[0] == "apis" and len(parts) > 1:
+        return f"apis/{parts[1]}"
+    return parts[0] if len(parts) > 1 or parts[0] in HTTP_PROC_FLOORS else HTTP_PROC_ROOT
+
+
+def http_proc_arrows(rel_path: str, source: str) -> list[tuple[str, str, str]]:
+    """(importer wing, imported wing, where) for every import in http_proc/<rel_path> that reaches another wing."""
+    importer, arrows = http_proc_unit(rel_path.removesuffix(".py").split("/")), []
+    for parts, line in inner_imports("http_proc", rel_path, source):
+        imported = http_proc_unit(parts)
+        if imported != importer:
+            arrows.append((importer, imported, f"http_proc/{rel_path}:{line}"))
+    return arrows
+
+
+def all_http_proc_arrows() -> list[tuple[str, str, str]]:
+    root = REPO_ROOT / "http_proc"
+    return [arrow for path in sorted(root.rglob("*.py"))
+            for arrow in http_proc_arrows(str(path.relative_to(root)), path.read_text(encoding="utf-8"))]
 
 
 @dataclass(frozen=True)
@@ -206,3 +270,36 @@ def test_no_import_runs_back_up_inside_model_proc():
 def test_the_floor_checker_sees_an_arrow_running_up(rel_path, source, expected):
     (arrow,) = model_proc_arrows(rel_path, source)
     assert arrow[:2] == expected and expected not in MODEL_PROC_ARROWS
+
+
+def test_http_proc_floors_cover_its_wings():
+    root = REPO_ROOT / "http_proc"
+    on_disk = {str(p.parent.relative_to(root)) for p in root.glob("*/__init__.py")} - {"apis"}
+    on_disk |= {str(p.parent.relative_to(root)) for p in root.glob("apis/*/__init__.py")}
+    on_disk |= {p.stem for p in root.glob("*.py") if p.stem in HTTP_PROC_FLOORS}  # one-file wings
+    assert on_disk == set(HTTP_PROC_FLOORS) - {HTTP_PROC_ROOT}
+
+
+def test_every_allowed_http_proc_arrow_runs_down():
+    up = [arrow for arrow in HTTP_PROC_ARROWS if HTTP_PROC_FLOORS[arrow[0]] <= HTTP_PROC_FLOORS[arrow[1]]]
+    assert up == []
+
+
+def test_no_import_runs_back_up_inside_http_proc():
+    arrows = all_http_proc_arrows()
+    assert len(arrows) > 50  # really read http_proc's imports
+    offenders = [f"{where}: {importer} imports {imported}, an arrow not in HTTP_PROC_ARROWS (floors: HTTP_PROC_FLOORS)"
+                 for importer, imported, where in arrows if (importer, imported) not in HTTP_PROC_ARROWS]
+    assert not offenders, "\n".join(offenders)
+    assert sorted(set(HTTP_PROC_ARROWS) - {(a, b) for a, b, _ in arrows}) == []  # the list is the graph as it is
+
+
+@pytest.mark.parametrize(("rel_path", "source", "expected"), [
+    ("tools/x.py", "from zserve.http_proc.shared.api_error import ApiError\n", ("tools", "shared")),
+    ("shared/x.py", "from zserve.http_proc import http_app\n", ("shared", HTTP_PROC_ROOT)),
+    ("apis/openai/x.py", "from zserve.http_proc.apis.responses import events\n", ("apis/openai", "apis/responses")),
+    ("reasoning.py", "def f():\n    import zserve.http_proc.shared.http_state\n", ("reasoning", "shared")),
+])
+def test_the_wing_checker_sees_an_arrow_running_up(rel_path, source, expected):
+    (arrow,) = http_proc_arrows(rel_path, source)
+    assert arrow[:2] == expected and expected not in HTTP_PROC_ARROWS
