@@ -31,6 +31,7 @@ http_proc's top level is the roof, reasoning.py a one-file wing):
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pytest
@@ -72,12 +73,6 @@ MODEL_PROC_ARROWS = {
 }
 
 
-def model_proc_unit(rel_path: str) -> str:
-    """The sub-package of model_proc/<rel_path> (MODEL_PROC_ROOT for a top-level module)."""
-    parts = rel_path.split("/")
-    return parts[0] if len(parts) > 1 else MODEL_PROC_ROOT
-
-
 def inner_imports(package: str, rel_path: str, source: str) -> list[tuple[list[str], int]]:
     """(the dotted name's parts below zserve.<package>, line) for every import in <package>/<rel_path> of
     one of the package's own modules."""
@@ -98,21 +93,9 @@ def inner_imports(package: str, rel_path: str, source: str) -> list[tuple[list[s
     return found
 
 
-def model_proc_arrows(rel_path: str, source: str) -> list[tuple[str, str, str]]:
-    """(importer unit, imported unit, where) for every import in model_proc/<rel_path> that reaches
-    another unit of model_proc."""
-    importer, arrows = model_proc_unit(rel_path), []
-    for parts, line in inner_imports("model_proc", rel_path, source):
-        imported = parts[0] if parts[0] in MODEL_PROC_FLOORS else MODEL_PROC_ROOT
-        if imported != importer:
-            arrows.append((importer, imported, f"model_proc/{rel_path}:{line}"))
-    return arrows
-
-
-def all_model_proc_arrows() -> list[tuple[str, str, str]]:
-    root = REPO_ROOT / "model_proc"
-    return [arrow for path in sorted(root.rglob("*.py"))
-            for arrow in model_proc_arrows(str(path.relative_to(root)), path.read_text(encoding="utf-8"))]
+def model_proc_unit(parts: list[str]) -> str:
+    """The sub-package of model_proc's module <parts> (a path or a dotted name below model_proc, `.py` dropped)."""
+    return parts[0] if parts[0] in MODEL_PROC_FLOORS else MODEL_PROC_ROOT
 
 
 HTTP_PROC_ROOT = "(root)"  # a module at http_proc's top level (but a one-file wing: reasoning.py)
@@ -141,25 +124,53 @@ HTTP_PROC_ARROWS = {
 
 def http_proc_unit(parts: list[str]) -> str:
     """The wing of http_proc's module <parts> (a path or a dotted name below http_proc, `.py` dropped)."""
-    if parts[0] == "apis" and len(parts) > 1:
+    if parts[0] == "apis" and len(parts) > 1 and parts[1] != "__init__":
         return f"apis/{parts[1]}"
-    return parts[0] if len(parts) > 1 or parts[0] in HTTP_PROC_FLOORS else HTTP_PROC_ROOT
+    return parts[0] if parts[0] in HTTP_PROC_FLOORS else HTTP_PROC_ROOT
 
 
-def http_proc_arrows(rel_path: str, source: str) -> list[tuple[str, str, str]]:
-    """(importer wing, imported wing, where) for every import in http_proc/<rel_path> that reaches another wing."""
-    importer, arrows = http_proc_unit(rel_path.removesuffix(".py").split("/")), []
-    for parts, line in inner_imports("http_proc", rel_path, source):
-        imported = http_proc_unit(parts)
-        if imported != importer:
-            arrows.append((importer, imported, f"http_proc/{rel_path}:{line}"))
-    return arrows
+@dataclass(frozen=True)
+class Floors:
+    """A package's units (sub-packages, wings) on floors: an import from one unit to another runs down, and is
+    in `arrows` with its reason. Floors that only run down make a graph without circles."""
+
+    package: str
+    floors: dict[str, int]
+    arrows: dict[tuple[str, str], str]
+    unit: Callable[[list[str]], str]  # a module's unit, from its parts below the package
+    units_on_disk: Callable[[], set[str]]  # the units the package's folders and files make
+
+    def arrows_in(self, rel_path: str, source: str) -> list[tuple[str, str, str]]:
+        """(importer unit, imported unit, where) for every import in <package>/<rel_path> that reaches
+        another unit of the package."""
+        importer, arrows = self.unit(rel_path.removesuffix(".py").split("/")), []
+        for parts, line in inner_imports(self.package, rel_path, source):
+            imported = self.unit(parts)
+            if imported != importer:
+                arrows.append((importer, imported, f"{self.package}/{rel_path}:{line}"))
+        return arrows
+
+    def all_arrows(self) -> list[tuple[str, str, str]]:
+        root = REPO_ROOT / self.package
+        return [arrow for path in sorted(root.rglob("*.py"))
+                for arrow in self.arrows_in(str(path.relative_to(root)), path.read_text(encoding="utf-8"))]
 
 
-def all_http_proc_arrows() -> list[tuple[str, str, str]]:
+def model_proc_units_on_disk() -> set[str]:
+    root = REPO_ROOT / "model_proc"
+    return {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").is_file()} | {MODEL_PROC_ROOT}
+
+
+def http_proc_units_on_disk() -> set[str]:
     root = REPO_ROOT / "http_proc"
-    return [arrow for path in sorted(root.rglob("*.py"))
-            for arrow in http_proc_arrows(str(path.relative_to(root)), path.read_text(encoding="utf-8"))]
+    wings = {str(p.parent.relative_to(root)) for p in [*root.glob("*/__init__.py"), *root.glob("apis/*/__init__.py")]}
+    one_file_wings = {p.stem for p in root.glob("*.py") if p.stem in HTTP_PROC_FLOORS}
+    return (wings - {"apis"}) | one_file_wings | {HTTP_PROC_ROOT}
+
+
+MODEL_PROC = Floors("model_proc", MODEL_PROC_FLOORS, MODEL_PROC_ARROWS, model_proc_unit, model_proc_units_on_disk)
+HTTP_PROC = Floors("http_proc", HTTP_PROC_FLOORS, HTTP_PROC_ARROWS, http_proc_unit, http_proc_units_on_disk)
+FLOORED = [pytest.param(MODEL_PROC, id="model_proc"), pytest.param(HTTP_PROC, id="http_proc")]
 
 
 @dataclass(frozen=True)
@@ -243,63 +254,38 @@ def test_the_checker_lets_allowed_and_outside_imports_pass():
     assert [s.imported for s in import_sites("http_proc", "http_proc/x.py", source)] == ["common"]
 
 
-def test_model_proc_floors_cover_its_sub_packages():
-    on_disk = {p.name for p in (REPO_ROOT / "model_proc").iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
-    assert on_disk == set(MODEL_PROC_FLOORS) - {MODEL_PROC_ROOT}
+@pytest.mark.parametrize("floored", FLOORED)
+def test_the_floors_cover_the_units_on_disk(floored):
+    assert floored.units_on_disk() == set(floored.floors)
 
 
-def test_every_allowed_model_proc_arrow_runs_down():
-    up = [arrow for arrow in MODEL_PROC_ARROWS if MODEL_PROC_FLOORS[arrow[0]] <= MODEL_PROC_FLOORS[arrow[1]]]
+@pytest.mark.parametrize("floored", FLOORED)
+def test_every_allowed_arrow_inside_a_package_runs_down(floored):
+    up = [arrow for arrow in floored.arrows if floored.floors[arrow[0]] <= floored.floors[arrow[1]]]
     assert up == []
 
 
-def test_no_import_runs_back_up_inside_model_proc():
-    arrows = all_model_proc_arrows()
-    assert len(arrows) > 50  # really read model_proc's imports
-    offenders = [f"{where}: {importer} imports {imported}, an arrow not in MODEL_PROC_ARROWS (floors: MODEL_PROC_FLOORS)"
-                 for importer, imported, where in arrows if (importer, imported) not in MODEL_PROC_ARROWS]
+@pytest.mark.parametrize("floored", FLOORED)
+def test_no_import_runs_back_up_inside_a_package(floored):
+    arrows = floored.all_arrows()
+    assert len(arrows) > 50  # really read the package's imports
+    offenders = [f"{where}: {importer} imports {imported}, an arrow not in the {floored.package} arrows (see its floors)"
+                 for importer, imported, where in arrows if (importer, imported) not in floored.arrows]
     assert not offenders, "\n".join(offenders)
-    assert sorted(set(MODEL_PROC_ARROWS) - {(a, b) for a, b, _ in arrows}) == []  # the list is the graph as it is
+    assert sorted(set(floored.arrows) - {(a, b) for a, b, _ in arrows}) == []  # the list is the graph as it is
 
 
-@pytest.mark.parametrize(("rel_path", "source", "expected"), [
-    ("checkpoints/x.py", "from zserve.model_proc.layers.int8_weights import Int8Weight\n", ("checkpoints", "layers")),
-    ("weights/x.py", "from zserve.model_proc import gguf_checkpoint\n", ("weights", MODEL_PROC_ROOT)),
-    ("layers/x.py", "def f():\n    import zserve.model_proc.models.llama\n", ("layers", "models")),
+@pytest.mark.parametrize(("floored", "rel_path", "source", "expected"), [
+    (MODEL_PROC, "checkpoints/x.py", "from zserve.model_proc.layers.int8_weights import Int8Weight\n",
+     ("checkpoints", "layers")),
+    (MODEL_PROC, "weights/x.py", "from zserve.model_proc import gguf_checkpoint\n", ("weights", MODEL_PROC_ROOT)),
+    (MODEL_PROC, "layers/x.py", "def f():\n    import zserve.model_proc.models.llama\n", ("layers", "models")),
+    (HTTP_PROC, "tools/x.py", "from zserve.http_proc.shared.api_error import ApiError\n", ("tools", "shared")),
+    (HTTP_PROC, "shared/x.py", "from zserve.http_proc import http_app\n", ("shared", HTTP_PROC_ROOT)),
+    (HTTP_PROC, "apis/openai/x.py", "from zserve.http_proc.apis.responses import events\n",
+     ("apis/openai", "apis/responses")),
+    (HTTP_PROC, "reasoning.py", "def f():\n    import zserve.http_proc.shared.http_state\n", ("reasoning", "shared")),
 ])
-def test_the_floor_checker_sees_an_arrow_running_up(rel_path, source, expected):
-    (arrow,) = model_proc_arrows(rel_path, source)
-    assert arrow[:2] == expected and expected not in MODEL_PROC_ARROWS
-
-
-def test_http_proc_floors_cover_its_wings():
-    root = REPO_ROOT / "http_proc"
-    on_disk = {str(p.parent.relative_to(root)) for p in root.glob("*/__init__.py")} - {"apis"}
-    on_disk |= {str(p.parent.relative_to(root)) for p in root.glob("apis/*/__init__.py")}
-    on_disk |= {p.stem for p in root.glob("*.py") if p.stem in HTTP_PROC_FLOORS}  # one-file wings
-    assert on_disk == set(HTTP_PROC_FLOORS) - {HTTP_PROC_ROOT}
-
-
-def test_every_allowed_http_proc_arrow_runs_down():
-    up = [arrow for arrow in HTTP_PROC_ARROWS if HTTP_PROC_FLOORS[arrow[0]] <= HTTP_PROC_FLOORS[arrow[1]]]
-    assert up == []
-
-
-def test_no_import_runs_back_up_inside_http_proc():
-    arrows = all_http_proc_arrows()
-    assert len(arrows) > 50  # really read http_proc's imports
-    offenders = [f"{where}: {importer} imports {imported}, an arrow not in HTTP_PROC_ARROWS (floors: HTTP_PROC_FLOORS)"
-                 for importer, imported, where in arrows if (importer, imported) not in HTTP_PROC_ARROWS]
-    assert not offenders, "\n".join(offenders)
-    assert sorted(set(HTTP_PROC_ARROWS) - {(a, b) for a, b, _ in arrows}) == []  # the list is the graph as it is
-
-
-@pytest.mark.parametrize(("rel_path", "source", "expected"), [
-    ("tools/x.py", "from zserve.http_proc.shared.api_error import ApiError\n", ("tools", "shared")),
-    ("shared/x.py", "from zserve.http_proc import http_app\n", ("shared", HTTP_PROC_ROOT)),
-    ("apis/openai/x.py", "from zserve.http_proc.apis.responses import events\n", ("apis/openai", "apis/responses")),
-    ("reasoning.py", "def f():\n    import zserve.http_proc.shared.http_state\n", ("reasoning", "shared")),
-])
-def test_the_wing_checker_sees_an_arrow_running_up(rel_path, source, expected):
-    (arrow,) = http_proc_arrows(rel_path, source)
-    assert arrow[:2] == expected and expected not in HTTP_PROC_ARROWS
+def test_the_floor_checker_sees_an_arrow_running_up(floored, rel_path, source, expected):
+    (arrow,) = floored.arrows_in(rel_path, source)
+    assert arrow[:2] == expected and expected not in floored.arrows

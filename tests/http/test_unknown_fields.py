@@ -9,8 +9,9 @@ import logging
 
 import pytest
 
-from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, CompletionRequest, parse_body
+from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, CompletionRequest
 from zserve.http_proc.shared.api_error import ApiError
+from zserve.http_proc.shared.request_body import parse_body
 from zserve.http_proc.shared.unknown_fields import UnknownFieldPolicy, field_path
 
 CHAT = "/v1/chat/completions"

@@ -22,8 +22,9 @@ from typing import Any
 from pydantic import Field
 
 from zserve.http_proc.apis.openai.chat_call import chat_request_of
-from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, RequestModel
+from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest
 from zserve.http_proc.shared.api_error import ApiError
+from zserve.http_proc.shared.request_body import RequestModel
 
 BLOCK_KINDS = frozenset({"text", "tool_use", "tool_result", "thinking", "redacted_thinking"})
 

@@ -23,9 +23,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from zserve.http_proc.apis.openai.protocol import RequestModel, parse_body
 from zserve.http_proc.shared.api_error import ApiError
 from zserve.http_proc.shared.http_state import HttpState
+from zserve.http_proc.shared.request_body import RequestModel, parse_body
 from zserve.http_proc.shared.response_guard import guarded
 
 MAX_INPUTS = 2048  # OpenAI's own bound on one request's inputs

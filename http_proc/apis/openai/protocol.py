@@ -1,7 +1,7 @@
 """The request bodies of POST /v1/completions and /v1/chat/completions (pydantic).
 
-Undeclared fields are kept aside, not refused here: UnknownFieldPolicy (shared/unknown_fields.py)
-ignores and logs them, or refuses them under --strict-requests.
+Undeclared fields are kept aside, not refused here (shared/request_body.py): UnknownFieldPolicy
+(shared/unknown_fields.py) ignores and logs them, or refuses them under --strict-requests.
 
 Each request becomes a list of `SubRequest`s, one per returned choice: `n` copies of each prompt, all
 with the request's sampling (its seed too): the group sends each prompt once with `n`, and the
@@ -15,40 +15,22 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 from functools import cached_property
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
 from zserve.http_proc.apis.openai.structured_output import StructuredOutput
 from zserve.http_proc.apis.openai.tool_choice import ForcedToolChoice
 from zserve.http_proc.reasoning import ReasoningOptions, ReasoningParser
 from zserve.http_proc.shared.api_error import ApiError
+from zserve.http_proc.shared.request_body import RequestModel
 from zserve.http_proc.shared.request_group import SubRequest
-from zserve.http_proc.shared.unknown_fields import field_path
 from zserve.http_proc.tools.parser import ToolCallParser
 
 STRUCTURED_OUTPUT_FIELDS = (
     "regex", "ebnf", "structured_outputs", "guided_json", "guided_regex", "guided_choice", "guided_grammar",
 )
 MAX_CHOICES = 128  # n x prompts: each is one request in the server's queue
-RequestT = TypeVar("RequestT", bound=BaseModel)
-
-
-def parse_body(model: type[RequestT], raw: bytes) -> RequestT:
-    """The request model from a JSON body; a 400 naming every bad field otherwise."""
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        errors = exc.errors(include_url=False)
-        parts = [f"{_error_path(e['loc'])}: {e['msg']}" for e in errors[:5]]
-        if len(errors) > 5:
-            parts.append(f"and {len(errors) - 5} more")
-        param = next((_error_path(e["loc"]) for e in errors if e["loc"]), None)
-        raise ApiError(400, "invalid request: " + "; ".join(parts), param=param) from None
-
-
-def _error_path(loc: tuple[str | int, ...]) -> str:
-    return field_path(tuple(x if isinstance(x, int) else str(x)[:64] for x in loc))
 
 
 def with_tool_markup(subs: list[SubRequest], parser: ToolCallParser | ForcedToolChoice | None) -> list[SubRequest]:
@@ -57,12 +39,6 @@ def with_tool_markup(subs: list[SubRequest], parser: ToolCallParser | ForcedTool
     if not isinstance(parser, ToolCallParser) or not parser.needs_special_tokens:
         return subs
     return [replace(s, sampling={**s.sampling, "skip_special_tokens": False}) for s in subs]
-
-
-class RequestModel(BaseModel):
-    """A request body or a part of one: undeclared fields go to `model_extra` (see the module doc)."""
-
-    model_config = ConfigDict(extra="allow")
 
 
 class StreamOptions(RequestModel):

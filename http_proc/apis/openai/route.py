@@ -17,15 +17,11 @@ from starlette.routing import Route
 from zserve.http_proc.apis.openai.chat_formatter import ChatFormatter
 from zserve.http_proc.apis.openai.completion_formatter import CompletionFormatter
 from zserve.http_proc.apis.openai.formatter import Formatter
-from zserve.http_proc.apis.openai.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    parse_body,
-    with_tool_markup,
-)
+from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, CompletionRequest, with_tool_markup
 from zserve.http_proc.shared.disconnect_watch import until_disconnect
 from zserve.http_proc.shared.http_state import HttpState
 from zserve.http_proc.shared.refused_fields import refuse_unhonoured
+from zserve.http_proc.shared.request_body import parse_body
 from zserve.http_proc.shared.request_group import ChoiceEvent, RequestGroup, SubRequest
 from zserve.http_proc.shared.response_guard import guarded, guarded_stream
 from zserve.http_proc.shared.sse_response import SSE_DONE, SseResponse

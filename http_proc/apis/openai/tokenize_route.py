@@ -17,9 +17,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from zserve.http_proc.apis.openai.protocol import ChatMessage, RequestModel, Tool, parse_body
+from zserve.http_proc.apis.openai.protocol import ChatMessage, Tool
 from zserve.http_proc.shared.api_error import ApiError
 from zserve.http_proc.shared.http_state import HttpState
+from zserve.http_proc.shared.request_body import RequestModel, parse_body
 from zserve.http_proc.shared.response_guard import guarded
 
 

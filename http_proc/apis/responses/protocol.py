@@ -20,8 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from zserve.http_proc.apis.openai.chat_call import chat_request_of
-from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, RequestModel
+from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest
 from zserve.http_proc.shared.api_error import ApiError
+from zserve.http_proc.shared.request_body import RequestModel
 
 TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 ROLES = {"user": "user", "assistant": "assistant", "system": "system", "developer": "system"}

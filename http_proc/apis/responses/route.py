@@ -9,11 +9,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from zserve.http_proc.apis.openai.chat_call import ChatCall, translated_events
-from zserve.http_proc.apis.openai.protocol import parse_body
 from zserve.http_proc.apis.responses.events import ResponseEnvelope, ResponsesStream
 from zserve.http_proc.apis.responses.protocol import ResponsesRequest
 from zserve.http_proc.shared.http_state import HttpState
 from zserve.http_proc.shared.refused_fields import refuse_unhonoured
+from zserve.http_proc.shared.request_body import parse_body
 from zserve.http_proc.shared.response_guard import guarded, guarded_stream
 from zserve.http_proc.shared.sse_response import SseResponse
 
