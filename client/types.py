@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -93,13 +93,6 @@ class GenerateResult:
     embedding: np.ndarray | None = None  # float32[hidden]: an embedding request's vector (a --task embed server)
     ttft_s: float | None = None  # first text since send
     latency_s: float | None = None  # last output since send
-
-    def __getitem__(self, key: str) -> Any:
-        """SGLang's result keys (`text`, `output_ids`, `meta_info`), so that SGLang's positional
-        `for out in engine.generate(prompts, params): out["text"]` reads a zserve result too."""
-        from zserve.client.sglang_shape import sglang_output  # it imports this module
-
-        return sglang_output(self)[key]
 
 
 def server_error(message: str, code: ErrorCode, req_id: int | None = None) -> ServerError:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zserve.common.task import GENERATE
 from zserve.common.worker_env import OMP_SPIN_COUNT
 
 DEFAULT_HTTP_PORT = 8000  # --port: vLLM's HTTP port (SGLang's is 30000: users type --port 30000)
@@ -24,7 +25,7 @@ class ModelSection:
 
     model: str = ""
     served_model_name: str = ""
-    task: str = "generate"  # or embed: /v1/embeddings only (common/pooling.py), generation refused
+    task: str = GENERATE  # TASKS: generate, or embed (/v1/embeddings only); resolved into a Task (common/task.py)
     pooler_config: str = ""  # --task embed: JSON over the model directory's pooling (Pooling.overridden)
     tokenizer: str = ""
     chat_template: str = ""

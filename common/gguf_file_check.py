@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from itertools import pairwise
 from pathlib import Path
 
+from zserve.common.int_math import cdiv
+
 GGUF_MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
@@ -147,7 +149,7 @@ def read_layout(gguf_file: Path) -> GGUFLayout:
             if alignment <= 0 or alignment & (alignment - 1):
                 raise GGUFFormatError(f"{where}: general.alignment {alignment} is not a power of two")
             infos = [_tensor_info(cur) for _ in range(num_tensors)]
-            return GGUFLayout(infos, -(-cur.pos // alignment) * alignment, alignment, size, strings)
+            return GGUFLayout(infos, cdiv(cur.pos, alignment) * alignment, alignment, size, strings)
 
 
 def _tensor_info(cur: _Cursor) -> TensorInfo:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from zserve.common.pooling import Pooling
+from zserve.common.task import Task
 from zserve.common.tool_call_format import TOOL_CALL_FORMATS
 
 
@@ -28,10 +28,8 @@ class ModelFacts:
     default_sampling: dict[str, float] = field(default_factory=dict)
     # --reasoning-parser's end of thinking (`</think>`) as token ids: a grammar starts after them; () without one
     think_end_ids: tuple[int, ...] = ()
-    # --task embed: the model directory's pooling (common/pooling.py); None: a generating server
-    pooling_mode: str | None = None
-    pooling_normalize: bool = False
-    embedding_size: int | None = None  # --task embed: the pooled vector's length (the hidden size)
+    # --task: the kind of work, with embed's pooling and vector size (common/task.py)
+    task: Task = Task()
 
     def __post_init__(self) -> None:
         if self.context_len < 2:
@@ -41,15 +39,11 @@ class ModelFacts:
                 f"tool_call_format must be one of {TOOL_CALL_FORMATS} or None, got {self.tool_call_format!r}"
             )
 
-    @property
-    def pooling(self) -> Pooling | None:
-        """An embedding server's pooling; None on a generating server."""
-        return None if self.pooling_mode is None else Pooling(self.pooling_mode, self.pooling_normalize)
-
     def to_json(self) -> str:
         return json.dumps(asdict(self))
 
     @staticmethod
     def from_json(text: str) -> ModelFacts:
         values = json.loads(text)
-        return ModelFacts(**{**values, "think_end_ids": tuple(values.get("think_end_ids", ()))})
+        task = Task.from_dict(values["task"]) if "task" in values else Task()
+        return ModelFacts(**{**values, "think_end_ids": tuple(values.get("think_end_ids", ())), "task": task})

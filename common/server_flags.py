@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from zserve.common.isa_features import CPU_ISA_ENV, FEATURES, LEVELS
+from zserve.common.task import TASKS
 from zserve.common.weight_formats import GEMM_CHOICES, QUANTIZATION_CHOICES, WEIGHT_COPY_CHOICES
 
 
@@ -67,7 +68,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         "and normalisation as its sentence-transformers modules.json says; without one, last token, "
         'normalised); generation routes are refused',
         aliases=('--runner',),
-        choices=('generate', 'embed'),
+        choices=TASKS,
         value_aliases={'pooling': 'embed', 'embedding': 'embed'},
         switches={'--is-embedding': 'embed'},
         peer_note="vLLM --task embed (--runner pooling in newer vLLM), SGLang --is-embedding",

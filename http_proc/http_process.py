@@ -81,7 +81,7 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
         async with AsyncClient(client_port, host=client_host, api_key=api_key) as client, \
                 AsyncClient(client_port, host=client_host, api_key=api_key, client_id=probe_id) as probe_client:
             health = HealthMonitor(client, probe_client, watchdog_s=cfg.watchdog_timeout_s,
-                                   is_embedding=facts.pooling is not None)
+                                   is_embedding=facts.task.is_embedding)
             model_path = str(Path(cfg.model).resolve())
             gate = GatePolicy.build(
                 cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes, context_len,
@@ -96,7 +96,7 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
                               tool_parser=ToolCallParser.for_format(facts.tool_call_format),  # the chat template's
                               unknown_fields=UnknownFieldPolicy(strict=cfg.strict_requests), server_info=info,
                               reasoning_parser=ReasoningParser.of(cfg.reasoning_parser, facts.think_end_ids),
-                              embedding_size=facts.embedding_size)
+                              embedding_size=facts.task.embedding_size)
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

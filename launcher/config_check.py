@@ -28,9 +28,9 @@ from pathlib import Path
 from zserve.common.context_limit import context_length_error
 from zserve.common.gguf_source import GGUF_SOURCE_FILE, gguf_source
 from zserve.common.model_config import ModelConfig
-from zserve.common.pooling import Pooling
 from zserve.common.rank_layout import RankLayout
 from zserve.common.server_config import DEFAULT_CLIENT_PORT, ServerConfig
+from zserve.common.task import Task
 from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
 
 DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -48,8 +48,7 @@ def check_flags(cfg: ServerConfig) -> RankLayout:
         raise ValueError(
             "--gemm-backend zserve_dot multiplies int8 weights by int8 activations: it needs --quantization int8"
         )
-    if cfg.pooler_config and cfg.task != "embed":
-        raise ValueError("--pooler-config sets an embedding server's pooling: it needs --task embed")
+    Task.check_flags(cfg.task, cfg.pooler_config)
     layout = RankLayout.from_config(cfg)
     if not layout.is_head_node:
         return layout  # such a node runs model worker ranks only: nothing listens on --port or --zmq-port
@@ -103,11 +102,10 @@ def check_model(cfg: ServerConfig, layout: RankLayout) -> ServerConfig:
         raise ValueError(error)
     if cfg.chat_template:
         check_chat_template(cfg.chat_template)
-    if cfg.task == "embed":
-        try:
-            Pooling.from_model_dir(cfg.model).overridden(cfg.pooler_config)
-        except (ValueError, OSError) as exc:
-            raise ValueError(f"--task embed: {exc}") from None
+    try:
+        Task.resolve(cfg.task, cfg.model, cfg.pooler_config, hf.hidden_size)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"--task {cfg.task}: {exc}") from None
     return replace(cfg, num_threads=layout.threads_per_rank(cfg.num_threads))
 
 

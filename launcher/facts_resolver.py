@@ -7,8 +7,8 @@ from pathlib import Path
 from zserve.common.context_limit import served_context_len
 from zserve.common.model_config import ModelConfig
 from zserve.common.model_facts import ModelFacts
-from zserve.common.pooling import Pooling
 from zserve.common.server_config import ServerConfig
+from zserve.common.task import Task
 from zserve.common.think_markers import THINK_CLOSE
 from zserve.common.tool_call_format import template_tool_call_format
 from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
@@ -18,8 +18,9 @@ from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
 def resolve_model_facts(cfg: ServerConfig) -> ModelFacts:
     """The served context (the model's maximum, or --context-length), the default chat template
     (--chat-template's file, else the tokenizer's) and its tool-call format (--tool-call-parser's,
-    else the template's), the vocabulary size, generation_config.json's sampling defaults and, with
-    --reasoning-parser, its `</think>` as token ids. The flags were checked before (launcher/config_check.py)."""
+    else the template's), the vocabulary size, generation_config.json's sampling defaults, the task
+    (common/task.py: --task embed's pooling) and, with --reasoning-parser, its `</think>` as token ids.
+    The flags were checked before (launcher/config_check.py)."""
     model_config = ModelConfig.from_model_dir(cfg.model)
     context_len = served_context_len(model_config.context_len, cfg.context_length)
     if cfg.chat_template:
@@ -27,12 +28,11 @@ def resolve_model_facts(cfg: ServerConfig) -> ModelFacts:
     else:
         source, origin = TokenizerFiles.read(cfg.tokenizer_dir).chat_templates.get("default", (None, ""))
     tool_format = template_tool_call_format(source) if cfg.tool_call_parser == "auto" else cfg.tool_call_parser
-    pooling = Pooling.from_model_dir(cfg.model).overridden(cfg.pooler_config) if cfg.task == "embed" else None
+    task = Task.resolve(cfg.task, cfg.model, cfg.pooler_config, model_config.hidden_size)
     think_end_ids = ()
     if cfg.reasoning_parser not in ("", "none"):  # one token in Qwen3's and DeepSeek-R1's vocabularies
         tokenizer = TextTokenizer.from_model_dir(cfg.tokenizer_dir)
         think_end_ids = tuple(tokenizer.encode(THINK_CLOSE, add_special_tokens=False))
     return ModelFacts(context_len, source, origin, tool_format,
                       vocab_size=model_config.vocab_size, default_sampling=dict(model_config.default_sampling),
-                      pooling_mode=pooling and pooling.mode, pooling_normalize=bool(pooling and pooling.normalize),
-                      embedding_size=model_config.hidden_size if pooling else None, think_end_ids=think_end_ids)
+                      task=task, think_end_ids=think_end_ids)

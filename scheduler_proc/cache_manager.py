@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
+from zserve.common.int_math import cdiv
 from zserve.scheduler_proc.page_allocator import PageAllocator
 from zserve.scheduler_proc.radix_cache import PrefixMatch, RadixCache, RadixNode
 from zserve.scheduler_proc.req import Req
@@ -111,7 +112,7 @@ class CacheManager:
         """After a step with speculative drafts: the request's own pages wholly past its computed
         tokens (`cached_len`; the K/V of rejected drafts there is garbage) go back to the free list.
         A partly used last page stays: the request overwrites its rejected slots next step."""
-        num_pages = -(-req.cached_len // self.page_size)
+        num_pages = cdiv(req.cached_len, self.page_size)
         assert num_pages >= req.num_tree_pages, f"request {req.req_id}: trimming into its tree-owned pages"
         if num_pages < req.num_pages:
             self._free(req.page_table[num_pages : req.num_pages].copy())

@@ -28,6 +28,7 @@ import numpy as np
 
 from zserve.common.error_code import ErrorCode
 from zserve.common.forward_batch import GrammarMasks
+from zserve.common.int_math import cdiv
 from zserve.common.sampling_params import SamplingParams
 from zserve.scheduler_proc.grammar_source import GrammarSource
 from zserve.scheduler_proc.req import PendingReq, Req
@@ -91,7 +92,7 @@ class ConstrainedReqs:
         ]
         if not rows:
             return None
-        words_per_row = -(-self.source.vocab_size // 32)
+        words_per_row = cdiv(self.source.vocab_size, 32)
         bitmask = np.zeros((len(rows), words_per_row), np.int32)
         for row, i in enumerate(rows):
             self.source.fill_bitmask(sampled_req_ids[i], bitmask, row)

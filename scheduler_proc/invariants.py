@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from zserve.common.int_math import cdiv
 from zserve.scheduler_proc.decode_manager import DecodeManager
 from zserve.scheduler_proc.req import ChunkedReq, PendingReq, Req
 
@@ -30,7 +31,7 @@ def check_reqs(
             f"request {req.req_id}: running={is_running} "
             f"with {req.num_prompt_tokens - req.cached_len} prompt tokens left"
         )
-        assert req.num_pages == -(-req.cached_len // page_size), (
+        assert req.num_pages == cdiv(req.cached_len, page_size), (
             f"request {req.req_id} holds {req.num_pages} pages for {req.cached_len} tokens"
         )
     if chunked is not None:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+from zserve.common.int_math import cdiv
 from zserve.scheduler_proc.req import Req
 
 KV_RESERVATIONS = ("estimated", "full")
@@ -64,7 +65,7 @@ class KvReservation:
         tokens in KV and may write up to `num_kv_tokens` in all, the first `num_prompt_tokens` of
         them prompt. Never more than the `full` reservation."""
         end = self._end(max(cached_len, num_prompt_tokens), num_kv_tokens)
-        return max(0, -(-end // self.page_size) - num_pages)
+        return max(0, cdiv(end, self.page_size) - num_pages)
 
     def num_reserved_pages(self, reqs: Iterable[Req]) -> int:
         """`num_pages` summed over admitted requests (inlined: it runs every step)."""
@@ -76,7 +77,7 @@ class KvReservation:
             prompt_end = r.cached_len if r.cached_len > r.num_prompt_tokens else r.num_prompt_tokens
             output_left = r.num_orig_prompt_tokens + r.max_tokens - 1 - prompt_end
             end = prompt_end + math.ceil((output_left if output_left < CLIP_TOKENS else CLIP_TOKENS) * ratio)
-            total += max(0, -(-end // ps) - r.num_pages)
+            total += max(0, -(-end // ps) - r.num_pages)  # cdiv(end, ps), inlined
         return total
 
     def _end(self, prompt_end: int, kv_end: int) -> int:

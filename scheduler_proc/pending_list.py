@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping
 
 from zserve.common.error_code import ErrorCode
 from zserve.common.histogram import QUEUE_BOUNDS_S, Histogram
+from zserve.common.int_math import cdiv
 from zserve.scheduler_proc.admission_policy import AdmissionPolicy
 from zserve.scheduler_proc.cache_manager import CacheManager
 from zserve.scheduler_proc.constrained_reqs import ConstrainedReqs
@@ -61,7 +62,7 @@ class PendingList:
         if self.chunked is None:
             return 0
         req = self.chunked.req
-        return -(-req.num_prompt_tokens // self.cache.page_size) - req.num_pages
+        return cdiv(req.num_prompt_tokens, self.cache.page_size) - req.num_pages
 
     def add(self, pending: PendingReq) -> None:
         """A new request, at the tail (of `building` when its grammar is still to be built)."""

@@ -26,6 +26,7 @@ import logging
 
 import numpy as np
 
+from zserve.common.int_math import cdiv
 from zserve.scheduler_proc.cache_manager import CacheManager
 from zserve.scheduler_proc.kv_reservation import KvReservation
 from zserve.scheduler_proc.req import ChunkedReq, PendingReq, PromptScores, Req
@@ -170,7 +171,7 @@ class PrefillAdder:
         """Compute `extend_len` more prompt tokens of `req` this step (or, with a KV source, take
         them from `reqs[source_idx]` at no budget); give it the pages they need out of its reservation."""
         end = req.cached_len + extend_len
-        num_new_pages = -(-end // self.page_size) - req.num_pages
+        num_new_pages = cdiv(end, self.page_size) - req.num_pages
         if num_new_pages > 0:
             req.page_table[req.num_pages : req.num_pages + num_new_pages] = self.cache.alloc(num_new_pages)
             req.num_pages += num_new_pages

@@ -20,6 +20,7 @@ import numpy as np
 
 from zserve.common.context_limit import over_context_error
 from zserve.common.error_code import ErrorCode
+from zserve.common.int_math import cdiv
 from zserve.common.sampling_params import SamplingParams
 from zserve.scheduler_proc.constrained_reqs import ConstrainedReqs
 from zserve.scheduler_proc.pending_list import PendingList
@@ -87,7 +88,7 @@ class ReqIntake:
     def max_num_pages(self, num_prompt_tokens: int, max_tokens: int) -> int:
         """KV pages the request can ever need. Its last sampled token is never fed back, so
         never written: prompt + max_tokens - 1 tokens of KV."""
-        return -(-(num_prompt_tokens + max_tokens - 1) // self.page_size)
+        return cdiv(num_prompt_tokens + max_tokens - 1, self.page_size)
 
     def refusal(self, num_prompt_tokens: int, max_tokens: int) -> str | None:
         """Why the request can never run on this server (the scheduler refuses it as

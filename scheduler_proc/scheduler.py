@@ -17,7 +17,8 @@ What stands alone lives beside it: a request's way in, n copies and seeds (ReqIn
 and each step's prefill part (PendingList), what a step runs (StepPolicy), the running requests
 and retraction (DecodeManager), structured output (ConstrainedReqs), speculative decoding
 (SpeculativeReqs), updates (StepOutputs). What stays here is a request's life across them:
-admitted, stepped, finished or aborted.
+admitted, stepped, finished or aborted. Each kind of work (common/task.py) has one owner: generation
+is this core's, embedding (--task embed: prompts pooled, not sampled) PoolingReqs'.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from zserve.scheduler_proc.grammar_source import GrammarSource
 from zserve.scheduler_proc.invariants import check_pages, check_reqs
 from zserve.scheduler_proc.kv_reservation import KvReservation
 from zserve.scheduler_proc.pending_list import PendingList
+from zserve.scheduler_proc.pooled_reqs import PoolingReqs
 from zserve.scheduler_proc.prefill_adder import PrefillAdder
 from zserve.scheduler_proc.req import PendingReq, Req
 from zserve.scheduler_proc.req_intake import ReqIntake
@@ -67,11 +69,8 @@ class Scheduler:
     ):
         """The sizes come from the model worker (`WorkerReady`); the policy knobs, speculative
         decoding's settings among them, from the server config (`scheduler_knobs`, the one source
-        of their defaults). Without a `grammar_source` structured output is off.
-        `on_pages_freed` is a test hook (see CacheManager). `pooling`: an embedding server (--task
-        embed): every request is a prompt only, answered with its pooled vector when its last chunk
-        returns (no token is sampled for it); the prefix cache is off, since a hit would skip positions
-        that mean and CLS pooling read."""
+        of their defaults). Without a `grammar_source` structured output is off. `on_pages_freed` is
+        a test hook (see CacheManager). `pooling`: an embedding server's (--task embed; PoolingReqs)."""
         for name, value in {"num_pages": num_pages, "page_size": page_size, "context_len": context_len}.items():
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value}")
@@ -79,8 +78,9 @@ class Scheduler:
         self.context_len = context_len
         self._step_policy = StepPolicy(knobs.schedule_policy, knobs.max_prefill_tokens)
         self._reservation = KvReservation(knobs.kv_reservation, page_size, knobs.schedule_conservativeness)
-        self._pooling = pooling
-        self._cache = CacheManager(num_pages, page_size, knobs.enable_radix_cache and pooling is None, on_pages_freed)
+        self._pooled = PoolingReqs(pooling)
+        self._cache = CacheManager(num_pages, page_size, self._pooled.prefix_cache(knobs.enable_radix_cache),
+                                   on_pages_freed)
         self._req_table = ReqTable(knobs.max_running_requests)
         self._decode = DecodeManager(page_size)
         self._constrained = ConstrainedReqs(grammar_source)
@@ -170,7 +170,7 @@ class Scheduler:
         self._totals.num_running_peak = max(self._totals.num_running_peak, len(self._decode))
         forward_batch = batch.to_forward_batch(self._req_table)
         forward_batch.grammar = self._constrained.masks(batch.sampled_req_ids()) if len(self._constrained) else None
-        forward_batch.pooling = None if self._pooling is None else self._pooling.mode
+        forward_batch.pooling = self._pooled.mode
         return forward_batch
 
     def on_result(self, result: StepResult) -> list[TokenOut]:
@@ -180,18 +180,15 @@ class Scheduler:
         )
         self._in_flight = None
         outputs = StepOutputs.of(result)
-        assert len(outputs) == len(batch.reqs), (
-            f"step {batch.step_id}: {len(outputs)} rows for {len(batch.reqs)} requests"
-        )
+        assert len(outputs) == len(batch.reqs), f"step {batch.step_id}: {len(outputs)} rows, {len(batch.reqs)} reqs"
         num_decode = len(batch.decode_reqs)
         self._totals.num_decoded_tokens += num_decode
         self._totals.num_prefilled_tokens += batch.num_prefilled_tokens
         if result.prompt_logprobs is not None:
             gather_prompt_scores(batch, result)
         self._on_decoded(batch.decode_reqs, outputs, self._spec.num_accepted(batch, result))
-        if self._pooling is not None:
-            assert result.pooled is not None, f"step {batch.step_id}: no pooled vectors from an embedding worker"
-            return self._on_pooled(batch, result.pooled.reshape(len(batch.reqs), -1))
+        if self._pooled.is_on:
+            return self._pooled.on_result(batch, result, self._release, self._finish)
         self._on_prefilled(batch, outputs, first_row=num_decode)
         self._totals.num_generated_tokens += len(outputs.updates) + outputs.num_extra_tokens
         return outputs.updates
@@ -222,28 +219,6 @@ class Scheduler:
             elif self._take_tokens(req, outputs, row, prompt=take_prompt_logprobs(req)) is None:
                 self._cache.cache_req(req)
                 self._decode.add(req)
-
-    def _on_pooled(self, batch: ScheduledBatch, vectors: np.ndarray) -> list[TokenOut]:
-        """An embedding server's step (prefill rows only): fold each row's chunk vector into its
-        request (common/pooling.py); a prompt's last chunk ends it with its embedding."""
-        assert self._pooling is not None and not batch.decode_reqs, f"step {batch.step_id}: decode rows while pooling"
-        updates = []
-        prefilled = zip(batch.prefill_reqs, batch.prefill_extend_lens, batch.prefill_is_sampled, strict=True)
-        for row, (req, extend_len, is_last_chunk) in enumerate(prefilled):
-            req.in_flight = False
-            req.cached_len += extend_len
-            if req.is_aborted:
-                self._release(req)
-                continue
-            req.pooled = self._pooling.combine(req.pooled, vectors[row])
-            if not is_last_chunk:
-                continue
-            embedding = self._pooling.finish(req.pooled, req.num_orig_prompt_tokens)
-            updates.append(TokenOut(
-                req_id=req.req_id, token_ids=NO_TOKEN_IDS, finish_reason=FinishReason.STOP, embedding=embedding,
-            ))
-            self._finish(req, FinishReason.STOP)
-        return updates
 
     def _take_tokens(
         self, req: Req, outputs: StepOutputs, row: int, drafts: list[int] | None = None,
@@ -317,15 +292,12 @@ class Scheduler:
         self._pending.check_integrity(self._live)
         self._constrained.check_integrity(self._live)
         self._spec.check_integrity(self._live)
-        check_reqs(
-            reqs, self._decode, self._pending.chunked, self._live,
-            page_size=self.page_size, batch_in_flight=self._in_flight is not None,
-        )
+        self._pooled.check_integrity(self._live, len(self._decode))
+        check_reqs(reqs, self._decode, self._pending.chunked, self._live, page_size=self.page_size,
+                   batch_in_flight=self._in_flight is not None)
         num_reserved_pages = self._num_reserved_pages() if self._reservation.is_full else None
-        check_pages(
-            self._cache.num_available_pages, self._pending.num_chunk_pages, num_reserved_pages,
-            self._totals.num_retracted,
-        )
+        check_pages(self._cache.num_available_pages, self._pending.num_chunk_pages, num_reserved_pages,
+                    self._totals.num_retracted)
 
     # -- internals ---------------------------------------------------------------------------
 
@@ -343,8 +315,7 @@ class Scheduler:
         for req in adder.admitted if adder is not None else ():
             self._live[req.req_id] = req
             self._totals.num_prompt_tokens += req.num_prompt_tokens
-            # this admission's hit (cached_len moves on in on_result)
-            self._totals.num_prefix_hit_tokens += req.cached_len
+            self._totals.num_prefix_hit_tokens += req.cached_len  # this admission's hit (on_result moves it on)
         return adder
 
     def _schedule_decode(self) -> list[Req]:
@@ -372,18 +343,14 @@ class Scheduler:
         self._pending.add_retracted(pending)
         self._live[req.req_id] = pending
         self._totals.num_retracted += 1
-        logger.info(
-            "req %d retracted: %d of its %d tokens kept in the cache, %d running",
-            req.req_id, num_kept_tokens, req.seq_len, len(self._decode),
-        )
+        logger.info("req %d retracted: %d of its %d tokens kept in the cache, %d running",
+                    req.req_id, num_kept_tokens, req.seq_len, len(self._decode))
 
     def _num_reserved_pages(self) -> int:
         """Pages the KvReservation keeps promised to admitted requests and not yet allocated (the
         running ones and the ChunkedReq; outside a step nobody else holds a reservation)."""
-        reqs = list(self._decode.reqs)
-        if self._pending.chunked is not None:
-            reqs.append(self._pending.chunked.req)
-        return self._reservation.num_reserved_pages(reqs)
+        chunked = [] if self._pending.chunked is None else [self._pending.chunked.req]
+        return self._reservation.num_reserved_pages([*self._decode.reqs, *chunked])
 
     def _finish(self, req: Req, finish_reason: FinishReason) -> None:
         # the frontend logs it at INFO, with latencies

@@ -212,7 +212,7 @@ def serve(
             eos_token_ids=ready.eos_token_ids,
             knobs=knobs,
             grammar_source=grammar_source,
-            pooling=facts.pooling,
+            pooling=facts.task.pooling,
         )
         launcher.send(ProcReady(name="scheduler", pid=os.getpid(), info={"num_pages": ready.num_pages}))
         logger.info(

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from zserve.common.forward_batch import StepResult
+from zserve.common.int_math import cdiv
 from zserve.common.speculative_settings import SpeculativeSettings
 from zserve.scheduler_proc.cache_manager import CacheManager
 from zserve.scheduler_proc.ngram_drafter import SPECULATIVE_ALGORITHMS, NgramDrafter
@@ -110,7 +111,7 @@ class SpeculativeReqs:
         drafts its pages hold."""
         ps = self.page_size
         for req in reqs:
-            num_new_pages = -(-(req.cached_len + 1 + len(req.drafts)) // ps) - req.num_pages
+            num_new_pages = cdiv(req.cached_len + 1 + len(req.drafts), ps) - req.num_pages
             if num_new_pages <= 0:
                 continue
             assert req.num_pages + num_new_pages <= req.max_num_pages, f"req {req.req_id}: drafts past its page table"

@@ -51,7 +51,7 @@ def serve(model: ModelSection, frontend: FrontendSection, addrs: Addresses, fact
             ", ".join(f"{k}={v}" for k, v in default_sampling.items()),
         )
     validator = RequestValidator(tokenizer, context_len, facts.vocab_size, default_sampling,
-                                 is_embedding=facts.pooling is not None)
+                                 is_embedding=facts.task.is_embedding)
     ctx = zmq.Context()
     try:
         max_frame_bytes = max(MIN_CLIENT_FRAME_BYTES, 2 * frontend.max_request_bytes)

@@ -45,6 +45,7 @@ from zserve.engine_keywords import config_values, flag_args
 from zserve.launcher.cli import parse_config
 from zserve.launcher.server_subprocess import ServerStartError, ServerSubprocess
 from zserve.sampling_params import request_options
+from zserve.sglang_result import SglangResult
 
 STOP_TIMEOUT_S = 30.0
 IN_FLIGHT_PER_SLOT = 4  # requests in flight per request slot: the queue keeps every slot busy
@@ -112,10 +113,11 @@ class Engine:
         SGLang's form: called with its keywords `prompt=`, `sampling_params=` or `input_ids=`, it
         returns SGLang's shape, a dict `{"text", "output_ids", "meta_info"}` for one prompt (a
         string, or one list of ids) and a list of them for a list. SGLang's sampling names
-        (`max_new_tokens`, ...) are taken in either form, and a GenerateResult reads as SGLang's
-        dict too (`result["text"]`), so SGLang's positional `generate(prompts, params)` works."""
+        (`max_new_tokens`, ...) are taken in either form, and each result of the positional form
+        reads as SGLang's dict too (`result["text"]`: SglangResult), so SGLang's quick start works."""
         if prompt is None and sampling_params is None and input_ids is None:
-            return self._generate(_bodies(prompts, messages), _sglang_sampling(sampling), use_tqdm)
+            results = self._generate(_bodies(prompts, messages), _sglang_sampling(sampling), use_tqdm)
+            return [SglangResult.of(r) for r in results]
         texts = _one_of("prompts", prompts, "prompt", prompt)
         settings = _one_of("sampling", sampling, "sampling_params", sampling_params)
         if input_ids is not None:
@@ -156,7 +158,8 @@ class Engine:
         options, bodies = _with_sampling(_bodies(prompts, messages), sampling)
         async with AsyncClient(self.address) as client:
             with BatchProgress(len(bodies), enabled=use_tqdm) as progress:
-                return await arun_window(client, bodies, options, window=self.max_in_flight, progress=progress)
+                results = await arun_window(client, bodies, options, window=self.max_in_flight, progress=progress)
+        return [SglangResult.of(r) for r in results]
 
     async def astream(
         self, prompt: str | Sequence[int] | None = None, sampling: Sampling | None = None, *,

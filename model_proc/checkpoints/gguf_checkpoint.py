@@ -47,6 +47,7 @@ import numpy as np
 import torch
 
 from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
+from zserve.common.int_math import cdiv
 from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.checkpoints.gguf_file import GGUFFile
 from zserve.model_proc.checkpoints.packed_cache import PackedCache
@@ -371,7 +372,7 @@ class GGUFCheckpoint(Checkpoint):
         if c0 % g or (c1 % g and c1 != in_features):
             return None
         self._progress.update(1)
-        groups = slice(c0 // g, -(-c1 // g))
+        groups = slice(c0 // g, cdiv(c1, g))
 
         def part(tensor: torch.Tensor | None, columns: slice) -> torch.Tensor | None:
             return None if tensor is None else self._unpermute(name, tensor)[r0:r1, columns].t().contiguous()

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from zserve.common.gguf_file_check import check_gguf_file
+from zserve.common.int_math import cdiv
 
 PAGE_BYTES = mmap.PAGESIZE
 
@@ -64,7 +65,7 @@ class GGUFFile:
     def release(self, data: np.ndarray) -> None:
         """Drop the whole pages under `data` (a view of this file's map) from the resident set."""
         start = data.__array_interface__["data"][0] - self._bytes.__array_interface__["data"][0]
-        first = -(-start // PAGE_BYTES) * PAGE_BYTES
+        first = cdiv(start, PAGE_BYTES) * PAGE_BYTES
         last = (start + data.nbytes) // PAGE_BYTES * PAGE_BYTES
         if last > first:
             self._map.madvise(mmap.MADV_DONTNEED, first, last - first)

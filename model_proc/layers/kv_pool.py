@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from zserve.common.int_math import cdiv
+
 logger = logging.getLogger(__name__)
 
 HUGE_PAGE_BYTES = 2 << 20  # a transparent huge page on x86-64
@@ -67,7 +69,7 @@ class KVPool:
         if self.device.type != "cpu":
             return 0
         bytes_per_slot = self.head_dim * self.dtype.itemsize
-        num_slots = min(self.num_slots, -(-HUGE_PAGE_BYTES // bytes_per_slot))
+        num_slots = min(self.num_slots, cdiv(HUGE_PAGE_BYTES, bytes_per_slot))
         step = max(1, OS_PAGE_BYTES // self.dtype.itemsize)  # one element of every OS page
         for cache in (*self.k, *self.v):
             heads = cache[:, :num_slots].flatten(1)  # [kvh, num_slots * d], each row contiguous
@@ -87,7 +89,7 @@ class KVPool:
 
     @staticmethod
     def num_pages_for(num_tokens: int, page_size: int) -> int:
-        return max(1, -(-num_tokens // page_size))
+        return max(1, cdiv(num_tokens, page_size))
 
     @staticmethod
     def num_pages_for_memory(fraction: float, device: torch.device, bytes_per_token: int, page_size: int) -> int:

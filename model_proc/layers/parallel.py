@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
+from zserve.common.int_math import cdiv
+
 
 def shard_range(full_size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
     """[start, stop) of rank `tp_rank`'s equal share of `full_size`; it must divide evenly."""
@@ -21,7 +23,7 @@ def shard_range(full_size: int, tp_rank: int, tp_size: int) -> tuple[int, int]:
 def padded_shard_range(full_size: int, tp_rank: int, tp_size: int) -> tuple[int, int, int]:
     """(start, stop, shard_size) where every rank holds `shard_size = ceil(full/tp)` rows and the
     last rank's tail past `full_size` is padding (vocab sizes such as GPT-2's 50257 are odd)."""
-    shard_size = -(-full_size // tp_size)
+    shard_size = cdiv(full_size, tp_size)
     start = min(tp_rank * shard_size, full_size)
     return start, min(start + shard_size, full_size), shard_size
 

@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import torch
 
+from zserve.common.int_math import cdiv
+
 BLOCK_COLS = 16  # output columns per packed block
 
 
 def padded_cols(n: int) -> int:
-    return -(-n // BLOCK_COLS) * BLOCK_COLS
+    return cdiv(n, BLOCK_COLS) * BLOCK_COLS
 
 
 def pack_column_blocks(values: torch.Tensor) -> torch.Tensor:

@@ -31,13 +31,15 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from zserve.common.int_math import cdiv
+
 DEFAULT_GROUP_SIZE = 64  # input rows per scale; see the table above
 GROUP_SIZES = (32, 64, 128)  # the grouped schemes measured; any G in [1, K] runs
 QMAX = 127  # symmetric: -127..127 (-128 never produced)
 
 
 def num_groups(in_features: int, group_size: int) -> int:
-    return -(-in_features // group_size)
+    return cdiv(in_features, group_size)
 
 
 def quantize_int8(weight_in_out: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,7 +109,7 @@ class Int8Weight:
         assert self.group_size % group_size == 0, (self.group_size, group_size)
         k = self.q.shape[0]
         repeat = self.group_size // group_size
-        groups = -(-k // group_size)
+        groups = cdiv(k, group_size)
         scales = self.scales.repeat_interleave(repeat, dim=0)[:groups]
         offsets = None if self.offsets is None else self.offsets.repeat_interleave(repeat, dim=0)[:groups]
         return Int8Weight(self.q, scales, group_size, offsets)

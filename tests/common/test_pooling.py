@@ -80,8 +80,8 @@ def test_the_launcher_resolves_the_pooling_once_for_every_process(tmp_path):
     from zserve.launcher.facts_resolver import resolve_model_facts
 
     model_dir = str(make_embedding_checkpoint(tmp_path / "emb", "mean", normalize=False))
-    assert resolve_model_facts(ServerConfig(model=model_dir)).pooling is None  # a generating server
+    assert resolve_model_facts(ServerConfig(model=model_dir)).task.pooling is None  # a generating server
     facts = resolve_model_facts(ServerConfig(model=model_dir, task="embed"))
-    assert facts.pooling == Pooling("mean", normalize=False) and facts.embedding_size == 64
+    assert facts.task.pooling == Pooling("mean", normalize=False) and facts.task.embedding_size == 64
     overridden = resolve_model_facts(ServerConfig(model=model_dir, task="embed", pooler_config='{"normalize": true}'))
-    assert ModelFacts.from_json(overridden.to_json()).pooling == Pooling("mean", normalize=True)
+    assert ModelFacts.from_json(overridden.to_json()).task.pooling == Pooling("mean", normalize=True)

@@ -12,6 +12,7 @@ from zserve.common.finish_reason import FinishReason
 from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
 from zserve.common.pooling import Pooling
 from zserve.common.sampling_params import SamplingParams
+from zserve.scheduler_proc.req import Req
 
 NUM_PAGES, PAGE_SIZE = 32, 4
 PROMPTS = {1: list(range(3, 8)), 2: list(range(10, 30)), 3: list(range(40, 49))}
@@ -87,3 +88,15 @@ def test_an_abort_while_in_flight_sends_no_embedding_and_frees_its_pages():
     assert scheduler.on_result(fake_worker(batch)) == []
     scheduler.check_integrity()
     assert scheduler.stats().num_free_pages == NUM_PAGES and not scheduler.has_work
+
+
+def test_the_integrity_check_finds_a_pooled_vector_on_a_generating_server():
+    scheduler = make_scheduler(num_pages=NUM_PAGES, page_size=PAGE_SIZE, context_len=64, eos_token_ids=[0],
+                               max_prefill_tokens=8)
+    scheduler.submit(1, PROMPTS[1], SamplingParams(max_tokens=4))
+    batch = scheduler.next_batch()
+    assert batch.pooling is None  # the owner is off: the worker samples
+    [req] = [r for r in scheduler._live.values() if isinstance(r, Req)]
+    req.pooled = np.zeros(4, np.float32)
+    with pytest.raises(AssertionError, match="holds a pooled vector unpooled"):
+        scheduler.check_integrity()

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
+from zserve.common.int_math import cdiv
 from zserve.common.weight_formats import GEMM_CHOICES
 from zserve.model_proc.kernels.cpu_kernels import load_gemm_int8, load_gemm_int8_dot
 from zserve.model_proc.layers.int8_activations import ACT_BLOCK, SUM_BLOCK, runs_int8_activations
@@ -70,7 +71,7 @@ class Int8Kernel(WeightKernel):
         if packed.compact is not None:
             return codes + packed.compact.nbytes
         per_group = 4 * (1 + (packed.offsets is not None))  # fp32 scale (and offset)
-        return codes + -(-in_features // packed.group_size) * out_features * per_group
+        return codes + cdiv(in_features, packed.group_size) * out_features * per_group
 
 
 @dataclass(frozen=True)
