@@ -11,7 +11,8 @@ routes and health probe). No process compares the flag's string again.
 
 Each kind of work has one owner in the scheduler and its route(s) in http_proc: generate is the
 scheduler core and the OpenAI/SGLang routes, embed is scheduler_proc/pooled_reqs.py and
-http_proc/embeddings_route.py. Adding a kind (classify, score) is a TASKS entry here, one owner and one route.
+http_proc/apis/openai/embeddings_route.py. Adding a kind (classify, score) is a TASKS entry here, one owner
+and one route.
 """
 
 from __future__ import annotations
