@@ -77,9 +77,10 @@ def resolve_zmq_port(cfg: ServerConfig) -> ServerConfig:
     return replace(cfg, zmq_port=0)
 
 
-def check_model(cfg: ServerConfig, layout: RankLayout) -> ServerConfig:
+def check_model(cfg: ServerConfig, layout: RankLayout) -> tuple[ServerConfig, ModelConfig]:
     """The model directory, and the flags that depend on the model; returns the config with
-    --num-threads 0 resolved to this node's threads per rank."""
+    --num-threads 0 resolved to this node's threads per rank, and the model's config.json as parsed
+    (the launcher's one reading of it, passed on to resolve_model_facts)."""
     try:
         hf = ModelConfig.from_model_dir(cfg.model)  # config.json parses; the architecture is one we implement
         check_weights(Path(cfg.model))
@@ -102,11 +103,7 @@ def check_model(cfg: ServerConfig, layout: RankLayout) -> ServerConfig:
         raise ValueError(error)
     if cfg.chat_template:
         check_chat_template(cfg.chat_template)
-    try:
-        Task.resolve(cfg.task, cfg.model, cfg.pooler_config, hf.hidden_size)
-    except (ValueError, OSError) as exc:
-        raise ValueError(f"--task {cfg.task}: {exc}") from None
-    return replace(cfg, num_threads=layout.threads_per_rank(cfg.num_threads))
+    return replace(cfg, num_threads=layout.threads_per_rank(cfg.num_threads)), hf
 
 
 def check_chat_template(path: str) -> None:

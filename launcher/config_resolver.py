@@ -6,9 +6,10 @@
       check_flags                 flags together; --port and --zmq-port free    (config_check.py)
       resolve_zmq_port            node 0: the default --zmq-port, when taken, becomes 0 (a free one)
       resolve_model               the demo model when --model is empty; a GGUF file's metadata directory
-      check_model                 the model directory; --num-threads 0 becomes this node's threads per rank
+      check_model                 the model directory (config.json parsed once, passed on); --num-threads 0
+                                  becomes this node's threads per rank
       resolve_cpu_isa             --cpu-isa auto becomes this CPU's feature set; a feature it lacks is refused
-      resolve_model_facts         context, chat template, tool-call format     (facts_resolver.py)
+      resolve_model_facts         context, chat template, tool-call format, task (facts_resolver.py)
 
 Every step returns a new frozen config (or raises ValueError naming the flag): the ServerConfig
 and ModelFacts that come out are what every child receives, and nothing changes them later.
@@ -41,9 +42,9 @@ def resolve_config(cfg: ServerConfig, phases: StartPhases | None = None) -> tupl
     phases.done("flags")
     cfg = resolve_model(cfg)
     phases.done("model directory")
-    cfg = check_model(cfg, layout)
+    cfg, model_config = check_model(cfg, layout)  # config.json read once, here
     cfg = replace(cfg, cpu_isa=resolve_cpu_isa(cfg.cpu_isa))
-    facts = resolve_model_facts(cfg)
+    facts = resolve_model_facts(cfg, model_config)
     phases.done("model facts")
     return cfg, facts
 

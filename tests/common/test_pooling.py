@@ -75,13 +75,13 @@ def test_a_pooler_config_that_would_change_the_answer_unseen_is_refused(text, wo
 
 def test_the_launcher_resolves_the_pooling_once_for_every_process(tmp_path):
     from testing.embedding_fixtures import make_embedding_checkpoint
+    from testing.model_facts import facts_of
     from zserve.common.model_facts import ModelFacts
     from zserve.common.server_config import ServerConfig
-    from zserve.launcher.facts_resolver import resolve_model_facts
 
     model_dir = str(make_embedding_checkpoint(tmp_path / "emb", "mean", normalize=False))
-    assert resolve_model_facts(ServerConfig(model=model_dir)).task.pooling is None  # a generating server
-    facts = resolve_model_facts(ServerConfig(model=model_dir, task="embed"))
+    assert facts_of(ServerConfig(model=model_dir)).task.pooling is None  # a generating server
+    facts = facts_of(ServerConfig(model=model_dir, task="embed"))
     assert facts.task.pooling == Pooling("mean", normalize=False) and facts.task.embedding_size == 64
-    overridden = resolve_model_facts(ServerConfig(model=model_dir, task="embed", pooler_config='{"normalize": true}'))
+    overridden = facts_of(ServerConfig(model=model_dir, task="embed", pooler_config='{"normalize": true}'))
     assert ModelFacts.from_json(overridden.to_json()).task.pooling == Pooling("mean", normalize=True)

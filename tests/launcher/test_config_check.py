@@ -176,7 +176,8 @@ def test_the_default_zmq_port_moves_when_taken_or_equal_to_the_http_port(listeni
 def test_a_good_configuration_passes_and_resolves_threads(model_dir):
     cfg = parse_config(["--model", str(model_dir), "--tp-size", "2", "--context-length", "100"])
     layout = check_flags(cfg)
-    checked = check_model(cfg, layout)
+    checked, model_config = check_model(cfg, layout)
+    assert model_config.num_heads == 4  # config.json as parsed, passed on to the facts
     assert checked.num_threads >= 1 and replace(checked, num_threads=0) == cfg
 
 

@@ -5,43 +5,43 @@ from __future__ import annotations
 
 import pytest
 
+from testing.model_facts import facts_of
 from zserve.common.model_facts import ModelFacts
 from zserve.common.proc_runtime import child_args
 from zserve.common.server_config import ServerConfig
 from zserve.common.transport import Addresses
 from zserve.http_proc.http_process import parse_args as http_args
-from zserve.launcher.facts_resolver import resolve_model_facts
 from zserve.tokenizer_proc.tokenizer_files import TokenizerFiles
 
 HERMES_TEMPLATE = "{% for m in messages %}{{ m.content }}{% endfor %}{% if tools %}<tool_call>{% endif %}"
 
 
 def test_context_is_the_models_or_the_flags(model_dir):
-    assert resolve_model_facts(ServerConfig(model=str(model_dir))).context_len == 512  # the tiny model's maximum
-    assert resolve_model_facts(ServerConfig(model=str(model_dir), context_length=64)).context_len == 64
+    assert facts_of(ServerConfig(model=str(model_dir))).context_len == 512  # the tiny model's maximum
+    assert facts_of(ServerConfig(model=str(model_dir), context_length=64)).context_len == 64
 
 
 def test_vocabulary_and_sampling_defaults_come_from_the_model_files(model_dir, tmp_path):
     import json
     import shutil
 
-    facts = resolve_model_facts(ServerConfig(model=str(model_dir)))
+    facts = facts_of(ServerConfig(model=str(model_dir)))
     assert facts.vocab_size == json.loads((model_dir / "config.json").read_text())["vocab_size"]
     sampling_dir = tmp_path / "sampling-model"
     shutil.copytree(model_dir, sampling_dir)
     (sampling_dir / "generation_config.json").write_text(json.dumps({"do_sample": True, "temperature": 0.6, "top_p": 0.9}))
-    facts = resolve_model_facts(ServerConfig(model=str(sampling_dir)))
+    facts = facts_of(ServerConfig(model=str(sampling_dir)))
     assert facts.default_sampling == {"temperature": 0.6, "top_p": 0.9}
     assert ModelFacts.from_json(facts.to_json()) == facts
 
 
 def test_chat_template_is_the_tokenizers_unless_the_flag_names_a_file(model_dir, tmp_path):
-    facts = resolve_model_facts(ServerConfig(model=str(model_dir)))
+    facts = facts_of(ServerConfig(model=str(model_dir)))
     source, _ = TokenizerFiles.read(model_dir).chat_templates.get("default", (None, ""))
     assert facts.chat_template == source
     path = tmp_path / "tools.jinja"
     path.write_text(HERMES_TEMPLATE)
-    facts = resolve_model_facts(ServerConfig(model=str(model_dir), chat_template=str(path)))
+    facts = facts_of(ServerConfig(model=str(model_dir), chat_template=str(path)))
     assert (facts.chat_template, facts.chat_template_origin, facts.tool_call_format) == (HERMES_TEMPLATE, str(path), "hermes")
 
 
@@ -49,15 +49,15 @@ def test_tool_call_parser_flag_wins_over_the_templates_format(model_dir, tmp_pat
     path = tmp_path / "tools.jinja"
     path.write_text(HERMES_TEMPLATE)
     cfg = ServerConfig(model=str(model_dir), chat_template=str(path), tool_call_parser="qwen3_coder")
-    assert resolve_model_facts(cfg).tool_call_format == "qwen3_coder"
-    assert resolve_model_facts(ServerConfig(model=str(model_dir), tool_call_parser="mistral")).tool_call_format == "mistral"
+    assert facts_of(cfg).tool_call_format == "qwen3_coder"
+    assert facts_of(ServerConfig(model=str(model_dir), tool_call_parser="mistral")).tool_call_format == "mistral"
 
 
 def test_a_reasoning_parser_gets_think_end_as_the_tokenizers_ids(model_dir):
     from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
-    assert resolve_model_facts(ServerConfig(model=str(model_dir))).think_end_ids == ()  # no parser: none asked for
-    ids = resolve_model_facts(ServerConfig(model=str(model_dir), reasoning_parser="qwen3")).think_end_ids
+    assert facts_of(ServerConfig(model=str(model_dir))).think_end_ids == ()  # no parser: none asked for
+    ids = facts_of(ServerConfig(model=str(model_dir), reasoning_parser="qwen3")).think_end_ids
     tokenizer = TextTokenizer.from_model_dir(model_dir)
     assert ids and tokenizer.decode(ids) == "</think>" and list(ids) == tokenizer.encode("</think>", False)
 
