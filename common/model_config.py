@@ -53,12 +53,12 @@ class ModelConfig:
     stored_dtype: str | None  # "bfloat16", "float32"... as config.json says; weights are cast at load
     # generation_config.json's sampling, when it samples (do_sample)
     default_sampling: tuple[tuple[str, float], ...] = ()
-    # one per layer: its sliding window in tokens, 0 = full causal attention (common/layer_windows.py);
+    # one per layer: its sliding window in tokens, 0 = full causal attention (common/architectures/layer_windows.py);
     # every page stays in the KV cache, so windows change what attention reads, not the KV accounting
     layer_windows: tuple[int, ...] = ()
     attn_logit_softcap: float = 0.0  # config.json attn_logit_softcapping (Gemma 2); 0: none
     moe: MoeConfig | None = None  # mixture-of-experts settings (Qwen3-MoE, Qwen2-MoE, Mixtral)
-    # Gemma 2/3 (common/gemma_config.py)
+    # Gemma 2/3 (common/architectures/gemma_text.py)
     final_logit_softcap: float = 0.0  # logits = cap * tanh(logits / cap); 0: off
     local_layers: tuple[bool, ...] = ()  # per layer: a sliding-window ("local") layer; () for other families
     rope_local_theta: float | None = None  # Gemma 3: the local layers' RoPE base (unscaled); None: rope_theta

@@ -23,8 +23,7 @@ def _collect_model_classes() -> dict[str, type[nn.Module]]:
         module = importlib.import_module(f"{__package__}.{info.name}")
         for cls in vars(module).values():
             if isinstance(cls, type) and cls.__module__ == module.__name__ and "family" in vars(cls):
-                assert cls.family not in classes, f"two model classes for family {cls.family!r}"
-                classes[cls.family] = cls
+                assert classes.setdefault(cls.family, cls) is cls, f"two model classes for family {cls.family!r}"
     return classes
 
 
@@ -36,7 +35,8 @@ assert set(MODEL_CLASSES) == MODEL_FAMILIES, (
 
 def build_model(cfg: ModelConfig, tp_rank: int = 0, tp_size: int = 1) -> nn.Module:
     """Uninitialised parameters (in the current default device and dtype); call `.load(ckpt)` next."""
-    if cfg.family not in MODEL_CLASSES:
+    model_class = MODEL_CLASSES.get(cfg.family)
+    if model_class is None:
         have = ", ".join(MODEL_CLASSES)
         raise ValueError(f"no model code for family {cfg.family!r} ({cfg.architecture}); have {have}")
-    return MODEL_CLASSES[cfg.family](cfg, tp_rank, tp_size)
+    return model_class(cfg, tp_rank, tp_size)

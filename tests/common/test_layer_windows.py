@@ -1,5 +1,6 @@
-"""The spec's window rule (common/architectures/layer_windows.py) against transformers' own reading of the same config: which layers slide,
-with which window, for every architecture with windows (layer_types present or derived)."""
+"""The spec's window rule (common/architectures/layer_windows.py) against transformers' own reading of the
+same config: which layers slide, with which window, for every architecture with windows (layer_types
+present or derived)."""
 
 from __future__ import annotations
 
