@@ -1,4 +1,5 @@
-"""The mixture-of-experts part of a config.json (Qwen3-MoE, Qwen2-MoE, Mixtral), read without torch.
+"""The mixture-of-experts part of a config.json (Qwen3-MoE, Qwen2-MoE, Mixtral), read without torch, spelled
+as the architecture's spec says (ArchSpec.moe).
 
     layer i is sparse  <=>  num_experts > 0 and i not in mlp_only_layers and (i + 1) % decoder_sparse_step == 0
     (Mixtral: every layer)
@@ -14,13 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# architecture -> (config.json key of the expert MLP width; whether the top-k weights are renormalised
-# always (Mixtral) or as `norm_topk_prob` says; whether a shared expert is part of every sparse layer)
-MOE_ARCHS: dict[str, tuple[str, bool, bool]] = {
-    "Qwen3MoeForCausalLM": ("moe_intermediate_size", False, False),
-    "Qwen2MoeForCausalLM": ("moe_intermediate_size", False, True),
-    "MixtralForCausalLM": ("intermediate_size", True, False),
-}
+from zserve.common.architectures.arch_spec import MoeKeys
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +46,11 @@ class MoeConfig:
         return self.shared_expert_intermediate_size > 0
 
     @staticmethod
-    def from_config(raw: dict[str, Any], arch: str, path: Path) -> MoeConfig | None:
-        """The MoE settings of `arch` (None for a dense architecture); ValueError naming the field."""
-        if arch not in MOE_ARCHS:
+    def from_config(raw: dict[str, Any], keys: MoeKeys | None, path: Path) -> MoeConfig | None:
+        """The MoE settings spelled as `keys` (an ArchSpec's; None for a dense architecture) say;
+        ValueError naming the field."""
+        if keys is None:
             return None
-        width_key, always_norm, has_shared = MOE_ARCHS[arch]
         num_experts = _int(raw, path, ("num_experts", "num_local_experts"), minimum=0)
         top_k = _int(raw, path, ("num_experts_per_tok",), minimum=1)
         if num_experts and top_k > num_experts:
@@ -66,10 +61,10 @@ class MoeConfig:
         return MoeConfig(
             num_experts=num_experts,
             num_experts_per_tok=top_k,
-            expert_intermediate_size=_int(raw, path, (width_key,), minimum=1),
-            norm_topk_prob=always_norm or bool(raw.get("norm_topk_prob", False)),
+            expert_intermediate_size=_int(raw, path, (keys.width_key,), minimum=1),
+            norm_topk_prob=keys.always_norm_topk or bool(raw.get("norm_topk_prob", False)),
             shared_expert_intermediate_size=(
-                _int(raw, path, ("shared_expert_intermediate_size",), minimum=1) if has_shared else 0
+                _int(raw, path, ("shared_expert_intermediate_size",), minimum=1) if keys.shared_expert else 0
             ),
             decoder_sparse_step=_int(raw, path, ("decoder_sparse_step",), minimum=1, default=1),
             mlp_only_layers=tuple(only),

@@ -11,6 +11,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from zserve.common.architectures import GGUF_ARCHITECTURES
 from zserve.common.isa_features import CPU_ISA_ENV, FEATURES, LEVELS
 from zserve.common.task import TASKS
 from zserve.common.weight_formats import GEMM_CHOICES, QUANTIZATION_CHOICES, WEIGHT_COPY_CHOICES
@@ -53,8 +54,8 @@ def env_defaults(environ: Mapping[str, str] = os.environ) -> dict[str, tuple[str
 FLAG_SPECS: dict[str, FlagSpec] = {
     # ModelSection
     'model': FlagSpec(
-        'model directory (config.json + safetensors + tokenizer), or a .gguf file (llama, qwen2, qwen3, '
-        'qwen3moe, phi3, gemma2, gemma3; or a directory holding one); default: the SmolLM2-135M-Instruct demo '
+        'model directory (config.json + safetensors + tokenizer), or a .gguf file '
+        f'({", ".join(GGUF_ARCHITECTURES)}; or a directory holding one); default: the SmolLM2-135M-Instruct demo '
         'model, fetched on first use',
         aliases=('--model-path',),
         positional=True,

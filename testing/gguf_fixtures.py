@@ -24,12 +24,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from zserve.common.gguf_gemma import GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
-from zserve.model_proc.checkpoints.gguf_checkpoint import GGUF_TO_HF, PHI3_TO_HF
+from zserve.common.architectures.gemma_gguf import GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
+from zserve.common.architectures.gguf_names import GGUF_TO_HF
+from zserve.common.architectures.specs.phi3 import PHI3_TO_HF
 
 HF_TO_GGUF = {hf: gg for gg, hf in GGUF_TO_HF.items()}
 HF_TO_GGUF.update({hf: gg for gg, hf in PHI3_TO_HF.items() if gg in ("attn_qkv", "ffn_up")})
-GEMMA_HF_TO_GGUF = {hf: gg for gg, hf in {**GGUF_TO_HF, **GEMMA_GGUF_TO_HF}.items()}
+GEMMA_HF_TO_GGUF = {hf: gg for gg, hf in GEMMA_GGUF_TO_HF.items()}
 QUANTIZED_TYPES = ("Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
 ARCH_OF = {
     "LlamaForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2", "Qwen3ForCausalLM": "qwen3", "Phi3ForCausalLM": "phi3",

@@ -1,11 +1,11 @@
-"""Read a Llama/Qwen2/Qwen3/Phi-3/Qwen3-MoE/Mixtral (and Gemma 2/3: common/gguf_gemma.py) GGUF file's tensors.
+"""Read a GGUF file's tensors, named as its architecture's spec says (common/architectures/: GgufSpec).
 
 The launcher turns `--model X.gguf` into a small directory (launcher/gguf_model_dir.py) whose
 `gguf_source.json` names the file (common/gguf_source.py); the gguf quantization method
 (quant/gguf.py) detects such a directory and opens this reader. gguf.GGUFReader memory-maps it:
 
     blk.N.attn_q.weight  -> model.layers.N.self_attn.q_proj.weight   (llama: rows un-permuted)
-    blk.N.ffn_gate.weight -> model.layers.N.mlp.gate_proj.weight      ... (GGUF_TO_HF below)
+    blk.N.ffn_gate.weight -> model.layers.N.mlp.gate_proj.weight      ... (the spec's block_names)
     token_embd / output_norm / output -> model.embed_tokens / model.norm / lm_head
     blk.N.ffn_gate_inp.weight  -> model.layers.N.mlp.gate.weight   (the MoE router)
     blk.N.ffn_gate_exps.weight [n_expert, I, H] -> model.layers.N.mlp.experts.{e}.gate_proj.weight, one 2-D
@@ -46,7 +46,10 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from zserve.common.gguf_gemma import GEMMA_GGUF_ARCHITECTURES, GEMMA_GGUF_TO_HF, NORM_SHIFT, is_shifted_norm
+from zserve.common.architectures import spec_for_gguf
+from zserve.common.architectures.arch_spec import GgufSpec
+from zserve.common.architectures.gemma_gguf import NORM_SHIFT, is_shifted_norm
+from zserve.common.architectures.gguf_names import GGUF_TO_HF, GLOBAL_NAMES
 from zserve.common.int_math import cdiv
 from zserve.model_proc.checkpoints.checkpoint import Checkpoint
 from zserve.model_proc.checkpoints.gguf_file import GGUFFile
@@ -60,30 +63,6 @@ from zserve.model_proc.weights.packed_blocks_weight import PackedBlocks
 
 logger = logging.getLogger(__name__)
 
-GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-GGUF_TO_HF = {  # blk.N.<key> -> model.layers.N.<value>
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-# phi3 (llama.cpp's converter): q/k/v fused, and ffn_up holds gate and up stacked (gate first)
-PHI3_TO_HF = {**GGUF_TO_HF, "attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"}
-# a GGUF architecture's block tensor names, where they differ from llama's
-BLOCK_NAMES_BY_ARCH = {
-    "phi3": PHI3_TO_HF, **{arch: {**GGUF_TO_HF, **GEMMA_GGUF_TO_HF} for arch in GEMMA_GGUF_ARCHITECTURES},
-}
 BLOCK_NAME = re.compile(r"blk\.(\d+)\.(\w+)\.(weight|bias)")
 # rope scaling factors (llama 3's, phi3's longrope): config.json carries them (launcher/gguf_model_dir.py)
 SKIPPED = {"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"}
@@ -188,9 +167,10 @@ class GGUFCheckpoint(Checkpoint):
         self._gguf = gguf
         self._file = GGUFFile(gguf_file)  # a truncated or lying file: one ValueError naming the tensor
         config = json.loads((Path(model_dir) / "config.json").read_text(encoding="utf-8"))
-        self.architecture = self._file.strings.get("general.architecture", "")
-        self._gemma = self.architecture in GEMMA_GGUF_ARCHITECTURES  # norms stored as 1 + w (common/gguf_gemma.py)
-        block_names = BLOCK_NAMES_BY_ARCH.get(self.architecture, GGUF_TO_HF)
+        architecture = self._file.strings.get("general.architecture", "")
+        spec = spec_for_gguf(architecture)
+        self._gguf_spec = spec.gguf if spec is not None else GgufSpec(name=architecture)  # Llama names, as stored
+        block_names = self._gguf_spec.block_names
         self._tensors = {}
         self._stacked: dict[str, object] = {}  # experts.<projection>.weight under a MoE block -> its stacked tensor
         for t in self._file.tensors:
@@ -237,9 +217,9 @@ class GGUFCheckpoint(Checkpoint):
                 logger.info("GGUF %s: %d %s tensors dequantized to float32", self.gguf_file.name, n, type_name)
 
     def _unpermute(self, name: str, tensor: torch.Tensor) -> torch.Tensor:
-        if self.architecture == "llama" and ".self_attn.q_proj." in name:
+        if self._gguf_spec.permuted_qk and ".self_attn.q_proj." in name:
             return unpermute_rows(tensor, self._num_heads)
-        if self.architecture == "llama" and ".self_attn.k_proj." in name:
+        if self._gguf_spec.permuted_qk and ".self_attn.k_proj." in name:
             return unpermute_rows(tensor, self._num_kv_heads)
         return tensor
 
@@ -256,7 +236,7 @@ class GGUFCheckpoint(Checkpoint):
             tensor = torch.from_numpy(self._gguf.quants.dequantize(t.data, t.tensor_type))
         self._file.release(t.data)  # copied or dequantized above: the file's pages are not needed again
         tensor = tensor.reshape(tuple(int(d) for d in reversed(t.shape)))  # GGML lists dims innermost first
-        if self._gemma and is_shifted_norm(name):
+        if self._gguf_spec.shifted_norms and is_shifted_norm(name):  # norms stored as 1 + w (Gemma)
             tensor = tensor - NORM_SHIFT  # exact in fp32 for stored values in [0.5, 2] (Sterbenz)
         return self._unpermute(name, tensor)
 

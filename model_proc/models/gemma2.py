@@ -52,6 +52,7 @@ class GemmaDecoderLayer(nn.Module):
 
 
 class Gemma2ForCausalLM(nn.Module):
+    family = "gemma2"
     attention_cls: type[LlamaAttention] = LlamaAttention
 
     def __init__(self, cfg: ModelConfig, tp_rank: int = 0, tp_size: int = 1):

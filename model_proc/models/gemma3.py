@@ -20,6 +20,7 @@ class Gemma3Attention(Qwen3Attention):
 
 
 class Gemma3ForCausalLM(Gemma2ForCausalLM):
+    family = "gemma3"
     attention_cls = Gemma3Attention
 
     def __init__(self, cfg: ModelConfig, tp_rank: int = 0, tp_size: int = 1):

@@ -78,6 +78,7 @@ class GPT2Block(nn.Module):
 
 
 class GPT2LMHeadModel(nn.Module):
+    family = "gpt2"
     def __init__(self, cfg: ModelConfig, tp_rank: int = 0, tp_size: int = 1):
         super().__init__()
         self.wte = VocabParallelEmbedding(cfg.vocab_size, cfg.hidden_size, tp_rank, tp_size, transposed=True)  # tied

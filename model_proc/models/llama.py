@@ -105,6 +105,7 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaForCausalLM(nn.Module):
+    family = "llama"  # the ArchSpec.model this class runs (common/architectures/; registry.py collects it)
     attention_cls: type[LlamaAttention] = LlamaAttention
 
     def __init__(self, cfg: ModelConfig, tp_rank: int = 0, tp_size: int = 1):

@@ -28,12 +28,14 @@ class MoeLlamaForCausalLM(LlamaForCausalLM):
 
 
 class Qwen3MoeForCausalLM(MoeLlamaForCausalLM):
+    family = "qwen3_moe"
     attention_cls = Qwen3Attention
 
 
 class Qwen2MoeForCausalLM(MoeLlamaForCausalLM):
-    pass
+    family = "qwen2_moe"
 
 
 class MixtralForCausalLM(MoeLlamaForCausalLM):
+    family = "mixtral"
     names = MoeNames(block="block_sparse_moe", projections=("w1", "w3", "w2"), round_weights=False)

@@ -22,6 +22,7 @@ class Phi3MLP(LlamaMLP):
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
+    family = "phi3"
     attention_cls = Phi3Attention
 
     def make_mlp(self, cfg: ModelConfig, layer_idx: int, tp_rank: int, tp_size: int) -> Phi3MLP:

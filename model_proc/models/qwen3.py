@@ -30,4 +30,5 @@ class Qwen3Attention(LlamaAttention):
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
+    family = "qwen3"
     attention_cls = Qwen3Attention

@@ -1,11 +1,18 @@
-"""layer_windows_for against transformers' own reading of the same config: which layers slide,
-with which window, for every architecture with windows (layer_types present or derived)."""
+"""The spec's window rule (common/architectures/layer_windows.py) against transformers' own reading of the
+same config: which layers slide, with which window, for every architecture with windows (layer_types
+present or derived)."""
 
 from __future__ import annotations
 
 import pytest
 
-from zserve.common.layer_windows import layer_windows_for
+from zserve.common.architectures import spec_for_hf
+from zserve.common.architectures.layer_windows import layer_windows
+
+
+def layer_windows_for(arch: str, raw: dict, num_layers: int, path: str = "config.json") -> tuple[int, ...]:
+    return layer_windows(spec_for_hf(arch).windows, raw, num_layers, path)
+
 
 NUM_LAYERS = 7
 SIZES = dict(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=NUM_LAYERS,

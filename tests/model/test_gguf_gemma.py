@@ -1,4 +1,4 @@
-"""Gemma 2 / Gemma 3 GGUF files (common/gguf_gemma.py) laid out as llama.cpp's converter lays them
+"""Gemma 2 / Gemma 3 GGUF files (common/architectures/gemma_gguf.py) laid out as llama.cpp's converter lays them
 out (testing/gguf_fixtures.py: norms stored as 1 + w, Gemma's norm names, the softcaps, window and
 global-layer RoPE scaling in the metadata; no query_pre_attn_scalar, layer types or local RoPE base),
 fp32 on CPU:
@@ -24,7 +24,10 @@ import torch
 from testing.cache_dirs import private_cache_dir
 from testing.gguf_fixtures import write_gguf
 from testing.model_fixtures import GreedyDriver, HfReference, make_runner, make_tiny_checkpoint, random_prompt
-from zserve.common.gguf_gemma import gemma_config
+from zserve.common.architectures.gemma_gguf import gemma_config
+from zserve.common.architectures.gguf_metadata import GgufMetadata
+from zserve.common.architectures.specs.gemma2 import GEMMA2
+from zserve.common.architectures.specs.gemma3 import GEMMA3
 from zserve.launcher.gguf_model_dir import gguf_model_dir
 from zserve.model_proc.checkpoints.gguf_checkpoint import hf_name
 
@@ -86,10 +89,8 @@ def test_q8_0_gguf_matches_the_dequantized_source(tmp_path, kind, quantization):
 def test_gemma_tensor_names():
     gemma = {"post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
              "post_ffw_norm": "post_feedforward_layernorm"}
-    from zserve.common.gguf_gemma import GEMMA_GGUF_TO_HF
-    from zserve.model_proc.checkpoints.gguf_checkpoint import GGUF_TO_HF
+    from zserve.common.architectures.gemma_gguf import GEMMA_GGUF_TO_HF as names
 
-    names = {**GGUF_TO_HF, **GEMMA_GGUF_TO_HF}
     for gguf_key, module in gemma.items():
         assert hf_name(f"blk.2.{gguf_key}.weight", names) == f"model.layers.2.{module}.weight"
     assert hf_name("blk.0.ffn_norm.weight") == "model.layers.0.post_attention_layernorm.weight"  # Llama's meaning
@@ -102,27 +103,36 @@ def metadata(arch: str, **keys) -> dict:
     return {f"{arch}.{k}": v for k, v in base.items() if v is not None}
 
 
+RULES = {"gemma2": GEMMA2, "gemma3": GEMMA3}
+
+
+def gemma_config_of(arch: str, fields: dict, has_output: bool, vocab_size: int, where: str) -> dict:
+    """config.json from metadata `fields` of a file whose tensors are the embedding (and the output)."""
+    shapes = {"token_embd.weight": (64, vocab_size), **({"output.weight": (64, vocab_size)} if has_output else {})}
+    return gemma_config(RULES[arch], GgufMetadata(arch, fields, shapes, {}, where))
+
+
 def test_missing_metadata_falls_back_as_llama_cpp_does():
-    gemma2 = gemma_config("gemma2", metadata("gemma2"), has_output=False, vocab_size=600, where="m.gguf")
+    gemma2 = gemma_config_of("gemma2", metadata("gemma2"), has_output=False, vocab_size=600, where="m.gguf")
     assert (gemma2["sliding_window"], gemma2["attn_logit_softcapping"], gemma2["final_logit_softcapping"]) == \
         (4096, 50.0, 30.0)
     assert gemma2["layer_types"][:3] == ["sliding_attention", "full_attention", "sliding_attention"]
     assert gemma2["query_pre_attn_scalar"] == 256 and gemma2["tie_word_embeddings"]
     assert gemma2["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
-    gemma3 = gemma_config("gemma3", metadata("gemma3"), has_output=True, vocab_size=600, where="m.gguf")
+    gemma3 = gemma_config_of("gemma3", metadata("gemma3"), has_output=True, vocab_size=600, where="m.gguf")
     assert gemma3["sliding_window"] is None and set(gemma3["layer_types"]) == {"full_attention"}
     assert gemma3["final_logit_softcapping"] is None and not gemma3["tie_word_embeddings"]
     assert gemma3["rope_parameters"]["sliding_attention"] == {"rope_type": "default", "rope_theta": 10000.0}
-    windowed = gemma_config("gemma3", metadata("gemma3", **{"attention.sliding_window": 512}), False, 600, "m.gguf")
+    windowed = gemma_config_of("gemma3", metadata("gemma3", **{"attention.sliding_window": 512}), False, 600, "m.gguf")
     assert [i for i, t in enumerate(windowed["layer_types"]) if t == "full_attention"] == [5, 11, 17, 23]
     # the 27B models (46 layers of Gemma 2, 62 of Gemma 3): hidden / heads, as llama.cpp
-    big = gemma_config("gemma2", metadata("gemma2", block_count=46, embedding_length=4608,
+    big = gemma_config_of("gemma2", metadata("gemma2", block_count=46, embedding_length=4608,
                                           **{"attention.head_count": 32, "attention.key_length": 128,
                                              "attention.value_length": 128}), False, 600, "m.gguf")
     assert big["query_pre_attn_scalar"] == 144
     per_layer = metadata("gemma3", block_count=2, **{"attention.sliding_window": 4,
                                                     "attention.sliding_window_pattern": [True, False]})
-    assert gemma_config("gemma3", per_layer, False, 600, "m.gguf")["layer_types"] == \
+    assert gemma_config_of("gemma3", per_layer, False, 600, "m.gguf")["layer_types"] == \
         ["sliding_attention", "full_attention"]
 
 
@@ -135,7 +145,7 @@ def test_missing_metadata_falls_back_as_llama_cpp_does():
 ])
 def test_features_we_cannot_run_are_refused_in_one_line(arch, keys, message):
     with pytest.raises(ValueError, match=message) as refused:
-        gemma_config(arch, metadata(arch, **keys), has_output=False, vocab_size=600, where="m.gguf")
+        gemma_config_of(arch, metadata(arch, **keys), has_output=False, vocab_size=600, where="m.gguf")
     assert "\n" not in str(refused.value) and "m.gguf" in str(refused.value)
 
 

@@ -1,13 +1,14 @@
 """Gemma 2 / Gemma 3 settings in config.json, read as transformers reads them (no torch here).
 
-`gemma_text_config` turns a Gemma config.json into the flat form model_config.py's generic
-parser reads: the `text_config` of a Gemma 3 multimodal checkpoint lifted to the top,
-transformers' class defaults for missing keys (Gemma 3 multimodal configs omit most of them),
-`hidden_activation` as `hidden_act`, and Gemma 3's per-layer-type RoPE (`rope_parameters`
-keyed by "full_attention" / "sliding_attention", or the older `rope_theta` + `rope_scaling` +
-`rope_local_base_freq`) reduced to the global layers' settings. `gemma_fields` then gives what
-the generic parser does not know: softmax scale, final soft-capping, which layers are local
-(for their RoPE; their windows are common/layer_windows.py's) and the local RoPE base.
+`gemma_text_config` turns a Gemma config.json into the flat form the generic parser
+(common/model_config.py) reads: the `text_config` of a Gemma 3 multimodal checkpoint lifted to the
+top, transformers' class defaults for missing keys (Gemma 3 multimodal configs omit most of them),
+`hidden_activation` as `hidden_act`, and Gemma 3's per-layer-type RoPE (`rope_parameters` keyed by
+"full_attention" / "sliding_attention", or the older `rope_theta` + `rope_scaling` +
+`rope_local_base_freq`) reduced to the global layers' settings. `gemma_fields` then gives what the
+generic parser does not know: softmax scale, final soft-capping, which layers are local (for their
+RoPE; their windows are layer_windows.py's) and the local RoPE base. What differs between the two
+is a GemmaRules record (gemma_rules.py).
 """
 
 from __future__ import annotations
@@ -15,25 +16,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-GEMMA_FAMILIES = ("gemma2", "gemma3")
+from zserve.common.architectures.gemma_rules import GemmaRules
+
 SLIDING, FULL = "sliding_attention", "full_attention"
 
-# transformers' Gemma2Config / Gemma3TextConfig defaults (5.x), for keys a config.json leaves out
-_SHARED_DEFAULTS: dict[str, Any] = dict(
-    hidden_size=2304, intermediate_size=9216, num_hidden_layers=26, num_attention_heads=8, num_key_value_heads=4,
-    head_dim=256, hidden_activation="gelu_pytorch_tanh", rms_norm_eps=1e-6, eos_token_id=1, bos_token_id=2,
-    tie_word_embeddings=True, attention_bias=False, query_pre_attn_scalar=256, sliding_window=4096,
-)
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "gemma2": dict(_SHARED_DEFAULTS, vocab_size=256000, max_position_embeddings=8192, rope_theta=10_000.0,
-                   final_logit_softcapping=30.0, attn_logit_softcapping=50.0),
-    "gemma3": dict(_SHARED_DEFAULTS, vocab_size=262_208, max_position_embeddings=131_072, rope_theta=1_000_000.0,
-                   rope_local_base_freq=10_000.0, sliding_window_pattern=6, final_logit_softcapping=None,
-                   attn_logit_softcapping=None),
-}
 
-
-def gemma_text_config(raw: dict[str, Any], family: str, path: Path) -> dict[str, Any]:
+def gemma_text_config(rules: GemmaRules, raw: dict[str, Any], path: Path) -> dict[str, Any]:
     """config.json of a Gemma 2 / 3 checkpoint, flattened for the generic parser (see the module doc)."""
     if "text_config" in raw:  # Gemma3ForConditionalGeneration: the decoder is the text model
         text = raw["text_config"]
@@ -41,16 +29,16 @@ def gemma_text_config(raw: dict[str, Any], family: str, path: Path) -> dict[str,
             raise ValueError(f"{path}: 'text_config' must be an object, got {text!r}")
         outer = {k: v for k, v in raw.items() if k not in ("text_config", "vision_config")}
         raw = {**text, **outer}
-    flat = {**DEFAULTS[family], **raw}
+    flat = {**rules.defaults, **raw}
     flat["hidden_act"] = flat["hidden_activation"]  # transformers' Gemma reads this key, not hidden_act
-    if family == "gemma3":
-        full, local = _gemma3_rope(flat, path)
+    if rules.local_rope:
+        full, local = _local_rope(flat, path)
         flat["rope_parameters"] = full
         flat["rope_local_base_freq"] = local
     return flat
 
 
-def _gemma3_rope(flat: dict[str, Any], path: Path) -> tuple[dict[str, Any], float]:
+def _local_rope(flat: dict[str, Any], path: Path) -> tuple[dict[str, Any], float]:
     """(the global layers' rope_parameters, the local layers' RoPE base), as Gemma3TextConfig builds them."""
     params = flat.get("rope_parameters")
     if params is None:  # the older spelling: scaling applies to the global layers only
@@ -68,29 +56,24 @@ def _gemma3_rope(flat: dict[str, Any], path: Path) -> tuple[dict[str, Any], floa
     return full, float(local.get("rope_theta", flat["rope_local_base_freq"]))
 
 
-def gemma_fields(flat: dict[str, Any], family: str, num_layers: int, path: Path) -> dict[str, Any]:
+def gemma_fields(rules: GemmaRules, flat: dict[str, Any], num_layers: int, path: Path) -> dict[str, Any]:
     """ModelConfig fields a Gemma config sets beyond the Llama-like ones, from gemma_text_config's dict."""
     if flat.get("use_bidirectional_attention"):
         raise ValueError(f"{path}: use_bidirectional_attention (an encoder-style mask) is not supported")
-    local_layers = _local_layers(flat, family, num_layers, path)
     final_softcap = flat.get("final_logit_softcapping")
-    fields: dict[str, Any] = dict(
-        qk_norm=family == "gemma3",
+    return dict(
         attn_scale=_positive(flat, "query_pre_attn_scalar", path) ** -0.5,
         final_logit_softcap=0.0 if final_softcap is None else _positive(flat, "final_logit_softcapping", path),
-        local_layers=local_layers,
-        rope_local_theta=float(flat["rope_local_base_freq"]) if family == "gemma3" else None,
+        local_layers=_local_layers(rules, flat, num_layers, path),
+        rope_local_theta=float(flat["rope_local_base_freq"]) if rules.local_rope else None,
     )
-    if family == "gemma3":  # its config has attn_logit_softcapping, but transformers' Gemma 3 never applies it
-        fields["attn_logit_softcap"] = 0.0
-    return fields
 
 
-def _local_layers(flat: dict[str, Any], family: str, num_layers: int, path: Path) -> tuple[bool, ...]:
-    """True where layer i is a sliding-window ("local") layer: `layer_types`, else the family's pattern."""
+def _local_layers(rules: GemmaRules, flat: dict[str, Any], num_layers: int, path: Path) -> tuple[bool, ...]:
+    """True where layer i is a sliding-window ("local") layer: `layer_types`, else the architecture's pattern."""
     types = flat.get("layer_types")
     if types is None:
-        pattern = 2 if family == "gemma2" else int(flat.get("sliding_window_pattern", 6))
+        pattern = rules.fixed_pattern or int(flat.get("sliding_window_pattern", 6))
         return tuple(bool((i + 1) % pattern) for i in range(num_layers))
     if not isinstance(types, list) or len(types) != num_layers or not set(types) <= {SLIDING, FULL}:
         raise ValueError(
