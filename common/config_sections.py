@@ -16,6 +16,7 @@ DEFAULT_HTTP_PORT = 8000  # --port: vLLM's HTTP port (SGLang's is 30000: users t
 # --zmq-port: Client() with no arguments connects here. Next to SGLang's HTTP port, not on it, so a SGLang user's
 # `--port 30000` never collides with it; taken by another server (and not given), the server picks a free one.
 DEFAULT_CLIENT_PORT = 30001
+ROUTER_POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")  # sglang-router's --policy names
 API_KEY_ENV = "ZSERVE_API_KEY"  # the API key: read when --api-key is empty; how the launcher hands it to children
 
 

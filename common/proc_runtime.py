@@ -20,6 +20,9 @@ import time
 PR_SET_PDEATHSIG = 1
 
 
+LOG_LEVELS = ("debug", "info", "warning", "error")  # --log-level
+
+
 def setup_logging(name: str, level: str, stream=None) -> None:
     """Log lines to `stream` (default stderr), each naming the process."""
     logging.basicConfig(

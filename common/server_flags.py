@@ -12,9 +12,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from zserve.common.architectures import GGUF_ARCHITECTURES
+from zserve.common.config_sections import ROUTER_POLICIES
 from zserve.common.isa_features import CPU_ISA_ENV, FEATURES, LEVELS
+from zserve.common.kernel_choices import ATTENTION_BACKENDS, FUSED_OPS_CHOICES
+from zserve.common.proc_runtime import LOG_LEVELS
+from zserve.common.scheduler_choices import ADMISSION_POLICIES, GRAMMAR_BACKENDS, KV_RESERVATIONS, STEP_POLICIES
+from zserve.common.speculative_settings import SPECULATIVE_ALGORITHMS
 from zserve.common.task import TASKS
-from zserve.common.weight_formats import GEMM_CHOICES, QUANTIZATION_CHOICES, WEIGHT_COPY_CHOICES
+from zserve.common.think_markers import REASONING_PARSERS
+from zserve.common.tool_call_format import TOOL_CALL_FORMATS
+from zserve.common.weight_formats import (
+    DTYPE_CHOICES,
+    GEMM_CHOICES,
+    PACKED_CACHE_CHOICES,
+    QUANTIZATION_CHOICES,
+    WEIGHT_COPY_CHOICES,
+)
 
 
 @dataclass(frozen=True)
@@ -96,7 +109,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     'dtype': FlagSpec(
         'auto (bf16 on CUDA and on x86 CPUs with AVX2 + FMA + F16C or native bf16, where the CPU kernels '
         'run; else fp32; the log says which and why), float32, bfloat16, float16',
-        choices=('auto', 'float32', 'fp32', 'bfloat16', 'bf16', 'float16', 'fp16'),
+        choices=DTYPE_CHOICES,
         value_aliases={'half': 'float16', 'float': 'float32'},
     ),
     'quantization': FlagSpec(
@@ -124,7 +137,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         'resident weights, and read back on later starts instead of packed again; rebuilt when the file, the '
         'layout or zserve changes, or when it does not check) or off (packed at every start, nothing written) '
         '(model_proc/checkpoints/packed_cache.py); default $ZSERVE_PACKED_CACHE when set',
-        choices=("on", "off"),
+        choices=PACKED_CACHE_CHOICES,
         env='ZSERVE_PACKED_CACHE',
         peer_note='none',
     ),
@@ -211,7 +224,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     'schedule_policy': FlagSpec(
         'what a step runs: prefill-first, decode-first or mixed (prefill chunks and decodes together)',
         flag='--step-policy',
-        choices=('prefill-first', 'decode-first', 'mixed'),
+        choices=STEP_POLICIES,
         deprecated={
             '--schedule-policy': "SGLang's --schedule-policy orders the queue; here that is --admission-policy",
         },
@@ -219,7 +232,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     ),
     'admission_policy': FlagSpec(
         'fifo or pack',
-        choices=('fifo', 'pack'),
+        choices=ADMISSION_POLICIES,
         peer_note='SGLang --schedule-policy fcfs = fifo',
     ),
     'admission_lookahead': FlagSpec(
@@ -234,7 +247,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         'KV kept promised to admitted requests: estimated (their prompt plus a decaying estimate of their '
         'output; a decode step short of pages retracts the newest running requests, which resume later) '
         'or full (prompt plus all of max_tokens; never retracts)',
-        choices=('estimated', 'full'),
+        choices=KV_RESERVATIONS,
     ),
     'schedule_conservativeness': FlagSpec(
         "scales the estimated reservation's output ratio (start 0.7, floor 0.1): above 1 admits fewer "
@@ -250,7 +263,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         'structured output (json_object, json_schema, regex, ebnf, tool_choice required or named): '
         'xgrammar (readied in the background at startup), or none (such requests are refused)',
         aliases=('--guided-decoding-backend',),
-        choices=('xgrammar', 'none'),
+        choices=GRAMMAR_BACKENDS,
         peer_note='SGLang --grammar-backend; vLLM --guided-decoding-backend (both default to xgrammar)',
     ),
     'max_queued_requests': FlagSpec(
@@ -269,7 +282,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         "speculative decoding: none, or ngram (drafts from n-gram matches in the request's own prompt + "
         'output, verified by the model in one forward: same tokens, fewer steps on repetitive text; rows '
         'asking for logprobs, penalties or a grammar are not drafted)',
-        choices=('none', 'ngram'),
+        choices=SPECULATIVE_ALGORITHMS,
         value_aliases={'NGRAM': 'ngram', 'NONE': 'none'},
         peer_note='SGLang --speculative-algorithm NGRAM; vLLM --speculative-config \'{"method": "ngram"}\'',
     ),
@@ -351,14 +364,14 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         "attention: auto (flash-attn on CUDA when installed, else zserve's CPU paged-attention kernel "
         'where it builds, else torch), torch (the pure-torch path), or kernel (the CPU kernel; refuse to '
         'start without it); default $ZSERVE_ATTENTION when set',
-        choices=('auto', 'torch', 'kernel'),
+        choices=ATTENTION_BACKENDS,
         env='ZSERVE_ATTENTION',
         peer_note="SGLang --attention-backend (its own backends' names)",
     ),
     'fused_ops': FlagSpec(
         'CPU fused norms, gated activation and rotary + K/V write: auto (where the kernels build) or off '
         "(torch's ops, the reference path); default $ZSERVE_FUSED_OPS when set",
-        choices=('auto', 'off'),
+        choices=FUSED_OPS_CHOICES,
         env='ZSERVE_FUSED_OPS',
         peer_note='none',
     ),
@@ -398,7 +411,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     ),
     'log_level': FlagSpec(
         'debug, info, warning, error',
-        choices=('debug', 'info', 'warning', 'error'),
+        choices=LOG_LEVELS,
     ),
     'shell': FlagSpec(
         'after start, open a terminal chat against the server',
@@ -444,7 +457,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         'message.reasoning_content (streamed: delta.reasoning_content): qwen3 (thinking unless the request '
         'sends chat_template_kwargs enable_thinking false) or deepseek-r1 (always thinking); none keeps it '
         'in content (http_proc/reasoning.py)',
-        choices=('none', 'qwen3', 'deepseek-r1'),
+        choices=('none', *REASONING_PARSERS),
         value_aliases={'deepseek_r1': 'deepseek-r1'},
         peer_note="vLLM --reasoning-parser (qwen3, deepseek_r1); SGLang --reasoning-parser (qwen3, deepseek-r1)",
     ),
@@ -453,7 +466,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         '(<tool_call> JSON; qwen25 is its SGLang name), llama3_json, mistral ([TOOL_CALLS]), qwen3_coder '
         '(<function=...> XML), pythonic ([f(a=1)]); auto picks it from the chat template (none found: '
         'calls stay text) (http_proc/tools/parser.py)',
-        choices=('auto', 'hermes', 'llama3_json', 'mistral', 'qwen3_coder', 'pythonic'),
+        choices=('auto', *TOOL_CALL_FORMATS),
         value_aliases={'qwen25': 'hermes', 'qwen': 'hermes', 'llama3': 'llama3_json', 'llama4_pythonic': 'pythonic'},
         peer_note='vLLM --tool-call-parser (hermes, llama3_json, mistral, qwen3_coder, pythonic); SGLang '
         '--tool-call-parser (qwen25, llama3, mistral, qwen3_coder, pythonic)',
@@ -497,7 +510,7 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     'router_policy': FlagSpec(
         'with --router: how it picks a replica: cache_aware (the replica whose prompts share the longest '
         'prefix, unless loads are too uneven), round_robin, random, power_of_two (the less loaded of two)',
-        choices=('cache_aware', 'round_robin', 'random', 'power_of_two'),
+        choices=ROUTER_POLICIES,
         peer_note='sglang_router --policy',
     ),
     'router_worker_urls': FlagSpec(

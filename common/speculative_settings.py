@@ -20,11 +20,12 @@ from zserve.common.server_config import ServerConfig
 
 JSON_KEYS = ("method", "num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max", "disable_by_batch_size")
 MAX_DRAFT_TOKENS = 64
+SPECULATIVE_ALGORITHMS = ("none", "ngram")  # --speculative-algorithm (scheduler_proc/ngram_drafter.py drafts)
 
 
 @dataclass(frozen=True)
 class SpeculativeSettings:
-    algorithm: str  # "none" or "ngram"
+    algorithm: str  # one of SPECULATIVE_ALGORITHMS
     num_draft_tokens: int
     min_window: int
     max_window: int
@@ -44,7 +45,7 @@ class SpeculativeSettings:
         )
         if cfg.speculative_config.strip():
             settings = settings._with_json(cfg.speculative_config)
-        if settings.algorithm not in ("none", "ngram"):
+        if settings.algorithm not in SPECULATIVE_ALGORITHMS:
             raise ValueError(f"--speculative-algorithm must be none or ngram, got {cfg.speculative_algorithm!r}")
         if not 1 <= settings.num_draft_tokens <= MAX_DRAFT_TOKENS:
             raise ValueError(

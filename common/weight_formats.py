@@ -15,3 +15,7 @@ QUANTIZATION_CHOICES = ("none", "int8", "int4", "gguf")  # int4: model_proc/weig
 # --gemm-weight-copy: a second copy of the weights for products of many rows (model_proc/layers/weight_kernels/
 # weight_copy_policy.py)
 WEIGHT_COPY_CHOICES = ("auto", "on", "off")
+# --dtype: the compute dtype and its short spellings (model_proc/compute_dtype.py maps each to a torch dtype)
+DTYPE_CHOICES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")
+# --packed-cache: a GGUF file's packed matrices kept on disk (model_proc/checkpoints/packed_cache.py) or not
+PACKED_CACHE_CHOICES = ("on", "off")

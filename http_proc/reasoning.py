@@ -21,9 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from zserve.common.think_markers import THINK_CLOSE, THINK_OPEN
-
-REASONING_PARSERS = ("qwen3", "deepseek-r1")
+from zserve.common.think_markers import REASONING_PARSERS, THINK_CLOSE, THINK_OPEN
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import torch
 
+from zserve.common.weight_formats import DTYPE_CHOICES
+
 DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
     "float16": torch.float16, "fp16": torch.float16,
 }
+assert set(DTYPES) == set(DTYPE_CHOICES) - {"auto"}, "one torch dtype per --dtype name common/weight_formats.py offers"
 NATIVE_BF16_CPU_FEATURES = ("avx512_bf16", "amx_bf16")  # x86 instruction sets with bf16 dot products
 
 

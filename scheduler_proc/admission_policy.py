@@ -14,10 +14,9 @@ from __future__ import annotations
 import itertools
 from collections import deque
 
+from zserve.common.scheduler_choices import ADMISSION_POLICIES
 from zserve.scheduler_proc.prefill_adder import AddOutcome, PrefillAdder
 from zserve.scheduler_proc.req import PendingReq
-
-ADMISSION_POLICIES = ("fifo", "pack")
 
 
 class AdmissionPolicy:

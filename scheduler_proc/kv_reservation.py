@@ -34,9 +34,9 @@ import math
 from collections.abc import Iterable
 
 from zserve.common.int_math import cdiv
+from zserve.common.scheduler_choices import KV_RESERVATIONS
 from zserve.scheduler_proc.req import Req
 
-KV_RESERVATIONS = ("estimated", "full")
 INIT_RATIO = 0.7
 MIN_RATIO = 0.1
 DECAY_STEPS = 600

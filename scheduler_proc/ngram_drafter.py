@@ -46,7 +46,6 @@ import numpy as np
 
 from zserve.scheduler_proc.req import Req
 
-SPECULATIVE_ALGORITHMS = ("none", "ngram")
 BACKOFF_WINDOW = 4  # drafted steps judged together
 MIN_ACCEPT_RATE = 0.25  # accepted / drafted below this over the window: back off
 BACKOFF_MIN_STEPS = 8

@@ -35,9 +35,9 @@ from typing import Protocol
 
 from zserve.common.forward_batch import StepResult
 from zserve.common.int_math import cdiv
-from zserve.common.speculative_settings import SpeculativeSettings
+from zserve.common.speculative_settings import SPECULATIVE_ALGORITHMS, SpeculativeSettings
 from zserve.scheduler_proc.cache_manager import CacheManager
-from zserve.scheduler_proc.ngram_drafter import SPECULATIVE_ALGORITHMS, NgramDrafter
+from zserve.scheduler_proc.ngram_drafter import NgramDrafter
 from zserve.scheduler_proc.req import PendingReq, Req
 from zserve.scheduler_proc.scheduled_batch import ScheduledBatch
 

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from zserve.common.scheduler_choices import STEP_POLICIES
 from zserve.scheduler_proc.prefill_adder import PrefillAdder
 from zserve.scheduler_proc.req import Req
-
-STEP_POLICIES = ("prefill-first", "decode-first", "mixed")
 
 
 class StepPolicy:

@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 
 from zserve.common.cache_root import KERNELS_SUBDIR, cache_root
+from zserve.common.kernel_choices import FUSED_OPS_CHOICES
 from zserve.model_proc.kernels.cpu_isa import IsaFeatures, cpu_flags, cpu_isa, march_flags
 
 logger = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ def load_paged_attention() -> Callable | None:
 def fused_ops_available(device: torch.device, dtype: torch.dtype, choice: str = "auto") -> bool:
     """Whether the fused elementwise ops (fused_ops.cpp) run here: CPU, float32 or bfloat16,
     built, and not turned off by `choice` (a server's --fused-ops: auto, or off for torch's ops)."""
-    if choice not in ("auto", "off"):
+    if choice not in FUSED_OPS_CHOICES:
         raise ValueError(f"--fused-ops {choice!r}: expected auto or off")
     return choice == "auto" and device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and load_cpu_kernels()
 

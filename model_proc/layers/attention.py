@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from zserve.common.kernel_choices import ATTENTION_BACKENDS
 from zserve.model_proc.kernels.cpu_kernels import load_paged_attention
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata, PrefillRow
 from zserve.model_proc.layers.rotary import apply_rotary
@@ -41,7 +42,7 @@ def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
 def attention_backend(device: torch.device, dtype: torch.dtype, choice: str = "auto") -> str:
     """"flash_varlen", "cpu_kernel" or "torch", for AttentionMetadata.build. `choice` (a server's
     --attention-backend) is "auto", "torch" (force the pure-torch path) or "kernel" (fail if it cannot load)."""
-    if choice not in ("auto", "torch", "kernel"):
+    if choice not in ATTENTION_BACKENDS:
         raise ValueError(f"--attention-backend {choice!r}: expected auto, torch or kernel")
     if flash_attn_available(device, dtype) and choice == "auto":
         return "flash_varlen"

@@ -51,7 +51,7 @@ REFUSED = [
     (["--served-model-name"], "expected one argument"),
     (["--grammar-backend", "outlines"], "argument --grammar-backend: invalid choice: 'outlines'"),
     (["--tool-call-parser", "xml"],
-     "invalid choice: 'xml' (choose from 'auto', 'hermes', 'llama3_json', 'mistral', 'qwen3_coder', 'pythonic'"),
+     "invalid choice: 'xml' (choose from 'auto', 'hermes', 'llama3_json', 'mistral', 'pythonic', 'qwen3_coder'"),
 ]
 
 
