@@ -3,6 +3,10 @@ choices and ranges, and the environment variable that sets its default. Keyed by
 `ServerConfig` field it sets (the field holds the type and the default: config_sections.py);
 launcher/cli.py builds the parser from it, launcher/flags_table.py the README's table, and
 `env_defaults` reads the variables.
+
+Over 400 lines on purpose: it is one table with an entry per flag (every ServerConfig field), in the order of the
+sections and of the README's table, so that a flag's spellings, help and peers' names are read and reviewed side
+by side; the choices themselves are their owners' constants (tests/common/test_flag_choices.py).
 """
 
 from __future__ import annotations
