@@ -8,7 +8,7 @@ cancelled on a disconnect; a cancelled RequestGroup aborts its requests on the s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import TypeVar
 
 from starlette.requests import Request
@@ -38,3 +38,13 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     if work_task.done() and not work_task.cancelled():
         return work_task.result()
     raise ClientDisconnected()
+
+
+async def first_event(request: Request, events: AsyncGenerator[T, None]) -> T:
+    """A stream's first item, unless the client disconnects first (the status line waits for it, so an error
+    before the first token is an error response); the stream is closed when that fails."""
+    try:
+        return await until_disconnect(request, anext(events))
+    except BaseException:
+        await events.aclose()
+        raise

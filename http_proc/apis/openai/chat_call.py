@@ -21,7 +21,7 @@ from starlette.requests import Request
 from zserve.http_proc.apis.openai.chat_formatter import ChatFormatter
 from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, with_tool_markup
 from zserve.http_proc.shared.api_error import ApiError
-from zserve.http_proc.shared.disconnect_watch import until_disconnect
+from zserve.http_proc.shared.disconnect_watch import first_event, until_disconnect
 from zserve.http_proc.shared.http_state import HttpState
 from zserve.http_proc.shared.request_group import ChoiceEvent, RequestGroup, SubRequest
 from zserve.http_proc.shared.sse_response import named_sse
@@ -59,11 +59,7 @@ class ChatCall:
     async def open_stream(self) -> tuple[AsyncIterator[dict[str, Any]], AsyncIterator[ChoiceEvent]]:
         """(the chunks, the events behind them): the caller closes the events (guarded_stream does)."""
         events = self.group.events()
-        try:
-            first = await until_disconnect(self.request, anext(events))
-        except BaseException:
-            await events.aclose()
-            raise
+        first = await first_event(self.request, events)
         return self._chunks(first, events), events
 
     async def _chunks(self, first: ChoiceEvent, events: AsyncIterator[ChoiceEvent]) -> AsyncIterator[dict[str, Any]]:

@@ -18,7 +18,7 @@ from zserve.http_proc.apis.openai.chat_formatter import ChatFormatter
 from zserve.http_proc.apis.openai.completion_formatter import CompletionFormatter
 from zserve.http_proc.apis.openai.formatter import Formatter
 from zserve.http_proc.apis.openai.protocol import ChatCompletionRequest, CompletionRequest, with_tool_markup
-from zserve.http_proc.shared.disconnect_watch import until_disconnect
+from zserve.http_proc.shared.disconnect_watch import first_event, until_disconnect
 from zserve.http_proc.shared.http_state import HttpState
 from zserve.http_proc.shared.refused_fields import refuse_unhonoured
 from zserve.http_proc.shared.request_body import parse_body
@@ -66,11 +66,7 @@ async def serve(
         results = await until_disconnect(request, group.run())
         return JSONResponse(formatter.body(subs, results), headers=group.headers)
     events = group.events()
-    try:
-        first = await until_disconnect(request, anext(events))
-    except BaseException:
-        await events.aclose()
-        raise
+    first = await first_event(request, events)
     chunks = stream_chunks(state, formatter, subs, group, first, events)
     return SseResponse(chunks, group.headers)
 

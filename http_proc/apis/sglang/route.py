@@ -31,7 +31,7 @@ from zserve.common.request_limits import LIMITS
 from zserve.common.sampling_params import DEFAULT_MAX_TOKENS
 from zserve.http_proc.apis.sglang.protocol import from_sglang_body, is_batch, is_sglang_body
 from zserve.http_proc.shared.api_error import ApiError
-from zserve.http_proc.shared.disconnect_watch import until_disconnect
+from zserve.http_proc.shared.disconnect_watch import first_event, until_disconnect
 from zserve.http_proc.shared.http_state import HttpState
 from zserve.http_proc.shared.refused_fields import refuse_unhonoured
 from zserve.http_proc.shared.request_group import ChoiceEvent, RequestGroup, SubRequest
@@ -103,11 +103,7 @@ async def serve_generate(state: HttpState, request: Request) -> Response | SseRe
         body = sglang_output(result) if sglang else output_body(result.text, result.output_ids, result)
         return JSONResponse(body, headers=group.headers)
     events = group.events()
-    try:
-        first = await until_disconnect(request, anext(events))
-    except BaseException:
-        await events.aclose()
-        raise
+    first = await first_event(request, events)
     return SseResponse(stream_outputs(state, first, events, sglang), group.headers)
 
 
