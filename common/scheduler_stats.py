@@ -19,6 +19,7 @@ class SchedulerStats(Message):
     num_used_pages: int = 0  # owned by live requests, outside the cache
     num_reserved_pages: int = 0  # promised to admitted requests, not yet allocated (see KvReservation)
     new_token_ratio: float = 0.0  # the share of remaining output the estimated KV reservation counts
+    prefill_chunk_tokens: int = 0  # the last prefill chunk --max-step-ms allowed beside decodes (0: none bounded yet)
     # totals since start
     num_steps: int = 0
     num_submitted: int = 0

@@ -221,6 +221,13 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         min=1,
         deprecated={'--max-prefill-tokens': "SGLang's --max-prefill-tokens is another budget"},
     ),
+    'max_step_ms': FlagSpec(
+        'while requests decode, the prefill chunk beside them is sized from the measured cost per token so a step '
+        'takes at most this many ms (scheduler_proc/step_time_bound.py): 0 = auto (3x a decode-only step), inf = '
+        'no bound (the token budget alone)',
+        min=0,
+        peer_note="none in SGLang or vLLM (their chunk is a token count only)",
+    ),
     'prefill_max_requests': FlagSpec(
         'requests newly admitted per prefill step at most, next to the token budget (0 = no cap)',
         min=0,

@@ -76,7 +76,7 @@ class Scheduler:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         self.page_size = page_size
         self.context_len = context_len
-        self._step_policy = StepPolicy(knobs.schedule_policy, knobs.max_prefill_tokens)
+        self._step_policy = StepPolicy(knobs.schedule_policy, knobs.max_prefill_tokens, knobs.max_step_ms)
         self._reservation = KvReservation(knobs.kv_reservation, page_size, knobs.schedule_conservativeness)
         self._pooled = PoolingReqs(pooling)
         self._cache = CacheManager(num_pages, page_size, self._pooled.prefix_cache(knobs.enable_radix_cache),
@@ -265,16 +265,18 @@ class Scheduler:
             num_evictable_pages=cache.num_evictable_pages,
             num_used_pages=cache.num_pages - cache.num_free_pages - cache.num_cached_pages,
             num_reserved_pages=self._num_reserved_pages(), new_token_ratio=self._reservation.new_token_ratio,
+            prefill_chunk_tokens=self._step_policy.time_bound.last_budget_tokens,
             **self._spec.totals(),
         )
 
     def record_step_time(self, wait_s: float, schedule_s: float, forward_s: float = 0.0) -> None:
-        """The process loop's timing of one step: waiting for the worker, the scheduler's own
-        time before it (0 after an idle gap), and the worker's forward inside the wait (as the
-        worker timed it). Totals in stats()."""
+        """The process loop's timing of one step (before its on_result): waiting for the worker, the scheduler's own
+        time before it (0 after an idle gap), the worker's forward inside the wait. Totals in stats()."""
         self._totals.step_wait_s += wait_s
         self._totals.schedule_s += schedule_s
         self._totals.worker_forward_s += forward_s
+        if self._in_flight is not None:
+            self._step_policy.observe(self._in_flight, forward_s * 1e3)  # the chunk's cost per token (--max-step-ms)
 
     def histograms(self) -> dict[str, Histogram]:
         return {"queue_time_seconds": self._pending.queue_time_s}

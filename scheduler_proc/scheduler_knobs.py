@@ -30,6 +30,7 @@ SPECULATIVE_KNOBS = {
 class SchedulerKnobs:
     max_running_requests: int
     max_prefill_tokens: int  # a step's token budget
+    max_step_ms: float  # StepTimeBound: 0 auto, inf no bound
     schedule_policy: str  # StepPolicy
     admission_policy: str  # AdmissionPolicy
     admission_lookahead: int
@@ -60,6 +61,7 @@ def scheduler_knobs(cfg: ServerConfig) -> SchedulerKnobs:
     return SchedulerKnobs(
         max_running_requests=cfg.max_running_requests,
         max_prefill_tokens=cfg.max_prefill_tokens,
+        max_step_ms=cfg.max_step_ms,
         schedule_policy=cfg.schedule_policy,
         admission_policy=cfg.admission_policy,
         admission_lookahead=cfg.admission_lookahead,

@@ -72,7 +72,12 @@ class StatsLogger:
             f"running {stats.num_running}, waiting {stats.num_waiting}, retracted {stats.num_retracted} (total); "
             f"KV {100 * kv_usage:.1f}% used; prefix cache hit {100 * hit_rate:.1f}%; "
             f"{stats.num_generated_tokens} tokens generated (total)"
-        ) + (_spec_part(last, stats) if stats.num_drafts else "")
+        ) + _chunk_part(stats) + (_spec_part(last, stats) if stats.num_drafts else "")
+
+
+def _chunk_part(stats: SchedulerStats) -> str:
+    """The prefill chunk --max-step-ms last allowed beside decodes (StepTimeBound), once it has bounded one."""
+    return f"; prefill chunk beside decodes {stats.prefill_chunk_tokens} tokens" if stats.prefill_chunk_tokens else ""
 
 
 def _spec_part(last: SchedulerStats, stats: SchedulerStats) -> str:

@@ -61,9 +61,13 @@ class SchedulerHarness:
 
     def __init__(
         self, model: FakeModel, *, context_len: int, eos_token_ids: Sequence[int], check_integrity: bool = True,
-        grammar_source: FakeGrammarSource | None = None, **knobs: Any,
+        grammar_source: FakeGrammarSource | None = None, step_ms: Callable[[ForwardBatch], float] | None = None,
+        **knobs: Any,
     ):
+        """`step_ms`: what the fake worker reports each step took (StepResult.forward_ms, as the process loop records
+        it through Scheduler.record_step_time); None records nothing, as the scheduler tests before it."""
         self.model = model
+        self.step_ms = step_ms
         self.grammar_source = grammar_source
         self.scheduler = make_scheduler(
             num_pages=model.num_pages, page_size=model.page_size, context_len=context_len, eos_token_ids=eos_token_ids,
@@ -105,6 +109,8 @@ class SchedulerHarness:
         result = self.model.forward(batch)
         if batch.grammar is not None:
             apply_grammar_masks(result, batch.grammar)
+        if self.step_ms is not None:
+            self.scheduler.record_step_time(0.0, 0.0, self.step_ms(batch) / 1e3)
         updates = self.scheduler.on_result(result)
         self._record(updates)
         return updates
