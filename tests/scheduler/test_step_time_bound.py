@@ -116,5 +116,6 @@ def test_the_stats_line_reports_the_chunk_once_one_was_bounded():
     from zserve.scheduler_proc.stats_logger import StatsLogger
 
     log = StatsLogger(interval_s=10.0, num_pages=100)
+    log.restart(0.0, SchedulerStats())
     assert "prefill chunk" not in log.format_line(SchedulerStats(), 10.0)
     assert "prefill chunk beside decodes 168 tokens" in log.format_line(SchedulerStats(prefill_chunk_tokens=168), 10.0)
