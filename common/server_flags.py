@@ -223,9 +223,9 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     ),
     'max_step_ms': FlagSpec(
         'while requests decode, the prefill chunk beside them is sized from the measured cost per token so a step '
-        'takes at most this many ms (scheduler_proc/step_time_bound.py): 0 = auto (3x a decode-only step), inf = '
+        'takes at most this many ms (scheduler_proc/step_time_bound.py): 0 = auto (3x a decode-only step), -1 = '
         'no bound (the token budget alone)',
-        min=0,
+        min=-1,
         peer_note="none in SGLang or vLLM (their chunk is a token count only)",
     ),
     'prefill_max_requests': FlagSpec(

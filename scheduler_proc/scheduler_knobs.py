@@ -30,7 +30,7 @@ SPECULATIVE_KNOBS = {
 class SchedulerKnobs:
     max_running_requests: int
     max_prefill_tokens: int  # a step's token budget
-    max_step_ms: float  # StepTimeBound: 0 auto, inf no bound
+    max_step_ms: float  # StepTimeBound: 0 auto, < 0 (-1) no bound
     schedule_policy: str  # StepPolicy
     admission_policy: str  # AdmissionPolicy
     admission_lookahead: int

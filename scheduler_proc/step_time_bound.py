@@ -17,8 +17,8 @@ and, while requests are decoding, gives the step's prefill part the tokens that 
 
 so the prompt keeps most of each step (two thirds of it under auto) and a stream's gap stays near the target. With
 nothing decoding, or before both costs are measured, the whole token budget goes to the prompt, as without the bound.
-`--max-step-ms inf` turns it off. What a token costs grows with the context the chunk attends to and shrinks with
-the rows a GEMM gets; the EWMA follows both, step after step.
+`--max-step-ms -1` (any value below 0) turns it off. What a token costs grows with the context the chunk attends
+to and shrinks with the rows a GEMM gets; the EWMAs follow both, step after step.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ EWMA_WEIGHT = 0.3  # the newest step's share of each estimate
 
 class StepTimeBound:
     def __init__(self, max_step_ms: float, max_prefill_tokens: int):
-        if not max_step_ms >= 0:  # NaN too
-            raise ValueError(f"max_step_ms must be >= 0 (0 = auto, inf = no bound), got {max_step_ms}")
-        self.max_step_ms = max_step_ms
+        if math.isnan(max_step_ms):
+            raise ValueError(f"max_step_ms must be a number (0 = auto, -1 = no bound), got {max_step_ms}")
+        self.max_step_ms = math.inf if max_step_ms < 0 else max_step_ms  # no bound: no step is too long
         self.max_prefill_tokens = max_prefill_tokens
         self.decode_ms: float | None = None  # a decode-only step
         self._prefill_ms: float | None = None  # a prefill part's time, and its tokens (EWMAs)
