@@ -16,6 +16,7 @@ Both take the layer's options as PagedAttention means them: a sliding window W >
 p - W + 1 .. p, and a logit softcap c > 0 turns each scaled score s into c * tanh(s / c) before the mask and the
 softmax. Scores, softmax and accumulation are fp32; the probabilities are rounded to the V dtype before they
 weight V (as torch's SDPA does in bf16), and the output is the query's dtype. fp32 dots run in IEEE fp32 (no TF32).
+Under the interpreter, bf16 dot operands are widened to fp32 first (its tl.dot misreads bf16).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
 
 DECODE_BLOCK_N = 32  # keys per step of a decode program
 EXTEND_BLOCK_N = 32  # keys per step of an extend program
@@ -37,8 +39,15 @@ def _tanh(x):
 
 
 @triton.jit
-def _scores(q, k, scale, softcap, USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale
+def _dot(a, b, DOT_PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    if WIDEN:  # bf16 products are exact in fp32: the same sums, up to their order
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    return tl.dot(a, b, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _scores(q, k, scale, softcap, USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDEN: tl.constexpr):
+    s = _dot(q, tl.trans(k), DOT_PRECISION, WIDEN) * scale
     if USE_SOFTCAP:
         s = softcap * _tanh(s / softcap)
     return s
@@ -51,7 +60,7 @@ def _decode_split_kernel(
     stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs,
     scale, softcap, window, page_size, group, num_heads, head_dim,
     NUM_SPLITS: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDEN: tl.constexpr,
 ):  # fmt: skip
     row, kv_head, split = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     req = tl.load(decode_reqs_ptr + row)
@@ -72,7 +81,7 @@ def _decode_split_kernel(
         mask=head_ok[:, None] & d_ok[None, :], other=0.0,
     )  # fmt: skip
     m = tl.full([BLOCK_G], -1e30, tl.float32)
-    l = tl.zeros([BLOCK_G], tl.float32)
+    denom = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     for n0 in range(start, stop, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -81,21 +90,22 @@ def _decode_split_kernel(
         slot = page.to(tl.int64) * page_size + pos % page_size
         kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + kv_head * stride_kh + slot[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
-        s = _scores(q, k, scale, softcap, USE_SOFTCAP, DOT_PRECISION)
+        s = _scores(q, k, scale, softcap, USE_SOFTCAP, DOT_PRECISION, WIDEN)
         s = tl.where(key_ok[None, :], s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
+        denom = denom * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + kv_head * stride_vh + slot[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PRECISION, WIDEN)
         m = m_new
 
-    l_safe = tl.where(l > 0, l, 1.0)  # an empty split: output 0, log-sum-exp -inf (weight 0 in the reduce)
-    lse = tl.where(l > 0, m + tl.log(l_safe), float("-inf"))
+    denom_safe = tl.where(denom > 0, denom, 1.0)  # an empty split: output 0, log-sum-exp -inf (weight 0 in the reduce)
+    lse = tl.where(denom > 0, m + tl.log(denom_safe), float("-inf"))
     at = (row * num_heads + heads) * NUM_SPLITS + split
     tl.store(part_lse_ptr + at, lse, mask=head_ok)
-    tl.store(part_out_ptr + at[:, None] * head_dim + d[None, :], acc / l_safe[:, None], mask=head_ok[:, None] & d_ok[None, :])
+    out_mask = head_ok[:, None] & d_ok[None, :]
+    tl.store(part_out_ptr + at[:, None] * head_dim + d[None, :], acc / denom_safe[:, None], mask=out_mask)
 
 
 @triton.jit
@@ -123,7 +133,7 @@ def _extend_kernel(
     stride_qt, stride_qh, stride_kh, stride_ks, stride_vh, stride_vs, stride_ot, stride_oh,
     scale, softcap, window, page_size, group, head_dim,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_SOFTCAP: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDEN: tl.constexpr,
 ):  # fmt: skip
     block, head = tl.program_id(0), tl.program_id(1)
     kv_head = head // group
@@ -147,7 +157,7 @@ def _extend_kernel(
     lo = tl.where(window > 0, tl.maximum(cached + first - window + 1, 0), 0)  # the first query's window start
 
     m = tl.full([BLOCK_M], -1e30, tl.float32)  # finite: a row whose keys are all masked in a block stays at 0
-    l = tl.zeros([BLOCK_M], tl.float32)
+    denom = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for n0 in range(lo, stop, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
@@ -156,18 +166,18 @@ def _extend_kernel(
         slot = page.to(tl.int64) * page_size + pos % page_size
         kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + kv_head * stride_kh + slot[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
-        s = _scores(q, k, scale, softcap, USE_SOFTCAP, DOT_PRECISION)
+        s = _scores(q, k, scale, softcap, USE_SOFTCAP, DOT_PRECISION, WIDEN)
         sees = key_ok[None, :] & (pos[None, :] <= q_pos[:, None])
         sees = sees & ((window <= 0) | (pos[None, :] > q_pos[:, None] - window))
         s = tl.where(sees, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
         p = tl.exp(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, 1)
+        denom = denom * alpha + tl.sum(p, 1)
         v = tl.load(v_ptr + kv_head * stride_vh + slot[:, None] * stride_vs + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, DOT_PRECISION, WIDEN)
         m = m_new
-    out = acc / tl.where(l > 0, l, 1.0)[:, None]
+    out = acc / tl.where(denom > 0, denom, 1.0)[:, None]
     tl.store(
         out_ptr + tokens[:, None] * stride_ot + head * stride_oh + d[None, :], out.to(out_ptr.dtype.element_ty),
         mask=row_ok[:, None] & d_ok[None, :],
@@ -192,6 +202,8 @@ def paged_attention(
     options = {
         "USE_SOFTCAP": softcap > 0,
         "DOT_PRECISION": "ieee" if q.dtype == torch.float32 else "tf32",  # tf32 only applies to fp32 inputs
+        # Triton 3.9's interpreter reads bf16 dot operands as raw bits: widen them to fp32 there
+        "WIDEN": isinstance(_extend_kernel, InterpretedFunction) and q.dtype == torch.bfloat16,
     }
     strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1))
     num_decode = decode_reqs.shape[0]

@@ -64,7 +64,8 @@ def attention_backend(device: torch.device, dtype: torch.dtype, choice: str = "a
     if choice == "triton":
         if device.type != "cuda" and not (device.type == "cpu" and triton_interpreted()):
             raise ValueError(
-                f"--attention-backend triton runs on CUDA, not {device} (TRITON_INTERPRET=1 runs it on the CPU, for tests)"
+                f"--attention-backend triton runs on CUDA, not {device} "
+                "(TRITON_INTERPRET=1 runs it on the CPU, for tests)"
             )
         if not triton_available():
             raise RuntimeError("--attention-backend triton, but the triton package is not installed")
