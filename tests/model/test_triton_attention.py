@@ -1,7 +1,6 @@
 """The Triton paged-attention kernels (model_proc/kernels/triton_attention.py) against the pure-torch path (the
-oracle), run on the CPU by Triton's interpreter (TRITON_INTERPRET=1, set for this module's kernel tests before
-triton is first imported: triton.jit reads it when it decorates, triton's own helpers included), or on CUDA where
-there is a GPU; and the --attention-backend choice.
+oracle), run on the CPU by Triton's interpreter (TRITON_INTERPRET=1, which tests/conftest.py sets where there is no
+CUDA, before triton is first imported), or on CUDA where there is a GPU; and the --attention-backend choice.
 
 Shapes are tiny: the interpreter runs every program in Python. Tolerances: fp32 within 1e-5 (another order of
 sums, an exp of its own); fp16 and bf16 within 2e-2 absolute + relative (both paths round the probabilities to the
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 
+from testing.model_fixtures import GreedyDriver, make_runner, random_prompt
 from testing.paged_batches import shuffled_page_batch
 from testing.paths import REPO_ROOT
 from zserve.model_proc.layers import attention as attention_module
@@ -35,19 +35,14 @@ CPU, CUDA = torch.device("cpu"), torch.device("cuda")  # test_backend_choice nam
 
 @pytest.fixture(scope="module")
 def device():
-    """Where the kernels run: CUDA where there is one (the real kernels), else the CPU under Triton's interpreter;
-    skipped where triton is not installed."""
-    reason = "the triton package is not installed (the Triton attention backend is off)"
+    """Where the kernels run: CUDA where there is one (the real kernels), else the CPU under Triton's interpreter
+    (tests/conftest.py sets TRITON_INTERPRET=1 there); skipped where triton is not installed."""
+    triton = pytest.importorskip("triton", reason="the triton package is not installed (the Triton attention backend is off)")
     if torch.cuda.is_available():
-        pytest.importorskip("triton", reason=reason)
-        yield CUDA
-        return
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("TRITON_INTERPRET", "1")  # before triton's first import: it decorates its own helpers then
-        triton = pytest.importorskip("triton", reason=reason)
-        if type(triton.language.standard.cdiv).__name__ != "InterpretedFunction":
-            pytest.skip("triton was imported in this process before TRITON_INTERPRET=1 was set: no interpreter")
-        yield CPU
+        return CUDA
+    if type(triton.language.standard.cdiv).__name__ != "InterpretedFunction":
+        pytest.skip("no CUDA, and triton was imported before TRITON_INTERPRET=1 was set (tests/conftest.py sets it)")
+    return CPU
 
 
 def both_paths(
@@ -131,6 +126,24 @@ def test_half_precision(device, dtype):
 def test_non_contiguous_queries(device):
     got, want, _ = both_paths(device, [0, 9, 40], [5, 1, 2], page_size=1, q_view=True, seed=6)
     torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
+
+
+def test_greedy_generation_through_the_model_runner(device, llama_dir):
+    """The backend wired into a ModelRunner (--attention-backend triton): a chunked prompt, a prefix hit, n > 1
+    prompts and decode steps give the torch backend's greedy tokens (fp32, tiny Llama)."""
+    outputs = {}
+    for backend in ("triton", "torch"):
+        runner = make_runner(
+            llama_dir, device=device.type, dtype="float32", page_size=4, kv_cache_tokens=256, attention_backend=backend
+        )
+        assert runner.attention_backend == backend
+        driver = GreedyDriver(runner)
+        first = driver.add(random_prompt(13, seed=1), 4, chunk_size=6)
+        second = driver.add(random_prompt(7, seed=2), 4)
+        outputs[backend] = driver.generate([first, second])
+        third = driver.add(first.tokens[:13] + random_prompt(3, seed=3), 3, prefix_of=first, prefix_len=13)
+        outputs[backend] += driver.generate([third])
+    assert outputs["triton"] == outputs["torch"]
 
 
 def test_backend_choice(monkeypatch):
