@@ -218,7 +218,7 @@ def paged_attention(
         )  # fmt: skip
         _decode_reduce_kernel[(num_decode, num_heads)](
             out, part_out, part_lse, decode_reqs, token_starts, out.stride(0), out.stride(1), num_heads, head_dim,
-            NUM_SPLITS=num_splits, BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=block_d,
+            NUM_SPLITS=num_splits, BLOCK_S=max(2, triton.next_power_of_2(num_splits)), BLOCK_D=block_d,
         )  # fmt: skip
     if block_reqs.shape[0]:
         _extend_kernel[(block_reqs.shape[0], num_heads)](

@@ -5,7 +5,7 @@ Paths (`attention_backend` picks one per ModelRunner):
   - cpu_kernel (CPU, fp32/bf16, the default where model_proc/kernels/ builds): one C++ call for
     the whole batch (decode, chunks, cached-prefix and new prompts), walking each request's
     pages in place, OpenMP over requests x kv heads x blocks of 16 new tokens.
-  - torch (CPU fallback, the test oracle, and CUDA without flash-attn): decode rows batched over
+  - torch (CPU fallback, the test oracle, and CUDA without flash-attn or triton): decode rows batched over
     a padded page gather + mask, longer rows one SDPA call each. --attention-backend torch forces it.
   - flash-attn varlen (CUDA, fp16/bf16, flash_attn importable): one call for the whole batch over
     slot-gathered K/V; its causal mask is bottom-right aligned, which is what a cached prefix needs.
