@@ -29,6 +29,7 @@ from triton.runtime.interpreter import InterpretedFunction
 DECODE_BLOCK_N = 32  # keys per step of a decode program
 EXTEND_BLOCK_N = 32  # keys per step of an extend program
 MIN_GROUP_ROWS = 16  # tl.dot needs at least 16 rows: a decode program pads its query heads to this
+NO_WINDOW = 1 << 30  # the window the kernels get for full attention: longer than any context
 
 
 @triton.jit
@@ -67,7 +68,7 @@ def _decode_split_kernel(
     token = tl.load(token_starts_ptr + req).to(tl.int64)
     seq_len = tl.load(cached_lens_ptr + req) + 1
     page_start = tl.load(page_starts_ptr + req)
-    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)  # the query, at seq_len - 1, sees lo ..
+    lo = tl.maximum(seq_len - window, 0)  # the query, at seq_len - 1, sees lo .. seq_len - 1
     per_split = tl.cdiv(tl.cdiv(seq_len - lo, NUM_SPLITS), BLOCK_N) * BLOCK_N
     start = lo + split * per_split
     stop = tl.minimum(start + per_split, seq_len)
@@ -154,7 +155,7 @@ def _extend_kernel(
         other=0.0,
     )  # fmt: skip
     stop = cached + tl.minimum(first + BLOCK_M, extend)  # keys up to the block's last query
-    lo = tl.where(window > 0, tl.maximum(cached + first - window + 1, 0), 0)  # the first query's window start
+    lo = tl.maximum(cached + first - window + 1, 0)  # the first query's window start
 
     m = tl.full([BLOCK_M], -1e30, tl.float32)  # finite: a row whose keys are all masked in a block stays at 0
     denom = tl.zeros([BLOCK_M], tl.float32)
@@ -167,8 +168,7 @@ def _extend_kernel(
         kv_mask = key_ok[:, None] & d_ok[None, :]
         k = tl.load(k_ptr + kv_head * stride_kh + slot[:, None] * stride_ks + d[None, :], mask=kv_mask, other=0.0)
         s = _scores(q, k, scale, softcap, USE_SOFTCAP, DOT_PRECISION, WIDEN)
-        sees = key_ok[None, :] & (pos[None, :] <= q_pos[:, None])
-        sees = sees & ((window <= 0) | (pos[None, :] > q_pos[:, None] - window))
+        sees = key_ok[None, :] & (pos[None, :] <= q_pos[:, None]) & (pos[None, :] > q_pos[:, None] - window)
         s = tl.where(sees, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, 1))
         alpha = tl.exp(m - m_new)
@@ -205,6 +205,7 @@ def paged_attention(
         # Triton 3.9's interpreter reads bf16 dot operands as raw bits: widen them to fp32 there
         "WIDEN": isinstance(_extend_kernel, InterpretedFunction) and q.dtype == torch.bfloat16,
     }
+    window_tokens = window if window > 0 else NO_WINDOW  # the kernels mask by the window only
     strides = (q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1))
     num_decode = decode_reqs.shape[0]
     if num_decode:
@@ -212,7 +213,7 @@ def paged_attention(
         part_lse = torch.empty(num_decode, num_heads, num_splits, dtype=torch.float32, device=q.device)
         _decode_split_kernel[(num_decode, num_kv_heads, num_splits)](
             q, k_cache, v_cache, part_out, part_lse, decode_reqs, token_starts, cached_lens, page_starts, page_ids,
-            *strides, scale, softcap, window, page_size, group, num_heads, head_dim,
+            *strides, scale, softcap, window_tokens, page_size, group, num_heads, head_dim,
             NUM_SPLITS=num_splits, BLOCK_G=max(MIN_GROUP_ROWS, triton.next_power_of_2(group)), BLOCK_D=block_d,
             BLOCK_N=DECODE_BLOCK_N, **options,
         )  # fmt: skip
@@ -223,6 +224,6 @@ def paged_attention(
     if block_reqs.shape[0]:
         _extend_kernel[(block_reqs.shape[0], num_heads)](
             q, k_cache, v_cache, out, block_reqs, block_starts, token_starts, cached_lens, extend_lens, page_starts,
-            page_ids, *strides, out.stride(0), out.stride(1), scale, softcap, window, page_size, group, head_dim,
+            page_ids, *strides, out.stride(0), out.stride(1), scale, softcap, window_tokens, page_size, group, head_dim,
             BLOCK_M=block_tokens, BLOCK_N=EXTEND_BLOCK_N, BLOCK_D=block_d, **options,
         )  # fmt: skip
