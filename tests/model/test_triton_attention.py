@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from testing.model_fixtures import GreedyDriver, make_runner, random_prompt
+from testing.model_fixtures import GreedyDriver, make_runner, make_tiny_checkpoint, random_prompt
 from testing.paged_batches import shuffled_page_batch
 from testing.paths import REPO_ROOT
 from zserve.model_proc.layers import attention as attention_module
@@ -128,13 +128,21 @@ def test_non_contiguous_queries(device):
     torch.testing.assert_close(got, want, **TOLERANCE[torch.float32])
 
 
-def test_greedy_generation_through_the_model_runner(device, llama_dir):
-    """The backend wired into a ModelRunner (--attention-backend triton): a chunked prompt, a prefix hit, n > 1
-    prompts and decode steps give the torch backend's greedy tokens (fp32, tiny Llama)."""
+@pytest.fixture(scope="module")
+def gemma2_dir(tmp_path_factory):
+    """A tiny Gemma 2: attention logit softcap 2.0, layers 0 and 2 sliding over 8 tokens."""
+    return make_tiny_checkpoint(tmp_path_factory.mktemp("gemma2"), "gemma2")
+
+
+@pytest.mark.parametrize("kind", ["llama", "gemma2"])
+def test_greedy_generation_through_the_model_runner(device, kind, request):
+    """The backend wired into a ModelRunner (--attention-backend triton): a chunked prompt longer than the window, a
+    prefix hit, two requests in a batch and decode steps give the torch backend's greedy tokens (fp32)."""
+    model_dir = request.getfixturevalue("llama_dir" if kind == "llama" else "gemma2_dir")
     outputs = {}
     for backend in ("triton", "torch"):
         runner = make_runner(
-            llama_dir, device=device.type, dtype="float32", page_size=4, kv_cache_tokens=256, attention_backend=backend
+            model_dir, device=device.type, dtype="float32", page_size=4, kv_cache_tokens=256, attention_backend=backend
         )
         assert runner.attention_backend == backend
         driver = GreedyDriver(runner)
