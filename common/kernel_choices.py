@@ -4,5 +4,6 @@ check against them. Torch-free."""
 
 from __future__ import annotations
 
-ATTENTION_BACKENDS = ("auto", "torch", "kernel")  # --attention-backend: auto, the pure-torch path, or the kernel
+# --attention-backend: auto, the pure-torch path, the CPU kernel, or the Triton kernels (CUDA)
+ATTENTION_BACKENDS = ("auto", "torch", "kernel", "triton")
 FUSED_OPS_CHOICES = ("auto", "off")  # --fused-ops: the C++ fused ops where they are built, or none

@@ -372,9 +372,10 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         peer_note='none',
     ),
     'attention_backend': FlagSpec(
-        "attention: auto (flash-attn on CUDA when installed, else zserve's CPU paged-attention kernel "
-        'where it builds, else torch), torch (the pure-torch path), or kernel (the CPU kernel; refuse to '
-        'start without it); default $ZSERVE_ATTENTION when set',
+        "attention: auto (on CUDA flash-attn when installed, else the Triton kernels when triton is; on CPU "
+        "zserve's paged-attention kernel where it builds; else torch), torch (the pure-torch path), kernel (the "
+        'CPU kernel; refuse to start without it), or triton (the Triton paged-attention kernels, CUDA only; refused '
+        'on CPU unless TRITON_INTERPRET=1); default $ZSERVE_ATTENTION when set',
         choices=ATTENTION_BACKENDS,
         env='ZSERVE_ATTENTION',
         peer_note="SGLang --attention-backend (its own backends' names)",

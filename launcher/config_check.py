@@ -16,6 +16,7 @@ taken before the child binds it; the child's own error covers that race.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import os
@@ -48,6 +49,7 @@ def check_flags(cfg: ServerConfig) -> RankLayout:
         raise ValueError(
             "--gemm-backend zserve_dot multiplies int8 weights by int8 activations: it needs --quantization int8"
         )
+    check_attention_backend(cfg)
     Task.check_flags(cfg.task, cfg.pooler_config)
     layout = RankLayout.from_config(cfg)
     if not layout.is_head_node:
@@ -60,6 +62,21 @@ def check_flags(cfg: ServerConfig) -> RankLayout:
         # port 0 still checks that --host is an address of this machine
         check_port_free("--zmq-port", cfg.host, cfg.zmq_port)
     return layout
+
+
+def check_attention_backend(cfg: ServerConfig) -> None:
+    """--attention-backend triton: CUDA's (a CPU runs it only in Triton's interpreter, TRITON_INTERPRET=1, for tests),
+    and triton installed. --device auto is checked by the model worker (model_proc/layers/attention.py), which knows
+    what it resolved to."""
+    if cfg.attention_backend != "triton":
+        return
+    if cfg.device == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise ValueError(
+            "--attention-backend triton runs on CUDA, not --device cpu "
+            "(TRITON_INTERPRET=1 runs it on the CPU, for tests)"
+        )
+    if importlib.util.find_spec("triton") is None:
+        raise ValueError("--attention-backend triton: the triton package is not installed")
 
 
 def resolve_zmq_port(cfg: ServerConfig) -> ServerConfig:

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
+import torch
 
 from testing.e2e_fixtures import GreedyOracle, build_tiny_llama_dir
+
+# Without CUDA, Triton's kernels run only in its interpreter (tests/model/test_triton_attention.py). triton.jit reads
+# TRITON_INTERPRET when it decorates, triton's own helpers at its first import, which comes early and from anywhere
+# (importing transformers imports torch._dynamo, which imports triton): so it is set here, before any test module.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="session")

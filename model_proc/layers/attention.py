@@ -5,10 +5,14 @@ Paths (`attention_backend` picks one per ModelRunner):
   - cpu_kernel (CPU, fp32/bf16, the default where model_proc/kernels/ builds): one C++ call for
     the whole batch (decode, chunks, cached-prefix and new prompts), walking each request's
     pages in place, OpenMP over requests x kv heads x blocks of 16 new tokens.
-  - torch (CPU fallback, the test oracle, and CUDA without flash-attn): decode rows batched over
+  - torch (CPU fallback, the test oracle, and CUDA without flash-attn or triton): decode rows batched over
     a padded page gather + mask, longer rows one SDPA call each. --attention-backend torch forces it.
   - flash-attn varlen (CUDA, fp16/bf16, flash_attn importable): one call for the whole batch over
     slot-gathered K/V; its causal mask is bottom-right aligned, which is what a cached prefix needs.
+  - triton (CUDA, fp16/bf16/fp32, triton importable; auto's choice on CUDA where flash-attn is not):
+    model_proc/kernels/triton_attention.py, a split-K decode kernel and an extend kernel that read
+    each request's pages in place. Imported only when chosen; on a CPU device it runs only under
+    Triton's interpreter (TRITON_INTERPRET=1, the tests), else --attention-backend triton is refused.
 
 A layer with `sliding_window` W > 0 lets the token at position p see keys p - W + 1 .. p only
 (transformers' sliding mask, `kv_idx > q_idx - W`, the same for Mistral, Qwen2 and Gemma 2/3).
@@ -20,6 +24,7 @@ turns each scaled score s into c * tanh(s / c) before the mask and softmax (Gemm
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +32,7 @@ from torch import nn
 
 from zserve.common.kernel_choices import ATTENTION_BACKENDS
 from zserve.model_proc.kernels.cpu_kernels import load_paged_attention
-from zserve.model_proc.layers.attention_metadata import AttentionMetadata, PrefillRow
+from zserve.model_proc.layers.attention_metadata import AttentionMetadata, PrefillRow, TritonRows
 from zserve.model_proc.layers.rotary import apply_rotary
 
 
@@ -39,13 +44,36 @@ def flash_attn_available(device: torch.device, dtype: torch.dtype) -> bool:
     )
 
 
+def triton_available() -> bool:
+    """Whether triton is installed, without importing it (the import takes a while and is needed only when chosen)."""
+    return importlib.util.find_spec("triton") is not None
+
+
+def triton_interpreted() -> bool:
+    """TRITON_INTERPRET=1: Triton's interpreter runs the kernels on CPU tensors (slowly; for tests)."""
+    return os.environ.get("TRITON_INTERPRET") == "1"
+
+
 def attention_backend(device: torch.device, dtype: torch.dtype, choice: str = "auto") -> str:
-    """"flash_varlen", "cpu_kernel" or "torch", for AttentionMetadata.build. `choice` (a server's
-    --attention-backend) is "auto", "torch" (force the pure-torch path) or "kernel" (fail if it cannot load)."""
+    """"flash_varlen", "triton", "cpu_kernel" or "torch", for AttentionMetadata.build. `choice` (a server's
+    --attention-backend) is "auto", "torch" (force the pure-torch path), "kernel" (the CPU kernel; fail if it cannot
+    load) or "triton" (the Triton kernels; CUDA, or the CPU under TRITON_INTERPRET=1). auto on CUDA: flash-attn where
+    it imports (fp16/bf16), else Triton where it is installed, else torch."""
     if choice not in ATTENTION_BACKENDS:
-        raise ValueError(f"--attention-backend {choice!r}: expected auto, torch or kernel")
+        raise ValueError(f"--attention-backend {choice!r}: expected one of {', '.join(ATTENTION_BACKENDS)}")
+    if choice == "triton":
+        if device.type != "cuda" and not (device.type == "cpu" and triton_interpreted()):
+            raise ValueError(
+                f"--attention-backend triton runs on CUDA, not {device} "
+                "(TRITON_INTERPRET=1 runs it on the CPU, for tests)"
+            )
+        if not triton_available():
+            raise RuntimeError("--attention-backend triton, but the triton package is not installed")
+        return "triton"
     if flash_attn_available(device, dtype) and choice == "auto":
         return "flash_varlen"
+    if device.type == "cuda" and choice == "auto" and triton_available():
+        return "triton"
     if choice == "torch" or device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16):
         if choice == "kernel":
             raise ValueError(
@@ -98,6 +126,8 @@ class PagedAttention(nn.Module):
         v_cache.index_copy_(1, meta.out_slots, v.transpose(0, 1))
         if meta.varlen is not None:
             return self._varlen(q, k_cache, v_cache, meta)
+        if meta.triton is not None:
+            return self._triton(q, k_cache, v_cache, meta.triton, meta.kv_pool.page_size)
         if meta.kernel is not None:
             return self._kernel(q, k_cache, v_cache, meta)
 
@@ -124,6 +154,19 @@ class PagedAttention(nn.Module):
             self.sliding_window, self.logit_softcap,
         )  # fmt: skip
         return out.view(T, self.num_heads * self.head_dim)
+
+    def _triton(self, q, k_cache, v_cache, rows: TritonRows, page_size: int) -> torch.Tensor:
+        from zserve.model_proc.kernels.triton_attention import paged_attention  # imports triton: only when chosen
+
+        out = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # [T, h, d]
+        paged_attention(
+            q, k_cache, v_cache, out, token_starts=rows.token_starts, cached_lens=rows.cached_lens,
+            extend_lens=rows.extend_lens, page_starts=rows.page_starts, page_ids=rows.page_ids,
+            decode_reqs=rows.decode_reqs, num_splits=rows.num_splits, block_reqs=rows.block_reqs,
+            block_starts=rows.block_starts, block_tokens=rows.block_tokens, page_size=page_size, scale=self.scale,
+            window=self.sliding_window, softcap=self.logit_softcap,
+        )  # fmt: skip
+        return out.view(q.shape[0], self.num_heads * self.head_dim)
 
     def _decode(
         self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata

@@ -20,6 +20,10 @@ per-row loop: the whole batch (decodes, chunks, cached-prefix and new prompts) i
 over KernelRows, which walks each request's page list in place. New prompts go through it too:
 it measured faster than SDPA is_causal over their own K/V (benchmarks/bench_attention.py).
 
+With Triton (backend "triton", CUDA; model_proc/kernels/triton_attention.py) the K/V are read in place too: the
+decode rows go to a split-K kernel, the longer rows to an extend kernel in blocks of TRITON_EXTEND_BLOCK new tokens
+(TritonRows lists them, so no program runs past its request).
+
 Sliding windows differ per layer while this metadata is shared: the torch path's rows build the
 mask of a window on first use (`window_mask`) and keep it for the step's other layers.
 """
@@ -35,6 +39,9 @@ from zserve.common.forward_batch import ForwardBatch
 from zserve.model_proc.layers.kv_pool import KVPool
 
 DECODE_CHUNK_BYTES = 8 << 20
+TRITON_EXTEND_BLOCK = 32  # new tokens per program of the Triton extend kernel
+TRITON_SPLIT_TOKENS = 256  # a Triton decode row is split in ranges of about this many keys ...
+TRITON_MAX_SPLITS = 16  # ... into at most this many
 
 
 @dataclass(slots=True)
@@ -114,6 +121,25 @@ class KernelRows:
 
 
 @dataclass(slots=True)
+class TritonRows:
+    """The Triton kernels' inputs, int32 on the device. Per request, as KernelRows: token_starts, cached_lens,
+    extend_lens, page_starts (into page_ids). decode_reqs: the requests with one new token, each split into
+    `num_splits` ranges of keys; block_reqs / block_starts: the extend kernel's blocks, (request, its first new
+    token), `block_tokens` new tokens each, for the requests with more than one."""
+
+    token_starts: torch.Tensor
+    cached_lens: torch.Tensor
+    extend_lens: torch.Tensor
+    page_starts: torch.Tensor
+    page_ids: torch.Tensor
+    decode_reqs: torch.Tensor
+    num_splits: int
+    block_reqs: torch.Tensor
+    block_starts: torch.Tensor
+    block_tokens: int
+
+
+@dataclass(slots=True)
 class AttentionMetadata:
     kv_pool: KVPool
     positions: torch.Tensor  # int64[T]
@@ -124,10 +150,11 @@ class AttentionMetadata:
     kernel: KernelRows | None = None  # set only when the CPU kernel runs
     # int64[T]: each token's request length after this step (cached + extend), for RoPE types that depend on it
     seq_lens_by_token: torch.Tensor | None = None
+    triton: TritonRows | None = None  # set only when the Triton kernels run
 
     @staticmethod
     def build(batch: ForwardBatch, kv_pool: KVPool, dtype: torch.dtype, backend: str = "torch") -> AttentionMetadata:
-        """backend: "torch", "flash_varlen" or "cpu_kernel" (see attention.attention_backend)."""
+        """backend: "torch", "flash_varlen", "cpu_kernel" or "triton" (see attention.attention_backend)."""
         device, page_size = kv_pool.device, kv_pool.page_size
         cached = batch.cached_lens.astype(np.int64)
         extend = batch.extend_lens.astype(np.int64)
@@ -155,6 +182,12 @@ class AttentionMetadata:
             return AttentionMetadata(
                 kv_pool, to_device(positions), to_device(out_slots), None, [], None, kernel, seq_lens_by_token
             )
+        if backend == "triton":
+            triton_rows = _triton_rows(cached, extend, token_starts, page_starts, page_ids, to_device)
+            return AttentionMetadata(
+                kv_pool, to_device(positions), to_device(out_slots), None, [], None, None, seq_lens_by_token,
+                triton_rows,
+            )
         is_decode = extend == 1
         decode = _decode_rows(
             batch, is_decode, seq_lens, token_starts, page_starts, page_ids, kv_pool, dtype, to_device
@@ -181,6 +214,25 @@ def _kernel_rows(cached, extend, token_starts, page_starts, page_ids, to_device)
         page_starts=to_device(page_starts.astype(np.int64)),
         page_ids=to_device(page_ids),
     )
+
+
+def _triton_rows(cached, extend, token_starts, page_starts, page_ids, to_device) -> TritonRows:
+    def int32(a: np.ndarray) -> torch.Tensor:
+        return to_device(np.ascontiguousarray(a, dtype=np.int32))
+
+    decode_reqs = np.nonzero(extend == 1)[0]
+    longest = int(cached[decode_reqs].max()) + 1 if decode_reqs.size else 1
+    num_splits = min(TRITON_MAX_SPLITS, -(-longest // TRITON_SPLIT_TOKENS))
+    extend_reqs = np.nonzero(extend > 1)[0]
+    blocks_per_req = -(-extend[extend_reqs] // TRITON_EXTEND_BLOCK)
+    block_reqs = np.repeat(extend_reqs, blocks_per_req)
+    block_starts = (np.arange(block_reqs.size) - np.repeat(np.cumsum(blocks_per_req) - blocks_per_req, blocks_per_req))
+    return TritonRows(
+        token_starts=int32(token_starts), cached_lens=int32(cached), extend_lens=int32(extend),
+        page_starts=int32(page_starts), page_ids=int32(page_ids), decode_reqs=int32(decode_reqs),
+        num_splits=num_splits, block_reqs=int32(block_reqs), block_starts=int32(block_starts * TRITON_EXTEND_BLOCK),
+        block_tokens=TRITON_EXTEND_BLOCK,
+    )  # fmt: skip
 
 
 def _decode_rows(

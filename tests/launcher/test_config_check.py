@@ -3,6 +3,7 @@ exit code 2, in under a second (issue 14 item 5)."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -117,6 +118,17 @@ def assert_refused(proc: subprocess.CompletedProcess, elapsed_s: float, tmp_path
 def test_bad_flag_is_refused_in_one_line_before_anything_starts(model_dir, tmp_path, flags, needle):
     proc, elapsed_s = run_launcher(["--model", str(model_dir), *flags], tmp_path)
     assert_refused(proc, elapsed_s, tmp_path, needle)
+
+
+def test_triton_attention_on_cpu_is_refused_in_one_line(model_dir, tmp_path, monkeypatch):
+    """Unless Triton's interpreter is on (TRITON_INTERPRET=1: the tests), which the launcher then lets through."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    proc, elapsed_s = run_launcher(["--model", str(model_dir), "--device", "cpu", "--attention-backend", "triton"], tmp_path)
+    assert_refused(proc, elapsed_s, tmp_path, "--attention-backend triton runs on CUDA, not --device cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    if importlib.util.find_spec("triton") is not None:
+        check_flags(ServerConfig(device="cpu", attention_backend="triton", http_port=0, zmq_port=0))
+    check_flags(ServerConfig(device="cuda", attention_backend="auto", http_port=0, zmq_port=0))
 
 
 @pytest.mark.parametrize(

@@ -173,7 +173,7 @@ def test_backend_choice():
     cpu = torch.device("cpu")
     assert attention_backend(cpu, torch.float32, "torch") == "torch"
     assert attention_backend(cpu, torch.float16, "auto") == "torch"  # the kernel runs fp32 and bf16 only
-    with pytest.raises(ValueError, match="expected auto, torch or kernel"):
+    with pytest.raises(ValueError, match="expected one of auto, torch, kernel, triton"):
         attention_backend(cpu, torch.float32, "fast")
     with pytest.raises(ValueError, match="float32/bfloat16"):
         attention_backend(cpu, torch.float16, "kernel")
