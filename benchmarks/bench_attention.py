@@ -149,15 +149,15 @@ def model_steps(model_dir: str, dtype: str, batch_sizes, repeats: int, context_l
     """Whole decode steps on one runner per backend (--attention-backend, the config's attention_backend)."""
     from dataclasses import replace
 
+    from testing.model_fixtures import runner_of
     from zserve.common.server_config import ServerConfig
-    from zserve.model_proc.model_runner import ModelRunner
 
     pages_per_req = -(-(context_len + 1) // PAGE_SIZE)
     runners = []
     for choice in ("kernel", "torch"):
         cfg = replace(ServerConfig(model=model_dir), attention_backend=choice, device="cpu", dtype=dtype, page_size=PAGE_SIZE,
                       kv_cache_tokens=max(batch_sizes) * pages_per_req * PAGE_SIZE, num_threads=torch.get_num_threads())  # fmt: skip
-        runner = ModelRunner.from_server_config(cfg, show_progress=False)
+        runner = runner_of(cfg, show_progress=False)
         for cache in runner.kv_pool.k + runner.kv_pool.v:
             cache.normal_()
         runners.append(runner)

@@ -21,7 +21,6 @@ import os
 import signal
 import socket
 import uuid
-from pathlib import Path
 
 import uvicorn
 import uvloop
@@ -34,11 +33,11 @@ from zserve.common.proc_runtime import child_setup
 from zserve.common.server_config import API_KEY_ENV, ServerConfig
 from zserve.common.transport import Addresses, push
 from zserve.http_proc.http_app import build_app
+from zserve.http_proc.http_settings import HttpSettings
 from zserve.http_proc.reasoning import ReasoningParser
 from zserve.http_proc.shared.health_monitor import HealthMonitor
 from zserve.http_proc.shared.http_state import HttpState
 from zserve.http_proc.shared.request_gate import WILDCARD_HOSTS, GatePolicy
-from zserve.http_proc.shared.server_info import ServerInfo
 from zserve.http_proc.shared.server_metrics import ServerMetrics
 from zserve.http_proc.shared.unknown_fields import UnknownFieldPolicy
 from zserve.http_proc.tools.parser import ToolCallParser
@@ -70,41 +69,37 @@ def bind_http_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_port: int) -> None:
+async def serve(settings: HttpSettings, addrs: Addresses, facts: ModelFacts, client_port: int) -> None:
+    http, frontend, info = settings.http, settings.frontend, settings.server_info
     context_len = facts.context_len  # /v1/models
-    sock = bind_http_socket(cfg.host, cfg.http_port)
-    client_host = "127.0.0.1" if cfg.host in WILDCARD_HOSTS else cfg.host
+    sock = bind_http_socket(frontend.host, http.http_port)
+    client_host = "127.0.0.1" if frontend.host in WILDCARD_HOSTS else frontend.host
     ctx = zmq.Context()
     try:
-        api_key = cfg.api_key or os.environ.get(API_KEY_ENV, "")  # the launcher passes it in the environment
+        api_key = frontend.api_key or os.environ.get(API_KEY_ENV, "")  # the launcher passes it in the environment
         probe_id = PROBE_CLIENT_PREFIX + uuid.uuid4().hex
         async with AsyncClient(client_port, host=client_host, api_key=api_key) as client, \
                 AsyncClient(client_port, host=client_host, api_key=api_key, client_id=probe_id) as probe_client:
-            health = HealthMonitor(client, probe_client, watchdog_s=cfg.watchdog_timeout_s,
+            health = HealthMonitor(client, probe_client, watchdog_s=http.watchdog_timeout_s,
                                    is_embedding=facts.task.is_embedding)
-            model_path = str(Path(cfg.model).resolve())
+            model_path, model_name = info.model_path, info.served_model_name
             gate = GatePolicy.build(
-                cfg.host, cfg.allowed_hosts, cfg.allowed_origins, api_key, cfg.max_request_bytes, context_len,
-            )
-            model_name = cfg.served_model_name or Path(model_path).name
-            info = ServerInfo(
-                model_path, str(Path(cfg.tokenizer_dir).resolve()), model_name, context_len, tp_size=cfg.tp_size,
-                page_size=cfg.page_size, max_running_requests=cfg.max_running_requests,
-                chunked_prefill_size=cfg.max_prefill_tokens, host=cfg.host, port=cfg.http_port,
+                frontend.host, http.allowed_hosts, http.allowed_origins, api_key, frontend.max_request_bytes,
+                context_len,
             )
             state = HttpState(client, model_name, model_path, context_len, ServerMetrics(model_name), health, gate,
                               tool_parser=ToolCallParser.for_format(facts.tool_call_format),  # the chat template's
-                              unknown_fields=UnknownFieldPolicy(strict=cfg.strict_requests), server_info=info,
-                              reasoning_parser=ReasoningParser.of(cfg.reasoning_parser, facts.think_end_ids),
+                              unknown_fields=UnknownFieldPolicy(strict=http.strict_requests), server_info=info,
+                              reasoning_parser=ReasoningParser.of(http.reasoning_parser, facts.think_end_ids),
                               embedding_size=facts.task.embedding_size)
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-                timeout_keep_alive=cfg.http_keep_alive_s,  # outlives the router's idle connections
+                timeout_keep_alive=http.http_keep_alive_s,  # outlives the router's idle connections
             )
             server = HttpServer(config, health)
             serving = asyncio.create_task(server.serve(sockets=[sock]))  # /health answers 503 "starting" meanwhile
-            url = f"http://{cfg.host}:{cfg.http_port}"
+            url = f"http://{frontend.host}:{http.http_port}"
             logger.info(
                 "HTTP listening on %s (model %s, client port %d); waiting for the server", url, model_name, client_port,
             )
@@ -113,7 +108,7 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
                 await asyncio.sleep(0.05)
             health_task = asyncio.create_task(health.run())
             launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)  # kept open until exit (LINGER=0 drops on close)
-            launcher.send(ProcReady(name="http", pid=os.getpid(), info={"port": cfg.http_port, "url": url}))
+            launcher.send(ProcReady(name="http", pid=os.getpid(), info={"port": http.http_port, "url": url}))
             try:
                 await serving
             finally:
@@ -122,7 +117,8 @@ async def serve(cfg: ServerConfig, addrs: Addresses, facts: ModelFacts, client_p
         ctx.destroy(linger=0)
 
 
-def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, Addresses, ModelFacts, int]:
+def parse_args(argv: list[str] | None = None) -> tuple[HttpSettings, Addresses, ModelFacts, int]:
+    """The command line, the config kept as what this process reads of it (http_settings.py)."""
     parser = argparse.ArgumentParser(prog="python -m zserve.http_proc")
     parser.add_argument("--config", required=True)
     parser.add_argument("--addresses", required=True)
@@ -132,10 +128,10 @@ def parse_args(argv: list[str] | None = None) -> tuple[ServerConfig, Addresses, 
     cfg = ServerConfig.from_json(ns.config)
     if cfg.http_port <= 0:
         parser.error("the config has no http_port")
-    return cfg, Addresses.from_json(ns.addresses), ns.model_facts, ns.client_port
+    return HttpSettings.of(cfg, ns.model_facts), Addresses.from_json(ns.addresses), ns.model_facts, ns.client_port
 
 
 def main(argv: list[str] | None = None) -> None:
-    cfg, addrs, facts, client_port = parse_args(argv)
-    child_setup("http", cfg.log_level)
-    uvloop.run(serve(cfg, addrs, facts, client_port))
+    settings, addrs, facts, client_port = parse_args(argv)
+    child_setup("http", settings.frontend.log_level)
+    uvloop.run(serve(settings, addrs, facts, client_port))

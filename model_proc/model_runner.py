@@ -21,11 +21,11 @@ import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from zserve.common.config_sections import CacheSection, KernelSection, ModelSection
 from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
 from zserve.common.gguf_source import gguf_source
 from zserve.common.model_config import ModelConfig
@@ -38,10 +38,11 @@ from zserve.model_proc.chunk_pooler import final_norm, pool_chunks
 from zserve.model_proc.compute_dtype import resolve_dtype
 from zserve.model_proc.draft_verifier import DraftVerifier
 from zserve.model_proc.kernels.cpu_kernels import fused_ops_available
+from zserve.model_proc.kv_pool_sizing import KVPoolSizing
 from zserve.model_proc.layers.attention import attention_backend
 from zserve.model_proc.layers.attention_metadata import AttentionMetadata
 from zserve.model_proc.layers.gemm import gemm_weight_bytes, pack_as_loaded, prepack_weights
-from zserve.model_proc.layers.kv_pool import KVPool, free_memory_bytes
+from zserve.model_proc.layers.kv_pool import free_memory_bytes
 from zserve.model_proc.layers.weight_kernels.int8_kernels import ZserveInt8DotKernel
 from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 from zserve.model_proc.layers.weight_kernels.weight_copy_policy import WeightCopyPolicy
@@ -50,12 +51,9 @@ from zserve.model_proc.logits_processors import top_logprobs_of
 from zserve.model_proc.models.registry import build_model
 from zserve.model_proc.process_memory import release_freed_memory
 from zserve.model_proc.quant.methods import auto_quantization, checkpoint_method, get_quant_method
+from zserve.model_proc.rank_place import RankPlace
 from zserve.model_proc.resident_memory import resident_bytes_by_form
 from zserve.model_proc.sampler import Sampler
-from zserve.model_proc.tp_group import min_across_ranks
-
-if TYPE_CHECKING:
-    from zserve.common.server_config import ServerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -86,126 +84,64 @@ PROMPT_SCORE_ROWS = 128  # prompt positions whose logits are computed at once (e
 class ModelRunner:
     def __init__(
         self,
-        model_dir: str | Path,
+        model: ModelSection,
+        cache: CacheSection,
+        kernels: KernelSection,
+        place: RankPlace,
         *,
-        device: str | torch.device,
-        dtype: str | torch.dtype,
-        page_size: int,
-        kv_cache_tokens: int,
-        kv_memory_fraction: float,
-        num_threads: int,
-        tp_size: int,
-        seed: int,
-        tp_rank: int = 0,
         show_progress: bool | None = None,
-        mem_fraction_static: float = 0.0,
-        gemm: str = "auto",
-        quantization: str = "auto",
-        attention: str = "auto",
-        fused_ops: str = "auto",
-        weight_copy: str = "auto",
-        packed_cache: str = "off",
         start_phases: StartPhases | None = None,
         early_cache_read: EarlyCacheRead | None = None,
     ):
-        """The knobs come from the server config through `from_server_config` (the one source of
-        their defaults). `kv_cache_tokens` > 0 sizes the KV pool in tokens; 0 takes
-        `kv_memory_fraction` of the memory free after loading, or, when `mem_fraction_static` > 0, that
-        share of the device's whole memory less the weights (SGLang's meaning). `num_threads` 0 =
-        `default_num_threads()` on CPU. `gemm`, `attention`, `fused_ops`: the kernel choices
-        (--gemm-backend, --attention-backend, --fused-ops); `weight_copy`: --gemm-weight-copy;
-        `packed_cache`: --packed-cache (on: a GGUF file's packed matrices read from / written to disk).
-        `start_phases`: the worker's start timeline (common/start_phases.py), marked at each step here."""
+        """The config's records it reads: `model` (the checkpoint, --dtype, --quantization, --packed-cache,
+        --seed), `cache` (the KV pool: kv_pool_sizing.py), `kernels` (--num-threads, 0 =
+        `default_num_threads()` on CPU; --gemm-backend, --attention-backend, --fused-ops,
+        --gemm-weight-copy) and this rank's `place` (device, tp_rank, tp_size). `start_phases`: the
+        worker's start timeline (common/start_phases.py), marked at each step here; `early_cache_read`:
+        the packed cache's read started with the worker (checkpoints/early_cache_read.py)."""
         phases = start_phases or StartPhases()
-        self.gemm_choice, self.fused_ops_choice, self.weight_copy_choice = gemm, fused_ops, weight_copy  # _load_model
-        self.packed_cache_choice = packed_cache  # _load_model
+        self.kernels, self.packed_cache_choice = kernels, model.packed_cache  # _load_model
         self.early_cache_read = early_cache_read  # the packed cache's read started with the worker: _packed_cache
-        self.config = ModelConfig.from_model_dir(model_dir)
-        self.device = resolve_device(device)
-        self.dtype, dtype_reason = resolve_dtype(dtype, self.device)
+        self.config = ModelConfig.from_model_dir(model.model)
+        self.device = resolve_device(place.device)
+        self.dtype, dtype_reason = resolve_dtype(model.dtype, self.device)
         # --quantization (read by _load_model): auto keeps a GGUF file's quantized blocks where the kernel runs them
-        self.quantization = resolve_quantization(quantization, self.config.model_dir, self.device, self.dtype)
-        self.page_size, self.tp_rank, self.tp_size = page_size, tp_rank, tp_size
-        if page_size < 1:
-            raise ValueError(f"page_size must be >= 1, got {page_size}")
-        if tp_size > 1 and not torch.distributed.is_initialized():
-            raise ValueError(f"tp_size={tp_size} needs torch.distributed initialised before the ModelRunner")
+        self.quantization = resolve_quantization(model.quantization, self.config.model_dir, self.device, self.dtype)
+        self.page_size, self.tp_rank, self.tp_size = cache.page_size, place.tp_rank, place.tp_size
+        sizing = KVPoolSizing(cache, self.config.num_layers, self.config.num_kv_heads // place.tp_size,
+                              self.config.head_dim, self.dtype, self.device, place.tp_size)
+        if place.tp_size > 1 and not torch.distributed.is_initialized():
+            raise ValueError(f"tp_size={place.tp_size} needs torch.distributed initialised before the ModelRunner")
         if self.device.type == "cpu":
-            torch.set_num_threads(num_threads or default_num_threads())
-        torch.manual_seed(seed)
+            torch.set_num_threads(kernels.num_threads or default_num_threads())
+        torch.manual_seed(model.seed)
         phases.done("model config")
 
-        kvh = self.config.num_kv_heads // tp_size
-        prefault: Future | None = None
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="kv-prefault") as background:
-            if kv_cache_tokens > 0:  # sized in tokens: the pool exists before the weights, its first pages
-                # faulted in on the other thread while they load (the first request would pay it)
-                self.kv_pool = KVPool(self.config.num_layers, kvh, self.config.head_dim, page_size,
-                                      KVPool.num_pages_for(kv_cache_tokens, page_size), self.dtype, self.device)
-                prefault = background.submit(self.kv_pool.prefault)
+            # sized in tokens, the pool exists before the weights, its first pages faulted in on the other
+            # thread while they load (the first request would pay it)
+            pool = sizing.before_weights()
+            prefault: Future | None = background.submit(pool.prefault) if pool is not None else None
             t0 = time.perf_counter()
             self.model = self._load_model(show_progress, phases)
             logger.info(
                 "loaded %s (%s, %s) on %s in %.1fs",
                 self.config.architecture, self.dtype, dtype_reason, self.device, time.perf_counter() - t0,
             )
-            if prefault is None:
-                self.kv_pool = self._sized_kv_pool(kvh, kv_memory_fraction, mem_fraction_static)
-                prefault = background.submit(self.kv_pool.prefault)
+            if pool is None:
+                pool = sizing.after_weights(self.model)
+                prefault = background.submit(pool.prefault)
             prefault.result()  # raises what the prefault raised
+        self.kv_pool = pool
         phases.done("KV pool (the rest of its prefault)")
-        logger.info("KV pool: %d pages x %d tokens, %.2f GiB", self.kv_pool.num_pages, page_size,
+        logger.info("KV pool: %d pages x %d tokens, %.2f GiB", self.kv_pool.num_pages, self.page_size,
                     self.kv_pool.num_bytes / 2**30)
         resident, copy_bytes = resident_bytes_by_form(self.model, self.dtype)
         self.memory = WeightMemory(self.file_bytes_by_type, resident, copy_bytes, self.kv_pool.num_bytes)
         logger.info("memory: %s", self.memory.summary())
-        self.attention_backend = attention_backend(self.device, self.dtype, attention)
+        self.attention_backend = attention_backend(self.device, self.dtype, kernels.attention_backend)
         self.sampler = Sampler(self.device)
         phases.done("attention and sampler")
-
-    def _sized_kv_pool(self, kvh: int, kv_memory_fraction: float, mem_fraction_static: float) -> KVPool:
-        """The KV pool sized by memory (no --kv-cache-tokens): a share of what is free after loading."""
-        page_size = self.page_size
-        per_token = KVPool.bytes_per_token(self.config.num_layers, kvh, self.config.head_dim, self.dtype)
-        if mem_fraction_static > 0:
-            weight_bytes = sum(t.numel() * t.element_size() for t in (*self.model.parameters(), *self.model.buffers()))
-            num_pages = KVPool.num_pages_for_static_share(
-                mem_fraction_static, self.device, weight_bytes, per_token, page_size
-            )
-        else:
-            num_pages = KVPool.num_pages_for_memory(kv_memory_fraction, self.device, per_token, page_size)
-        if self.tp_size > 1:  # the scheduler's page ids index every rank's pool: all take the smallest
-            num_pages = min_across_ranks(num_pages, self.device)
-        return KVPool(self.config.num_layers, kvh, self.config.head_dim, page_size, num_pages, self.dtype, self.device)
-
-    @staticmethod
-    def from_server_config(
-        cfg: ServerConfig, tp_rank: int = 0, show_progress: bool | None = None, start_phases: StartPhases | None = None,
-        early_cache_read: EarlyCacheRead | None = None,
-    ) -> ModelRunner:
-        """Unpack the launcher's ServerConfig into plain values."""
-        return ModelRunner(
-            cfg.model,
-            device=cfg.device,
-            dtype=cfg.dtype,
-            page_size=cfg.page_size,
-            kv_cache_tokens=cfg.kv_cache_tokens,
-            kv_memory_fraction=cfg.kv_memory_fraction,
-            mem_fraction_static=cfg.mem_fraction_static,
-            num_threads=cfg.num_threads,
-            tp_rank=tp_rank,
-            tp_size=cfg.tp_size,
-            seed=cfg.seed,
-            show_progress=show_progress,
-            gemm=cfg.gemm_backend,
-            quantization=cfg.quantization,
-            attention=cfg.attention_backend,
-            fused_ops=cfg.fused_ops,
-            weight_copy=cfg.gemm_weight_copy,
-            packed_cache=cfg.packed_cache,
-            start_phases=start_phases,
-            early_cache_read=early_cache_read,
-        )
 
     def _load_model(self, show_progress: bool | None, phases: StartPhases) -> torch.nn.Module:
         if show_progress is None:
@@ -248,7 +184,7 @@ class ModelRunner:
         release_freed_memory()
         phases.done("load and pack")
         # norms, gated activation, rotary + K/V write: one call each
-        if fused_ops_available(self.device, self.dtype, self.fused_ops_choice):
+        if fused_ops_available(self.device, self.dtype, self.kernels.fused_ops):
             for module in model.modules():
                 if hasattr(module, "use_cpu_kernels"):
                     module.use_cpu_kernels()
@@ -275,11 +211,11 @@ class ModelRunner:
     def _choose_weight_kernel(self, plain_bytes: int) -> WeightKernel:
         """The weight kernel for this server, calibrated, with or without its second copy of the
         weights (--gemm-weight-copy, model_proc/layers/weight_kernels/weight_copy_policy.py)."""
-        kernel = choose_kernel(self.device, self.dtype, self.gemm_choice, self.quantization)
+        kernel = choose_kernel(self.device, self.dtype, self.kernels.gemm_backend, self.quantization)
         stored_quantized = checkpoint_method(self.config.model_dir).quantized
         # the weights are not loaded yet: what is free now less their --dtype size bounds what will be free after
         free_after_bytes = max(0, free_memory_bytes(self.device) - plain_bytes)
-        policy = WeightCopyPolicy(self.weight_copy_choice)
+        policy = WeightCopyPolicy(self.kernels.gemm_weight_copy)
         decision = policy.apply(kernel, plain_bytes, free_after_bytes, stored_quantized)
         if decision.reason:
             logger.log(logging.WARNING if decision.warning else logging.INFO, "%s", decision.reason)

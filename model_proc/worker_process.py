@@ -35,23 +35,24 @@ from zserve.common.messages import (
 )
 from zserve.common.proc_runtime import child_args, child_setup
 from zserve.common.rank_layout import RankLayout
-from zserve.common.server_config import ServerConfig
 from zserve.common.start_phases import StartPhases
 from zserve.common.transport import Addresses, Endpoint, pull, push
 from zserve.model_proc.batch_broadcast import HEARTBEAT_INTERVAL_S, BatchPublisher, BatchSubscriber
 from zserve.model_proc.checkpoints.early_cache_read import EarlyCacheRead
 from zserve.model_proc.process_memory import IdleHeapRelease
+from zserve.model_proc.worker_sections import WorkerSections
 
 logger = logging.getLogger("model_proc")
 
 HEAP_RELEASE_IDLE_S = 1.0  # a worker with no batch this long after a step hands its freed heap pages back
 
 
-def build_runner(cfg: ServerConfig, rank: int, phases: StartPhases, early_read: EarlyCacheRead | None):
+def build_runner(sections: WorkerSections, rank: int, phases: StartPhases, early_read: EarlyCacheRead | None):
     from zserve.model_proc.model_runner import ModelRunner
 
     phases.done("model code imports")
-    return ModelRunner.from_server_config(cfg, tp_rank=rank, start_phases=phases, early_cache_read=early_read)
+    return ModelRunner(sections.model, sections.cache, sections.kernels, sections.place(rank), start_phases=phases,
+                       early_cache_read=early_read)
 
 
 def run_step(runner, batch: ForwardBatch) -> StepResult | WorkerError:
@@ -98,20 +99,22 @@ def follow(runner, subscriber: BatchSubscriber) -> None:
 
 
 def serve_lead(
-    cfg: ServerConfig, addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoint, name: str, phases: StartPhases
+    sections: WorkerSections, addrs: Addresses, runner, ctx: zmq.Context, launcher: Endpoint, name: str,
+    phases: StartPhases,
 ) -> None:
+    tp_size = sections.parallel.tp_size
     inbox = pull(ctx, addrs.worker_inbox, WORKER_INBOX)
     results = push(ctx, addrs.worker_results, WORKER_TO_SCHEDULER)
-    publisher = BatchPublisher(ctx, addrs.rank_broadcast, cfg.tp_size - 1) if cfg.tp_size > 1 else None
+    publisher = BatchPublisher(ctx, addrs.rank_broadcast, tp_size - 1) if tp_size > 1 else None
     error = None  # why rank 0 stopped, for the followers; None on SIGTERM (SystemExit)
     try:
         if publisher:
-            publisher.wait_for_followers(cfg.startup_timeout_s)
+            publisher.wait_for_followers(sections.frontend.startup_timeout_s)
         info = runner.info()
         results.send(WorkerReady(**info, memory=runner.memory))
         phases.done("ready")
         launcher.send(ProcReady(name=name, pid=os.getpid(), info=info, start_phases=phases.durations_s))
-        logger.info("model worker ready (%d ranks): %s", cfg.tp_size, info)
+        logger.info("model worker ready (%d ranks): %s", tp_size, info)
         lead(runner, inbox, results, publisher, IdleHeapRelease(HEAP_RELEASE_IDLE_S))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -133,7 +136,7 @@ def serve_follower(
 
 
 def serve(
-    cfg: ServerConfig, addrs: Addresses, rank: int, phases: StartPhases, early_read: EarlyCacheRead | None = None
+    sections: WorkerSections, addrs: Addresses, rank: int, phases: StartPhases, early_read: EarlyCacheRead | None = None
 ) -> None:
     """`phases`: this process's start timeline, sent to the launcher in ProcReady; `early_read`: the
     packed cache being read since the process started (checkpoints/early_cache_read.py), or None."""
@@ -145,29 +148,30 @@ def serve(
         tp_group,
     )
 
-    layout = RankLayout.from_config(cfg)
-    device = rank_device(cfg.device, layout.local_index(rank), cfg.tp_size)
+    model, parallel, cache = sections.model, sections.parallel, sections.cache
+    layout = RankLayout.from_config(parallel)
+    device = rank_device(parallel.device, layout.local_index(rank), parallel.tp_size)
     name = layout.child_name(rank)
     ctx = zmq.Context()
     phases.done("torch import")
     try:
         launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)
-        with tp_group(addrs.dist_init, rank, cfg.tp_size, device, cfg.startup_timeout_s):
-            if cfg.tp_size > 1:
+        with tp_group(addrs.dist_init, rank, parallel.tp_size, device, sections.frontend.startup_timeout_s):
+            if parallel.tp_size > 1:
                 # the resolved dtype: `auto` may differ between nodes whose CPUs differ
                 fingerprint = settings_fingerprint(
-                    cfg.model, dtype=str(resolve_dtype(cfg.dtype, device)[0]), page_size=cfg.page_size,
-                    kv_cache_tokens=cfg.kv_cache_tokens, kv_memory_fraction=cfg.kv_memory_fraction,
-                    mem_fraction_static=cfg.mem_fraction_static, seed=cfg.seed, tp_size=cfg.tp_size, nnodes=cfg.nnodes,
-                    quantization=cfg.quantization,
+                    model.model, dtype=str(resolve_dtype(model.dtype, device)[0]), page_size=cache.page_size,
+                    kv_cache_tokens=cache.kv_cache_tokens, kv_memory_fraction=cache.kv_memory_fraction,
+                    mem_fraction_static=cache.mem_fraction_static, seed=model.seed, tp_size=parallel.tp_size,
+                    nnodes=parallel.nnodes, quantization=model.quantization,
                 )
                 check_same_on_all_ranks(
                     fingerprint, device,
                     "models or --dtype/--quantization/--page-size/--kv-cache-tokens/--kv-memory-fraction/--seed",
                 )
-            runner = build_runner(cfg, rank, phases, early_read)
+            runner = build_runner(sections, rank, phases, early_read)
             if rank == 0:
-                serve_lead(cfg, addrs, runner, ctx, launcher, name, phases)
+                serve_lead(sections, addrs, runner, ctx, launcher, name, phases)
             else:
                 serve_follower(addrs, runner, ctx, launcher, name, phases)
     finally:
@@ -177,7 +181,10 @@ def serve(
 def main() -> None:
     phases = StartPhases.since_process_start()
     cfg, addrs, ns = child_args()
-    child_setup("model" if cfg.tp_size == 1 else f"model r{ns.rank}", cfg.log_level)
+    sections = WorkerSections.of(cfg)  # what this process reads of the config
+    tp_size = sections.parallel.tp_size
+    child_setup("model" if tp_size == 1 else f"model r{ns.rank}", sections.frontend.log_level)
     # the packed cache (warm or cold) is read into memory while torch imports and the model is built
-    early_read = EarlyCacheRead.start(cfg.model, ns.rank, cfg.tp_size) if cfg.packed_cache == "on" else None
-    serve(cfg, addrs, ns.rank, phases, early_read)
+    model = sections.model
+    early_read = EarlyCacheRead.start(model.model, ns.rank, tp_size) if model.packed_cache == "on" else None
+    serve(sections, addrs, ns.rank, phases, early_read)

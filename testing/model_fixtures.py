@@ -37,6 +37,7 @@ from zserve.common.server_config import ServerConfig
 from zserve.common.server_flags import env_defaults
 from zserve.common.start_phases import StartPhases
 from zserve.model_proc.model_runner import ModelRunner
+from zserve.model_proc.worker_sections import WorkerSections
 
 VOCAB_SIZE = 600  # covers testing.tokenizer_fixtures' byte-level BPE of 600 tokens
 EOS_TOKEN_IDS = (2, 0)  # config.json says 2, generation_config.json says [2, 0]
@@ -113,8 +114,14 @@ def make_runner(
     the packed cache (model_proc/checkpoints/early_cache_read.py)."""
     from_env = {name: value for name, (_, value) in env_defaults().items()}
     cfg = replace(ServerConfig(model=str(model_dir), **from_env), **overrides)
-    return ModelRunner.from_server_config(cfg, tp_rank=tp_rank, start_phases=start_phases,
-                                          early_cache_read=early_cache_read)
+    return runner_of(cfg, tp_rank=tp_rank, start_phases=start_phases, early_cache_read=early_cache_read)
+
+
+def runner_of(cfg: ServerConfig, *, tp_rank: int = 0, **options: Any) -> ModelRunner:
+    """Rank `tp_rank`'s ModelRunner of a whole config, built from its sections as the model worker builds
+    it (model_proc/worker_process.py); `options`: ModelRunner's (show_progress, start_phases, ...)."""
+    sections = WorkerSections.of(cfg)
+    return ModelRunner(sections.model, sections.cache, sections.kernels, sections.place(tp_rank), **options)
 
 
 def make_tiny_checkpoint(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from testing.model_fixtures import runner_of
 from zserve.common.isa_features import IsaFeatures, choose_isa, cpu_flags, resolve_cpu_isa
 from zserve.common.server_config import ServerConfig
 from zserve.common.server_flags import FLAG_SPECS, env_defaults
@@ -14,7 +15,6 @@ from zserve.common.worker_env import worker_env
 from zserve.launcher.cli import parse_config
 from zserve.model_proc.kernels.cpu_kernels import load_paged_attention
 from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
-from zserve.model_proc.model_runner import ModelRunner
 
 ENV = ("ZSERVE_CPU_ISA", "ZSERVE_GEMM", "ZSERVE_ATTENTION", "ZSERVE_FUSED_OPS")
 
@@ -65,17 +65,17 @@ def test_cpu_isa_is_resolved_once_by_the_launcher_and_handed_to_the_worker():
 
 
 def test_the_config_is_what_the_workers_model_runner_chooses_by(model_dir, monkeypatch):
-    """ModelRunner.from_server_config is the worker's call (model_proc/worker_process.py): the
-    config's choice wins over anything in the worker's environment."""
+    """runner_of builds the runner as the worker does (model_proc/worker_process.py, from the config's
+    sections): the config's choice wins over anything in the worker's environment."""
     monkeypatch.setenv("ZSERVE_ATTENTION", "kernel")  # ignored: the worker reads the config
     monkeypatch.setenv("ZSERVE_GEMM", "onednn")
     small = dict(device="cpu", dtype="bfloat16", kv_cache_tokens=64, num_threads=1)
-    reference = ModelRunner.from_server_config(
+    reference = runner_of(
         ServerConfig(model=str(model_dir), gemm_backend="torch", attention_backend="torch", fused_ops="off", **small)
     )
     assert (reference.gemm_backend, reference.attention_backend) == ("torch", "torch")
     assert not any(getattr(m, "fused", False) or getattr(m, "fused_rope", False) for m in reference.model.modules())
-    default = ModelRunner.from_server_config(ServerConfig(model=str(model_dir), **small))
+    default = runner_of(ServerConfig(model=str(model_dir), **small))
     kernels = load_paged_attention() is not None
     assert default.attention_backend == ("cpu_kernel" if kernels else "torch")
     assert default.gemm_backend == choose_kernel(torch.device("cpu"), torch.bfloat16, "auto").name
