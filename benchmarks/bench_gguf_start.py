@@ -205,12 +205,17 @@ def run_server(name: str, cmd: list[str], base: str, args: argparse.Namespace, r
                      answer, memory)
     finally:
         sampler.stop()
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen) -> None:
+    """SIGTERM to the server's process group, SIGKILL after 30 s."""
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def commands(args: argparse.Namespace) -> list[tuple[str, list[str], str]]:

@@ -16,7 +16,6 @@ import argparse
 import json
 import os
 import random
-import signal
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_gguf_start import first_answer, free_port  # noqa: E402
+from bench_gguf_start import first_answer, free_port, stop_server  # noqa: E402
 
 
 @dataclass
@@ -83,12 +82,7 @@ def run_variant(name: str, flags: str, args: argparse.Namespace, round_idx: int)
         model, _ = first_answer(base, time.perf_counter() + args.start_timeout_s)
         return one_round(base, model, args, seed=round_idx)
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_server(proc)
 
 
 def main() -> None:
