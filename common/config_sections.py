@@ -70,7 +70,7 @@ class SchedulerSection:
 
     max_running_requests: int = 64
     max_prefill_tokens: int = 512
-    max_step_ms: float = 0.0  # a step with decodes in it: 0 = 3x a decode-only step (auto), -1 = no bound
+    max_step_ms: float = -1.0  # a step with decodes in it: -1 = no bound, 0 = 3x a decode-only step (auto), or ms
     prefill_max_requests: int = 0
     schedule_policy: str = "mixed"
     admission_policy: str = "pack"

@@ -223,8 +223,9 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     ),
     'max_step_ms': FlagSpec(
         'while requests decode, the prefill chunk beside them is sized from the measured cost per token so a step '
-        'takes at most this many ms (scheduler_proc/step_time_bound.py): 0 = auto (3x a decode-only step), -1 = '
-        'no bound (the token budget alone)',
+        'takes at most this many ms (scheduler_proc/step_time_bound.py): -1 = no bound (the token budget alone, '
+        'as SGLang and vLLM), 0 = auto (3x a decode-only step); shorter gaps in running streams for a longer TTFT '
+        'of the prompt and fewer tokens/s under load (README, Scheduling)',
         min=-1,
         peer_note="none in SGLang or vLLM (their chunk is a token count only)",
     ),

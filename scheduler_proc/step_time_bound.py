@@ -17,8 +17,10 @@ and, while requests are decoding, gives the step's prefill part the tokens that 
 
 so the prompt keeps most of each step (two thirds of it under auto) and a stream's gap stays near the target. With
 nothing decoding, or before both costs are measured, the whole token budget goes to the prompt, as without the bound.
-`--max-step-ms -1` (any value below 0) turns it off. What a token costs grows with the context the chunk attends
-to and shrinks with the rows a GEMM gets; the EWMAs follow both, step after step.
+`--max-step-ms -1` (any value below 0, the default) turns it off: the bound costs a long prompt's TTFT and a
+burst's throughput (BENCHMARKS.md section 30), so it is for servers whose streams must not freeze. What a token
+costs grows with the context the chunk attends to and shrinks with the rows a GEMM gets (small chunks lose the
+many-row kernels); the EWMAs follow both, step after step.
 """
 
 from __future__ import annotations
