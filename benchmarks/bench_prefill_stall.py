@@ -1,7 +1,7 @@
 """How long decoding streams freeze when a long prompt arrives (issue 46, `--max-step-ms`).
 
     .venv/bin/python benchmarks/bench_prefill_stall.py --model /tmp/shaped/llama1b-q4_k_m.gguf \\
-        --zserve-variant "bounded=" --zserve-variant "tokens-only=--max-step-ms -1" --rounds 2
+        --zserve-variant "bounded=--max-step-ms 0" --zserve-variant "tokens-only=--max-step-ms -1" --rounds 2
 
 Per server variant and round: `--streams` greedy streams (random token-id prompts of `--stream-input-len`,
 ignore_eos) decode for `--settle-s`, then one `--long-input-len`-token prompt (max_tokens 1) is sent. From each
