@@ -98,7 +98,7 @@ class SpeculationSection:
 
 @dataclass(frozen=True)
 class KernelSection:
-    """How the model worker computes on a CPU: threads, the instruction set and each kernel's choice."""
+    """How the model worker computes: on a CPU threads, the instruction set and each kernel's choice; on CUDA graphs."""
 
     num_threads: int = 0
     omp_spin_count: int = OMP_SPIN_COUNT
@@ -107,6 +107,8 @@ class KernelSection:
     gemm_weight_copy: str = "auto"
     attention_backend: str = "auto"
     fused_ops: str = "auto"
+    cuda_graph_max_bs: int = 160  # SGLang's default on most GPUs; buckets are captured on first use
+    disable_cuda_graph: bool = False
 
 
 @dataclass(frozen=True)

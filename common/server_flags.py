@@ -388,6 +388,19 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         env='ZSERVE_FUSED_OPS',
         peer_note='none',
     ),
+    'cuda_graph_max_bs': FlagSpec(
+        'CUDA: the largest decode batch replayed from a captured CUDA graph (buckets 1, 2, 4, 8, then every 8 up '
+        'to it, each captured on first use; a larger batch, or a step that is not a plain decode, runs eagerly); '
+        'graphs need the triton attention backend and one rank (model_proc/cuda_graphs.py); accepted on CPU, no '
+        'effect',
+        min=1,
+        peer_note='same name (SGLang)',
+    ),
+    'disable_cuda_graph': FlagSpec(
+        'CUDA: run every decode step eagerly, no CUDA graphs; accepted on CPU, no effect (it has none)',
+        aliases=('--enforce-eager',),
+        peer_note="same name (SGLang); vLLM's --enforce-eager",
+    ),
     # FrontendSection
     'host': FlagSpec(
         'interface clients connect on; loopback unless set',

@@ -36,6 +36,7 @@ from zserve.model_proc.checkpoints.early_cache_read import EarlyCacheRead
 from zserve.model_proc.checkpoints.packed_cache import PackedCache
 from zserve.model_proc.chunk_pooler import final_norm, pool_chunks
 from zserve.model_proc.compute_dtype import resolve_dtype
+from zserve.model_proc.cuda_graphs import CudaGraphs
 from zserve.model_proc.draft_verifier import DraftVerifier
 from zserve.model_proc.kernels.cpu_kernels import fused_ops_available
 from zserve.model_proc.kv_pool_sizing import KVPoolSizing
@@ -141,6 +142,9 @@ class ModelRunner:
         logger.info("memory: %s", self.memory.summary())
         self.attention_backend = attention_backend(self.device, self.dtype, kernels.attention_backend)
         self.sampler = Sampler(self.device)
+        # decode steps replayed from CUDA graphs (cuda_graphs.py); None on CPU and wherever they cannot run
+        self.cuda_graphs = CudaGraphs.create(kernels, self.device, self.attention_backend, place.tp_size,
+                                             self.model, self.kv_pool, self.config.context_len)
         phases.done("attention and sampler")
 
     def _load_model(self, show_progress: bool | None, phases: StartPhases) -> torch.nn.Module:
@@ -229,7 +233,8 @@ class ModelRunner:
 
     @property
     def num_pages_total(self) -> int:
-        return self.kv_pool.num_pages
+        """The pages the scheduler may give out: with CUDA graphs, the last is their scratch page."""
+        return self.kv_pool.num_pages - (self.cuda_graphs is not None)
 
     def info(self) -> dict:
         """What the scheduler needs to know (the WorkerReady message's fields)."""
@@ -336,6 +341,8 @@ class ModelRunner:
         source's, computed once), the hidden state of every computed token, and the logits at
         each drafted row's first d tokens (float32[sum(draft_lens), vocab], DraftVerifier's input;
         None without drafts), from the same compute_logits call."""
+        if self.cuda_graphs is not None and (replayed := self.cuda_graphs.run(batch)) is not None:
+            return *replayed, None  # a plain decode step: no drafts
         computed = batch.computed_part()
         meta = AttentionMetadata.build(computed, self.kv_pool, self.dtype, backend=self.attention_backend)
         input_ids = torch.from_numpy(computed.input_ids.astype(np.int64)).to(self.device)
