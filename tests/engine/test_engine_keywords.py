@@ -55,8 +55,8 @@ def test_enable_prefix_caching_true_and_false():
 
 
 def test_unknown_or_doubled_keywords_are_type_errors_before_anything_starts():
-    with pytest.raises(TypeError, match=r"LLM\(\) got an unknown server flag 'enforce_eager'"):
-        zserve.LLM(model="/nowhere", enforce_eager=True)
+    with pytest.raises(TypeError, match=r"LLM\(\) got an unknown server flag 'cpu_offload_gb'"):
+        zserve.LLM(model="/nowhere", cpu_offload_gb=4)
     with pytest.raises(TypeError, match=r"Engine\(\) got an unknown server flag 'swap_space'"):
         zserve.Engine(model_path="/nowhere", swap_space=4)
     with pytest.raises(TypeError, match="'tp_size' and 'tensor_parallel_size', which set the same flag"):
