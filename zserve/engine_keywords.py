@@ -6,7 +6,7 @@ flags table (common/server_flags.py), so the keywords and the command line canno
                             --chunked-prefill-size              -> chunked_prefill_size=
     a peer's switch         --enable-prefix-caching             -> enable_prefix_caching=True / False
 
-A keyword the table does not know (vLLM's `enforce_eager`, a typo) is a TypeError naming it; a flag the CLI
+A keyword the table does not know (vLLM's `cpu_offload_gb`, a typo) is a TypeError naming it; a flag the CLI
 accepts and ignores (`--trust-remote-code`) is accepted and ignored here too, with the server's note.
 """
 

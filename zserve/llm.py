@@ -10,7 +10,7 @@
 The keywords are the launch_server flags in any spelling (zserve/engine_keywords.py: vLLM's
 `tensor_parallel_size`, `max_model_len`, `gpu_memory_utilization`, `max_num_seqs`,
 `max_num_batched_tokens`, `enable_prefix_caching`, `seed`, `tokenizer`, `trust_remote_code` (accepted,
-ignored, as the CLI does), `dtype`); one vLLM does not share with the CLI (`enforce_eager`, ...) is a
+ignored, as the CLI does), `dtype`); one vLLM does not share with the CLI (`cpu_offload_gb`, ...) is a
 TypeError. `generate` and `chat` return one RequestOutput per prompt or conversation, in their order,
 with `n` CompletionOutputs each (zserve/request_output.py). No sampling_params: zserve's defaults
 (greedy, 128 new tokens), not vLLM's (temperature 1, 16 tokens).
