@@ -59,6 +59,17 @@ logprobs, top logprobs, penalties, grammar or prompt logprobs.
     row i: cached_len 7, last sampled t, drafts a b c      input_ids (row i) = t a b c
     positions scored    7   8   9   10                      argmax      a   b   x   .
     accepted: a b (num_accepted 2); next_token_id x; new tokens a b x; K/V of 9 and 10 dropped
+
+Future tokens (overlap scheduling, --enable-overlap-schedule): the scheduler sends step N+1 while
+the worker still runs step N, so a request decoding in both feeds step N+1 the token step N
+samples, which the scheduler does not know yet. Its input id in step N+1 is then
+`future_token(r) = -(1 + r)`: "the token step N sampled at row r". The worker keeps its last
+step's sampled ids and fills them in (model_proc/future_tokens.py); step ids count up by one, so
+step N is step_id - 1. Only a plain decoding row is fed a future token (no drafts, penalties or
+grammar: those rows wait for step N's result).
+
+    step N      rows  [ a  b  c ]  sampled  [ 17  4  9 ]
+    step N+1    input_ids [ -2  -1  55 ]  ->  [ 4  17  55 ]   (b and a still decoding; 55 a new prompt)
 """
 
 from __future__ import annotations
@@ -74,6 +85,16 @@ TOP_P_OFF = 1.0
 MIN_P_OFF = 0.0
 
 NO_TOKEN = -1  # StepResult.next_token_ids of a row that is not sampled
+
+
+def future_token(row: int) -> int:
+    """The input id that stands for the token the step before sampled at `row` (Future tokens above)."""
+    return -1 - row
+
+
+def future_row(token_id: np.ndarray | int):
+    """The inverse of future_token: the previous step's row a future token names."""
+    return -1 - token_id
 
 
 class SamplingArrays(Message):

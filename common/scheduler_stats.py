@@ -28,6 +28,7 @@ class SchedulerStats(Message):
     num_refused: int = 0  # finished with "error" at submit (busy, can never fit, bad input)
     num_retracted: int = 0  # retractions: a running request sent back to the queue to free KV (estimated reservation)
     num_running_peak: int = 0  # the most requests running at once
+    num_overlapped_steps: int = 0  # steps sent while the one before was with the worker (--enable-overlap-schedule)
     num_prompt_tokens: int = 0  # prompt tokens of admitted requests (a retracted one's prompt + output, again)
     num_prefix_hit_tokens: int = 0  # of those, served by the radix cache
     num_prefilled_tokens: int = 0  # prompt tokens computed (chunks included)

@@ -271,6 +271,13 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         aliases=('--no-enable-prefix-caching',),
         switches={'--enable-prefix-caching': False},
     ),
+    'disable_overlap_schedule': FlagSpec(
+        'build and send each step before the one in flight is back, one step at a time (overlap scheduling, on '
+        'by default: the worker never waits for the scheduler; rows that need the last token, under a grammar, '
+        'penalties or speculative decoding, wait a step; scheduler_proc/overlap_rows.py)',
+        switches={'--enable-overlap-schedule': False},
+        peer_note="same names (SGLang; on by default there too)",
+    ),
     'grammar_backend': FlagSpec(
         'structured output (json_object, json_schema, regex, ebnf, tool_choice required or named): '
         'xgrammar (readied in the background at startup), or none (such requests are refused)',

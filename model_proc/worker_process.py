@@ -1,6 +1,7 @@
 """A model worker process: one tensor-parallel rank (the only rank when --tp-size is 1).
 
-    rank 0:    recv batch from the scheduler -> re-broadcast its frame to the followers
+    rank 0:    recv batch from the scheduler -> fill in its future tokens (overlap scheduling:
+               the ids the last step sampled, FutureTokens) -> re-broadcast it to the followers
                -> ModelRunner.run -> send StepResult                               (forever)
                (idle for 0.5 s: a heartbeat to the followers instead; idle for 1 s after a
                step: the heap's freed pages handed back, process_memory.IdleHeapRelease)
@@ -27,6 +28,7 @@ import zmq
 from zserve.common.forward_batch import ForwardBatch, StepResult
 from zserve.common.messages import (
     LAUNCHER_INBOX,
+    RANK_BROADCAST,
     WORKER_INBOX,
     WORKER_TO_SCHEDULER,
     ProcReady,
@@ -39,6 +41,7 @@ from zserve.common.start_phases import StartPhases
 from zserve.common.transport import Addresses, Endpoint, pull, push
 from zserve.model_proc.batch_broadcast import HEARTBEAT_INTERVAL_S, BatchPublisher, BatchSubscriber
 from zserve.model_proc.checkpoints.early_cache_read import EarlyCacheRead
+from zserve.model_proc.future_tokens import FutureTokens
 from zserve.model_proc.process_memory import IdleHeapRelease
 from zserve.model_proc.worker_sections import WorkerSections
 
@@ -67,6 +70,7 @@ def lead(runner, inbox: Endpoint, results: Endpoint, publisher: BatchPublisher |
     """Rank 0's loop."""
     heartbeat_ms = int(HEARTBEAT_INTERVAL_S * 1000) if publisher else None
     first_batch = True
+    future = FutureTokens()
     while True:
         waits_ms = [ms for ms in (heartbeat_ms, heap.wait_ms() if heap else None) if ms is not None]
         got = inbox.recv_frame(min(waits_ms) if waits_ms else None)
@@ -77,10 +81,22 @@ def lead(runner, inbox: Endpoint, results: Endpoint, publisher: BatchPublisher |
                 heap.on_idle()
             continue
         frame, batch = got
+        try:
+            filled = future.fill(batch)  # overlap scheduling: the ids the last step sampled
+        except ValueError as exc:
+            future.forget()
+            logger.error("refused batch %d: %s", batch.step_id, exc)
+            results.send(WorkerError(step_id=batch.step_id, message=str(exc)))
+            continue
         if publisher:
-            publisher.publish(frame, batch.step_id)
+            publisher.publish(frame if filled is batch else RANK_BROADCAST.encode(filled), batch.step_id)
+        batch = filled
         t0 = time.perf_counter()
         reply = run_step(runner, batch)
+        if isinstance(reply, WorkerError):
+            future.forget()
+        else:
+            future.remember(reply)
         if heap:
             heap.step_done()
         if first_batch:  # the start line's last piece: what the first request pays beyond a later one

@@ -59,16 +59,15 @@ class DecodeManager:
         for it: until the pages fit beside `num_keep_pages()` (the ChunkedReq's prompt), the
         retraction victim goes through `retract` (None: no victim, the ChunkedReq gives way)."""
         num_retracted = 0
-        while (reqs := self._alloc_step_pages(cache, num_keep_pages())) is None:
+        while (reqs := self.alloc_step_pages(list(self._running.values()), cache, num_keep_pages())) is None:
             retract(self.retraction_victim())
             num_retracted += 1
         return reqs, num_retracted
 
-    def _alloc_step_pages(self, cache: CacheManager, num_keep_pages: int) -> list[Req] | None:
-        """Every running request, each with a page for the token it writes this step: a request
+    def alloc_step_pages(self, reqs: list[Req], cache: CacheManager, num_keep_pages: int) -> list[Req] | None:
+        """`reqs` (running ones), each with a page for the token it writes this step: a request
         whose pages are full gets its next page (one alloc for all). None, with nothing taken,
         when that would leave fewer than `num_keep_pages` pages free or evictable."""
-        reqs = list(self._running.values())
         ps = self.page_size
         needy = [r for r in reqs if r.cached_len == r.num_pages * ps]
         if needy:

@@ -58,7 +58,7 @@ class PoolingReqs:
         updates = []
         prefilled = zip(batch.prefill_reqs, batch.prefill_extend_lens, batch.prefill_is_sampled, strict=True)
         for row, (req, extend_len, is_last_chunk) in enumerate(prefilled):
-            req.in_flight = False
+            req.in_flight -= 1
             req.cached_len += extend_len
             if req.is_aborted:
                 release(req)

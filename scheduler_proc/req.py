@@ -89,8 +89,10 @@ class Req:
     num_cached_tokens: int  # prompt tokens served by the radix cache at its first admission (reported)
     admit_seq: int  # order of first admission (kept across retractions): retraction takes the newest
     output_ids: list[int] = field(default_factory=list)
-    in_flight: bool = False  # part of the batch the worker is running now
-    is_aborted: bool = False  # aborted while in flight: on_result frees it and sends nothing
+    in_flight: int = 0  # batches in flight holding it: 0, 1, or 2 under overlap scheduling (OverlapRows)
+    # ended while in flight (aborted; or finished with a step after fed its last token, under overlap): its final
+    # update is sent; the on_result of its last batch in flight frees it, and nothing more is sent
+    is_aborted: bool = False
     prompt_scores: PromptScores | None = None  # prompt logprobs asked and not yet sent (until its first output token)
     # speculative draft tokens of the decode step in flight (SpeculativeReqs), after its last token
     drafts: Sequence[int] = ()

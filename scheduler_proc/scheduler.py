@@ -6,24 +6,29 @@
     on_result(StepResult)   -> append sampled tokens, finish, cache and free
 
 Each but next_batch returns the TokenOut records (common/messages.py) to send to the detokenizer.
-One batch is in flight at a time. A request aborted while its batch is in flight is answered at
-once but freed by on_result, after the worker is done with its pages, and gets nothing after
-its abort update. A request under a grammar (structured output) waits in the queue until its
-grammar is built, and is sampled under its mask (ConstrainedReqs, GrammarSource). Under
-speculative decoding a decode row may carry draft tokens (SpeculativeReqs). Every sampled token
-enters its request in one place, `_take_tokens`, through the finish checks.
+One batch is in flight at a time, or two under overlap scheduling (--enable-overlap-schedule:
+next_batch() builds step N+1 while step N is with the worker, OverlapRows says who may run in it;
+None while it must wait for N's result). A request aborted (or finished, under overlap) while a
+batch holding it is in flight is answered at once but freed by the on_result of its last batch
+in flight, after the worker is done with its pages, and gets nothing after its final update. A
+request under a grammar (structured output) waits in the queue until its grammar is built, and is
+sampled under its mask (ConstrainedReqs, GrammarSource). Under speculative decoding a decode row
+may carry draft tokens (SpeculativeReqs). Every sampled token enters its request in one place,
+`_take_tokens`, through the finish checks.
 
 What stands alone lives beside it: a request's way in, n copies and seeds (ReqIntake), who waits
 and each step's prefill part (PendingList), what a step runs (StepPolicy), the running requests
 and retraction (DecodeManager), structured output (ConstrainedReqs), speculative decoding
-(SpeculativeReqs), updates (StepOutputs). What stays here is a request's life across them:
-admitted, stepped, finished or aborted. Each kind of work (common/task.py) has one owner: generation
-is this core's, embedding (--task embed: prompts pooled, not sampled) PoolingReqs'.
+(SpeculativeReqs), who runs in a step sent ahead (OverlapRows), updates (StepOutputs). What stays
+here is a request's life across them: admitted, stepped, finished or aborted. Each kind of work
+(common/task.py) has one owner: generation is this core's, embedding (--task embed: prompts
+pooled, not sampled) PoolingReqs'.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -44,6 +49,7 @@ from zserve.scheduler_proc.decode_manager import DecodeManager
 from zserve.scheduler_proc.grammar_source import GrammarSource
 from zserve.scheduler_proc.invariants import check_pages, check_reqs
 from zserve.scheduler_proc.kv_reservation import KvReservation
+from zserve.scheduler_proc.overlap_rows import OverlapRows, WaitForResult
 from zserve.scheduler_proc.pending_list import PendingList
 from zserve.scheduler_proc.pooled_reqs import PoolingReqs
 from zserve.scheduler_proc.prefill_adder import PrefillAdder
@@ -85,6 +91,8 @@ class Scheduler:
         self._decode = DecodeManager(page_size)
         self._constrained = ConstrainedReqs(grammar_source)
         self._spec = SpeculativeReqs(knobs.speculative, knobs.max_prefill_tokens, page_size)
+        self._overlap = OverlapRows(knobs.overlap_schedule and pooling is None, knobs.speculative.enabled,
+                                    self._constrained)
         self._pending = PendingList(
             max_queued_requests=knobs.max_queued_requests, prefill_max_requests=knobs.prefill_max_requests or None,
             admission=AdmissionPolicy(knobs.admission_policy, knobs.admission_lookahead, knobs.force_fifo_every),
@@ -96,7 +104,7 @@ class Scheduler:
         )
         self.eos_token_ids = self._intake.eos_token_ids
         self._live: dict[int, PendingReq | Req] = {}  # every request that has not had its final update
-        self._in_flight: ScheduledBatch | None = None
+        self._in_flight: deque[ScheduledBatch] = deque()  # oldest first: one, or two under overlap
         self._totals = SchedulerStats()
 
     # -- requests in and out -----------------------------------------------------------------
@@ -148,14 +156,22 @@ class Scheduler:
     # -- one step ----------------------------------------------------------------------------
 
     def next_batch(self) -> ForwardBatch | None:
-        assert self._in_flight is None, "next_batch() called before on_result() of the batch in flight"
+        """The next step; None when there is nothing to run, or (a step in flight) nothing that can
+        run before its result."""
+        if self._in_flight and not self._can_overlap():
+            return None
         if not len(self._decode):
             self._reservation.on_idle()
-        decode_reqs, adder = self._step_policy.choose(len(self._decode), self._schedule_prefill, self._schedule_decode)
+        try:
+            decode_reqs, adder = self._step_policy.choose(
+                len(self._decode), self._schedule_prefill, self._schedule_decode
+            )
+        except WaitForResult:
+            return None
         if decode_reqs:  # after the prefill part: prompts come first
             self._spec.plan(decode_reqs, adder.extend_lens if adder else [], self._cache, self._pending.num_chunk_pages)
         if adder is None and not decode_reqs:
-            assert not self._pending.ready and self._pending.chunked is None, (
+            assert self._in_flight or (not self._pending.ready and self._pending.chunked is None), (
                 "scheduler stalled: requests wait while nothing runs"
             )
             return None
@@ -164,8 +180,9 @@ class Scheduler:
             adder.kv_source if adder else [],
         )
         for req in batch.reqs:
-            req.in_flight = True  # an abort now only marks it: the worker is using its pages
-        self._in_flight = batch
+            req.in_flight += 1  # an abort now only marks it: the worker is using its pages
+        self._totals.num_overlapped_steps += bool(self._in_flight)
+        self._in_flight.append(batch)
         self._totals.num_steps += 1
         self._totals.num_running_peak = max(self._totals.num_running_peak, len(self._decode))
         forward_batch = batch.to_forward_batch(self._req_table)
@@ -174,11 +191,11 @@ class Scheduler:
         return forward_batch
 
     def on_result(self, result: StepResult) -> list[TokenOut]:
-        batch = self._in_flight
-        assert batch is not None and result.step_id == batch.step_id, (
-            f"result for step {result.step_id}, in flight: {batch and batch.step_id}"
+        """The oldest step in flight is back."""
+        assert self._in_flight and result.step_id == self._in_flight[0].step_id, (
+            f"result for step {result.step_id}, in flight: {[b.step_id for b in self._in_flight]}"
         )
-        self._in_flight = None
+        batch = self._in_flight.popleft()
         outputs = StepOutputs.of(result)
         assert len(outputs) == len(batch.reqs), f"step {batch.step_id}: {len(outputs)} rows, {len(batch.reqs)} reqs"
         num_decode = len(batch.decode_reqs)
@@ -197,11 +214,14 @@ class Scheduler:
         """The hot path: one new token for each running request (rows 0 .. len(reqs) - 1), more
         for one with drafts (`num_accepted` per row then)."""
         for i, req in enumerate(reqs):
-            req.in_flight = False
+            req.in_flight -= 1
             accepted = self._spec.verified(req, num_accepted[i]) if req.drafts else None
-            if req.is_aborted:  # its abort update is sent: drop the tokens, free it now
-                req.cached_len += 1  # its last token's K/V is real; any drafts' pages go with the rest
-                self._release(req)
+            if req.is_aborted:  # its final update is sent: drop the tokens, free it with its last step in flight
+                if OverlapRows.is_fed(req):  # the step after was fed this token: its K/V there is this token's
+                    OverlapRows.take(req, outputs.token_id_list[i])
+                if not req.in_flight:
+                    req.cached_len = req.seq_len  # every token fed has its K/V; any drafts' pages go with the rest
+                    self._release(req)
                 continue
             self._take_tokens(req, outputs, i, accepted)
 
@@ -210,7 +230,7 @@ class Scheduler:
         request's first update)."""
         prefilled = zip(batch.prefill_reqs, batch.prefill_extend_lens, batch.prefill_is_sampled, strict=True)
         for row, (req, extend_len, sampled) in enumerate(prefilled, start=first_row):
-            req.in_flight = False
+            req.in_flight -= 1
             req.cached_len += extend_len
             if req.is_aborted:
                 self._release(req)
@@ -229,6 +249,8 @@ class Scheduler:
         finishing one are dropped). Its K/V then counts all but the new last token (a drafted row's
         pages past that go back); its update goes to `outputs`; a token that ends it finishes it."""
         new_ids = [outputs.token_id_list[row]] if drafts is None else [*drafts, outputs.token_id_list[row]]
+        if OverlapRows.is_fed(req):  # the step after was fed this token (overlap): it takes the future token's place
+            req.output_ids.pop()
         for i, token_id in enumerate(new_ids):
             req.output_ids.append(token_id)
             self._constrained.accept(req.req_id, req.output_ids)
@@ -249,7 +271,17 @@ class Scheduler:
     def has_work(self) -> bool:
         """Anything to run, or to wait for (a grammar being built: poll again)."""
         pending = self._pending
-        return bool(pending) or pending.chunked is not None or len(self._decode) > 0 or self._in_flight is not None
+        return bool(pending) or pending.chunked is not None or len(self._decode) > 0 or bool(self._in_flight)
+
+    @property
+    def overlaps(self) -> bool:
+        """Whether next_batch() may be called with a step in flight (overlap scheduling)."""
+        return self._overlap.is_on
+
+    @property
+    def num_in_flight(self) -> int:
+        """Steps sent and not yet back (0, 1, or 2 under overlap)."""
+        return len(self._in_flight)
 
     @property
     def waits_for_grammars_only(self) -> bool:
@@ -275,8 +307,8 @@ class Scheduler:
         self._totals.step_wait_s += wait_s
         self._totals.schedule_s += schedule_s
         self._totals.worker_forward_s += forward_s
-        if self._in_flight is not None:
-            self._step_policy.observe(self._in_flight, forward_s * 1e3)  # the chunk's cost per token (--max-step-ms)
+        if self._in_flight:
+            self._step_policy.observe(self._in_flight[0], forward_s * 1e3)  # the chunk's cost per token (--max-step-ms)
 
     def histograms(self) -> dict[str, Histogram]:
         return {"queue_time_seconds": self._pending.queue_time_s}
@@ -285,8 +317,8 @@ class Scheduler:
         """Raise AssertionError naming the first broken invariant: every page is free, cached,
         or owned by one live request; every row is free or owned; reservations add up (see invariants.py)."""
         holders = {id(r): r for r in self._live.values() if isinstance(r, Req)}
-        if self._in_flight is not None:  # requests aborted in flight hold pages until on_result
-            holders.update((id(r), r) for r in self._in_flight.reqs)
+        for batch in self._in_flight:  # requests ended in flight hold pages until on_result
+            holders.update((id(r), r) for r in batch.reqs)
         reqs = list(holders.values())
         self._cache.check_integrity(reqs)
         self._req_table.check_integrity({r.row_idx: r.req_id for r in reqs})
@@ -296,7 +328,7 @@ class Scheduler:
         self._spec.check_integrity(self._live)
         self._pooled.check_integrity(self._live, len(self._decode))
         check_reqs(reqs, self._decode, self._pending.chunked, self._live, page_size=self.page_size,
-                   batch_in_flight=self._in_flight is not None)
+                   batch_in_flight=bool(self._in_flight))
         num_reserved_pages = self._num_reserved_pages() if self._reservation.is_full else None
         check_pages(self._cache.num_available_pages, self._pending.num_chunk_pages, num_reserved_pages,
                     self._totals.num_retracted)
@@ -320,16 +352,34 @@ class Scheduler:
             self._totals.num_prefix_hit_tokens += req.cached_len  # this admission's hit (on_result moves it on)
         return adder
 
+    def _can_overlap(self) -> bool:
+        """A step can be built while the one in flight runs (OverlapRows): overlap is on, one step is in flight,
+        and it does not hold the ChunkedReq (whose next chunk starts where that step's ends)."""
+        chunked = self._pending.chunked
+        return self._overlap.is_on and len(self._in_flight) == 1 and (chunked is None or not chunked.req.in_flight)
+
     def _schedule_decode(self) -> list[Req]:
-        """Every running request with a page for this step's token, after any retraction it took."""
+        """Every running request with a page for this step's token, after any retraction it took;
+        with a step in flight, those of them OverlapRows lets run (WaitForResult: none can before its result)."""
         if not len(self._decode):
             return []
+        if self._in_flight:
+            return self._schedule_decode_ahead()
         reqs, num_retracted = self._decode.schedule_decode(
             self._cache, lambda: self._pending.num_chunk_pages, self._retract
         )
         if num_retracted:
             self._reservation.on_retracted()
         else:
+            self._reservation.on_decode_step()
+        return reqs
+
+    def _schedule_decode_ahead(self) -> list[Req]:
+        reqs = self._overlap.ahead(self._decode.reqs, self._in_flight[0])
+        if self._decode.alloc_step_pages(reqs, self._cache, self._pending.num_chunk_pages) is None:
+            OverlapRows.unfeed(reqs)
+            raise WaitForResult  # a retraction needs the result: the request's prompt takes its last token
+        if reqs:
             self._reservation.on_decode_step()
         return reqs
 
@@ -350,16 +400,24 @@ class Scheduler:
 
     def _num_reserved_pages(self) -> int:
         """Pages the KvReservation keeps promised to admitted requests and not yet allocated (the
-        running ones and the ChunkedReq; outside a step nobody else holds a reservation)."""
+        running ones and the ChunkedReq; outside a step nobody else holds a reservation, and with a step
+        in flight its prompts finishing there do too)."""
         chunked = [] if self._pending.chunked is None else [self._pending.chunked.req]
-        return self._reservation.num_reserved_pages([*self._decode.reqs, *chunked])
+        holders = [*self._decode.reqs, *chunked]
+        for batch in self._in_flight:
+            holders.extend(r for r in batch.prefill_reqs if not r.is_aborted and r not in chunked)
+        return self._reservation.num_reserved_pages(holders)
 
     def _finish(self, req: Req, finish_reason: FinishReason) -> None:
         # the frontend logs it at INFO, with latencies
         logger.debug("req %d finished (%s): %d output tokens", req.req_id, finish_reason.text, len(req.output_ids))
         self._forget(req.req_id)
         self._totals.num_finished += 1
-        self._release(req)
+        if req.in_flight:  # fed to the step after (overlap): freed with that step's result, its token dropped
+            req.is_aborted = True
+            self._detach(req)
+        else:
+            self._release(req)
 
     def _forget(self, req_id: int) -> None:
         """`req_id` has had (or is given now) its final update: it leaves the live table, and its grammar goes."""

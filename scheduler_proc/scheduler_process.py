@@ -4,15 +4,18 @@
         receive: handle the inbox (new requests, aborts); wait only when nothing can run
         publish what poll_grammars() says (a request whose grammar failed to build ends)
         batch = scheduler.next_batch()
-        if batch: send it, wait for its result, publish the TokenOuts
+        if batch: send it
+        if a batch is in flight and (two are, or none was sent, or overlap is off):
+            wait for the oldest one's result, publish the TokenOuts
         else if idle: check integrity
         every --log-stats-interval-s while busy: one stats line
 
 The core (Scheduler) owns every request's life, structured output's grammars and n's copies
 included; this loop only moves messages.
 
-Only one batch is in flight (no overlap scheduling yet), so the scheduler's state is never
-touched while the worker is writing to pages it might free.
+Overlap scheduling (on unless --disable-overlap-schedule): the next batch is built and sent while
+the worker runs the one before, so the worker finds it queued when it is done; the core frees no
+page a batch in flight still uses (scheduler_proc/overlap_rows.py). Off, one batch is in flight.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import gc
 import logging
 import os
 import time
+from collections import deque
 
 import zmq
 
@@ -72,31 +76,39 @@ class SchedulerLoop:
         self.from_worker = from_worker
         self.to_detok = to_detok
         self.checked_idle = True
+        self.sent: deque[tuple[int, float]] = deque()  # (step_id, when sent) of each batch in flight, oldest first
 
     def run_forever(self) -> None:
+        scheduler = self.scheduler
         last_result_s: float | None = None  # when the last result came back, unless the loop idled since
         while True:
             self.receive()
-            self.publish(self.scheduler.poll_grammars())
-            batch = self.scheduler.next_batch()
+            self.publish(scheduler.poll_grammars())
+            batch = scheduler.next_batch()
             if batch is not None:
-                last_result_s = self.run_step(batch, last_result_s)
-            else:
+                self.send(batch)
+            if scheduler.num_in_flight and (batch is None or not scheduler.overlaps or scheduler.num_in_flight > 1):
+                last_result_s = self.take_result(last_result_s)
+            elif batch is None:
                 last_result_s = None
                 self.check_if_idle()
             self.log_stats()
 
-    def run_step(self, batch: ForwardBatch, last_result_s: float | None) -> float:
-        """Send `batch`, wait for its result, publish the TokenOuts; returns when the result came.
-        The time waited and the scheduler's own time since the last result go into its stats."""
+    def send(self, batch: ForwardBatch) -> None:
         self.checked_idle = False
-        sent_s = time.perf_counter()
+        self.sent.append((batch.step_id, time.perf_counter()))
         self.to_worker.send(batch)
-        result = self.wait_result(batch.step_id)
+
+    def take_result(self, last_result_s: float | None) -> float:
+        """Wait for the oldest batch's result, publish its TokenOuts; returns when the result came.
+        Into the stats: the time waited (from its send, or from the last result when the batch was
+        sent ahead) and the scheduler's own time between the last result and the send."""
+        step_id, sent_s = self.sent.popleft()
+        waited_from_s = sent_s if last_result_s is None else max(sent_s, last_result_s)
+        result = self.wait_result(step_id)
         received_s = time.perf_counter()
-        self.scheduler.record_step_time(
-            received_s - sent_s, sent_s - last_result_s if last_result_s is not None else 0.0, result.forward_ms / 1e3
-        )
+        schedule_s = max(0.0, sent_s - last_result_s) if last_result_s is not None else 0.0
+        self.scheduler.record_step_time(received_s - waited_from_s, schedule_s, result.forward_ms / 1e3)
         self.publish(self.scheduler.on_result(result))
         return received_s
 
@@ -217,9 +229,9 @@ def serve(
         launcher.send(ProcReady(name="scheduler", pid=os.getpid(), info={"num_pages": ready.num_pages}))
         logger.info(
             "scheduler ready: %d KV pages of %d tokens, context %d, policy %s/%s, budget %d tokens/step, "
-            "%s KV reservation",
+            "%s KV reservation, overlap scheduling %s",
             ready.num_pages, ready.page_size, context_len, knobs.schedule_policy, knobs.admission_policy,
-            knobs.max_prefill_tokens, knobs.kv_reservation,
+            knobs.max_prefill_tokens, knobs.kv_reservation, "on" if scheduler.overlaps else "off",
         )
         spec = knobs.speculative
         if spec.enabled:

@@ -12,6 +12,7 @@ For tests and benchmarks only. After every call it checks:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import fields, replace
 from typing import Any
@@ -26,6 +27,7 @@ from zserve.common.messages import TokenOut
 from zserve.common.pooling import Pooling
 from zserve.common.sampling_params import SamplingParams
 from zserve.common.server_config import ServerConfig
+from zserve.model_proc.future_tokens import FutureTokens
 from zserve.scheduler_proc.constrained_reqs import MAX_LEAD_WHITESPACE_TOKENS
 from zserve.scheduler_proc.grammar_source import GrammarSource
 from zserve.scheduler_proc.scheduler import Scheduler
@@ -68,6 +70,8 @@ class SchedulerHarness:
         it through Scheduler.record_step_time); None records nothing, as the scheduler tests before it."""
         self.model = model
         self.step_ms = step_ms
+        # one step at a time unless a test asks for overlap: most scheduler tests follow a request step by step
+        knobs.setdefault("overlap_schedule", False)
         self.grammar_source = grammar_source
         self.scheduler = make_scheduler(
             num_pages=model.num_pages, page_size=model.page_size, context_len=context_len, eos_token_ids=eos_token_ids,
@@ -79,7 +83,9 @@ class SchedulerHarness:
         self.outputs: dict[int, list[int]] = {}
         self.final: dict[int, TokenOut] = {}  # req_id -> its update with finish_reason
         self.first: dict[int, TokenOut] = {}
-        self.batches: list[ForwardBatch] = []
+        self.batches: list[ForwardBatch] = []  # every batch sent, as the scheduler built it
+        self._sent: deque[ForwardBatch] = deque()  # with the fake worker, oldest first
+        self._future = FutureTokens()
 
     def submit(self, req_id: int, prompt: Sequence[int], params: SamplingParams | None = None, num_copies: int = 1) -> list[TokenOut]:
         """Submit a request (n copies of it: req_ids req_id .. req_id + num_copies - 1)."""
@@ -97,20 +103,32 @@ class SchedulerHarness:
         return updates
 
     def step(self, abort_in_flight: Iterable[int] = ()) -> list[TokenOut] | None:
-        """One step, after polling the grammars (None when there was nothing to run).
-        `abort_in_flight`: ids aborted while the batch is with the worker."""
+        """One turn of the process loop, after polling the grammars: send the next batch, then take
+        the oldest result back; under overlap scheduling the result only when two batches are in
+        flight or no batch could be sent (so a sent batch with nothing back gives []). None when
+        there was nothing to run. `abort_in_flight`: ids aborted while the batch is with the worker.
+
+        The fake worker computes a batch only when its result is taken (FutureTokens fills in
+        what the batch before sampled), so a page freed while a batch in flight still uses it is
+        poisoned before that batch reads it."""
         self._record(self.scheduler.poll_grammars(), expect_final=True)
         batch = self.scheduler.next_batch()
-        if batch is None:
+        if batch is not None:
+            self.batches.append(batch)
+            self._sent.append(batch)
+            for req_id in abort_in_flight:
+                self.abort(req_id)
+        if not self._sent:
             return None
-        self.batches.append(batch)
-        for req_id in abort_in_flight:
-            self.abort(req_id)
-        result = self.model.forward(batch)
-        if batch.grammar is not None:
-            apply_grammar_masks(result, batch.grammar)
+        if batch is not None and self.scheduler.overlaps and len(self._sent) < 2:
+            return []
+        sent = self._sent.popleft()
+        result = self.model.forward(self._future.fill(sent))
+        if sent.grammar is not None:
+            apply_grammar_masks(result, sent.grammar)
+        self._future.remember(result)
         if self.step_ms is not None:
-            self.scheduler.record_step_time(0.0, 0.0, self.step_ms(batch) / 1e3)
+            self.scheduler.record_step_time(0.0, 0.0, self.step_ms(sent) / 1e3)
         updates = self.scheduler.on_result(result)
         self._record(updates)
         return updates

@@ -6,8 +6,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
+from zserve.common.forward_batch import StepResult
 from zserve.common.worker_env import worker_env
 from zserve.model_proc.process_memory import IdleHeapRelease
 from zserve.model_proc.worker_process import lead
@@ -88,11 +90,12 @@ class ScriptedInbox:
 
 class FakeBatch:
     step_id, num_tokens, num_reqs = 7, 3, 1
+    input_ids = np.array([5, 6, 7], np.int32)  # no future tokens (overlap scheduling's; test_future_tokens.py)
 
 
 class FakeRunner:
     def run(self, batch):
-        return ("result", batch.step_id)
+        return StepResult(step_id=batch.step_id, next_token_ids=np.array([9], np.int32), logprobs=np.zeros(1, np.float32))
 
 
 class FakeResults:
@@ -118,7 +121,7 @@ def test_the_lead_loop_waits_for_the_release_and_releases_when_idle():
     inbox.recv_frame = timed_out_wait
     with pytest.raises(StopIteration):
         lead(FakeRunner(), inbox, results, None, heap)
-    assert results.sent == [("result", 7)]
+    assert [reply.step_id for reply in results.sent] == [7]
     assert inbox.timeouts_ms == [None, 1000, None]  # no wait bound before a step, none after the release
     assert calls == [101.0]
 

@@ -1,7 +1,9 @@
 """Property tests: random arrivals, shared prefixes, identical prompts, n copies, requests under a
 grammar (built at once, late, or never), aborts at random moments, and pools small enough that the
 estimated KV reservation must retract; with speculative decoding (n-gram drafts) on or off, on a
-model whose stream repeats itself (drafts accepted) or not (`echo_period`).
+model whose stream repeats itself (drafts accepted) or not (`echo_period`), and with overlap
+scheduling on or off (two steps in flight; the fake worker computes a step only when its result is
+taken, so a page freed under a step still in flight is caught).
 
 The harness checks after every call that integrity holds, that every token is what the request's
 true sequence gives (so no request ever read a freed or foreign page, and a retracted request
@@ -42,6 +44,7 @@ configs = st.fixed_dictionaries(
         "speculative_algorithm": st.sampled_from(["none", "ngram", "ngram"]),
         "speculative_num_draft_tokens": st.integers(1, 6),
         "echo_period": st.sampled_from([0, 3, 5]),
+        "overlap_schedule": st.booleans(),
     }
 )
 
@@ -66,6 +69,7 @@ submits = st.tuples(
     st.one_of(st.none(), st.integers(1, 12)),  # max_tokens (None: up to the context)
     st.booleans(),  # ignore_eos
     st.lists(tokens, max_size=1),  # stop_token_ids
+    st.sampled_from([0.0, 0.0, 0.5]),  # frequency_penalty (the fake model ignores it; under overlap the row waits)
 )
 constrained_submits = st.tuples(
     st.just("submit_constrained"),
@@ -107,13 +111,15 @@ def play(h: SchedulerHarness, shared: list[list[int]], script: list[tuple], repe
     prompts: list[list[int]] = []
     for action in script:
         if action[0] == "submit":
-            _, which, suffix, max_tokens, ignore_eos, stop = action
+            _, which, suffix, max_tokens, ignore_eos, stop, penalty = action
             if which < len(shared) or not prompts:
                 prompt = shared[which % len(shared)] + suffix
             else:  # an identical prompt, maybe while the first one is still in the system
                 prompt = prompts[repeat % len(prompts)]
             prompts.append(prompt)
-            params = SamplingParams(max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=tuple(stop))
+            params = SamplingParams(
+                max_tokens=max_tokens, ignore_eos=ignore_eos, stop_token_ids=tuple(stop), frequency_penalty=penalty,
+            )
             h.submit(len(h.prompts), prompt, params)
         elif action[0] == "submit_constrained":
             _, which, suffix, grammar, num_copies = action
@@ -187,6 +193,7 @@ small_pools = st.fixed_dictionaries(
         "prefill_max_requests": st.integers(0, 2),
         "speculative_algorithm": st.sampled_from(["none", "ngram"]),
         "echo_period": st.sampled_from([0, 4]),
+        "overlap_schedule": st.booleans(),
     }
 )
 long_submits = st.tuples(
@@ -196,6 +203,7 @@ long_submits = st.tuples(
     st.one_of(st.none(), st.none(), st.integers(4, 40)),  # max_tokens: mostly up to the context
     st.sampled_from([True] * 9 + [False]),  # ignore_eos: mostly, so outputs run long
     st.just([]),
+    st.just(0.0),
 )
 small_pool_actions = st.lists(
     st.one_of(
@@ -251,7 +259,7 @@ def test_the_small_pool_traffic_really_retracts(speculative):
             if kind == "submit":
                 suffix = [rng.randint(2, VOCAB - 1) for _ in range(rng.randint(0, 4))]
                 max_tokens = None if rng.random() < 0.7 else rng.randint(4, 40)
-                script.append(("submit", rng.randint(0, 2), suffix, max_tokens, rng.random() < 0.9, []))
+                script.append(("submit", rng.randint(0, 2), suffix, max_tokens, rng.random() < 0.9, [], 0.0))
             elif kind == "step":
                 script.append(("step",))
             else:
