@@ -79,7 +79,7 @@ class SchedulerSection:
     kv_reservation: str = "estimated"
     schedule_conservativeness: float = 1.0
     disable_radix_cache: bool = False
-    disable_overlap_schedule: bool = False
+    overlap_schedule: str = "auto"  # on CUDA on, on a CPU off (common/scheduler_choices.py)
     grammar_backend: str = "xgrammar"
     max_queued_requests: int = 1024
     log_stats_interval_s: float = 10.0

@@ -260,6 +260,7 @@ class WorkerReady(Message, tag=40):
     context_len: int
     eos_token_ids: list[int]
     vocab_size: int
+    device_type: str = "cpu"  # where the worker computes (torch.device.type): what --overlap-schedule auto goes by
     memory: WeightMemory | None = None  # rank 0's weights and KV pool (the scheduler hands it out with StatsOut)
 
 

@@ -20,7 +20,13 @@ from zserve.common.config_sections import ROUTER_POLICIES
 from zserve.common.isa_features import CPU_ISA_ENV, FEATURES, LEVELS
 from zserve.common.kernel_choices import ATTENTION_BACKENDS, FUSED_OPS_CHOICES
 from zserve.common.proc_runtime import LOG_LEVELS
-from zserve.common.scheduler_choices import ADMISSION_POLICIES, GRAMMAR_BACKENDS, KV_RESERVATIONS, STEP_POLICIES
+from zserve.common.scheduler_choices import (
+    ADMISSION_POLICIES,
+    GRAMMAR_BACKENDS,
+    KV_RESERVATIONS,
+    OVERLAP_SCHEDULES,
+    STEP_POLICIES,
+)
 from zserve.common.speculative_settings import SPECULATIVE_ALGORITHMS
 from zserve.common.task import TASKS
 from zserve.common.think_markers import REASONING_PARSERS
@@ -271,12 +277,14 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         aliases=('--no-enable-prefix-caching',),
         switches={'--enable-prefix-caching': False},
     ),
-    'disable_overlap_schedule': FlagSpec(
-        'build and send each step before the one in flight is back, one step at a time (overlap scheduling, on '
-        'by default: the worker never waits for the scheduler; rows that need the last token, under a grammar, '
-        'penalties or speculative decoding, wait a step; scheduler_proc/overlap_rows.py)',
-        switches={'--enable-overlap-schedule': False},
-        peer_note="same names (SGLang; on by default there too)",
+    'overlap_schedule': FlagSpec(
+        'overlap scheduling: build and send each step while the one before runs, so the worker never waits for '
+        "the scheduler's turn (rows that need the last token, under a grammar, penalties or speculative decoding, "
+        'wait a step; scheduler_proc/overlap_rows.py); auto = on where the worker computes on CUDA, off on a CPU '
+        "(there the scheduler's turn takes a core from the worker: README, Scheduling)",
+        choices=OVERLAP_SCHEDULES,
+        switches={'--enable-overlap-schedule': 'on', '--disable-overlap-schedule': 'off'},
+        peer_note="SGLang's --enable-overlap-schedule / --disable-overlap-schedule (on by default there, on GPUs)",
     ),
     'grammar_backend': FlagSpec(
         'structured output (json_object, json_schema, regex, ebnf, tool_choice required or named): '

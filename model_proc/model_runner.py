@@ -244,6 +244,7 @@ class ModelRunner:
             "context_len": self.config.context_len,
             "eos_token_ids": list(self.config.eos_token_ids),
             "vocab_size": self.config.vocab_size,
+            "device_type": self.device.type,
         }
 
     @torch.inference_mode()

@@ -91,7 +91,8 @@ class Scheduler:
         self._decode = DecodeManager(page_size)
         self._constrained = ConstrainedReqs(grammar_source)
         self._spec = SpeculativeReqs(knobs.speculative, knobs.max_prefill_tokens, page_size)
-        self._overlap = OverlapRows(knobs.overlap_schedule and pooling is None, knobs.speculative.enabled,
+        assert knobs.overlap_schedule in ("on", "off"), "overlap_schedule_for() resolves auto with the worker's device"
+        self._overlap = OverlapRows(knobs.overlap_schedule == "on" and pooling is None, knobs.speculative.enabled,
                                     self._constrained)
         self._pending = PendingList(
             max_queued_requests=knobs.max_queued_requests, prefill_max_requests=knobs.prefill_max_requests or None,

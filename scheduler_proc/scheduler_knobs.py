@@ -36,7 +36,7 @@ class SchedulerKnobs:
     admission_lookahead: int
     force_fifo_every: int
     enable_radix_cache: bool
-    overlap_schedule: bool  # OverlapRows: build step N+1 while step N runs
+    overlap_schedule: str  # OverlapRows (build step N+1 while step N runs): on, off, or auto until the worker says
     max_queued_requests: int
     kv_reservation: str  # KvReservation
     schedule_conservativeness: float
@@ -68,7 +68,7 @@ def scheduler_knobs(cfg: ServerConfig) -> SchedulerKnobs:
         admission_lookahead=cfg.admission_lookahead,
         force_fifo_every=cfg.force_fifo_every,
         enable_radix_cache=not cfg.disable_radix_cache,
-        overlap_schedule=not cfg.disable_overlap_schedule,
+        overlap_schedule=cfg.overlap_schedule,
         max_queued_requests=cfg.max_queued_requests,
         kv_reservation=cfg.kv_reservation,
         schedule_conservativeness=cfg.schedule_conservativeness,

@@ -25,6 +25,7 @@ import logging
 import os
 import time
 from collections import deque
+from dataclasses import replace
 
 import zmq
 
@@ -52,6 +53,7 @@ from zserve.common.messages import (
 )
 from zserve.common.model_facts import ModelFacts
 from zserve.common.proc_runtime import child_args, child_setup
+from zserve.common.scheduler_choices import overlap_schedule_for
 from zserve.common.transport import Addresses, Endpoint, pull, push
 from zserve.common.weight_memory import WeightMemory
 from zserve.scheduler_proc.scheduler import Scheduler
@@ -217,6 +219,7 @@ def serve(
                 model.tokenizer_dir, ready.vocab_size, list(ready.eos_token_ids), executor=grammar_executor
             )
             grammar_source.warm_up()
+        knobs = replace(knobs, overlap_schedule=overlap_schedule_for(knobs.overlap_schedule, ready.device_type))
         scheduler = Scheduler(
             num_pages=ready.num_pages,
             page_size=ready.page_size,

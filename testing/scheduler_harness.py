@@ -26,6 +26,7 @@ from zserve.common.forward_batch import ForwardBatch
 from zserve.common.messages import TokenOut
 from zserve.common.pooling import Pooling
 from zserve.common.sampling_params import SamplingParams
+from zserve.common.scheduler_choices import overlap_schedule_for
 from zserve.common.server_config import ServerConfig
 from zserve.model_proc.future_tokens import FutureTokens
 from zserve.scheduler_proc.constrained_reqs import MAX_LEAD_WHITESPACE_TOKENS
@@ -49,9 +50,12 @@ def make_scheduler(
         knobs.pop("speculative", defaults.speculative),
         **{SPECULATIVE_KNOBS[name]: knobs.pop(name) for name in set(knobs) & set(SPECULATIVE_KNOBS)},
     )
+    knobs = replace(defaults, speculative=speculative, **knobs)
+    # auto as the server resolves it for a worker on the CPU
+    knobs = replace(knobs, overlap_schedule=overlap_schedule_for(knobs.overlap_schedule, "cpu"))
     return Scheduler(
         num_pages=num_pages, page_size=page_size, context_len=context_len, eos_token_ids=eos_token_ids,
-        knobs=replace(defaults, speculative=speculative, **knobs),
+        knobs=knobs,
         on_pages_freed=on_pages_freed, grammar_source=grammar_source, pooling=pooling,
     )
 
@@ -71,7 +75,7 @@ class SchedulerHarness:
         self.model = model
         self.step_ms = step_ms
         # one step at a time unless a test asks for overlap: most scheduler tests follow a request step by step
-        knobs.setdefault("overlap_schedule", False)
+        knobs.setdefault("overlap_schedule", "off")
         self.grammar_source = grammar_source
         self.scheduler = make_scheduler(
             num_pages=model.num_pages, page_size=model.page_size, context_len=context_len, eos_token_ids=eos_token_ids,

@@ -18,7 +18,8 @@ from zserve.model_proc.layers.kv_pool import KVPool, free_memory_bytes
 def test_info_for_the_scheduler(llama_dir, caplog):
     with caplog.at_level(logging.INFO, logger="zserve.model_proc.model_runner"):
         runner = make_runner(llama_dir, device="cpu", page_size=8, kv_cache_tokens=100)
-    assert runner.info() == {"num_pages": 13, "page_size": 8, "context_len": 256, "eos_token_ids": [2, 0], "vocab_size": 600}
+    assert runner.info() == {"num_pages": 13, "page_size": 8, "context_len": 256, "eos_token_ids": [2, 0], "vocab_size": 600,
+                             "device_type": "cpu"}
     dtype, reason = resolve_dtype("auto", torch.device("cpu"))  # the default, with the reason logged at startup
     assert runner.dtype == dtype and runner.device.type == "cpu"
     assert f"({dtype}, {reason})" in caplog.text

@@ -16,7 +16,10 @@ from testing.fake_model import FakeModel
 from testing.scheduler_harness import SchedulerHarness
 from zserve.common.finish_reason import FinishReason
 from zserve.common.forward_batch import future_token
+from zserve.common.pooling import Pooling
 from zserve.common.sampling_params import SamplingParams
+from zserve.common.scheduler_choices import overlap_schedule_for
+from zserve.launcher.cli import parse_config
 from zserve.scheduler_proc.scheduler import STEP_POLICIES
 
 VOCAB = 64
@@ -25,7 +28,8 @@ VOCAB = 64
 def make(overlap=True, num_pages=64, page_size=1, **kw):
     kw.setdefault("max_prefill_tokens", 16)
     return SchedulerHarness(
-        FakeModel(num_pages, page_size, VOCAB), context_len=128, eos_token_ids=[], overlap_schedule=overlap, **kw,
+        FakeModel(num_pages, page_size, VOCAB), context_len=128, eos_token_ids=[], overlap_schedule="on" if overlap else "off",
+        **kw,
     )
 
 
@@ -137,7 +141,7 @@ def test_a_decode_step_short_of_pages_waits_for_the_result_then_retracts():
     finds no page waits for the one in flight (a retraction folds that step's token into the prompt) and retracts
     then; every token is still the true one."""
     h = SchedulerHarness(FakeModel(56, 4, VOCAB), context_len=128, eos_token_ids=[0], max_prefill_tokens=64,
-                         overlap_schedule=True)
+                         overlap_schedule="on")
     for i in range(8):
         h.submit(i, [5 + i, 6, 7, 8, 9, 10, 11, 12], SamplingParams(ignore_eos=True))
         h.step()
@@ -169,3 +173,18 @@ def test_outputs_are_identical_with_overlap_on_and_off(policy):
     assert on == off
     assert on_stats.num_overlapped_steps > 0 and off_stats.num_overlapped_steps == 0
     assert on_stats.num_prefix_hit_tokens > 0
+
+
+def test_the_flags_and_what_auto_means_on_each_device():
+    assert parse_config([]).overlap_schedule == "auto"
+    assert parse_config(["--enable-overlap-schedule"]).overlap_schedule == "on"
+    assert parse_config(["--disable-overlap-schedule"]).overlap_schedule == "off"
+    assert parse_config(["--overlap-schedule", "on"]).overlap_schedule == "on"
+    with pytest.raises(SystemExit):
+        parse_config(["--overlap-schedule", "sometimes"])
+    assert overlap_schedule_for("auto", "cuda") == "on" and overlap_schedule_for("auto", "cpu") == "off"
+    assert overlap_schedule_for("on", "cpu") == "on" and overlap_schedule_for("off", "cuda") == "off"
+    with pytest.raises(ValueError, match="overlap schedule must be one of"):
+        overlap_schedule_for("maybe", "cpu")
+    # an embedding server never overlaps (it only prefills)
+    assert not make(True, pooling=Pooling("mean", normalize=True)).scheduler.overlaps

@@ -44,7 +44,7 @@ configs = st.fixed_dictionaries(
         "speculative_algorithm": st.sampled_from(["none", "ngram", "ngram"]),
         "speculative_num_draft_tokens": st.integers(1, 6),
         "echo_period": st.sampled_from([0, 3, 5]),
-        "overlap_schedule": st.booleans(),
+        "overlap_schedule": st.sampled_from(["on", "off"]),
     }
 )
 
@@ -193,7 +193,7 @@ small_pools = st.fixed_dictionaries(
         "prefill_max_requests": st.integers(0, 2),
         "speculative_algorithm": st.sampled_from(["none", "ngram"]),
         "echo_period": st.sampled_from([0, 4]),
-        "overlap_schedule": st.booleans(),
+        "overlap_schedule": st.sampled_from(["on", "off"]),
     }
 )
 long_submits = st.tuples(

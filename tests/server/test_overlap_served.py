@@ -1,5 +1,5 @@
 """Overlap scheduling served end to end on the tiny model, fp32: the same burst of requests gives the same tokens with
-overlap on (the default) and off (--disable-overlap-schedule), with and without speculative decoding: chunked
+overlap on (--enable-overlap-schedule) and off (the CPU's default), with and without speculative decoding: chunked
 prompts, shared prefixes (radix hits), n copies, penalties, a grammar, stop strings (the detokenizer ends those, one
 step late under overlap), logprobs and seeded sampling; the greedy ones are transformers' tokens. The server with
 overlap really sends steps ahead (the stats say), and every page comes back."""
@@ -52,8 +52,8 @@ def served(model_dir, stop: str, *flags: str):
 def test_the_same_burst_gives_the_same_tokens_with_overlap_on_and_off(model_dir, oracle, speculative):
     text = oracle.decode(oracle.greedy(oracle.encode("Hello there"), 30, stop_at_eos=False))
     stop = text[len(text) // 2 : len(text) // 2 + 3]  # ends the request half-way: the detokenizer's finish
-    on_first, on_again, on_stats = served(model_dir, stop, *speculative)
-    off_first, off_again, off_stats = served(model_dir, stop, "--disable-overlap-schedule", *speculative)
+    on_first, on_again, on_stats = served(model_dir, stop, "--enable-overlap-schedule", *speculative)
+    off_first, off_again, off_stats = served(model_dir, stop, *speculative)  # auto: off on a CPU
     assert on_first == off_first and on_again == off_again
     greedy = on_first[0][0]
     assert greedy == oracle.greedy(oracle.encode(SHARED + "Then"), 24, stop_at_eos=False)

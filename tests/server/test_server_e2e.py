@@ -245,13 +245,12 @@ def test_max_tokens_beyond_the_context_is_refused_and_none_runs_up_to_the_contex
 
 def test_a_small_pool_retracts_and_every_output_is_still_the_greedy_one(model_dir, oracle):
     """56 pages of 4 tokens, a context of 128: 8 requests that each run to the context cannot all
-    hold their pages at once, so some are retracted and resumed (under overlap scheduling, the
-    default: a step short of pages waits for the one in flight, then retracts); every output is
-    still exactly transformers' greedy output, /metrics-visible stats count the retractions,
-    nothing leaks."""
+    hold their pages at once, so some are retracted and resumed (under overlap scheduling: a step
+    short of pages waits for the one in flight, then retracts); every output is still exactly
+    transformers' greedy output, /metrics-visible stats count the retractions, nothing leaks."""
     handle = start_server(
         model_dir, "--dtype", "float32", "--page-size", "4", "--kv-cache-tokens", "224", "--context-length", "128", "--num-threads", "1",
-        "--chunked-prefill-size", "64",
+        "--chunked-prefill-size", "64", "--enable-overlap-schedule",
     )
     try:
         prompts = [f"Story {i}: once upon a time" for i in range(8)]
