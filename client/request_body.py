@@ -22,10 +22,11 @@ from zserve.common.messages import CLIENT_TO_FRONTEND, GenerateReq
 from zserve.common.sampling_params import DEFAULT_MAX_TOKENS
 
 MAX_DEPTH = 32  # deeper nesting than any valid body has: the wire refuses it
-# keywords sent next to the prompt, not in `sampling`: n choices; a chat's function definitions; a chat whose
-# last (assistant) message the model continues instead of answering; more variables for the chat template;
-# an embedding request (a --task embed server)
-REQUEST_KEYS = ("n", "tools", "continue_final_message", "chat_template_kwargs", "embed")
+# keywords sent next to the prompt, not in `sampling`: n choices; how a chat's messages are rendered (its function
+# definitions, continuing its last assistant message, no generation prompt, its own chat template, more template
+# variables: tokenizer_proc/chat_options.py); an embedding request (a --task embed server)
+REQUEST_KEYS = ("n", "tools", "continue_final_message", "add_generation_prompt", "chat_template",
+                "chat_template_kwargs", "embed")
 
 
 def new_req_id() -> int:

@@ -127,8 +127,9 @@ class StatsOut(Message, tag=15):
 
 class TokenizeReq(Message, tag=17):
     """POST /tokenize and /detokenize: the frontend's tokenizer and chat template, nothing scheduled.
-    `body` is what to encode ({"prompt": str} or {"messages": [...], "tools"?: [...]}) or to decode
-    ({"input_ids": [...]})."""
+    `body` is what to encode ({"prompt": str} or {"messages": [...]} with a chat's rendering options,
+    tokenizer_proc/chat_options.py) or to decode ({"input_ids": [...]}); `return_token_strs: true` adds
+    each id's vocabulary string."""
 
     req_id: int
     body: dict[str, Any]
@@ -144,6 +145,7 @@ class TokenizeOut(Message, tag=18):
     text: str | None = None
     code: ErrorCode | None = None
     error: str | None = None
+    token_strs: list[str] | None = None  # each id's vocabulary string, when the body asked (return_token_strs)
 
 
 class PromptLogprobs(Message):

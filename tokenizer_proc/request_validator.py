@@ -2,8 +2,9 @@
 
 A body (decoded from msgpack, so only plain values, and untrusted) has exactly one of
   prompt: str | input_ids: list[int] | messages: list[{role, content}]
-plus an optional `sampling` dict of SamplingParams fields (and, with messages, `tools`,
-`continue_final_message` and `chat_template_kwargs`: more variables for the chat template).
+plus an optional `sampling` dict of SamplingParams fields (and, with messages, how they are
+rendered: `tools`, `continue_final_message`, `add_generation_prompt`, `chat_template`,
+`chat_template_kwargs`; tokenizer_proc/chat_options.py).
 Anything wrong raises ValueError with a message fit to send back to the client as the request's
 error; nothing is dropped silently.
 
@@ -26,11 +27,11 @@ from zserve.common.choices import bad_n_error, num_choices
 from zserve.common.context_limit import over_context_error
 from zserve.common.request_limits import LIMITS
 from zserve.common.sampling_params import SamplingParams
+from zserve.tokenizer_proc.chat_options import CHAT_KEYS, ChatOptions, RequestTemplates
 from zserve.tokenizer_proc.text_tokenizer import TextTokenizer
 
 PROMPT_KEYS = ("prompt", "input_ids", "messages")
-BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n", "tools", "continue_final_message", "chat_template_kwargs",
-                       "embed"))
+BODY_KEYS = frozenset((*PROMPT_KEYS, "sampling", "n", *CHAT_KEYS, "embed"))
 EMBED_KEYS = frozenset(("prompt", "input_ids", "embed"))  # an embedding request: a prompt, nothing to sample
 MESSAGE_KEYS = frozenset(("role", "content", "name", "tool_calls", "tool_call_id"))
 ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
@@ -56,6 +57,7 @@ class RequestValidator:
         # A token covers at most max_token_len characters, so text longer than this cannot fit in
         # the context; rejecting it before encoding keeps a huge body from stalling the process.
         self.max_prompt_chars = 2 * context_len * tokenizer.max_token_len + 64
+        self.request_templates = RequestTemplates()  # requests' own chat templates, compiled once
 
     def num_copies(self, body: dict) -> int:
         """`n`: how many choices of the prompt the request wants (1 when it does not say)."""
@@ -108,16 +110,15 @@ class RequestValidator:
         kind = given[0]
         if kind != "messages" and body.get("continue_final_message"):
             raise ValueError("continue_final_message continues a chat's last message: it needs messages, not a prompt")
-        if kind != "messages" and body.get("chat_template_kwargs"):
-            raise ValueError("chat_template_kwargs are chat template variables: they need messages, not a prompt")
+        for name in ("chat_template_kwargs", "chat_template", "add_generation_prompt"):
+            if kind != "messages" and body.get(name) is not None:
+                raise ValueError(f"{name} says how messages are rendered: it needs messages, not a prompt")
         if kind == "prompt":
             input_ids = self.encode_prompt(body["prompt"])
         elif kind == "input_ids":
             input_ids = self.check_ids(body["input_ids"])
         else:
-            input_ids = self.encode_messages(body["messages"], self.check_tools(body.get("tools")),
-                                             self._check_continue(body.get("continue_final_message", False)),
-                                             _check_template_kwargs(body.get("chat_template_kwargs")))
+            input_ids = self.encode_messages(body["messages"], self.chat_options(body))
 
         if not input_ids:
             raise ValueError("the prompt is empty after tokenization")
@@ -183,16 +184,12 @@ class RequestValidator:
             raise ValueError(f"tools is more than {LIMITS.max_tools_json_chars} characters of JSON")
         return tools
 
-    def _check_continue(self, value: Any) -> bool:
-        """`continue_final_message`: the prompt ends inside the last (assistant) message, left open."""
-        if not isinstance(value, bool):
-            raise ValueError(f"continue_final_message must be a boolean, got {type(value).__name__}")
-        return value
+    def chat_options(self, body: dict) -> ChatOptions:
+        """How the body's messages are rendered (ValueError naming a bad field)."""
+        return ChatOptions.of(body, self.check_tools, self.request_templates)
 
-    def encode_messages(
-        self, messages: Any, tools: list[dict] | None = None, continue_final: bool = False,
-        template_kwargs: dict[str, Any] | None = None,
-    ) -> list[int]:
+    def encode_messages(self, messages: Any, options: ChatOptions | None = None) -> list[int]:
+        options = options or ChatOptions()
         if not isinstance(messages, (list, tuple)) or not messages:
             raise ValueError("messages must be a non-empty list of {role, content} objects")
         max_messages = min(LIMITS.max_messages, self.context_len - 1)
@@ -229,13 +226,13 @@ class RequestValidator:
                 )
             num_chars += len(content)
         self._check_text_len(num_chars)
-        if continue_final and messages[-1].get("role") != "assistant":
+        if options.continue_final and messages[-1].get("role") != "assistant":
             raise ValueError(f"continue_final_message continues the last message, which must be the assistant's; "
                              f"messages[{len(messages) - 1}] is the {_name(messages[-1].get('role'))}'s")
         return self.tokenizer.encode_chat(
-            list(messages), add_generation_prompt=not continue_final, max_chars=self.max_prompt_chars,
-            timeout_s=LIMITS.render_timeout_s, tools=tools, continue_final_message=continue_final,
-            template_kwargs=template_kwargs,
+            list(messages), add_generation_prompt=options.add_generation_prompt, max_chars=self.max_prompt_chars,
+            timeout_s=LIMITS.render_timeout_s, tools=options.tools, continue_final_message=options.continue_final,
+            template_kwargs=options.template_kwargs, template=options.template,
         )
 
     def _check_text_len(self, num_chars: int) -> None:
@@ -250,18 +247,6 @@ def _name(value: Any) -> str:
     """A client's key or value in an error message, cut short."""
     text = value if isinstance(value, str) else repr(value)
     return repr(text[:64] + "...") if len(text) > 64 else repr(text) if isinstance(value, str) else text
-
-
-def _check_template_kwargs(value: Any) -> dict[str, Any] | None:
-    """`chat_template_kwargs`: an object of template variables, bounded like `tools` (the render
-    itself refuses a name it sets: ChatTemplate.render)."""
-    if value is None:
-        return None
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ValueError(f"chat_template_kwargs must be an object of template variables, got {type(value).__name__}")
-    if len(json.dumps(value)) > LIMITS.max_tools_json_chars:
-        raise ValueError(f"chat_template_kwargs is more than {LIMITS.max_tools_json_chars} characters of JSON")
-    return value
 
 
 def _check_tool_calls(message: dict, idx: int) -> int:

@@ -93,6 +93,11 @@ class TextTokenizer:
         tokenizer adds one); special-token text in `text` becomes the special token."""
         return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
 
+    def token_strs(self, token_ids: Sequence[int]) -> list[str]:
+        """Each id's own string in the vocabulary (byte-level BPE's `Ġ` and such kept), as vLLM's /tokenize
+        `token_strs` and transformers' convert_ids_to_tokens give them."""
+        return [self._backend.id_to_token(int(t)) or "" for t in token_ids]
+
     def decode(self, token_ids: Sequence[int], skip_special_tokens: bool = False) -> str:
         return self._backend.decode(list(token_ids), skip_special_tokens=skip_special_tokens)
 
@@ -116,12 +121,13 @@ class TextTokenizer:
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
         max_chars: int | None = None, timeout_s: float | None = None, tools: list[dict[str, Any]] | None = None,
         continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
+        template: ChatTemplate | None = None,
     ) -> str:
-        """Render `messages` with the model's default chat template. Raises ValueError (fit for
-        the client) when the model has none or the template rejects the conversation, fails on
+        """Render `messages` with `template`, or the model's default chat template (None). Raises ValueError (fit
+        for the client) when the model has none or the template rejects the conversation, fails on
         it, or passes `max_chars` or `timeout_s` (see ChatTemplate.render, also for
         `continue_final_message`, which needs `add_generation_prompt` false)."""
-        return self._chat_template().render(
+        return (template or self._chat_template()).render(
             messages, add_generation_prompt=add_generation_prompt, special_tokens=self.special_tokens,
             max_chars=max_chars, timeout_s=timeout_s, tools=tools, continue_final_message=continue_final_message,
             template_kwargs=template_kwargs,
@@ -131,12 +137,13 @@ class TextTokenizer:
         self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, *,
         max_chars: int | None = None, timeout_s: float | None = None, tools: list[dict[str, Any]] | None = None,
         continue_final_message: bool = False, template_kwargs: dict[str, Any] | None = None,
+        template: ChatTemplate | None = None,
     ) -> list[int]:
         """Same ids as transformers' `apply_chat_template(messages, tokenize=True)`: the rendered
         text encoded without adding special tokens, since the template writes its own BOS."""
         text = self.apply_chat_template(messages, add_generation_prompt, max_chars=max_chars, timeout_s=timeout_s,
                                         tools=tools, continue_final_message=continue_final_message,
-                                        template_kwargs=template_kwargs)
+                                        template_kwargs=template_kwargs, template=template)
         return self.encode(text, add_special_tokens=False)
 
     def _chat_template(self) -> ChatTemplate:

@@ -1,9 +1,11 @@
 """Known request fields that would change the answer but that zserve does not honour: a 400 naming the field.
 
 SGLang's request fields `lora_path`, `return_hidden_states`, `priority`, `logprob_start_len`,
-`custom_logit_processor` and `session_params` each ask for something zserve does not do (an adapter, the
-hidden states, a queue order, the prompt's logprobs from a position, a client's logit processor, a session's
-history), as do vLLM's `guided_whitespace_pattern` and a `guided_decoding_backend` other than xgrammar. Accepting
+`custom_logit_processor`, `session_params`, `return_text_in_logprobs` and `token_ids_logprob` each ask for
+something zserve does not do (an adapter, the hidden states, a queue order, the prompt's logprobs from a
+position, a client's logit processor, a session's history, token texts or chosen ids' logprobs), as do vLLM's
+`guided_whitespace_pattern` and a `guided_decoding_backend` other than xgrammar; the OpenAI routes also refuse
+vLLM's `bad_words`, `allowed_token_ids` and `prompt_logprobs` when set (VLLM_UNHONOURED). Accepting
 them silently would answer a 200 with something other than what was asked, so a value
 other than the field's default is refused, --strict-requests or not. At its default (null, false, -1: what
 sglang-router adds to every request it forwards) the field changes nothing and stays accepted with the one
@@ -28,6 +30,16 @@ REFUSED_UNLESS_DEFAULT: dict[str, tuple[tuple[Any, ...], str]] = {
     # vLLM's older structured-output tuning (apis/openai/structured_output.py refuses the same in structured_outputs)
     "guided_whitespace_pattern": ((None, ""), "the grammar's whitespace is xgrammar's"),
     "guided_decoding_backend": ((None, "", "xgrammar", "auto"), "the grammar backend is --grammar-backend's"),
+    # SGLang's /generate: they ask for output zserve never sends (sglang-router sends the first at its default)
+    "return_text_in_logprobs": ((None, False), "logprobs come as token ids only (no token texts)"),
+    "token_ids_logprob": ((None, []), "logprobs of chosen token ids are not returned"),
+}
+
+# vLLM's sampling fields the OpenAI routes declare and refuse when set (null or [] change nothing), and why
+VLLM_UNHONOURED: dict[str, str] = {
+    "bad_words": "banned word sequences are not supported (logit_bias bans single tokens)",
+    "allowed_token_ids": "a per-request allowed-token set is not supported (use a grammar: regex or guided_choice)",
+    "prompt_logprobs": "the prompt's logprobs come with echo and logprobs on /v1/completions, or on /generate",
 }
 
 

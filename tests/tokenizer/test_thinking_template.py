@@ -66,5 +66,5 @@ def test_bad_chat_template_kwargs_are_refused(model_dir, body_kwargs, error):
     validator = RequestValidator(TextTokenizer.from_model_dir(model_dir), context_len=4096)
     with pytest.raises(ValueError, match=error):
         validator.validate({"messages": CONVERSATIONS["one_turn"], "chat_template_kwargs": body_kwargs})
-    with pytest.raises(ValueError, match="need messages"):
+    with pytest.raises(ValueError, match="needs messages"):
         validator.validate({"prompt": "hi", "chat_template_kwargs": {"enable_thinking": False}})

@@ -23,6 +23,7 @@ from zserve.http_proc.apis.openai.structured_output import StructuredOutput
 from zserve.http_proc.apis.openai.tool_choice import ForcedToolChoice
 from zserve.http_proc.reasoning import ReasoningOptions, ReasoningParser
 from zserve.http_proc.shared.api_error import ApiError
+from zserve.http_proc.shared.refused_fields import VLLM_UNHONOURED
 from zserve.http_proc.shared.request_body import RequestModel
 from zserve.http_proc.shared.request_group import SubRequest
 from zserve.http_proc.tools.parser import ToolCallParser
@@ -82,6 +83,10 @@ class SamplingRequest(RequestModel):
     guided_grammar: str | None = None
     skip_special_tokens: bool = True  # SGLang's and vLLM's extras (sglang-router sends both on every request)
     no_stop_trim: bool = False  # the text keeps the stop string that ended it
+    include_stop_str_in_output: bool = False  # vLLM's spelling of no_stop_trim
+    bad_words: list[str] | None = None  # vLLM's, refused when set (VLLM_UNHONOURED)
+    allowed_token_ids: list[int] | None = None
+    prompt_logprobs: int | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -90,6 +95,9 @@ class SamplingRequest(RequestModel):
     def check_supported(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+        for name, why in VLLM_UNHONOURED.items():
+            if getattr(self, name) not in (None, []):
+                raise ApiError(400, f"{name} is not supported by this server: {why}", param=name)
 
     def sampling(self, max_tokens: int | None) -> dict[str, Any]:
         stop = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -109,7 +117,7 @@ class SamplingRequest(RequestModel):
             "logit_bias": self.logit_bias or None,
             "min_tokens": self.min_tokens,
             "skip_special_tokens": None if self.skip_special_tokens else False,  # sent only when not the default
-            "no_stop_trim": self.no_stop_trim or None,
+            "no_stop_trim": self.no_stop_trim or self.include_stop_str_in_output or None,
             **self.logprob_fields(),
             **self.grammar_fields(),
         }
@@ -272,6 +280,8 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: bool | None = None  # false: at most one call in the answer
     # the last (assistant) message is continued, its turn left open (vLLM's, SGLang's)
     continue_final_message: bool = False
+    add_generation_prompt: bool = True  # vLLM's: false renders the messages without opening the assistant's turn
+    chat_template: str | None = None  # vLLM's: a Jinja chat template of the request's own
     chat_template_kwargs: dict[str, Any] | None = None  # more chat template variables (Qwen3's enable_thinking)
     # with --reasoning-parser (SGLang's): false keeps the thinking in content; stream_reasoning false sends
     # the thinking in one delta once it ends
@@ -297,6 +307,10 @@ class ChatCompletionRequest(SamplingRequest):
         prompt = {"messages": messages, **({"tools": self.tool_dicts} if self.tools else {})}
         if self.continue_final_message:
             prompt["continue_final_message"] = True
+        if not self.add_generation_prompt:
+            prompt["add_generation_prompt"] = False
+        if self.chat_template is not None:
+            prompt["chat_template"] = self.chat_template
         if self.chat_template_kwargs:
             prompt["chat_template_kwargs"] = self.chat_template_kwargs
         return self.expand([prompt], max_tokens)

@@ -1,17 +1,20 @@
 """POST /tokenize and /detokenize in vLLM's shapes, answered by the frontend's tokenizer (nothing is scheduled).
 
-    /tokenize    {model?, prompt, add_special_tokens = true}
-                 {model?, messages, tools?, add_generation_prompt = true, add_special_tokens = false}
-                 -> {"count", "max_model_len", "tokens", "token_strs": null}
+    /tokenize    {model?, prompt, add_special_tokens = true, return_token_strs = false}
+                 {model?, messages, tools?, add_generation_prompt = true, continue_final_message = false,
+                  chat_template?, chat_template_kwargs?, add_special_tokens = false, return_token_strs = false}
+                 -> {"count", "max_model_len", "tokens", "token_strs": [...] or null}
     /detokenize  {model?, tokens} -> {"prompt"}
 
-Messages are rendered with the server's chat template, as a chat request's are. What vLLM takes and zserve
-does not do here (`return_token_strs`, `add_generation_prompt: false`, `continue_final_message`,
-`add_special_tokens` with messages, `chat_template`) is a 400 naming it; a prompt's checks and limits are a
-generate request's (tokenizer_proc/tokenize_answer.py).
+Messages are rendered as a chat request's are (the server's chat template, or the request's own
+`chat_template`; tokenizer_proc/chat_options.py). What vLLM takes and zserve does not do here
+(`add_special_tokens` with messages: the template writes its own) is a 400 naming it; a prompt's checks and
+limits are a generate request's (tokenizer_proc/tokenize_answer.py).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -34,26 +37,32 @@ class TokenizeRequest(RequestModel):
     continue_final_message: bool = False
     return_token_strs: bool = False
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def body(self) -> dict:
         """What the frontend encodes; a 400 for what vLLM takes and this server does not."""
         if (self.prompt is None) == (self.messages is None):
             raise ApiError(400, "give exactly one of prompt and messages", param="prompt")
-        refused = {
-            "return_token_strs": self.return_token_strs,
-            "add_generation_prompt": not self.add_generation_prompt,
-            "continue_final_message": self.continue_final_message,
-            "chat_template": self.chat_template is not None,
-            "add_special_tokens": self.messages is not None and bool(self.add_special_tokens),
-            "tools": self.prompt is not None and self.tools is not None,
-        }
-        for name, is_refused in refused.items():
-            if is_refused:
-                raise ApiError(400, f"{name} is not supported on /tokenize by this server", param=name)
+        if self.messages is not None and self.add_special_tokens:
+            raise ApiError(400, "add_special_tokens is not supported with messages on /tokenize by this server "
+                           "(the chat template writes its own)", param="add_special_tokens")
+        token_strs = {"return_token_strs": True} if self.return_token_strs else {}
         if self.prompt is not None:
-            return {"prompt": self.prompt}
+            for name in ("tools", "chat_template", "chat_template_kwargs"):
+                if getattr(self, name) is not None:
+                    raise ApiError(400, f"{name} needs messages, not a prompt", param=name)
+            if not self.add_generation_prompt or self.continue_final_message:
+                name = "continue_final_message" if self.continue_final_message else "add_generation_prompt"
+                raise ApiError(400, f"{name} needs messages, not a prompt", param=name)
+            return {"prompt": self.prompt, **token_strs}
+        chat = {
+            "tools": [t.to_dict() for t in self.tools] if self.tools else None,
+            "continue_final_message": self.continue_final_message or None,
+            "add_generation_prompt": None if self.add_generation_prompt else False,
+            "chat_template": self.chat_template, "chat_template_kwargs": self.chat_template_kwargs,
+        }
         messages = [m.to_dict(i) for i, m in enumerate(self.messages)]
-        return {"messages": messages, **({"tools": [t.to_dict() for t in self.tools]} if self.tools else {})}
+        return {"messages": messages, **{k: v for k, v in chat.items() if v is not None}, **token_strs}
 
 
 class DetokenizeRequest(RequestModel):
@@ -79,7 +88,7 @@ async def serve_tokenize(state: HttpState, request: Request) -> Response:
     answer = await state.client.tokenize(body.body(), add_special_tokens)
     tokens = list(answer.input_ids)
     return JSONResponse({"count": len(tokens), "max_model_len": state.context_len, "tokens": tokens,
-                         "token_strs": None})
+                         "token_strs": answer.token_strs})
 
 
 async def serve_detokenize(state: HttpState, request: Request) -> Response:
