@@ -193,6 +193,9 @@ class CompletionRequest(SamplingRequest):
             raise ApiError(400, f"logprobs must be in [0, 20], got {self.logprobs}", param="logprobs")
         if self.suffix:
             raise ApiError(400, "suffix is not supported by this server", param="suffix")
+        if self.top_logprobs is not None:
+            raise ApiError(400, "top_logprobs is the chat route's: on completions give logprobs: k (the top count)",
+                           param="top_logprobs")
         if self.best_of is not None and self.best_of != self.n:
             raise ApiError(400, "best_of is not supported by this server (only best_of == n)", param="best_of")
         if self.max_tokens == 0 and not self.echo:
