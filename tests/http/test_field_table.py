@@ -6,11 +6,10 @@ the verdict (test_each_field_s_verdict_holds_when_it_is_sent)."""
 
 from __future__ import annotations
 
+import json
 import re
 
 import pytest
-
-import json
 
 from testing.asgi_call import RecordingClient, call_app
 from testing.paths import REPO_ROOT
@@ -25,11 +24,11 @@ from zserve.http_proc.http_app import build_app
 from zserve.http_proc.reasoning import ReasoningParser
 from zserve.http_proc.shared.health_monitor import HealthMonitor
 from zserve.http_proc.shared.http_state import HttpState
+from zserve.http_proc.shared.refused_fields import REFUSED_UNLESS_DEFAULT
 from zserve.http_proc.shared.request_gate import GatePolicy
 from zserve.http_proc.shared.server_metrics import ServerMetrics
-from zserve.http_proc.tools.parser import ToolCallParser
-from zserve.http_proc.shared.refused_fields import REFUSED_UNLESS_DEFAULT
 from zserve.http_proc.shared.unknown_fields import SGLANG_IGNORED_FIELDS
+from zserve.http_proc.tools.parser import ToolCallParser
 from zserve.tokenizer_proc.request_validator import BODY_KEYS
 
 GENERATION_ROUTES = ("chat", "completions", "/generate")
