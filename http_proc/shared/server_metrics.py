@@ -8,6 +8,8 @@ Two sources, both labelled `model_name` (the served name, as vLLM's and SGLang's
   counts by finish reason and error code;
 - this process's own HTTP traffic: responses by route and status, aborted requests by cause,
   failed requests by status.
+The server's families appear again under vLLM's and SGLang's names (`vllm:*`, `sglang:*`), copied
+from the `zserve_*` ones at each scrape (shared/peer_family.py).
 No `_created` series (prometheus_client's are turned off in this process).
 """
 
@@ -22,6 +24,7 @@ from prometheus_client.registry import Collector
 
 from zserve.common.messages import StatsOut
 from zserve.common.scheduler_stats import SchedulerStats
+from zserve.http_proc.shared.peer_family import peer_families
 
 PREFIX = "zserve"
 
@@ -77,6 +80,11 @@ class ServerStatsCollector(Collector):
         self.stats = stats
 
     def collect(self) -> Iterator[Metric]:
+        families = list(self._zserve_families())
+        yield from families
+        yield from peer_families(families)
+
+    def _zserve_families(self) -> Iterator[Metric]:
         label = ["model_name"]
         up = GaugeMetricFamily(
             f"{PREFIX}_scheduler_up", "1 if the scheduler answered this scrape's stats request", labels=label,

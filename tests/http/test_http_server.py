@@ -19,6 +19,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from testing.peer_metrics import peer_mismatches, scrape_samples
 from testing.server_process import ServerProcess, free_port, start_server
 from testing.server_process import wait_idle as harness_wait_idle
 from zserve.client import Client
@@ -498,6 +499,34 @@ def test_zmq_client_requests_move_the_latency_histograms(server):
     assert moved("zserve_request_prompt_tokens_sum") == result.usage.prompt_tokens
     assert moved("zserve_request_outcomes_total", finish_reason="length") == 1
     assert 0 <= after[("zserve_kv_cache_usage_ratio", ())] <= 1
+
+
+def test_peer_metric_names_show_the_zserve_values(server, oai, model_name):
+    """vLLM's and SGLang's dashboards read /metrics under their names: after requests through two doors, each `vllm:`
+    and `sglang:` family equals its zserve_* source in the same scrape (counters, gauges, histogram buckets, counts
+    and sums), labelled model_name (and vLLM's engine)."""
+    wait_idle(server.port)
+    before = scrape_samples(http_get(server.http_port, "/metrics")[1])
+    r = oai.chat.completions.create(model=model_name, messages=MESSAGES, max_tokens=5, temperature=0, extra_body={"ignore_eos": True})
+    with Client(server.port) as c:
+        result = c.generate(PROMPT, max_tokens=4, ignore_eos=True)
+    status, text = http_get(server.http_port, "/metrics")
+    assert status == 200 and peer_mismatches(text) == []
+    after = scrape_samples(text)
+    vllm, sglang = (("engine", "0"), ("model_name", model_name)), (("model_name", model_name),)
+
+    def moved(name: str, labels: tuple) -> float:
+        return after[(name, labels)] - before.get((name, labels), 0.0)
+
+    assert moved("vllm:generation_tokens_total", vllm) == moved("sglang:generation_tokens_total", sglang) == 9
+    num_prompt_tokens = r.usage.prompt_tokens + result.usage.prompt_tokens
+    assert moved("vllm:prompt_tokens_total", vllm) == moved("sglang:prompt_tokens_total", sglang) == num_prompt_tokens
+    assert moved("vllm:request_success_total", (("engine", "0"), ("finished_reason", "length"), ("model_name", model_name))) == 2
+    for name in ("time_to_first_token_seconds_count", "e2e_request_latency_seconds_count"):
+        assert moved(f"vllm:{name}", vllm) == moved(f"sglang:{name}", sglang) == 2
+    assert moved("vllm:inter_token_latency_seconds_count", vllm) >= 2
+    assert after[("vllm:num_requests_running", vllm)] == after[("sglang:num_running_reqs", sglang)] == 0
+    assert 0 <= after[("vllm:kv_cache_usage_perc", vllm)] == after[("sglang:token_usage", sglang)] <= 1
 
 
 def wait_health(port: int, status: int, timeout_s: float = 15.0) -> dict:
