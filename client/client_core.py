@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from zserve.client.request_body import build_body, encode_request, new_req_id, num_copies
-from zserve.client.types import server_error, stats_or_raise
+from zserve.client.types import InvalidRequestError, server_error, stats_or_raise
 from zserve.common.messages import (
     CLIENT_TO_FRONTEND,
     FRONTEND_TO_CLIENT,
@@ -72,14 +72,30 @@ class ClientCore:
     ) -> tuple[int, bytes]:
         """A request's id and frame; its choices (req_id .. req_id + n - 1) are in flight from now
         (`now_s`, a perf_counter time: what the result's timings count from). Raises before
-        anything is tracked when the body is wrong or cannot be sent."""
-        req_id = new_req_id() if req_id is None else req_id
+        anything is tracked when the body is wrong or cannot be sent, or when a given `req_id`
+        (or a choice's id) is in flight here: the server would refuse it on that id, which is
+        also the request in flight's, and end that one in the client's eyes."""
         body = build_body(prompt, input_ids, messages, sampling or {})
+        copies = num_copies(body)
+        if req_id is None:
+            req_id = new_req_id()
+            while any(r in self.requests for r in range(req_id, req_id + copies)):  # 62 random bits: ~never
+                req_id = new_req_id()
+        else:
+            self.refuse_in_flight(req_id, copies)
         frame = encode_request(GenerateReq(req_id=req_id, client_id=self.client_id, body=body, api_key=self.api_key))
         sent_s = time.perf_counter() if now_s is None else now_s
-        for copy_id in range(req_id, req_id + num_copies(body)):  # n=4: choices req_id .. req_id + 3
+        for copy_id in range(req_id, req_id + copies):  # n=4: choices req_id .. req_id + 3
             self.requests[copy_id] = InFlight(sent_s)
         return req_id, frame
+
+    def refuse_in_flight(self, req_id: int, copies: int) -> None:
+        clash = next((r for r in range(req_id, req_id + copies) if r in self.requests), None)
+        if clash is not None:
+            raise InvalidRequestError(
+                f"req_id {clash} is already in flight on this client: a request keeps its id until its last output "
+                "is read (or it is aborted); give another req_id, or none (a fresh one is drawn)"
+            )
 
     def abort(self, req_id: int) -> bytes:
         return CLIENT_TO_FRONTEND.encode(AbortReq(req_id=req_id))

@@ -1,7 +1,9 @@
 """Which client owns which in-flight request, and when each client was last heard from.
 
-Owned by the frontend loop. A client that stops sending heartbeats (its process died, its
-network went away) has its requests aborted after `client_timeout_s`.
+Owned by the frontend loop. A req_id belongs to the client that sent it from its admission until
+its last output: another client's request naming it is refused (to that client), as is its
+abort. A client that stops sending heartbeats (its process died, its network went away) has its
+requests aborted after `client_timeout_s`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,20 @@ class ClientRegistry:
     def identity_of(self, req_id: int) -> bytes | None:
         client_id = self.owner_of.get(req_id)
         return None if client_id is None else self.clients[client_id].identity
+
+    def clash_error(self, client_id: str, req_ids: range) -> str | None:
+        """Why a request of `client_id` for `req_ids` (its choices' ids) is refused: one of them is
+        held by a request in flight (its own or another client's); None when all are free."""
+        clash = next((req_id for req_id in req_ids if req_id in self.owner_of), None)
+        if clash is None:
+            return None
+        whose = "on this client" if self.owns(client_id, clash) else "for another client's request"
+        first, last = req_ids[0], req_ids[-1]
+        ids = f"req_id {first}" if len(req_ids) == 1 else f"req_ids {first} .. {last} (n={len(req_ids)})"
+        return (
+            f"req_id {clash} is already in flight {whose}: an id belongs to the client whose request holds it "
+            f"until that request ends, so this request ({ids}) is refused"
+        )
 
     def owns(self, client_id: str, req_id: int) -> bool:
         return self.owner_of.get(req_id) == client_id

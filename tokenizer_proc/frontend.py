@@ -14,7 +14,8 @@ AbortReq needs no key: it stops only requests its own connection sent, which had
     loop:
         wait for a client frame or an inbox message (or the heartbeat tick)
         client: wrong API key -> UNAUTHORIZED to that request
-                GenerateReq -> validate, encode, forward | error to that client
+                GenerateReq -> validate, encode, forward | error to that client (an id that any
+                               client's request holds: the sender is refused, the holder untouched)
                 AbortReq -> forward if the client owns it;  Heartbeat -> ack;  StatsReq -> forward;
                 TokenizeReq -> answered here (tokenize_answer.py)
         inbox:  ReqOutput -> route to its client;  FailAll -> end everything in flight
@@ -116,7 +117,8 @@ class Frontend:
 
     def refuse_malformed(self, identity: bytes, frame: bytes, exc: WireError) -> None:
         """A frame that is not a valid message is dropped; when it still reads as a GenerateReq's
-        tag and req_id, its sender gets the reason as that request's error instead of silence."""
+        tag and req_id, its sender gets the reason as that request's error instead of silence (unless
+        that id is one of the sender's own requests in flight, which the error would end)."""
         logger.warning("dropped a malformed client frame (%d bytes): %s", len(frame), exc)
         try:
             fields = msgpack.unpackb(frame, raw=False, strict_map_key=False)
@@ -127,7 +129,7 @@ class Frontend:
             and isinstance(fields[1], int)
         ):
             req_id = fields[1]
-            if -(2**63) <= req_id < 2**64 and self.registry.identity_of(req_id) is None:
+            if -(2**63) <= req_id < 2**64 and self.registry.identity_of(req_id) != identity:
                 self.refuse(identity, req_id, ErrorCode.INVALID, f"malformed request: {exc}")
 
     def on_client_message(self, identity: bytes, msg) -> None:
@@ -178,11 +180,16 @@ class Frontend:
             self.refuse(identity, msg.req_id, ErrorCode.INVALID, str(exc))
             return
         req_ids = range(msg.req_id, msg.req_id + num_copies)
-        if req_ids[-1] > MAX_REQ_ID or any(self.registry.identity_of(r) is not None for r in req_ids):
+        if req_ids[-1] > MAX_REQ_ID:
             self.refuse_all(
-                identity, req_ids, ErrorCode.INTERNAL,
-                f"req_id {msg.req_id} (or one of its {num_copies} copies) is already in flight or out of range",
+                identity, req_ids, ErrorCode.INVALID,
+                f"req_id {msg.req_id} with n={num_copies} runs past 2**63 - 1 (choice i is req_id + i)",
             )
+            return
+        clash = self.registry.clash_error(msg.client_id, req_ids)
+        if clash is not None:  # the id's owner serves on, untouched: only the sender hears of it
+            logger.info("req %d refused: %s", msg.req_id, clash)
+            self.refuse_all(identity, req_ids, ErrorCode.INTERNAL, clash)
             return
         if self.draining is not None:
             logger.info("req %d refused: the server is shutting down", msg.req_id)

@@ -54,6 +54,21 @@ def test_a_body_that_cannot_be_sent_is_refused_before_anything_is_tracked():
     assert core.requests == {}
 
 
+def test_an_id_in_flight_on_this_client_is_refused_before_sending_and_the_request_holding_it_is_kept():
+    """The server could only refuse the second request on the id itself, which would end the first in
+    this client's eyes (an error in its queue, its outputs after that dropped)."""
+    core = ClientCore()
+    core.submit(prompt="Hi", req_id=42, sampling={"n": 3}, now_s=1.0)  # 42 .. 44
+    core.receive(output(43, "a", [5]))
+    for req_id, n in ((42, 1), (44, 1), (40, 3)):  # the id, the last choice's, a range reaching the first
+        with pytest.raises(InvalidRequestError, match=r"req_id (42|44) is already in flight on this client"):
+            core.submit(prompt="Hi", req_id=req_id, sampling={"n": n})
+    assert set(core.requests) == {42, 43, 44} and core.sent_s(43) == 1.0 and len(core.requests[43].outputs) == 1
+    core.receive(output(42, "", [], FinishReason.LENGTH))
+    core.next_output(42)  # read to its end: the id is free again
+    assert core.submit(prompt="Hi", req_id=42)[0] == 42
+
+
 def test_outputs_are_read_in_order_and_the_last_one_ends_the_request():
     core = ClientCore()
     req_id, _ = core.submit(prompt="Hi", now_s=10.0)

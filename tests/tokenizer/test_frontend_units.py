@@ -23,6 +23,18 @@ def test_registry_routes_each_request_to_its_owner_and_forgets_finished():
     reg.finish(3)  # twice is harmless
 
 
+def test_registry_names_the_first_id_in_flight_and_whose_it_is():
+    reg = ClientRegistry(client_timeout_s=5.0)
+    for req_id in (10, 11):  # a's n=2 request
+        reg.add_request("a", b"id-a", req_id, now_s=0.0)
+    assert reg.clash_error("b", range(12, 14)) is None and reg.clash_error("b", range(8, 10)) is None
+    assert reg.clash_error("b", range(9, 12)).startswith(
+        "req_id 10 is already in flight for another client's request"
+    ) and "(req_ids 9 .. 11 (n=3))" in reg.clash_error("b", range(9, 12))
+    assert reg.clash_error("a", range(11, 12)).startswith("req_id 11 is already in flight on this client")
+    assert "(req_id 11)" in reg.clash_error("a", range(11, 12))
+
+
 def test_silent_client_requests_are_reported_once():
     reg = ClientRegistry(client_timeout_s=5.0)
     reg.add_request("a", b"id-a", 1, now_s=0.0)
