@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+HF_HUB_OFFLINE_ENV = "HF_HUB_OFFLINE"
 COMMIT_HASH = re.compile(r"[0-9a-f]{40}")
 TRUE_VALUES = ("1", "ON", "YES", "TRUE")  # huggingface_hub.constants.ENV_VARS_TRUE_VALUES
 
@@ -31,7 +32,7 @@ class HubCache:
 
     @staticmethod
     def from_env(download_dir: str = "", environ: Mapping[str, str] = os.environ) -> HubCache:
-        offline_value = environ.get("HF_HUB_OFFLINE") or environ.get("TRANSFORMERS_OFFLINE") or ""
+        offline_value = environ.get(HF_HUB_OFFLINE_ENV) or environ.get("TRANSFORMERS_OFFLINE") or ""
         return HubCache(Path(download_dir or default_cache_dir(environ)).expanduser(),
                         offline_value.upper() in TRUE_VALUES)
 

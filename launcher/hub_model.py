@@ -68,7 +68,8 @@ def resolve_hub_model(model: str, gguf_file: str, revision: str, cache: HubCache
         snapshot = fetch_snapshot(hub_id.repo_id, revision, cache)
         if (snapshot / "config.json").is_file():
             return snapshot
-        return fetch_file(hub_id.repo_id, only_gguf(hub_id, gguf_names(hub_id.repo_id, revision, cache)), revision, cache)
+        name = only_gguf(hub_id, gguf_names(hub_id.repo_id, revision, cache))
+        return fetch_file(hub_id.repo_id, name, revision, cache)
     except errors.GatedRepoError:
         raise ValueError(f"{where}: a gated model; accept its terms on the hub and set HF_TOKEN") from None
     except errors.RepositoryNotFoundError:
@@ -145,7 +146,9 @@ def pick_quant(hub_id: HubModelId, names: list[str]) -> str:
     if len(found) == 1:
         return found[0]
     if found:
-        raise ValueError(f"{len(found)} .gguf files match {hub_id.quant} ({', '.join(found)}): name one with --gguf-file")
+        raise ValueError(
+            f"{len(found)} .gguf files match {hub_id.quant} ({', '.join(found)}): name one with --gguf-file"
+        )
     has = f"its .gguf files: {', '.join(names)}" if names else "it has no .gguf file"
     raise ValueError(f"no .gguf file of the repo matches {hub_id.quant} ({has})")
 

@@ -18,10 +18,10 @@ from testing.gguf_fixtures import write_gguf
 from testing.hub_cache_fixtures import commit_of, files_of, write_hub_snapshot
 from testing.paths import REPO_ROOT
 from zserve.common.server_config import ServerConfig
+from zserve.engine_keywords import config_values, flag_args
 from zserve.launcher.config_resolver import resolve_model
 from zserve.launcher.hub_cache import HubCache
 from zserve.launcher.hub_model import HubModelId, resolve_hub_model
-from zserve.engine_keywords import config_values, flag_args
 
 GGUF_NAMES = ("tiny-Q4_K_M.gguf", "tiny-q8_0.gguf", "mmproj-tiny-Q4_K_M.gguf")
 
@@ -172,3 +172,13 @@ def test_the_launcher_refuses_a_wrong_id_in_one_line(tmp_path):
         f"launch_server: error: --model org/no-such-model: not a local path, and not in the hub cache {tmp_path} "
         "(HF_HUB_OFFLINE=1)"
     ]
+
+
+def test_a_fleet_fetches_once_and_passes_the_id_on(hub, model_dir):
+    """The replicas get the id as typed (their API name) and resolve it from the cache offline (launcher/fleet/run.py)."""
+    from zserve.launcher.fleet.run import resolve_fleet_model
+
+    write_hub_snapshot(hub, "org/tiny", files_of(model_dir))
+    assert resolve_fleet_model(ServerConfig(model="org/tiny")) == "org/tiny"
+    with pytest.raises(ValueError, match="^--model org/no-such-model: not a local path"):
+        resolve_fleet_model(ServerConfig(model="org/no-such-model"))
