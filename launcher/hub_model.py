@@ -73,7 +73,9 @@ def resolve_hub_model(model: str, gguf_file: str, revision: str, cache: HubCache
     except errors.GatedRepoError:
         raise ValueError(f"{where}: a gated model; accept its terms on the hub and set HF_TOKEN") from None
     except errors.RepositoryNotFoundError:
-        raise ValueError(f"{where}: no such model on the Hugging Face hub (a private one needs HF_TOKEN)") from None
+        raise ValueError(
+            f"{where}: not a local path, and no such model on the Hugging Face hub (a private one needs HF_TOKEN)"
+        ) from None
     except errors.RevisionNotFoundError:
         raise ValueError(f"--revision {revision}: not a branch, tag or commit of {hub_id.repo_id}") from None
     except errors.LocalEntryNotFoundError as exc:

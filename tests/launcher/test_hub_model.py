@@ -182,3 +182,60 @@ def test_a_fleet_fetches_once_and_passes_the_id_on(hub, model_dir):
     assert resolve_fleet_model(ServerConfig(model="org/tiny")) == "org/tiny"
     with pytest.raises(ValueError, match="^--model org/no-such-model: not a local path"):
         resolve_fleet_model(ServerConfig(model="org/no-such-model"))
+
+
+def test_only_what_a_server_reads_is_fetched():
+    """The patterns given to snapshot_download, applied by huggingface_hub's own filter to a typical repo."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    from zserve.launcher.hub_model import SERVER_FILES, SKIPPED_FILES
+
+    repo = [
+        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+        "tokenizer.model", "merges.txt", "vocab.json", "chat_template.jinja", "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors", "model.safetensors.index.json", "modules.json", "1_Pooling/config.json",
+        "pytorch_model.bin", "pytorch_model.bin.index.json", "optimizer.pt", "training_args.bin", "README.md",
+        ".gitattributes", "consolidated.safetensors", "original/consolidated.00.pth", "original/params.json",
+        "model.gguf", "onnx/model.onnx",
+    ]
+    fetched = list(filter_repo_objects(repo, allow_patterns=list(SERVER_FILES), ignore_patterns=list(SKIPPED_FILES)))
+    assert fetched == [
+        "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+        "tokenizer.model", "merges.txt", "vocab.json", "chat_template.jinja", "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors", "model.safetensors.index.json", "modules.json", "1_Pooling/config.json",
+        "pytorch_model.bin.index.json",
+    ]
+
+
+def test_online_the_snapshot_is_downloaded_with_those_patterns(hub, model_dir, monkeypatch):
+    """Not offline: snapshot_download is asked (here a stand-in: no network in tests) for the server's files."""
+    import huggingface_hub
+
+    snapshot = write_hub_snapshot(hub, "org/tiny", files_of(model_dir))
+    calls = []
+
+    def fake_snapshot_download(repo_id, **kwargs):
+        calls.append((repo_id, kwargs))
+        return str(snapshot)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
+    cache = HubCache(hub, offline=False)
+    assert resolve_hub_model("org/tiny", "", "v1", cache) == snapshot
+    [(repo_id, kwargs)] = calls
+    assert repo_id == "org/tiny" and kwargs["revision"] == "v1" and kwargs["local_files_only"] is False
+    assert Path(kwargs["cache_dir"]) == hub and "*.safetensors" in kwargs["allow_patterns"]
+
+
+def test_a_hub_out_of_reach_lists_the_cached_gguf_files(hub, gguf_file, monkeypatch):
+    from huggingface_hub import HfApi
+
+    from zserve.launcher.hub_model import gguf_names
+
+    def unreachable(self, *args, **kwargs):
+        raise ConnectionError("no route to the hub")
+
+    monkeypatch.setattr(HfApi, "list_repo_files", unreachable)
+    gguf_repo(hub, gguf_file)
+    assert gguf_names("org/tiny-GGUF", "main", HubCache(hub, offline=False)) == ["tiny-Q4_K_M.gguf", "tiny-q8_0.gguf"]
+    with pytest.raises(ValueError, match=r"the hub could not be reached \(no route to the hub\) and the hub cache"):
+        gguf_names("org/other-GGUF", "main", HubCache(hub, offline=False))
