@@ -239,3 +239,16 @@ def test_a_hub_out_of_reach_lists_the_cached_gguf_files(hub, gguf_file, monkeypa
     assert gguf_names("org/tiny-GGUF", "main", HubCache(hub, offline=False)) == ["tiny-Q4_K_M.gguf", "tiny-q8_0.gguf"]
     with pytest.raises(ValueError, match=r"the hub could not be reached \(no route to the hub\) and the hub cache"):
         gguf_names("org/other-GGUF", "main", HubCache(hub, offline=False))
+
+
+def test_gguf_file_names_one_of_a_local_directorys(hub, gguf_file, tmp_path):
+    folder = tmp_path / "ggufs"
+    folder.mkdir()
+    for name in ("a.Q4_K_M.gguf", "a.Q8_0.gguf"):
+        shutil.copy(gguf_file, folder / name)
+    with pytest.raises(ValueError, match=r"holds 2 \.gguf files \(a\.Q4_K_M\.gguf, a\.Q8_0\.gguf\): name one \(--gguf-file\)"):
+        resolve_model(ServerConfig(model=str(folder)))
+    cfg = resolve_model(ServerConfig(model=str(folder), gguf_file="a.Q8_0.gguf"))
+    assert "a.Q8_0.gguf" in (Path(cfg.model) / "gguf_source.json").read_text() and cfg.served_model_name == "a.Q8_0.gguf"
+    with pytest.raises(ValueError, match=r"^--gguf-file b\.gguf: no such file in "):
+        resolve_model(ServerConfig(model=str(folder), gguf_file="b.gguf"))
