@@ -25,6 +25,9 @@ class ModelSection:
     """What is served: the checkpoint, its tokenizer and chat template, and the weights' number format."""
 
     model: str = ""
+    gguf_file: str = ""  # the .gguf file of a hub repo (or of a local directory) --model names
+    revision: str = ""  # a hub id --model's branch, tag or commit ("" = main)
+    download_dir: str = ""  # the hub cache a hub id --model is read from and downloaded into ("" = HF_HUB_CACHE's)
     served_model_name: str = ""
     task: str = GENERATE  # TASKS: generate, or embed (/v1/embeddings only); resolved into a Task (common/task.py)
     pooler_config: str = ""  # --task embed: JSON over the model directory's pooling (Pooling.overridden)

@@ -78,14 +78,32 @@ FLAG_SPECS: dict[str, FlagSpec] = {
     # ModelSection
     'model': FlagSpec(
         'model directory (config.json + safetensors + tokenizer), or a .gguf file '
-        f'({", ".join(GGUF_ARCHITECTURES)}; or a directory holding one); default: the SmolLM2-135M-Instruct demo '
-        'model, fetched on first use',
+        f'({", ".join(GGUF_ARCHITECTURES)}; or a directory holding one), or a Hugging Face hub id org/name '
+        "(fetched into the hub cache: config, tokenizer and safetensors only; $HF_HUB_OFFLINE=1 reads the cache "
+        "alone), org/repo:QUANT for a repo's GGUF file (llama.cpp's -hf); a local path that exists wins; default: "
+        'the SmolLM2-135M-Instruct demo model, fetched on first use',
         aliases=('--model-path',),
         positional=True,
     ),
+    'gguf_file': FlagSpec(
+        'the .gguf file to serve from a hub repo --model (or from a directory --model holding several); '
+        "--model org/repo:QUANT picks the repo's file whose name holds QUANT instead (llama.cpp's -hf)",
+        aliases=('--hf-file',),
+        peer_note="llama.cpp -hff / --hf-file (its -hf org/repo:QUANT is --model org/repo:QUANT here)",
+    ),
+    'revision': FlagSpec(
+        'with a hub id --model: the branch, tag or commit hash to serve (empty = main); no effect on a local '
+        'path (a warning says so)',
+        peer_note='vLLM and SGLang --revision',
+    ),
+    'download_dir': FlagSpec(
+        "with a hub id --model: the Hugging Face cache it is read from and downloaded into, in huggingface_hub's "
+        'layout (empty = $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub)',
+        peer_note='vLLM and SGLang --download-dir',
+    ),
     'served_model_name': FlagSpec(
         "the model's name in the OpenAI API (/v1/models, the request's model) and the metrics' model_name "
-        "label (empty = the model directory's name)",
+        "label (empty = a hub id --model as typed, else the model directory's name)",
     ),
     'task': FlagSpec(
         'generate, or embed: serve /v1/embeddings from a decoder checkpoint (last-token, mean or CLS pooling '

@@ -5,7 +5,8 @@
       resolve_speculative_config  --speculative-config JSON into the --speculative-* fields
       check_flags                 flags together; --port and --zmq-port free    (config_check.py)
       resolve_zmq_port            node 0: the default --zmq-port, when taken, becomes 0 (a free one)
-      resolve_model               the demo model when --model is empty; a GGUF file's metadata directory
+      resolve_model               the demo model when --model is empty; a hub id's snapshot in the hub cache
+                                  (hub_model.py); a GGUF file's metadata directory
       check_model                 the model directory (config.json parsed once, passed on); --num-threads 0
                                   becomes this node's threads per rank
       resolve_cpu_isa             --cpu-isa auto becomes this CPU's feature set; a feature it lacks is refused
@@ -50,18 +51,30 @@ def resolve_config(cfg: ServerConfig, phases: StartPhases | None = None) -> tupl
 
 
 def resolve_model(cfg: ServerConfig) -> ServerConfig:
-    """The demo model when --model is empty; a GGUF file becomes a directory of its metadata
-    (launcher/gguf_model_dir.py) whose weights stay in the file."""
-    if cfg.model:
-        from zserve.launcher.gguf_model_dir import gguf_file_of, gguf_model_dir
+    """The demo model when --model is empty; a hub id becomes its snapshot in the hub cache (fetched when missing and
+    allowed: launcher/hub_model.py); a GGUF file becomes a directory of its metadata (launcher/gguf_model_dir.py)
+    whose weights stay in the file. What comes out is a local directory, the one --model every child sees."""
+    if not cfg.model:
+        from zserve.launcher.demo_model import ensure_demo_model
 
-        gguf_file = gguf_file_of(cfg.model)
-        if gguf_file is None:
-            return cfg
-        model_dir = gguf_model_dir(gguf_file, with_tokenizer=not cfg.tokenizer)
-        logger.info("--model %s: metadata in %s, weights read from the GGUF file", gguf_file, model_dir)
-        # the API's model name is the file's, not the cache directory's
-        return replace(cfg, model=str(model_dir), served_model_name=cfg.served_model_name or gguf_file.name)
-    from zserve.launcher.demo_model import ensure_demo_model
+        return replace(cfg, model=str(ensure_demo_model(progress=True)))
+    from zserve.launcher.gguf_model_dir import gguf_file_of, gguf_model_dir
+    from zserve.launcher.hub_cache import HubCache
+    from zserve.launcher.hub_model import resolve_hub_model
 
-    return replace(cfg, model=str(ensure_demo_model(progress=True)))
+    hub_path = resolve_hub_model(cfg.model, cfg.gguf_file, cfg.revision, HubCache.from_env(cfg.download_dir))
+    if hub_path is not None:  # the API's model name is the id as typed, not the snapshot's commit hash
+        cfg = replace(cfg, model=str(hub_path), served_model_name=cfg.served_model_name or cfg.model)
+        # a file of the hub cache is a symlink into blobs/: keep its name (gguf_file_of would follow the link)
+        gguf_file = hub_path.absolute() if hub_path.suffix == ".gguf" else None
+    else:
+        for flag, value in (("--revision", cfg.revision), ("--download-dir", cfg.download_dir)):
+            if value:
+                logger.warning("%s %s has no effect: --model %s is a local path, not a hub id", flag, value, cfg.model)
+        gguf_file = gguf_file_of(cfg.model, cfg.gguf_file)
+    if gguf_file is None:
+        return cfg
+    model_dir = gguf_model_dir(gguf_file, with_tokenizer=not cfg.tokenizer)
+    logger.info("--model %s: metadata in %s, weights read from the GGUF file", gguf_file, model_dir)
+    # the API's model name is the file's, not the cache directory's
+    return replace(cfg, model=str(model_dir), served_model_name=cfg.served_model_name or gguf_file.name)

@@ -30,17 +30,23 @@ from zserve.launcher.model_cache import build_dir, ensure_chat_template, split_d
 
 logger = logging.getLogger("launcher")
 
-def gguf_file_of(model: str) -> Path | None:
-    """The GGUF file `--model` names: the file itself, or a directory's only .gguf when it has
-    no safetensors; None for anything else (a safetensors directory)."""
+def gguf_file_of(model: str, gguf_file: str = "") -> Path | None:
+    """The GGUF file `--model` names: the file itself, a directory's file `gguf_file` (--gguf-file), or a
+    directory's only .gguf when it has no safetensors; None for anything else (a safetensors directory)."""
     path = Path(model)
+    if gguf_file:
+        if not (path / gguf_file).is_file():
+            raise ValueError(f"--gguf-file {gguf_file}: no such file in {path}")
+        return (path / gguf_file).resolve()
     if path.is_file() and path.suffix == ".gguf":
         return path.resolve()
     if not path.is_dir() or any(path.glob("*.safetensors")) or (path / GGUF_SOURCE_FILE).is_file():
         return None
     found = sorted(path.glob("*.gguf"))
     if len(found) > 1:
-        raise ValueError(f"{path} holds {len(found)} .gguf files ({', '.join(p.name for p in found)}): name one")
+        raise ValueError(
+            f"{path} holds {len(found)} .gguf files ({', '.join(p.name for p in found)}): name one (--gguf-file)"
+        )
     return found[0].resolve() if found else None
 
 

@@ -64,8 +64,9 @@ class Engine:
         echo_logs: bool = True,
         **flags: Any,
     ):
-        """`model`: a model directory ("" = the demo model; SGLang's `model_path=` too). `flags`: launch_server
-        flags by their ServerConfig names or any spelling of the flag, SGLang's and vLLM's included
+        """`model`: a model directory, a .gguf file or a hub id (org/name, org/repo:QUANT; `revision=`,
+        `download_dir=`: launcher/hub_model.py) ("" = the demo model; SGLang's `model_path=` too). `flags`:
+        launch_server flags by their ServerConfig names or any spelling of the flag, SGLang's and vLLM's included
         (`tp_size=2`, `tensor_parallel_size=2`, `context_length=`, `enable_prefix_caching=False`:
         zserve/engine_keywords.py); `server_args`: more, as on a command line. `echo_logs`: copy the
         server's log lines to stderr."""

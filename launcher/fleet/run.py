@@ -26,6 +26,8 @@ from zserve.launcher.fleet.plan import check_fleet_flags, endpoint_port, num_rep
 from zserve.launcher.fleet.replica import Replica
 from zserve.launcher.fleet.router import RouterSettings, check_router_installed
 from zserve.launcher.fleet.supervisor import Fleet, FleetStartError
+from zserve.launcher.hub_cache import HF_HUB_OFFLINE_ENV, HubCache
+from zserve.launcher.hub_model import HubModelId, resolve_hub_model
 from zserve.launcher.server_ready import ServerReady
 
 logger = logging.getLogger("fleet")
@@ -40,12 +42,14 @@ def run_fleet(cfg: ServerConfig) -> int:
         check_port_free("--router-port" if cfg.router_port else "--port", cfg.host, endpoint_port(cfg))
         allowed, numa_nodes = allowed_cpus(), read_numa_nodes()
         http_ports = free_ports(num_replicas_of(cfg, allowed, numa_nodes), avoid={endpoint_port(cfg)})
-        specs = plan_replicas(cfg, resolve_fleet_model(cfg.model), allowed, numa_nodes, http_ports)
+        specs = plan_replicas(cfg, resolve_fleet_model(cfg), allowed, numa_nodes, http_ports)
     except ValueError as exc:
         refuse(str(exc))
     logger.info("%d replica(s) on %d allowed core(s) (%s) of %d NUMA node(s)", len(specs), len(allowed),
                 format_cpulist(allowed), max(1, len(numa_nodes)))
     env = {**os.environ, FLEET_PID_ENV: str(os.getpid())}
+    if HubModelId.parse(cfg.model) is not None:
+        env[HF_HUB_OFFLINE_ENV] = "1"  # fetched once above: each replica finds it in the cache, with no network call
     api_key = cfg.api_key or os.environ.get(API_KEY_ENV, "")
     if api_key:
         env[API_KEY_ENV] = api_key  # never on a command line; the router reads it there too (router_main.py)
@@ -78,10 +82,12 @@ def run_fleet(cfg: ServerConfig) -> int:
     return code
 
 
-def resolve_fleet_model(model: str) -> str:
-    """The demo model is fetched once here, not by every replica; any other --model goes to them as given."""
-    if model:
-        return model
+def resolve_fleet_model(cfg: ServerConfig) -> str:
+    """The demo model, or a hub id's files, fetched once here, not by every replica; --model goes to them as given
+    (a hub id too: they resolve it from the cache, offline)."""
+    if cfg.model:
+        resolve_hub_model(cfg.model, cfg.gguf_file, cfg.revision, HubCache.from_env(cfg.download_dir))
+        return cfg.model
     from zserve.launcher.demo_model import ensure_demo_model
 
     return str(ensure_demo_model(progress=True))
