@@ -91,7 +91,7 @@ PEER_FAMILIES = (
 
 def peer_families(families: Iterable[Metric]) -> Iterator[Metric]:
     """The peer families whose zserve source is among `families` (none while the scheduler is down)."""
-    by_name = {family.name: family for family in families}
+    by_name = {metric.name: metric for metric in families}
     for peer in PEER_FAMILIES:
         source = by_name.get(peer.source)
         if source is not None:
