@@ -18,22 +18,20 @@ The target of issue 46: TPOT with overlap within 1.05x of the step alone.
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_step_path import served, step_alone_ms  # noqa: E402
+from benchmarks.bench_step_path import alone_runner, served, step_alone_ms  # noqa: E402
 from benchmarks.json_report import write_json  # noqa: E402
 from benchmarks.load_driver import LoadOptions, drive  # noqa: E402
 from benchmarks.machine_info import load_average, machine_info  # noqa: E402
 from benchmarks.metrics import RunMetrics  # noqa: E402
 from benchmarks.workloads import LengthRange, random_workload, sampleable_token_ids  # noqa: E402
-from testing.server_process import ServerProcess, resolve_model_dir  # noqa: E402
+from testing.server_process import ServerProcess  # noqa: E402
 from zserve.common.net_ports import free_port  # noqa: E402
-from zserve.common.worker_env import worker_env  # noqa: E402
 
 SETTINGS = {"on": ["--enable-overlap-schedule"], "off": ["--disable-overlap-schedule"]}
 
@@ -66,14 +64,7 @@ def burst(address: str, model: str, args: argparse.Namespace, repeat: int) -> di
 
 def main() -> None:
     args = parse_args()
-    if "ZSERVE_NUM_THREADS" not in os.environ:  # the worker's environment, read at process start
-        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **worker_env(0, "cpu")})
-    from testing.model_fixtures import make_runner
-
-    model = resolve_model_dir(args.model)
-    context_len = args.input_len + args.output_len // 2
-    runner = make_runner(model, device="cpu", dtype=args.dtype, page_size=16, kv_cache_tokens=context_len + 64,
-                         num_threads=int(os.environ["ZSERVE_NUM_THREADS"]), quantization=args.quantization)
+    model, runner, context_len = alone_runner(args)
     servers, http_ports = {}, {}
     try:
         for name, flags in SETTINGS.items():

@@ -103,8 +103,9 @@ def served(address: str, port: int, model: str, args: argparse.Namespace, repeat
     return {"tpot_ms": tpot, "wait_ms": waits / steps * 1e3, "schedule_ms": schedules / steps * 1e3, "forward_ms": forwards / steps * 1e3}
 
 
-def main() -> None:
-    args = parse_args()
+def alone_runner(args: argparse.Namespace):
+    """(model dir, the worker's runner in this process, the context of the step alone), under the worker's
+    environment: the process re-executes itself with it first."""
     if "ZSERVE_NUM_THREADS" not in os.environ:  # the worker's environment, read at process start
         os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **worker_env(0, "cpu")})
     from testing.model_fixtures import make_runner
@@ -113,6 +114,12 @@ def main() -> None:
     context_len = args.input_len + args.output_len // 2
     runner = make_runner(model, device="cpu", dtype=args.dtype, page_size=16, kv_cache_tokens=context_len + 64,
                          num_threads=int(os.environ["ZSERVE_NUM_THREADS"]), quantization=args.quantization)
+    return model, runner, context_len
+
+
+def main() -> None:
+    args = parse_args()
+    model, runner, context_len = alone_runner(args)
     http_port = free_port()
     rows = []
     with ServerProcess.start(model, ["--dtype", args.dtype, "--quantization", args.quantization, "--http-port", str(http_port), "--log-level", "warning"]) as server:

@@ -226,6 +226,23 @@ def test_bench_step_path_breaks_down_a_served_token(model_dir, tmp_path):
     assert "TPOT" in proc.stdout and "step alone" in proc.stdout
 
 
+def test_bench_overlap_measures_both_settings(model_dir, tmp_path):
+    """Overlap on and off, each: a TPOT, the scheduler's own time per step, and a burst's throughput; with overlap
+    the scheduler's time between a result and the next send is (nearly) gone: the next batch was sent ahead."""
+    out = tmp_path / "overlap.json"
+    cmd = [sys.executable, str(REPO / "benchmarks" / "bench_overlap.py"), "--model", str(model_dir), "--dtype", "float32",
+           "--requests", "1", "--repeats", "1", "--input-len", "16", "--output-len", "48", "--burst", "4",
+           "--burst-input-len", "8", "--burst-output-len", "16", "--output-json", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert proc.returncode == 0, f"{proc.stdout}\n{proc.stderr}"
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["alone_ms"] > 0
+    for name in ("on", "off"):
+        assert row[name]["tpot_ms"] > 0 and row[f"burst_{name}"]["output_tok_s"] > 0, row
+    assert row["on"]["schedule_ms"] < row["off"]["schedule_ms"], row
+    assert "TPOT on" in proc.stdout and "at once" in proc.stdout
+
+
 def test_bench_containment_prints_every_case():
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_containment.py"), "--tries", "1"],
                           capture_output=True, text=True, timeout=300, cwd=REPO)
