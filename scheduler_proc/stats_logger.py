@@ -72,12 +72,22 @@ class StatsLogger:
             f"running {stats.num_running}, waiting {stats.num_waiting}, retracted {stats.num_retracted} (total); "
             f"KV {100 * kv_usage:.1f}% used; prefix cache hit {100 * hit_rate:.1f}%; "
             f"{stats.num_generated_tokens} tokens generated (total)"
-        ) + _chunk_part(stats) + (_spec_part(last, stats) if stats.num_drafts else "")
+        ) + _chunk_part(stats) + _overlap_part(last, stats) + (_spec_part(last, stats) if stats.num_drafts else "")
 
 
 def _chunk_part(stats: SchedulerStats) -> str:
     """The prefill chunk --max-step-ms last allowed beside decodes (StepTimeBound), once it has bounded one."""
     return f"; prefill chunk beside decodes {stats.prefill_chunk_tokens} tokens" if stats.prefill_chunk_tokens else ""
+
+
+def _overlap_part(last: SchedulerStats, stats: SchedulerStats) -> str:
+    """The interval's share of steps sent while the one before was with the worker (--overlap-schedule), once any
+    has been."""
+    if not stats.num_overlapped_steps:
+        return ""
+    num_steps = stats.num_steps - last.num_steps
+    num_ahead = stats.num_overlapped_steps - last.num_overlapped_steps
+    return f"; {100 * num_ahead / num_steps if num_steps else 0.0:.0f}% of steps sent ahead"
 
 
 def _spec_part(last: SchedulerStats, stats: SchedulerStats) -> str:

@@ -19,8 +19,10 @@ from zserve.common.forward_batch import future_token
 from zserve.common.pooling import Pooling
 from zserve.common.sampling_params import SamplingParams
 from zserve.common.scheduler_choices import overlap_schedule_for
+from zserve.common.scheduler_stats import SchedulerStats
 from zserve.launcher.cli import parse_config
 from zserve.scheduler_proc.scheduler import STEP_POLICIES
+from zserve.scheduler_proc.stats_logger import StatsLogger
 
 VOCAB = 64
 
@@ -188,3 +190,10 @@ def test_the_flags_and_what_auto_means_on_each_device():
         overlap_schedule_for("maybe", "cpu")
     # an embedding server never overlaps (it only prefills)
     assert not make(True, pooling=Pooling("mean", normalize=True)).scheduler.overlaps
+
+
+def test_the_stats_line_reports_the_share_of_steps_sent_ahead():
+    log = StatsLogger(interval_s=10.0, num_pages=100)
+    log.restart(0.0, SchedulerStats(num_steps=10, num_overlapped_steps=4))
+    assert "sent ahead" not in log.format_line(SchedulerStats(num_steps=20), 10.0)  # overlap off: never any
+    assert "; 75% of steps sent ahead" in log.format_line(SchedulerStats(num_steps=30, num_overlapped_steps=19), 10.0)
