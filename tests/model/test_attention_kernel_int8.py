@@ -145,6 +145,35 @@ def test_rope_store_int8_writes_what_rope_store_writes_quantized(ops, dtype, hea
             torch.testing.assert_close(q, apply_rotary(qk, cos, sin)[:, :h], rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_layer_on_an_int8_pool_kernel_and_torch_paths_agree(ops, page_size, dtype):
+    """PagedAttention.forward over an int8 pool (K/V written by KVPool.write), the kernel backend against the torch
+    one (which reads the pages dequantized): decodes, chunks after a cached prefix, new prompts. The torch path
+    attends a new prompt over its own unquantized K/V, so the two differ by the int8 rounding (INT8_BOUND), and
+    in bf16 by the bf16 path's own bound besides."""
+    from zserve.model_proc.layers.attention import PagedAttention
+    from zserve.model_proc.layers.attention_metadata import AttentionMetadata
+
+    cached, extend = [12, 0, 33, 64, 0, 150], [1, 20, 1, 9, 1, 1]
+    batch = random_batch(np.random.default_rng(11), cached, extend, page_size)
+    num_pages = int(batch.page_ids.max()) + 1
+    attn = PagedAttention(9, 3, 64, 0.125, layer_idx=0)
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(batch.num_tokens, 9, 64, generator=gen).to(dtype)
+    k, v = (torch.randn(batch.num_tokens, 3, 64, generator=gen).to(dtype) for _ in range(2))
+    outs = []
+    for backend in ("cpu_kernel", "torch"):
+        pool = KVPool(1, 3, 64, page_size, num_pages, dtype, torch.device("cpu"), "int8")
+        fill = torch.Generator().manual_seed(6)
+        k_fill, v_fill = (torch.randn(pool.num_slots, 3, 64, generator=fill).to(dtype) for _ in range(2))
+        pool.write(0, torch.arange(pool.num_slots), k_fill, v_fill)
+        with torch.inference_mode():
+            outs.append(attn(q, k, v, AttentionMetadata.build(batch, pool, dtype, backend=backend)).float())
+    bound = INT8_BOUND + (0.05 if dtype == torch.bfloat16 else 0.0)
+    assert (outs[0] - outs[1]).abs().max().item() <= bound
+
+
 def test_pool_writes_copies_and_reads_int8_rows():
     pool = KVPool(2, 2, 16, 4, 6, torch.bfloat16, torch.device("cpu"), "int8")
     assert pool.k[0].dtype == torch.int8 and pool.k_scales[1].shape == (2, 24) and pool.quantized
