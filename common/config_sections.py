@@ -65,6 +65,7 @@ class CacheSection:
     kv_cache_tokens: int = 0
     mem_fraction_static: float = 0.0
     kv_memory_fraction: float = 0.3
+    kv_cache_dtype: str = "auto"  # common/kernel_choices.py's KV_CACHE_DTYPES
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from zserve.common.architectures import GGUF_ARCHITECTURES
 from zserve.common.config_sections import ROUTER_POLICIES
 from zserve.common.isa_features import CPU_ISA_ENV, FEATURES, LEVELS
-from zserve.common.kernel_choices import ATTENTION_BACKENDS, FUSED_OPS_CHOICES
+from zserve.common.kernel_choices import ATTENTION_BACKENDS, FUSED_OPS_CHOICES, KV_CACHE_DTYPES
 from zserve.common.proc_runtime import LOG_LEVELS
 from zserve.common.scheduler_choices import (
     ADMISSION_POLICIES,
@@ -230,6 +230,13 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         'fraction of free memory for the KV pool when --kv-cache-tokens is 0',
         above=0.0,
         below=1.0,
+    ),
+    'kv_cache_dtype': FlagSpec(
+        "the KV cache's element type: auto (the model's dtype) or int8 (a scale per token and KV head, as "
+        "llama.cpp's q8_0 cache; about half the bytes, so about twice the pages for the same memory; the CPU "
+        "kernel reads it in place); fp8_e4m3/fp8_e5m2 are not implemented and refused",
+        choices=KV_CACHE_DTYPES,
+        peer_note="SGLang / vLLM --kv-cache-dtype (their fp8_e4m3 / fp8_e5m2 refused); llama.cpp -ctk/-ctv q8_0",
     ),
     # SchedulerSection
     'max_running_requests': FlagSpec(

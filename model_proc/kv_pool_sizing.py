@@ -1,11 +1,12 @@
 """How many pages the model worker's paged KV pool holds (the cache section: --page-size,
---kv-cache-tokens, --kv-memory-fraction, --mem-fraction-static).
+--kv-cache-tokens, --kv-memory-fraction, --mem-fraction-static, --kv-cache-dtype).
 
 Sized in tokens (--kv-cache-tokens > 0), the pool exists before the weights load, so its first pages
 are faulted in while they do; sized by memory, it waits for the weights and takes a share of what they
 leave: --kv-memory-fraction of the memory free after loading, or, when --mem-fraction-static > 0, that
 share of the device's whole memory less the weights (SGLang's meaning). With several ranks every pool
-takes the smallest rank's page count: the scheduler's page ids index all of them.
+takes the smallest rank's page count: the scheduler's page ids index all of them. Sized by memory, an int8 cache
+(--kv-cache-dtype int8: d + 4 bytes a row against 2 d) gets 2d / (d + 4) times the pages of a 16-bit one.
 """
 
 from __future__ import annotations
@@ -42,7 +43,9 @@ class KVPoolSizing:
     def after_weights(self, model: torch.nn.Module) -> KVPool:
         """The pool sized by memory, the weights of `model` loaded: a share of what is free."""
         cache, page_size = self.cache, self.cache.page_size
-        per_token = KVPool.bytes_per_token(self.num_layers, self.kv_heads, self.head_dim, self.dtype)
+        per_token = KVPool.bytes_per_token(
+            self.num_layers, self.kv_heads, self.head_dim, self.dtype, self.cache.kv_cache_dtype
+        )
         if cache.mem_fraction_static > 0:
             weight_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
             num_pages = KVPool.num_pages_for_static_share(
@@ -56,4 +59,4 @@ class KVPoolSizing:
 
     def _pool(self, num_pages: int) -> KVPool:
         return KVPool(self.num_layers, self.kv_heads, self.head_dim, self.cache.page_size, num_pages, self.dtype,
-                      self.device)
+                      self.device, self.cache.kv_cache_dtype)

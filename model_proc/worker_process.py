@@ -178,12 +178,14 @@ def serve(
                 fingerprint = settings_fingerprint(
                     model.model, dtype=str(resolve_dtype(model.dtype, device)[0]), page_size=cache.page_size,
                     kv_cache_tokens=cache.kv_cache_tokens, kv_memory_fraction=cache.kv_memory_fraction,
-                    mem_fraction_static=cache.mem_fraction_static, seed=model.seed, tp_size=parallel.tp_size,
+                    mem_fraction_static=cache.mem_fraction_static, kv_cache_dtype=cache.kv_cache_dtype,
+                    seed=model.seed, tp_size=parallel.tp_size,
                     nnodes=parallel.nnodes, quantization=model.quantization,
                 )
                 check_same_on_all_ranks(
                     fingerprint, device,
-                    "models or --dtype/--quantization/--page-size/--kv-cache-tokens/--kv-memory-fraction/--seed",
+                    "models or --dtype/--quantization/--page-size/--kv-cache-tokens/--kv-memory-fraction/"
+                    "--kv-cache-dtype/--seed",
                 )
             runner = build_runner(sections, rank, phases, early_read)
             if rank == 0:

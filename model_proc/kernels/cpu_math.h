@@ -4,6 +4,7 @@
 #include <c10/util/BFloat16.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
@@ -67,6 +68,44 @@ inline void widen_row(const T* __restrict src, float* __restrict dst, int64_t n)
 #endif
     for (; i < n; ++i) dst[i] = static_cast<float>(src[i]);
   }
+}
+
+// n int8 values times `scale` into fp32 (an int8 KV cache row: one scale per token and head), 16 at
+// a time with AVX-512, 8 with AVX2, scalar elsewhere: the same products (an exact int to float
+// conversion, one rounded multiply) on every path.
+inline void widen_int8_row(const int8_t* __restrict src, float scale, float* __restrict dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 s16 = _mm512_set1_ps(scale);
+  for (; i + 16 <= n; i += 16) {
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+    _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b)), s16));
+  }
+#endif
+#if defined(__AVX2__)
+  const __m256 s8 = _mm256_set1_ps(scale);
+  for (; i + 8 <= n; i += 8) {
+    const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
+    _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), s8));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = static_cast<float>(src[i]) * scale;
+}
+
+// n fp32 values into int8 with one symmetric scale, returned: scale = max|x| / 127, q = round(x /
+// scale) to nearest even (x * (127 / max|x|), as kv_pool.py's quantize_rows computes it); all zeros
+// give scale 0.
+inline float quantize_int8_row(const float* __restrict src, int8_t* __restrict dst, int64_t n) {
+  float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(src[i]));
+  // the barrier keeps x * inv a product of x and the rounded 127 / amax under -fassociative-math (as
+  // (x * 127) / amax it rounds differently, and a tie at 63.5 lands on the other side of torch's)
+  const float inv = amax > 0.0f ? __builtin_assoc_barrier(127.0f / amax) : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, __builtin_rintf(src[i] * inv))));
+  }
+  return amax / 127.0f;
 }
 
 // n fp32 values into bf16, rounded to nearest even (NaN stays a quiet NaN), as c10::BFloat16(x):

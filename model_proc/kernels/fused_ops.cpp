@@ -14,6 +14,10 @@
 //       dtype(swap_halves(x) * sin_signed)) over the first r dims of each head (NeoX layout, as
 //       model_proc/layers/rotary.py), dims r..d-1 copied (a partial rotary); returns rotated q
 //       [T, h, d] and writes rotated k and v at out_slots of k_cache/v_cache [kvh, slots, d]
+//   zserve::rope_store_int8(qk, v, cos, sin_signed, k_cache, v_cache, k_scales, v_scales, out_slots, num_q_heads) -> q
+//       the same into an int8 cache (--kv-cache-dtype int8): each k and v row, rounded to the dtype
+//       first (what rope_store would have stored), goes in as int8 with its scale at k/v_scales
+//       fp32 [kvh, slots] (cpu_math.h's quantize_int8_row; kv_pool.py's quantize_rows is the same)
 //
 // In bf16 every product is rounded to the dtype before the sum, as in the torch ops; in fp32 the
 // compiler may fuse a product and a sum into one FMA (one rounding instead of two: an ulp).
@@ -178,12 +182,16 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return y;
 }
 
-at::Tensor rope_store(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin_signed,
-                      at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& out_slots, int64_t num_q_heads) {
+// k_scales / v_scales: undefined for a cache of qk's dtype, fp32 [kvh, slots] for an int8 one
+at::Tensor rope_store_into(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin_signed,
+                           at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k_scales, const at::Tensor& v_scales,
+                           const at::Tensor& out_slots, int64_t num_q_heads) {
+  const bool int8_cache = k_scales.defined();
+  const at::ScalarType cache_dtype = int8_cache ? at::kChar : qk.scalar_type();
   TORCH_CHECK(qk.dim() == 3 && v.dim() == 3 && qk.stride(2) == 1 && v.stride(2) == 1, "rope_store: qk, v [T, heads, d], d contiguous");
   TORCH_CHECK(qk.scalar_type() == v.scalar_type() && qk.scalar_type() == cos.scalar_type() && qk.scalar_type() == sin_signed.scalar_type() &&
-                  qk.scalar_type() == k_cache.scalar_type() && qk.scalar_type() == v_cache.scalar_type(),
-              "rope_store: one dtype for qk, v, cos, sin and the caches");
+                  k_cache.scalar_type() == cache_dtype && v_cache.scalar_type() == cache_dtype,
+              "rope_store: one dtype for qk, v, cos, sin and the caches (int8 caches for rope_store_int8)");
   TORCH_CHECK(qk.scalar_type() == at::kFloat || qk.scalar_type() == at::kBFloat16, "rope_store: float32 or bfloat16");
   const int64_t T = qk.size(0), d = qk.size(2), h = num_q_heads, kvh = qk.size(1) - num_q_heads;
   TORCH_CHECK(kvh >= 1 && v.size(0) == T && v.size(1) == kvh && v.size(2) == d && d % 2 == 0, "rope_store: qk holds h + kvh heads, v kvh");
@@ -196,6 +204,12 @@ at::Tensor rope_store(const at::Tensor& qk, const at::Tensor& v, const at::Tenso
               "rope_store: caches [kvh, slots, d], contiguous");
   TORCH_CHECK(out_slots.scalar_type() == at::kLong && out_slots.is_contiguous() && out_slots.numel() == T, "rope_store: out_slots int64[T]");
   const int64_t num_slots = k_cache.size(1);
+  if (int8_cache) {
+    for (const at::Tensor* t : {&k_scales, &v_scales}) {
+      TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == kvh && t->size(1) == num_slots,
+                  "rope_store_int8: scales fp32 [kvh, slots], contiguous");
+    }
+  }
   const int64_t* slots = out_slots.data_ptr<int64_t>();
   for (int64_t t = 0; t < T; ++t) TORCH_CHECK(slots[t] >= 0 && slots[t] < num_slots, "rope_store: slot ", slots[t], " outside the cache");
   at::Tensor q = at::empty({T, h, d}, qk.options());
@@ -207,8 +221,12 @@ at::Tensor rope_store(const at::Tensor& qk, const at::Tensor& v, const at::Tenso
     const T_* cp = cos.data_ptr<T_>();
     const T_* sp = sin_signed.data_ptr<T_>();
     T_* qp = q.data_ptr<T_>();
-    T_* kc = k_cache.data_ptr<T_>();
-    T_* vc = v_cache.data_ptr<T_>();
+    T_* kc = int8_cache ? nullptr : k_cache.data_ptr<T_>();
+    T_* vc = int8_cache ? nullptr : v_cache.data_ptr<T_>();
+    int8_t* kq = int8_cache ? k_cache.data_ptr<int8_t>() : nullptr;
+    int8_t* vq = int8_cache ? v_cache.data_ptr<int8_t>() : nullptr;
+    float* ks = int8_cache ? k_scales.data_ptr<float>() : nullptr;
+    float* vs = int8_cache ? v_scales.data_ptr<float>() : nullptr;
     const int64_t half = r / 2, qk_t = qk.stride(0), qk_h = qk.stride(1), v_t = v.stride(0), v_h = v.stride(1);
     for_rows(T, (h + 2 * kvh) * d, [&](int64_t t0, int64_t t1) {
       std::vector<float> buf(2 * r + 2 * d);
@@ -226,15 +244,41 @@ at::Tensor rope_store(const at::Tensor& qk, const at::Tensor& v, const at::Tenso
             of[i + half] = round_to<T_>(xf[i + half] * cf[i + half]) + round_to<T_>(xf[i] * sf[i + half]);
           }
           std::memcpy(of + r, xf + r, (d - r) * sizeof(float));  // a partial rotary's pass-through dims
-          narrow(of, head < h ? qp + (t * h + head) * d : kc + ((head - h) * num_slots + slots[t]) * d, d);
+          const int64_t row = (head - h) * num_slots + slots[t];  // a k head's row in the cache
+          if (head < h) {
+            narrow(of, qp + (t * h + head) * d, d);
+          } else if (int8_cache) {
+            _Pragma("omp simd") for (int64_t i = 0; i < d; ++i) of[i] = round_to<T_>(of[i]);
+            ks[row] = zserve_cpu::quantize_int8_row(of, kq + row * d, d);
+          } else {
+            narrow(of, kc + row * d, d);
+          }
         }
         for (int64_t head = 0; head < kvh; ++head) {
-          std::memcpy(vc + (head * num_slots + slots[t]) * d, vp + t * v_t + head * v_h, d * sizeof(T_));
+          const int64_t row = head * num_slots + slots[t];
+          if (int8_cache) {
+            widen(vp + t * v_t + head * v_h, xf, d);
+            vs[row] = zserve_cpu::quantize_int8_row(xf, vq + row * d, d);
+          } else {
+            std::memcpy(vc + row * d, vp + t * v_t + head * v_h, d * sizeof(T_));
+          }
         }
       }
     });
   });
   return q;
+}
+
+at::Tensor rope_store(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin_signed,
+                      at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& out_slots, int64_t num_q_heads) {
+  return rope_store_into(qk, v, cos, sin_signed, k_cache, v_cache, at::Tensor(), at::Tensor(), out_slots, num_q_heads);
+}
+
+at::Tensor rope_store_int8(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin_signed,
+                           at::Tensor k_cache, at::Tensor v_cache, at::Tensor k_scales, at::Tensor v_scales,
+                           const at::Tensor& out_slots, int64_t num_q_heads) {
+  TORCH_CHECK(k_scales.defined() && v_scales.defined(), "rope_store_int8: scales required");
+  return rope_store_into(qk, v, cos, sin_signed, k_cache, v_cache, k_scales, v_scales, out_slots, num_q_heads);
 }
 
 }  // namespace
@@ -245,4 +289,7 @@ TORCH_LIBRARY_FRAGMENT(zserve, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
   m.def("rope_store(Tensor qk, Tensor v, Tensor cos, Tensor sin_signed, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor out_slots, int num_q_heads) -> Tensor",
         &rope_store);
+  m.def("rope_store_int8(Tensor qk, Tensor v, Tensor cos, Tensor sin_signed, Tensor(a!) k_cache, Tensor(b!) v_cache, "
+        "Tensor(c!) k_scales, Tensor(d!) v_scales, Tensor out_slots, int num_q_heads) -> Tensor",
+        &rope_store_int8);
 }

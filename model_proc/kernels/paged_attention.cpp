@@ -21,6 +21,16 @@
 // once in q's dtype. In bf16 the probabilities are rounded to bf16 before they weight V, as in
 // torch's CPU SDPA. Items are handed out through an atomic counter (largest first) inside
 // one at::parallel_for, so a long prefill row does not leave the other threads idle.
+//
+// zserve::paged_attention_int8(q, k_cache, v_cache, k_scales, v_scales, out, ...as above)
+//
+//   k/v_cache   int8 [kvh, slots, d]   an int8 KV cache (--kv-cache-dtype int8): row (head, slot) holds
+//   k/v_scales  fp32 [kvh, slots]      round(x / scale), scale = max|x| / 127 of that row
+//
+// The same walk; each key and value row is widened to fp32 times its scale as it enters the tile
+// (cpu_math.h's widen_int8_row: AVX-512, AVX2 or scalar, one rounded product each), so the dot
+// products and the softmax are those of the 16-bit cache's path over the dequantized rows, and
+// the pages read are half the bytes (plus 4 per row for the scale).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -148,8 +158,8 @@ inline float dot_keys(const float* __restrict q, const float* __restrict keys, i
   return best;
 }
 
-template <typename T>
-inline void prefetch_page(const T* k, const T* v, int64_t num_bytes) {
+template <typename KV>
+inline void prefetch_page(const KV* k, const KV* v, int64_t num_bytes) {
   for (int64_t b = 0; b < num_bytes; b += 64) {
     __builtin_prefetch(reinterpret_cast<const char*>(k) + b);
     __builtin_prefetch(reinterpret_cast<const char*>(v) + b);
@@ -168,11 +178,23 @@ struct Args {
   int64_t window;  // 0: full causal
   float softcap;   // 0: none
   const int64_t *token_starts, *extend_lens, *cached_lens, *page_starts, *page_ids;
+  const float *k_scales = nullptr, *v_scales = nullptr;  // [kvh, slots] with an int8 cache (KV = int8_t)
 };
 
+// One cache row into fp32: a copy or widening of a 16-bit row, or int8 times the row's scale.
+template <typename KV>
+inline void load_row(const KV* __restrict src, const float* scales, int64_t slot, float* __restrict dst, int64_t d) {
+  if constexpr (std::is_same_v<KV, int8_t>) {
+    zserve_cpu::widen_int8_row(src, scales[slot], dst, d);
+  } else {
+    zserve_cpu::widen_row(src, dst, d);
+  }
+}
+
 // D: head_dim when known at compile time (64, 128: rows stay in registers), else 0 (a.head_dim).
-template <typename T, int64_t D>
-void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T* v_cache, T* out,
+// T: q's and out's dtype; KV: the cache's (T, or int8_t with a.k_scales / a.v_scales).
+template <typename T, typename KV, int64_t D>
+void attend(const Args& a, const Item& it, const T* q, const KV* k_cache, const KV* v_cache, T* out,
             std::vector<float>& scratch) {
   const int64_t d = D > 0 ? D : a.head_dim, group = a.num_heads / a.num_kv_heads;
   const int64_t num_q = it.q_hi - it.q_lo, rows = num_q * group;  // row = token * group + head in group
@@ -203,9 +225,12 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
   std::fill(m, m + rows, NEG_BIG);
   std::fill(l, l + rows, 0.0f);
 
-  const T* k_head = k_cache + it.kv_head * a.kv_stride_h;
-  const T* v_head = v_cache + it.kv_head * a.kv_stride_h;
-  const int64_t page_bytes = page_size * d * static_cast<int64_t>(sizeof(T));
+  const KV* k_head = k_cache + it.kv_head * a.kv_stride_h;
+  const KV* v_head = v_cache + it.kv_head * a.kv_stride_h;
+  const int64_t num_slots = a.kv_stride_h / d;
+  const float* k_scale_head = a.k_scales != nullptr ? a.k_scales + it.kv_head * num_slots : nullptr;
+  const float* v_scale_head = a.v_scales != nullptr ? a.v_scales + it.kv_head * num_slots : nullptr;
+  const int64_t page_bytes = page_size * d * static_cast<int64_t>(sizeof(KV));
   int64_t page_idx = key_start / page_size, offset = key_start % page_size;  // of position k0 + j, walked without a division per key
   // pages are scattered: the hardware prefetcher stops at each one's end, so ask for the first
   // pages now and, at each page start, for the page PREFETCH_PAGES ahead
@@ -221,10 +246,8 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
         prefetch_page(k_head + pages[ahead] * page_size * d, v_head + pages[ahead] * page_size * d, page_bytes);
       }
       if (++offset == page_size) offset = 0, ++page_idx;
-      const T* __restrict ksrc = k_head + slot * d;
-      const T* __restrict vsrc = v_head + slot * d;
-      zserve_cpu::widen_row(ksrc, kf + j * d, d);
-      zserve_cpu::widen_row(vsrc, vf + j * d, d);
+      load_row(k_head + slot * d, k_scale_head, slot, kf + j * d, d);
+      load_row(v_head + slot * d, v_scale_head, slot, vf + j * d, d);
     }
     for (int64_t row = 0; row < rows; ++row) {
       // tile keys [lo, num_seen) are this row's: positions up to its own, and, with a window,
@@ -308,12 +331,12 @@ void attend(const Args& a, const Item& it, const T* q, const T* k_cache, const T
   }
 }
 
-template <typename T>
+template <typename T, typename KV>
 void run(const Args& a, const std::vector<Item>& items, const at::Tensor& q, const at::Tensor& k_cache,
          const at::Tensor& v_cache, at::Tensor& out) {
   const T* qp = q.data_ptr<T>();
-  const T* kp = k_cache.data_ptr<T>();
-  const T* vp = v_cache.data_ptr<T>();
+  const KV* kp = k_cache.data_ptr<KV>();
+  const KV* vp = v_cache.data_ptr<KV>();
   T* op = out.data_ptr<T>();
   const int64_t num_items = static_cast<int64_t>(items.size());
   std::atomic<int64_t> next{0};
@@ -322,25 +345,37 @@ void run(const Args& a, const std::vector<Item>& items, const at::Tensor& q, con
     for (int64_t w = begin; w < end; ++w) {  // one iteration per thread; each pulls items until none are left
       for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
         if (a.head_dim == 64) {
-          attend<T, 64>(a, items[i], qp, kp, vp, op, scratch);
+          attend<T, KV, 64>(a, items[i], qp, kp, vp, op, scratch);
         } else if (a.head_dim == 128) {
-          attend<T, 128>(a, items[i], qp, kp, vp, op, scratch);
+          attend<T, KV, 128>(a, items[i], qp, kp, vp, op, scratch);
         } else {
-          attend<T, 0>(a, items[i], qp, kp, vp, op, scratch);
+          attend<T, KV, 0>(a, items[i], qp, kp, vp, op, scratch);
         }
       }
     }
   });
 }
 
-void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, at::Tensor out,
-                     const at::Tensor& token_starts, const at::Tensor& extend_lens, const at::Tensor& cached_lens,
-                     const at::Tensor& page_starts, const at::Tensor& page_ids, int64_t page_size, double scale,
-                     int64_t sliding_window, double logit_softcap) {
-  TORCH_CHECK(q.device().is_cpu(), "paged_attention: CPU tensors only");
+// k_scales / v_scales: undefined for a 16-bit cache (q's dtype), fp32 [kvh, slots] for an int8 one
+void attention_call(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_scales,
+                    const at::Tensor& v_scales, at::Tensor out, const at::Tensor& token_starts, const at::Tensor& extend_lens,
+                    const at::Tensor& cached_lens, const at::Tensor& page_starts, const at::Tensor& page_ids, int64_t page_size,
+                    double scale, int64_t sliding_window, double logit_softcap) {
+  const bool int8_cache = k_scales.defined();
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "paged_attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && out.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "paged_attention: q, out [T, h, d]; caches [kvh, slots, d]");
-  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type() && q.scalar_type() == out.scalar_type(),
-              "paged_attention: q, caches and out share one dtype");
+  if (int8_cache) {
+    TORCH_CHECK(k_cache.scalar_type() == at::kChar && v_cache.scalar_type() == at::kChar && q.scalar_type() == out.scalar_type(),
+                "paged_attention_int8: int8 caches, q and out of one dtype");
+    for (const at::Tensor* t : {&k_scales, &v_scales}) {
+      TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == k_cache.size(0) &&
+                      t->size(1) == k_cache.size(1),
+                  "paged_attention_int8: scales fp32 [kvh, slots], contiguous");
+    }
+  } else {
+    TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type() && q.scalar_type() == out.scalar_type(),
+                "paged_attention: q, caches and out share one dtype");
+  }
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous(), "paged_attention: caches must be contiguous");
   TORCH_CHECK(q.stride(2) == 1 && out.stride(2) == 1, "paged_attention: head_dim must be contiguous");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && q.size(2) == k_cache.size(2) && out.sizes() == q.sizes(), "paged_attention: shape mismatch");
@@ -355,6 +390,7 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   Args a{q.size(1), k_cache.size(0), q.size(2), page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
          k_cache.stride(0), static_cast<float>(scale), sliding_window, static_cast<float>(logit_softcap), token_starts.data_ptr<int64_t>(), extend_lens.data_ptr<int64_t>(),
          cached_lens.data_ptr<int64_t>(), page_starts.data_ptr<int64_t>(), page_ids.data_ptr<int64_t>()};
+  if (int8_cache) a.k_scales = k_scales.data_ptr<float>(), a.v_scales = v_scales.data_ptr<float>();
   // the slots a request reads must lie in the pool: a bad table would read outside the cache
   const int64_t num_pool_pages = k_cache.size(1) / page_size;
   TORCH_CHECK(page_size >= 1 && k_cache.size(1) % page_size == 0, "paged_attention: cache slots are not whole pages");
@@ -378,12 +414,30 @@ void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::T
   }
   std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
   if (q.scalar_type() == at::kFloat) {
-    run<float>(a, items, q, k_cache, v_cache, out);
+    int8_cache ? run<float, int8_t>(a, items, q, k_cache, v_cache, out) : run<float, float>(a, items, q, k_cache, v_cache, out);
   } else if (q.scalar_type() == at::kBFloat16) {
-    run<c10::BFloat16>(a, items, q, k_cache, v_cache, out);
+    int8_cache ? run<c10::BFloat16, int8_t>(a, items, q, k_cache, v_cache, out)
+               : run<c10::BFloat16, c10::BFloat16>(a, items, q, k_cache, v_cache, out);
   } else {
     TORCH_CHECK(false, "paged_attention: float32 or bfloat16 only, got ", q.scalar_type());
   }
+}
+
+void paged_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, at::Tensor out,
+                     const at::Tensor& token_starts, const at::Tensor& extend_lens, const at::Tensor& cached_lens,
+                     const at::Tensor& page_starts, const at::Tensor& page_ids, int64_t page_size, double scale,
+                     int64_t sliding_window, double logit_softcap) {
+  attention_call(q, k_cache, v_cache, at::Tensor(), at::Tensor(), out, token_starts, extend_lens, cached_lens, page_starts, page_ids,
+                 page_size, scale, sliding_window, logit_softcap);
+}
+
+void paged_attention_int8(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_scales,
+                          const at::Tensor& v_scales, at::Tensor out, const at::Tensor& token_starts, const at::Tensor& extend_lens,
+                          const at::Tensor& cached_lens, const at::Tensor& page_starts, const at::Tensor& page_ids, int64_t page_size,
+                          double scale, int64_t sliding_window, double logit_softcap) {
+  TORCH_CHECK(k_scales.defined() && v_scales.defined(), "paged_attention_int8: scales required");
+  attention_call(q, k_cache, v_cache, k_scales, v_scales, out, token_starts, extend_lens, cached_lens, page_starts, page_ids,
+                 page_size, scale, sliding_window, logit_softcap);
 }
 
 }  // namespace
@@ -392,6 +446,12 @@ TORCH_LIBRARY(zserve, m) {
   m.def("paged_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor(a!) out, Tensor token_starts, Tensor extend_lens, "
         "Tensor cached_lens, Tensor page_starts, Tensor page_ids, int page_size, float scale, int sliding_window, "
         "float logit_softcap) -> ()");
+  m.def("paged_attention_int8(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_scales, Tensor v_scales, Tensor(a!) out, "
+        "Tensor token_starts, Tensor extend_lens, Tensor cached_lens, Tensor page_starts, Tensor page_ids, int page_size, "
+        "float scale, int sliding_window, float logit_softcap) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(zserve, CPU, m) { m.impl("paged_attention", &paged_attention); }
+TORCH_LIBRARY_IMPL(zserve, CPU, m) {
+  m.impl("paged_attention", &paged_attention);
+  m.impl("paged_attention_int8", &paged_attention_int8);
+}

@@ -19,6 +19,12 @@ A layer with `sliding_window` W > 0 lets the token at position p see keys p - W 
 Every page stays in the KV pool and the radix cache, so the window changes only what attention
 reads: KV accounting, prefix hits and chunking are as for full attention. `logit_softcap` c > 0
 turns each scaled score s into c * tanh(s / c) before the mask and softmax (Gemma 2).
+
+With an int8 KV cache (--kv-cache-dtype int8, kv_pool.py) the fused rope/store writes int8 rows and
+their scales (rope_store_int8), as KVPool.write does on the other paths; the CPU kernel reads them in
+place (paged_attention_int8). The torch, flash-attn and Triton paths read them dequantized to the
+model's dtype first (KVPool.read_pages / read_slots / dequantized: correct, not fast); a new prompt
+on the torch path attends over its own unquantized K/V, as before.
 """
 
 from __future__ import annotations
@@ -113,46 +119,54 @@ class PagedAttention(nn.Module):
         sin_signed [T, 1, rotary_dim] (rotary.py) -> [T, h * d]: rotates q and k, writes K/V, attends."""
         h = self.num_heads
         if self.fused_rope and meta.kernel is not None:
-            k_cache, v_cache = meta.kv_pool.k[self.layer_idx], meta.kv_pool.v[self.layer_idx]
-            q = torch.ops.zserve.rope_store(qk, v, cos, sin, k_cache, v_cache, meta.out_slots, h)  # K/V written
+            pool, layer = meta.kv_pool, self.layer_idx
+            k_cache, v_cache = pool.k[layer], pool.v[layer]
+            if pool.quantized:
+                q = torch.ops.zserve.rope_store_int8(
+                    qk, v, cos, sin, k_cache, v_cache, pool.k_scales[layer], pool.v_scales[layer], meta.out_slots, h
+                )  # K/V written as int8 rows and their scales
+            else:
+                q = torch.ops.zserve.rope_store(qk, v, cos, sin, k_cache, v_cache, meta.out_slots, h)  # K/V written
             return self._kernel(q, k_cache, v_cache, meta)
         qk = apply_rotary(qk, cos, sin)  # q and k rotated together
         return self(qk[:, :h], qk[:, h:], v, meta)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q [T, h, d], k and v [T, kvh, d] (this step's tokens) -> [T, h * d]"""
-        k_cache, v_cache = meta.kv_pool.k[self.layer_idx], meta.kv_pool.v[self.layer_idx]  # [kvh, slots, d]
-        k_cache.index_copy_(1, meta.out_slots, k.transpose(0, 1))
-        v_cache.index_copy_(1, meta.out_slots, v.transpose(0, 1))
+        pool, layer = meta.kv_pool, self.layer_idx
+        pool.write(layer, meta.out_slots, k, v)
+        k_cache, v_cache = pool.k[layer], pool.v[layer]  # [kvh, slots, d]
         if meta.varlen is not None:
-            return self._varlen(q, k_cache, v_cache, meta)
+            return self._varlen(q, meta)
         if meta.triton is not None:
-            return self._triton(q, k_cache, v_cache, meta.triton, meta.kv_pool.page_size)
+            return self._triton(q, *pool.dequantized(layer), meta.triton, pool.page_size)
         if meta.kernel is not None:
             return self._kernel(q, k_cache, v_cache, meta)
 
         T = q.shape[0]
         decode, prefills = meta.decode, meta.prefills
         if decode is not None and decode.token_idx is None:
-            return self._decode(q, k_cache, v_cache, meta)
+            return self._decode(q, meta)
         out = torch.empty(T, self.num_heads * self.head_dim, dtype=q.dtype, device=q.device)
         if decode is not None:
             out.index_copy_(
-                0, decode.token_idx, self._decode(q.index_select(0, decode.token_idx), k_cache, v_cache, meta)
+                0, decode.token_idx, self._decode(q.index_select(0, decode.token_idx), meta)
             )
         for row in prefills:
             a, b = row.token_start, row.token_stop
-            out[a:b] = self._prefill_row(q[a:b], k[a:b], v[a:b], k_cache, v_cache, row, meta)
+            out[a:b] = self._prefill_row(q[a:b], k[a:b], v[a:b], row, meta)
         return out
 
     def _kernel(self, q, k_cache, v_cache, meta) -> torch.Tensor:
-        rows, T = meta.kernel, q.shape[0]
+        rows, T, pool = meta.kernel, q.shape[0], meta.kv_pool
         out = torch.empty(q.shape, dtype=q.dtype)  # [T, h, d]
-        torch.ops.zserve.paged_attention(
-            q, k_cache, v_cache, out, rows.token_starts, rows.extend_lens, rows.cached_lens,
-            rows.page_starts, rows.page_ids, meta.kv_pool.page_size, self.scale,
-            self.sliding_window, self.logit_softcap,
-        )  # fmt: skip
+        index = (rows.token_starts, rows.extend_lens, rows.cached_lens, rows.page_starts, rows.page_ids)
+        options = (pool.page_size, self.scale, self.sliding_window, self.logit_softcap)
+        if pool.quantized:  # int8 rows read in place, each times its scale
+            scales = (pool.k_scales[self.layer_idx], pool.v_scales[self.layer_idx])
+            torch.ops.zserve.paged_attention_int8(q, k_cache, v_cache, *scales, out, *index, *options)
+        else:
+            torch.ops.zserve.paged_attention(q, k_cache, v_cache, out, *index, *options)
         return out.view(T, self.num_heads * self.head_dim)
 
     def _triton(self, q, k_cache, v_cache, rows: TritonRows, page_size: int) -> torch.Tensor:
@@ -168,9 +182,7 @@ class PagedAttention(nn.Module):
         )  # fmt: skip
         return out.view(q.shape[0], self.num_heads * self.head_dim)
 
-    def _decode(
-        self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata
-    ) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """q [B, h, d], one token per row -> [B, h * d]"""
         rows, pool = meta.decode, meta.kv_pool
         B, kvh, d = rows.num_rows, self.num_kv_heads, self.head_dim
@@ -179,14 +191,14 @@ class PagedAttention(nn.Module):
         outs = []
         for chunk in rows.chunks:
             n = chunk.row_stop - chunk.row_start
-            keys = pool.pages(k_cache).index_select(1, chunk.page_table).view(kvh, n, -1, d)  # [kvh, n, Lp, d]
-            values = pool.pages(v_cache).index_select(1, chunk.page_table).view(kvh, n, -1, d)
+            key_pages, value_pages = pool.read_pages(self.layer_idx, chunk.page_table)
+            keys, values = key_pages.view(kvh, n, -1, d), value_pages.view(kvh, n, -1, d)  # [kvh, n, Lp, d]
             q_chunk = q[:, chunk.row_start : chunk.row_stop]
             outs.append(self._sdpa(q_chunk, keys, values, chunk.window_mask(self.sliding_window)))
         out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # [kvh, B, group, d]
         return out.transpose(0, 1).reshape(B, self.num_heads * d)
 
-    def _prefill_row(self, q, k, v, k_cache, v_cache, row, meta) -> torch.Tensor:
+    def _prefill_row(self, q, k, v, row, meta) -> torch.Tensor:
         """One request's E new tokens: q [E, h, d], k, v [E, kvh, d] -> [E, h * d].
 
         SDPA gets 4-D inputs: with 3-D ones torch's CPU build skips its flash kernel (10x slower)."""
@@ -199,8 +211,7 @@ class PagedAttention(nn.Module):
                 return out[0].transpose(0, 1).reshape(-1, self.num_heads * self.head_dim)  # [E, h * d]
         else:
             pool, seq_len = meta.kv_pool, row.cached_len + q.shape[2]
-            key_pages = pool.pages(k_cache).index_select(1, row.page_ids)
-            value_pages = pool.pages(v_cache).index_select(1, row.page_ids)
+            key_pages, value_pages = pool.read_pages(self.layer_idx, row.page_ids)
             keys = key_pages.view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len][None]  # [1, kvh, L, d]
             values = value_pages.view(self.num_kv_heads, -1, self.head_dim)[:, :seq_len][None]
         # with a mask, expanding kv heads beats enable_gqa on CPU
@@ -223,12 +234,12 @@ class PagedAttention(nn.Module):
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         return scores.softmax(-1, dtype=torch.float32).to(q.dtype) @ values
 
-    def _varlen(self, q, k_cache, v_cache, meta) -> torch.Tensor:
+    def _varlen(self, q, meta) -> torch.Tensor:
         from flash_attn import flash_attn_varlen_func  # guarded by flash_attn_available()
 
         rows = meta.varlen
-        keys = k_cache.index_select(1, rows.kv_slots).transpose(0, 1)  # [sum(seq_lens), kvh, d]
-        values = v_cache.index_select(1, rows.kv_slots).transpose(0, 1)
+        keys, values = meta.kv_pool.read_slots(self.layer_idx, rows.kv_slots)
+        keys, values = keys.transpose(0, 1), values.transpose(0, 1)  # [sum(seq_lens), kvh, d]
         # flash-attn's window: query i sees keys [i - left, i + right], bottom-right aligned (2.3+);
         # softcap only when set, as flash-attn before 2.6 has no such argument
         options = {"window_size": (self.sliding_window - 1, 0)} if self.sliding_window else {}

@@ -4,6 +4,13 @@ The scheduler decides which slots a request owns; this object only holds the ten
 head-major, [num_kv_heads, num_slots, head_dim], so a gather of whole pages
 (`index_select` on the page dimension of the [kvh, num_pages, page_size, d] view) comes out
 as [kvh, batch, len, d], ready for a batched matmul without another copy.
+
+With kv_cache_dtype "int8" (--kv-cache-dtype int8) K and V are int8 and each (head, slot) row has an
+fp32 scale in k_scales / v_scales [kvh, num_slots] (kv_int8.py): d + 4 bytes a row instead of 2d, so
+the same memory holds 2d / (d + 4) times the pages (1.88x at d = 64, 1.94x at d = 128, against a
+16-bit cache). Its writers are `write` and the C++ rope_store_int8 (model_proc/kernels/fused_ops.cpp);
+the CPU kernel reads it in place (paged_attention_int8), the other paths through `read_pages` /
+`read_slots` / `dequantized`, which hand back rows in `dtype`.
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from pathlib import Path
 import torch
 
 from zserve.common.int_math import cdiv
+from zserve.common.kernel_choices import KV_CACHE_DTYPES
+from zserve.model_proc.layers.kv_int8 import SCALE_BYTES, SCALE_DTYPE, dequantize_rows, quantize_rows
 
 logger = logging.getLogger(__name__)
 
@@ -31,19 +40,36 @@ class KVPool:
     head_dim: int
     page_size: int
     num_pages: int
-    dtype: torch.dtype
+    dtype: torch.dtype  # the model's: what attention computes in, and a 16-bit cache's
     device: torch.device
+    kv_cache_dtype: str = "auto"  # "auto": K/V in `dtype`; "int8": int8 with a scale per (head, slot)
     k: list[torch.Tensor] = field(init=False)  # per layer [kvh, num_slots, d]
     v: list[torch.Tensor] = field(init=False)
+    k_scales: list[torch.Tensor] = field(init=False)  # int8: per layer fp32 [kvh, num_slots]; else empty
+    v_scales: list[torch.Tensor] = field(init=False)
     _mappings: list[mmap.mmap] = field(init=False, repr=False)  # CPU: the memory k and v live in
 
     def __post_init__(self) -> None:
         if self.num_pages < 1 or self.page_size < 1:
             raise ValueError(f"KV pool needs num_pages >= 1 and page_size >= 1, got {self.num_pages}, {self.page_size}")
-        shape = (self.num_kv_heads, self.num_slots, self.head_dim)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"--kv-cache-dtype {self.kv_cache_dtype!r}: expected one of {', '.join(KV_CACHE_DTYPES)}")
+        shape, cache_dtype = (self.num_kv_heads, self.num_slots, self.head_dim), self.cache_dtype
         self._mappings = []
-        self.k = [_zeros(shape, self.dtype, self.device, self._mappings) for _ in range(self.num_layers)]
-        self.v = [_zeros(shape, self.dtype, self.device, self._mappings) for _ in range(self.num_layers)]
+        self.k = [_zeros(shape, cache_dtype, self.device, self._mappings) for _ in range(self.num_layers)]
+        self.v = [_zeros(shape, cache_dtype, self.device, self._mappings) for _ in range(self.num_layers)]
+        num_scaled = self.num_layers if self.quantized else 0
+        self.k_scales = [_zeros(shape[:2], SCALE_DTYPE, self.device, self._mappings) for _ in range(num_scaled)]
+        self.v_scales = [_zeros(shape[:2], SCALE_DTYPE, self.device, self._mappings) for _ in range(num_scaled)]
+
+    @property
+    def quantized(self) -> bool:
+        return self.kv_cache_dtype == "int8"
+
+    @property
+    def cache_dtype(self) -> torch.dtype:
+        """What k and v hold: int8, or the model's dtype."""
+        return torch.int8 if self.quantized else self.dtype
 
     @property
     def num_slots(self) -> int:
@@ -51,7 +77,49 @@ class KVPool:
 
     @property
     def num_bytes(self) -> int:
-        return 2 * self.num_layers * self.num_slots * self.num_kv_heads * self.head_dim * self.dtype.itemsize
+        per_token = KVPool.bytes_per_token(
+            self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.kv_cache_dtype
+        )
+        return per_token * self.num_slots
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """This step's k and v [T, kvh, d] (the model's dtype) into `slots` (int64[T]) of `layer`."""
+        if not self.quantized:
+            self.k[layer].index_copy_(1, slots, k.transpose(0, 1))
+            self.v[layer].index_copy_(1, slots, v.transpose(0, 1))
+            return
+        for x, cache, scales in ((k, self.k[layer], self.k_scales[layer]), (v, self.v[layer], self.v_scales[layer])):
+            q, row_scales = quantize_rows(x.transpose(0, 1))  # [kvh, T, d], [kvh, T]
+            cache.index_copy_(1, slots, q)
+            scales.index_copy_(1, slots, row_scales)
+
+    def read_pages(self, layer: int, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `page_ids` (int64[n]) of `layer`, [kvh, n, page_size, d] each in the model's dtype (gathered,
+        dequantized for an int8 cache)."""
+        keys, values = (self.pages(cache).index_select(1, page_ids) for cache in (self.k[layer], self.v[layer]))
+        if not self.quantized:
+            return keys, values
+        shape = (self.num_kv_heads, self.num_pages, self.page_size)
+        k_scales, v_scales = (
+            s.view(shape).index_select(1, page_ids) for s in (self.k_scales[layer], self.v_scales[layer])
+        )
+        return dequantize_rows(keys, k_scales, self.dtype), dequantize_rows(values, v_scales, self.dtype)
+
+    def read_slots(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V of `slots` (int64[n]) of `layer`, [kvh, n, d] each in the model's dtype."""
+        keys, values = self.k[layer].index_select(1, slots), self.v[layer].index_select(1, slots)
+        if not self.quantized:
+            return keys, values
+        k_scales, v_scales = self.k_scales[layer].index_select(1, slots), self.v_scales[layer].index_select(1, slots)
+        return dequantize_rows(keys, k_scales, self.dtype), dequantize_rows(values, v_scales, self.dtype)
+
+    def dequantized(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole of `layer`'s K and V [kvh, num_slots, d] in the model's dtype: the cache itself when 16-bit, a
+        dequantized copy for int8 (the Triton path's simplest correct read; a copy of the layer per call)."""
+        if not self.quantized:
+            return self.k[layer], self.v[layer]
+        return (dequantize_rows(self.k[layer], self.k_scales[layer], self.dtype),
+                dequantize_rows(self.v[layer], self.v_scales[layer], self.dtype))
 
     def pages(self, cache: torch.Tensor) -> torch.Tensor:
         """[kvh, num_slots, d] -> [kvh, num_pages, page_size, d] view."""
@@ -68,24 +136,31 @@ class KVPool:
         over zeros: the values do not change. Returns the bytes in the pages touched (0 off CPU)."""
         if self.device.type != "cpu":
             return 0
-        bytes_per_slot = self.head_dim * self.dtype.itemsize
+        bytes_per_slot = self.head_dim * self.cache_dtype.itemsize
         num_slots = min(self.num_slots, cdiv(HUGE_PAGE_BYTES, bytes_per_slot))
-        step = max(1, OS_PAGE_BYTES // self.dtype.itemsize)  # one element of every OS page
-        for cache in (*self.k, *self.v):
-            heads = cache[:, :num_slots].flatten(1)  # [kvh, num_slots * d], each row contiguous
+        touched = 0
+        for cache in (*self.k, *self.v, *self.k_scales, *self.v_scales):
+            heads = cache[:, :num_slots].flatten(1)  # [kvh, num_slots * d (1 for scales)], each row contiguous
+            step = max(1, OS_PAGE_BYTES // cache.dtype.itemsize)  # one element of every OS page
             heads[:, ::step].zero_()
             heads[:, -1].zero_()  # a row's last page when its start is not page-aligned
-        return 2 * self.num_layers * self.num_kv_heads * num_slots * bytes_per_slot
+            touched += heads.numel() * cache.dtype.itemsize
+        return touched
 
     def copy_slots(self, src_slots: torch.Tensor, dst_slots: torch.Tensor) -> None:
         """K and V of `src_slots` into `dst_slots` (int64, same length, disjoint), every layer:
         a row sharing an identical prompt's K/V takes what its KV source computed this step."""
-        for cache in (*self.k, *self.v):
+        for cache in (*self.k, *self.v, *self.k_scales, *self.v_scales):  # an int8 cache's scales with its rows
             cache.index_copy_(1, dst_slots, cache.index_select(1, src_slots))
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
-        return 2 * num_layers * num_kv_heads * head_dim * dtype.itemsize
+    def bytes_per_token(
+        num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
+    ) -> int:
+        """K and V of one token in every layer: 2 d bytes a (layer, head) row in a 16-bit cache (4 d in fp32),
+        d + 4 in an int8 one (its scale)."""
+        row_bytes = head_dim + SCALE_BYTES if kv_cache_dtype == "int8" else head_dim * dtype.itemsize
+        return 2 * num_layers * num_kv_heads * row_bytes
 
     @staticmethod
     def num_pages_for(num_tokens: int, page_size: int) -> int:
