@@ -102,6 +102,7 @@ LOWER_SET_SELECTION = (
 )
 
 
+@pytest.mark.timeout(1800)  # builds the kernels for other sets in a child: past the suite's 600 s when loaded
 def test_kernels_at_the_next_lower_set():
     """The GEMM (16-bit and int8), attention, fused-op and bf16 parity tests again with ZSERVE_CPU_ISA at the first of
     LOWER_SETS below this process's set (a separate build: about a minute): an AVX512-BF16 machine runs Cascade Lake's
@@ -126,6 +127,7 @@ def int8_dot_sets() -> list[IsaFeatures]:
     return [isa for isa in runnable_smaller_sets(INT8_DOT_PATHS.values()) if int8_dot_instruction(isa) not in covered]
 
 
+@pytest.mark.timeout(1800)  # builds the kernels for other sets in a child: past the suite's 600 s when loaded
 def test_int8_dot_kernel_on_every_path_this_cpu_runs():
     """The int8 x int8 GEMM (and its 4-bit path) has four forms (INT8_DOT_PATHS); this process and the run above
     reach one each, so every other one this CPU can run gets its tests alone in one more build (a Sapphire Rapids:
