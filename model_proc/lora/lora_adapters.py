@@ -18,15 +18,15 @@ from torch import nn
 from zserve.common.lora_modules import ADAPTER_WEIGHTS_FILE, AdapterConfig, LoraModule
 from zserve.model_proc.lora.lora_batch import LoraBatch
 from zserve.model_proc.lora.lora_layer import LoraLayer
-from zserve.model_proc.models.llama import LlamaAttention, LlamaMLP
 
 LORA_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.weight)?$")
-# each adapted projection of a layer: the module that holds it, its LoraLayer's attribute, the PEFT names it fuses
+# each adapted projection of a layer: its LoraLayer's attribute (declared by the Llama family's attention and MLP,
+# models/llama.py: the module that has it adds the update), the PEFT names it fuses
 PROJECTIONS = (
-    (LlamaAttention, "qkv_lora", ("q_proj", "k_proj", "v_proj")),
-    (LlamaAttention, "o_lora", ("o_proj",)),
-    (LlamaMLP, "gate_up_lora", ("gate_proj", "up_proj")),
-    (LlamaMLP, "down_lora", ("down_proj",)),
+    ("qkv_lora", ("q_proj", "k_proj", "v_proj")),
+    ("o_lora", ("o_proj",)),
+    ("gate_up_lora", ("gate_proj", "up_proj")),
+    ("down_lora", ("down_proj",)),
 )
 Update = tuple[torch.Tensor, torch.Tensor, float]  # (A [r, in], B [out, r], scaling)
 
@@ -63,8 +63,8 @@ def attach_lora(
     used: set[tuple[int, str]] = set()
     for layer_idx, layer in enumerate(layers):
         for owner in (getattr(layer, "self_attn", None), getattr(layer, "mlp", None)):
-            for cls, attr, names in PROJECTIONS:
-                if not isinstance(owner, cls):
+            for attr, names in PROJECTIONS:
+                if owner is None or not hasattr(owner, attr):
                     continue
                 pieces = [[updates.get((layer_idx, name)) for name in names] for _, updates in adapters]
                 if all(p is None for adapter in pieces for p in adapter):
