@@ -212,7 +212,9 @@ class ModelRunner:
             return None
         if self.tp_size > 1:
             raise ValueError("LoRA adapters are served with --tp-size 1 only")
-        batch = attach_lora(self.model, modules, model.max_lora_rank, self.dtype, self.device)
+        # the products run on the weight kernel of a float model (a quantizing kernel would round the adapters)
+        kernel = self.weight_kernel if self.quantization == "none" else None
+        batch = attach_lora(self.model, modules, model.max_lora_rank, self.dtype, self.device, kernel)
         logger.info("LoRA adapters: %s", ", ".join(f"{m.name} ({m.path})" for m in modules))
         return batch
 

@@ -16,8 +16,9 @@ from safetensors.torch import load_file
 from torch import nn
 
 from zserve.common.lora_modules import ADAPTER_WEIGHTS_FILE, AdapterConfig, LoraModule
+from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 from zserve.model_proc.lora.lora_batch import LoraBatch
-from zserve.model_proc.lora.lora_layer import LoraLayer
+from zserve.model_proc.lora.lora_layer import LoraLayer, Update
 
 LORA_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.weight)?$")
 # each adapted projection of a layer: its LoraLayer's attribute (declared by the Llama family's attention and MLP,
@@ -28,7 +29,6 @@ PROJECTIONS = (
     ("gate_up_lora", ("gate_proj", "up_proj")),
     ("down_lora", ("down_proj",)),
 )
-Update = tuple[torch.Tensor, torch.Tensor, float]  # (A [r, in], B [out, r], scaling)
 
 
 def read_adapter(module: LoraModule, max_rank: int) -> tuple[AdapterConfig, dict[tuple[int, str], Update]]:
@@ -52,9 +52,11 @@ def read_adapter(module: LoraModule, max_rank: int) -> tuple[AdapterConfig, dict
 
 def attach_lora(
     model: nn.Module, modules: tuple[LoraModule, ...], max_rank: int, dtype: torch.dtype, device: torch.device,
+    kernel: WeightKernel | None,
 ) -> LoraBatch:
-    """Give the model's adapted projections their LoraLayers; returns the LoraBatch the runner sets each step."""
-    batch = LoraBatch(device)
+    """Give the model's adapted projections their LoraLayers; returns the LoraBatch the runner sets each step.
+    `dtype`: the model's, the updates' too; `kernel`: the float weight kernel their products run on (None: torch's)."""
+    batch = LoraBatch(len(modules), dtype, device)
     adapters = [read_adapter(m, max_rank) for m in modules]
     rank = max(config.rank for config, _ in adapters)
     layers = getattr(model, "layers", None)
@@ -71,7 +73,7 @@ def attach_lora(
                     continue
                 base = getattr(owner, attr.replace("_lora", "_proj"))
                 out_sizes = list(getattr(base, "out_sizes", [getattr(base, "out_features", 0)]))
-                setattr(owner, attr, LoraLayer.build(pieces, base.in_features, out_sizes, rank, batch, dtype, device))
+                setattr(owner, attr, LoraLayer.build(pieces, base.in_features, out_sizes, rank, batch, kernel))
                 used.update((layer_idx, name) for name in names)
     for module, (_, updates) in zip(modules, adapters, strict=True):
         missing = sorted(set(updates) - used)

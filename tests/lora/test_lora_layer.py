@@ -18,14 +18,14 @@ def test_each_token_gets_its_own_adapters_update(dtype):
     in_features, out_sizes, ranks = 16, [8, 4, 4], [2, 4]
     updates = [[(torch.randn(r, in_features, generator=gen), torch.randn(size, r, generator=gen), 0.5 * (i + 1))
                 if not (i == 1 and p == 1) else None for p, size in enumerate(out_sizes)] for i, r in enumerate(ranks)]
-    batch = LoraBatch(torch.device("cpu"))
-    layer = LoraLayer.build(updates, in_features, out_sizes, max(ranks), batch, dtype, torch.device("cpu"))
+    batch = LoraBatch(len(ranks), dtype, torch.device("cpu"))
+    layer = LoraLayer.build(updates, in_features, out_sizes, max(ranks), batch, None)
     token_adapters = np.array([1, -1, 0, 1, -1, 0, 0], np.int32)
     x = torch.randn(len(token_adapters), in_features, generator=gen)
     y = torch.randn(len(token_adapters), sum(out_sizes), generator=gen)
     batch.set_tokens(token_adapters)
-    assert [s[0] for s in batch.segments] == [0, 1]
-    got = layer(y.to(dtype), x.to(dtype)).float()
+    assert batch.mask(2).tolist()[:2] == [[0, 0, 1, 1], [0, 0, 0, 0]]
+    got = layer(y.clone().to(dtype), x.to(dtype)).float()
     want = y.clone()
     for t, adapter in enumerate(token_adapters.tolist()):
         if adapter < 0:
