@@ -39,6 +39,10 @@ class ModelSection:
     packed_cache: str = "on"  # a GGUF file's packed matrices kept on disk (model_proc/checkpoints/packed_cache.py)
     context_length: int = 0
     seed: int = 0
+    enable_lora: bool = False  # LoRA adapters (common/lora_modules.py): per request by name
+    lora_modules: str = ""  # name=path[,name=path ...] (PEFT directories), comma-joined as the flag's values
+    max_loras: int = 8  # adapters the server may load at most
+    max_lora_rank: int = 64  # the largest rank r an adapter may have
 
     @property
     def tokenizer_dir(self) -> str:

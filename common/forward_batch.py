@@ -206,6 +206,9 @@ class ForwardBatch(Message, tag=1):
     # an embedding server's (--task embed) pooling mode, common/pooling.py: every row also gets its chunk's
     # vector in StepResult.pooled; None: a generating server
     pooling: str | None = None
+    # [num_reqs]: the LoRA adapter computing each row (its index in --lora-modules; -1 the base model; a KV-sharing
+    # row's is its source's); None: no row has one (every step of a server without adapters)
+    lora_ids: Int32Array | None = None
 
     @property
     def num_reqs(self) -> int:
@@ -320,6 +323,20 @@ class ForwardBatch(Message, tag=1):
                 raise ValueError(f"ForwardBatch {self.step_id}: {name}.rows must be ascending rows of the batch's {n}")
         if self.draft_lens is not None:
             self._validate_drafts()
+        if self.lora_ids is not None:
+            if self.lora_ids.shape[0] != n:
+                raise ValueError(
+                    f"ForwardBatch {self.step_id}: lora_ids has {self.lora_ids.shape[0]} entries, expected {n}"
+                )
+            if self.kv_source is not None and (self.lora_ids != self.lora_ids[self.kv_source]).any():
+                raise ValueError(f"ForwardBatch {self.step_id}: a row takes its K/V from a row of another LoRA adapter")
+
+    def token_lora_ids(self) -> np.ndarray | None:
+        """int32[num_tokens]: the LoRA adapter of each computed token (-1 none), or None when no row has one."""
+        if self.lora_ids is None:
+            return None
+        computed = self.is_computed
+        return np.repeat(self.lora_ids[computed], self.extend_lens[computed]).astype(np.int32, copy=False)
 
     def _validate_drafts(self) -> None:
         drafts, n = self.draft_lens, self.num_reqs

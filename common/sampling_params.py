@@ -58,6 +58,8 @@ class SamplingParams(Message, frozen=True):
     skip_special_tokens: bool = True
     # the output text keeps the stop string that ended it (SGLang's name; vLLM's include_stop_str_in_output)
     no_stop_trim: bool = False
+    # the LoRA adapter (its name in --lora-modules) that computes this request; None: the base model
+    lora_path: str | None = None
 
     @property
     def grammar(self) -> tuple[str, str] | None:
@@ -181,6 +183,8 @@ class SamplingParams(Message, frozen=True):
             raise ValueError(
                 f"top_logprobs must be an integer in [0, {LIMITS.max_top_logprobs}], got {_short(self.top_logprobs)}"
             )
+        if self.lora_path is not None and (not isinstance(self.lora_path, str) or len(self.lora_path) > 1024):
+            raise ValueError(f"lora_path must be an adapter's name (a string), got {_short(self.lora_path)}")
         if not _is_int_in(self.min_tokens, 0, LIMITS.max_max_tokens):
             raise ValueError(f"min_tokens must be an integer >= 0, got {_short(self.min_tokens)}")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:

@@ -180,6 +180,26 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         aliases=('--random-seed',),
         min=0,
     ),
+    'enable_lora': FlagSpec(
+        'serve LoRA adapters (PEFT directories, --lora-modules): a request names one by lora_path, or by '
+        '`model` on the OpenAI routes; requests for different adapters and none share a step',
+    ),
+    'lora_modules': FlagSpec(
+        'with --enable-lora: the adapters, NAME=PATH [NAME=PATH ...] (a PATH alone is named by itself), each a '
+        'PEFT directory (adapter_config.json + adapter_model.safetensors), loaded at start',
+        aliases=('--lora-paths',),
+        nargs='+',
+        peer_note='vLLM --lora-modules; SGLang --lora-paths',
+    ),
+    'max_loras': FlagSpec(
+        'with --enable-lora: adapters the server may load at most',
+        aliases=('--max-loras-per-batch',),
+        min=1,
+    ),
+    'max_lora_rank': FlagSpec(
+        'with --enable-lora: the largest adapter rank r accepted',
+        min=1,
+    ),
     # ParallelSection
     'device': FlagSpec(
         'cpu, cuda, cuda:N or auto',

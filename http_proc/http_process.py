@@ -91,7 +91,8 @@ async def serve(settings: HttpSettings, addrs: Addresses, facts: ModelFacts, cli
                               tool_parser=ToolCallParser.for_format(facts.tool_call_format),  # the chat template's
                               unknown_fields=UnknownFieldPolicy(strict=http.strict_requests), server_info=info,
                               reasoning_parser=ReasoningParser.of(http.reasoning_parser, facts.think_end_ids),
-                              embedding_size=facts.task.embedding_size)
+                              embedding_size=facts.task.embedding_size,
+                              lora_names=settings.lora_names)
             config = uvicorn.Config(
                 build_app(state), loop="none", http="httptools", lifespan="off", access_log=False, log_config=None,
                 timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,

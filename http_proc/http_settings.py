@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from zserve.common.config_sections import FrontendSection, HttpSection
+from zserve.common.lora_modules import lora_names
 from zserve.common.model_facts import ModelFacts
 from zserve.common.server_config import ServerConfig
 from zserve.http_proc.shared.server_info import ServerInfo
@@ -22,6 +23,7 @@ class HttpSettings:
     http: HttpSection
     frontend: FrontendSection
     server_info: ServerInfo  # also the served model's path and name (/v1/models, the metrics' label)
+    lora_names: tuple[str, ...] = ()  # the LoRA adapters requests may name (--lora-modules)
 
     @staticmethod
     def of(cfg: ServerConfig, facts: ModelFacts) -> HttpSettings:
@@ -32,4 +34,5 @@ class HttpSettings:
             max_running_requests=cfg.max_running_requests, chunked_prefill_size=cfg.max_prefill_tokens,
             host=cfg.host, port=cfg.http_port,
         )
-        return HttpSettings(cfg.section(HttpSection), cfg.section(FrontendSection), info)
+        return HttpSettings(cfg.section(HttpSection), cfg.section(FrontendSection), info,
+                            lora_names(cfg.enable_lora, cfg.lora_modules))

@@ -126,7 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
         for alias in aliases:  # its own action, so an error names the spelling the user typed
             parser.add_argument(
                 alias, dest=f.name, type=convert, default=argparse.SUPPRESS, choices=checked, metavar=metavar,
-                help=argparse.SUPPRESS,
+                nargs=spec.nargs, help=argparse.SUPPRESS,
             )
         for old_flag, note in spec.deprecated.items():
             parser.add_argument(

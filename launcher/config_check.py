@@ -28,6 +28,7 @@ from pathlib import Path
 
 from zserve.common.context_limit import context_length_error
 from zserve.common.gguf_source import GGUF_SOURCE_FILE, gguf_source
+from zserve.common.lora_modules import check_lora_flags
 from zserve.common.model_config import ModelConfig
 from zserve.common.rank_layout import RankLayout
 from zserve.common.server_config import DEFAULT_CLIENT_PORT, ServerConfig
@@ -51,6 +52,7 @@ def check_flags(cfg: ServerConfig) -> RankLayout:
         )
     check_attention_backend(cfg)
     Task.check_flags(cfg.task, cfg.pooler_config)
+    check_lora_flags(cfg.enable_lora, cfg.lora_modules, cfg.max_loras, cfg.max_lora_rank, cfg.tp_size)
     layout = RankLayout.from_config(cfg)
     if not layout.is_head_node:
         return layout  # such a node runs model worker ranks only: nothing listens on --port or --zmq-port

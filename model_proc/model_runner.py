@@ -28,6 +28,7 @@ import torch
 from zserve.common.config_sections import CacheSection, KernelSection, ModelSection
 from zserve.common.forward_batch import NO_TOKEN, ForwardBatch, StepResult
 from zserve.common.gguf_source import gguf_source
+from zserve.common.lora_modules import served_lora_modules
 from zserve.common.model_config import ModelConfig
 from zserve.common.start_phases import StartPhases
 from zserve.common.weight_memory import WeightMemory
@@ -49,6 +50,8 @@ from zserve.model_proc.layers.weight_kernels.registry import choose_kernel
 from zserve.model_proc.layers.weight_kernels.weight_copy_policy import WeightCopyPolicy
 from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 from zserve.model_proc.logits_processors import top_logprobs_of
+from zserve.model_proc.lora.lora_adapters import attach_lora
+from zserve.model_proc.lora.lora_batch import LoraBatch
 from zserve.model_proc.models.registry import build_model
 from zserve.model_proc.process_memory import release_freed_memory
 from zserve.model_proc.quant.methods import auto_quantization, checkpoint_method, get_quant_method
@@ -125,6 +128,8 @@ class ModelRunner:
             prefault: Future | None = background.submit(pool.prefault) if pool is not None else None
             t0 = time.perf_counter()
             self.model = self._load_model(show_progress, phases)
+            # the LoRA adapters' updates (model_proc/lora/); None: a server without adapters runs the base path only
+            self.lora_batch = self._load_adapters(model)
             logger.info(
                 "loaded %s (%s, %s) on %s in %.1fs",
                 self.config.architecture, self.dtype, dtype_reason, self.device, time.perf_counter() - t0,
@@ -200,6 +205,18 @@ class ModelRunner:
                         self.quantization, plain_bytes / 1e6, str(self.dtype).removeprefix("torch."),
                         gemm_weight_bytes(model, self.dtype) / 1e6)
         return model.eval()
+
+    def _load_adapters(self, model: ModelSection) -> LoraBatch | None:
+        modules = served_lora_modules(model.enable_lora, model.lora_modules)
+        if not modules:
+            return None
+        if self.tp_size > 1:
+            raise ValueError("LoRA adapters are served with --tp-size 1 only")
+        # the products run on the weight kernel of a float model (a quantizing kernel would round the adapters)
+        kernel = self.weight_kernel if self.quantization == "none" else None
+        batch = attach_lora(self.model, modules, model.max_lora_rank, self.dtype, self.device, kernel)
+        logger.info("LoRA adapters: %s", ", ".join(f"{m.name} ({m.path})" for m in modules))
+        return batch
 
     def _packed_cache(self) -> PackedCache | None:
         """The cache of a GGUF file's packed matrices (--packed-cache on, --quantization gguf, on CPU), else None."""
@@ -342,7 +359,10 @@ class ModelRunner:
         source's, computed once), the hidden state of every computed token, and the logits at
         each drafted row's first d tokens (float32[sum(draft_lens), vocab], DraftVerifier's input;
         None without drafts), from the same compute_logits call."""
-        if self.cuda_graphs is not None and (replayed := self.cuda_graphs.run(batch)) is not None:
+        if self.lora_batch is not None:
+            self.lora_batch.set_tokens(batch.token_lora_ids())
+        graphs = self.cuda_graphs if batch.lora_ids is None else None  # graphs are captured without adapters
+        if graphs is not None and (replayed := graphs.run(batch)) is not None:
             return *replayed, None  # a plain decode step: no drafts
         computed = batch.computed_part()
         meta = AttentionMetadata.build(computed, self.kv_pool, self.dtype, backend=self.attention_backend)

@@ -16,9 +16,15 @@ from collections.abc import Callable, Iterable
 import numpy as np
 
 from zserve.common.int_math import cdiv
+from zserve.common.lora_modules import NO_ADAPTER
 from zserve.scheduler_proc.page_allocator import PageAllocator
 from zserve.scheduler_proc.radix_cache import PrefixMatch, RadixCache, RadixNode
 from zserve.scheduler_proc.req import Req
+
+
+def cache_namespace(lora_idx: int) -> int:
+    """The radix tree's namespace of K/V computed by the LoRA adapter `lora_idx` (0: the base model's)."""
+    return lora_idx + 1
 
 
 class CacheManager:
@@ -52,11 +58,13 @@ class CacheManager:
         """Pages an allocation can get now: free ones plus unlocked cached ones (by eviction)."""
         return self.allocator.num_free_pages + self.tree.num_evictable_pages
 
-    def match_prefix(self, input_ids: np.ndarray, max_num_tokens: int) -> PrefixMatch:
-        """The cached prefix of at most `max_num_tokens` tokens (whole pages). Not locked yet."""
+    def match_prefix(self, input_ids: np.ndarray, max_num_tokens: int, lora_idx: int = NO_ADAPTER) -> PrefixMatch:
+        """The cached prefix of at most `max_num_tokens` tokens (whole pages) computed by the LoRA adapter
+        `lora_idx` (or the base model). Not locked yet."""
         if not self.enable_radix_cache or max_num_tokens < self.page_size:
             return PrefixMatch(self.tree.root, np.zeros(0, np.int32), 0)
-        return self.tree.match_prefix(input_ids[: max_num_tokens - max_num_tokens % self.page_size])
+        return self.tree.match_prefix(input_ids[: max_num_tokens - max_num_tokens % self.page_size],
+                                      cache_namespace(lora_idx))
 
     def lock(self, node: RadixNode) -> None:
         self.tree.lock(node)
@@ -94,7 +102,7 @@ class CacheManager:
         if not self.enable_radix_cache or num_full_pages <= req.num_tree_pages:
             return
         token_ids = req.token_ids(num_full_pages * self.page_size)
-        match = self.tree.insert(token_ids, req.page_table[:num_full_pages])
+        match = self.tree.insert(token_ids, req.page_table[:num_full_pages], cache_namespace(req.lora_idx))
         old = req.num_tree_pages
         assert np.array_equal(match.page_ids[:old], req.page_table[:old]), (
             f"request {req.req_id}: its locked prefix changed pages"

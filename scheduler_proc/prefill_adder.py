@@ -70,7 +70,8 @@ class PrefillAdder:
         self.extend_lens: list[int] = []
         # per entry of `reqs`: the index in `reqs` of its KV source, if it has one
         self.kv_source: list[int | None] = []
-        self._sources: dict[bytes, int] = {}  # prompt bytes -> index in `reqs` of the request completing it now
+        # (adapter, prompt bytes) -> index in `reqs` of the request completing it now
+        self._sources: dict[tuple[int, bytes], int] = {}
         self.admitted: list[Req] = []  # the newly admitted subset of `reqs`
         self.chunked: ChunkedReq | None = None  # the request left with prompt after this step
 
@@ -84,7 +85,7 @@ class PrefillAdder:
         # prompt logprobs need every prompt token's logits: computed whole (no prefix hit, no KV source), until they
         # are sent with the first output token (a ChunkedReq retracted mid-prompt scores it all again)
         scores_prompt = pending.params.prompt_logprobs is not None and not pending.output_ids
-        source_idx = self._sources.get(pending.input_ids.tobytes()) if self._sources and not scores_prompt else None
+        source_idx = self._sources.get(_source_key(pending)) if self._sources and not scores_prompt else None
         if self.token_budget <= 0 and source_idx is None:
             return AddOutcome.NO_BUDGET
         if self.max_new_reqs is not None and len(self.admitted) >= self.max_new_reqs:
@@ -98,12 +99,14 @@ class PrefillAdder:
         )
         if not self._fits(self._num_need_pages(pending, max_num_hit_pages)):
             return AddOutcome.NO_MEMORY  # even a full prefix hit would not fit: skip the match
-        match = self.cache.match_prefix(pending.input_ids, 0 if scores_prompt else num_prompt_tokens - 1)
+        match = self.cache.match_prefix(
+            pending.input_ids, 0 if scores_prompt else num_prompt_tokens - 1, pending.lora_idx,
+        )
         if source_idx is not None and self.reqs[source_idx].cached_len != match.num_tokens:
             source_idx = None  # a ChunkedReq's last chunk that started mid-page: not the same computation
             if self.token_budget <= 0:
                 return AddOutcome.NO_BUDGET
-        if source_idx is None and not scores_prompt and self._prefix_in_this_step(pending.input_ids, match.num_tokens):
+        if source_idx is None and not scores_prompt and self._prefix_in_this_step(pending, match.num_tokens):
             return AddOutcome.WAIT_FOR_PREFIX
         num_need_pages = self._num_need_pages(pending, len(match.page_ids))
         if not self._fits(num_need_pages):
@@ -140,6 +143,7 @@ class PrefillAdder:
             admit_seq=pending.admit_seq if is_retracted else self.next_admit_seq - 1,
             output_ids=list(pending.output_ids),
             prompt_scores=PromptScores(pending.params.prompt_logprobs) if scores_prompt else None,
+            lora_idx=pending.lora_idx,
         )
         self.reserved_size += num_need_pages * self.page_size
         if source_idx is None:
@@ -191,14 +195,22 @@ class PrefillAdder:
                 "req %d chunked: %d of %d prompt tokens after this step", req.req_id, end, req.num_prompt_tokens
             )
         elif req.prompt_scores is None:  # its prompt completes now: an identical one admitted after it shares its K/V
-            self._sources.setdefault(req.input_ids.tobytes(), len(self.reqs) - 1)
+            self._sources.setdefault(_source_key(req), len(self.reqs) - 1)
 
-    def _prefix_in_this_step(self, input_ids: np.ndarray, num_matched_tokens: int) -> bool:
+    def _prefix_in_this_step(self, pending: PendingReq, num_matched_tokens: int) -> bool:
         """True if the page after the cached prefix is computed in this step by a request with
         the same tokens up to there. Waiting one step turns it into a cache hit, so a prefix
         shared by prompts arriving together is computed once instead of once each."""
         end = num_matched_tokens + self.page_size
-        if not self.wait_for_shared_prefix or end > len(input_ids) - 1:
+        if not self.wait_for_shared_prefix or end > pending.num_prompt_tokens - 1:
             return False
-        head = input_ids[:end]
-        return any(r.num_prompt_tokens >= end and np.array_equal(r.input_ids[:end], head) for r in self.reqs)
+        head = pending.input_ids[:end]
+        return any(
+            r.lora_idx == pending.lora_idx and r.num_prompt_tokens >= end and np.array_equal(r.input_ids[:end], head)
+            for r in self.reqs
+        )
+
+
+def _source_key(req: PendingReq | Req) -> tuple[int, bytes]:
+    """Requests share K/V only for the same prompt under the same LoRA adapter (or none)."""
+    return req.lora_idx, req.input_ids.tobytes()

@@ -5,6 +5,11 @@ The tree holds whole pages only: every edge is a multiple of `page_size` tokens,
 Children are keyed by the bytes of their first page of tokens, so a lookup costs one dict hit
 per node and one vectorised compare per edge.
 
+Namespaces: K/V computed under one LoRA adapter is not the K/V of the same tokens under another (or
+under the base model), so each adapter's prefixes live in a subtree of their own. A child of the root is
+keyed by its namespace too (`namespace` 0 is the base model's, keyed as before); deeper keys need
+none, as a node's namespace is its top node's. A lookup in one namespace never reaches another's pages.
+
 Locks: a request that reads a prefix from the tree holds a lock on the node where its prefix
 ends; `lock` counts +1 on that node and every ancestor. A node with `lock_count > 0` is never
 evicted; pages of unlocked nodes are "evictable" (still valid, reclaimable on demand).
@@ -36,6 +41,7 @@ class RadixNode:
     children: dict[bytes, RadixNode] = field(default_factory=dict)
     lock_count: int = 0
     last_access: int = 0
+    namespace: int = 0  # whose K/V: 0 the base model's, 1 + i LoRA adapter i's
 
     @property
     def num_pages(self) -> int:
@@ -71,23 +77,23 @@ class RadixCache:
     def num_evictable_pages(self) -> int:
         return self._num_evictable_pages
 
-    def match_prefix(self, token_ids: np.ndarray) -> PrefixMatch:
-        """The longest page-aligned prefix of `token_ids` in the tree. Splits a node the prefix
-        ends inside of, so the returned node covers exactly the match (and can be locked alone)."""
-        node, pages, num_tokens = self._walk(token_ids)
+    def match_prefix(self, token_ids: np.ndarray, namespace: int = 0) -> PrefixMatch:
+        """The longest page-aligned prefix of `token_ids` in the tree (in `namespace`). Splits a node the
+        prefix ends inside of, so the returned node covers exactly the match (and can be locked alone)."""
+        node, pages, num_tokens = self._walk(token_ids, namespace)
         return PrefixMatch(node, _concat(pages), num_tokens)
 
-    def insert(self, token_ids: np.ndarray, page_ids: np.ndarray) -> PrefixMatch:
+    def insert(self, token_ids: np.ndarray, page_ids: np.ndarray, namespace: int = 0) -> PrefixMatch:
         """Make the tree hold `token_ids` (a whole number of pages), adding `page_ids` for the part
         it lacks. Returns the tree's pages for the whole range: where they differ from `page_ids`
         the tree already had those tokens and the caller's pages are duplicates (the caller
         repoints its page table first, then frees them)."""
         ps = self.page_size
         assert len(token_ids) % ps == 0 and len(page_ids) * ps == len(token_ids), (len(token_ids), len(page_ids), ps)
-        node, pages, num_tokens = self._walk(token_ids)
+        node, pages, num_tokens = self._walk(token_ids, namespace)
         if num_tokens < len(token_ids):
-            leaf = self._new_node(token_ids[num_tokens:].copy(), page_ids[num_tokens // ps :].copy(), node)
-            node.children[leaf.token_ids[:ps].tobytes()] = leaf
+            leaf = self._new_node(token_ids[num_tokens:].copy(), page_ids[num_tokens // ps :].copy(), node, namespace)
+            node.children[self._key(leaf)] = leaf
             self._num_pages += leaf.num_pages
             self._num_evictable_pages += leaf.num_pages
             self._num_nodes += 1
@@ -126,7 +132,7 @@ class RadixCache:
             if node.parent is None or not self._is_evictable_leaf(node) or node.last_access != last_access:
                 continue  # stale: evicted, locked, has children now, or touched since
             parent = node.parent
-            del parent.children[node.token_ids[: self.page_size].tobytes()]
+            del parent.children[self._key(node)]
             node.parent = None  # marks it evicted
             released.append(node.page_ids)
             num_released += node.num_pages
@@ -157,7 +163,7 @@ class RadixCache:
             assert node.num_pages >= 1 and len(node.token_ids) == node.num_pages * ps, (
                 f"node {node.node_id} edge is not whole pages"
             )
-            assert node.parent.children.get(node.token_ids[:ps].tobytes()) is node, (
+            assert node.parent.children.get(self._key(node)) is node, (
                 f"node {node.node_id} is not its parent's child"
             )
             assert node.lock_count >= 0, f"node {node.node_id} lock_count {node.lock_count}"
@@ -182,14 +188,18 @@ class RadixCache:
 
     # -- internals ---------------------------------------------------------------------------
 
-    def _walk(self, token_ids: np.ndarray) -> tuple[RadixNode, list[np.ndarray], int]:
-        """Follow `token_ids` down the tree in whole pages, splitting the node it ends inside of.
-        Touches every node on the path (LRU)."""
+    def _key(self, node: RadixNode) -> bytes:
+        """`node`'s key in its parent's children."""
+        return _child_key(node.token_ids[: self.page_size], node.namespace if node.parent is self.root else 0)
+
+    def _walk(self, token_ids: np.ndarray, namespace: int) -> tuple[RadixNode, list[np.ndarray], int]:
+        """Follow `token_ids` down the tree (in `namespace`) in whole pages, splitting the node it ends
+        inside of. Touches every node on the path (LRU)."""
         ps = self.page_size
         self._clock += 1
         node, pages, pos = self.root, [], 0
         while pos + ps <= len(token_ids):
-            child = node.children.get(token_ids[pos : pos + ps].tobytes())
+            child = node.children.get(_child_key(token_ids[pos : pos + ps], namespace if pos == 0 else 0))
             if child is None:
                 break
             n = _common_prefix_len(child.token_ids, token_ids[pos:])
@@ -207,19 +217,23 @@ class RadixCache:
         """Cut `node`'s edge after `num_tokens`; the new upper node takes the head. `node` keeps
         its identity (a lock handle on it stays valid and still covers the same tokens)."""
         ps = self.page_size
-        upper = self._new_node(node.token_ids[:num_tokens], node.page_ids[: num_tokens // ps], node.parent)
+        upper = self._new_node(
+            node.token_ids[:num_tokens], node.page_ids[: num_tokens // ps], node.parent, node.namespace,
+        )
         upper.lock_count = node.lock_count
         upper.last_access = node.last_access
         self._num_nodes += 1
-        node.parent.children[upper.token_ids[:ps].tobytes()] = upper
+        node.parent.children[self._key(upper)] = upper
         node.token_ids = node.token_ids[num_tokens:]
         node.page_ids = node.page_ids[num_tokens // ps :]
         node.parent = upper
-        upper.children[node.token_ids[:ps].tobytes()] = node
+        upper.children[self._key(node)] = node
         return upper
 
-    def _new_node(self, token_ids: np.ndarray, page_ids: np.ndarray, parent: RadixNode) -> RadixNode:
-        node = RadixNode(token_ids, page_ids, parent, node_id=self._num_nodes_made, last_access=self._clock)
+    def _new_node(self, token_ids: np.ndarray, page_ids: np.ndarray, parent: RadixNode, namespace: int) -> RadixNode:
+        node = RadixNode(
+            token_ids, page_ids, parent, node_id=self._num_nodes_made, last_access=self._clock, namespace=namespace,
+        )
         self._num_nodes_made += 1
         return node
 
@@ -240,6 +254,13 @@ class RadixCache:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+
+def _child_key(first_page: np.ndarray, namespace: int) -> bytes:
+    """A child's key: the bytes of its first page, after the namespace for a top node of an adapter's subtree
+    (5 more bytes: never the length of a page's bytes, a multiple of 4, so never the base model's key)."""
+    key = first_page.tobytes()
+    return key if namespace == 0 else b"L" + namespace.to_bytes(4, "little") + key
 
 
 def _common_prefix_len(a: np.ndarray, b: np.ndarray) -> int:

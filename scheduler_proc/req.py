@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zserve.common.finish_reason import FinishReason
+from zserve.common.lora_modules import NO_ADAPTER
 from zserve.common.messages import PromptLogprobs
 from zserve.common.sampling_params import SamplingParams
 from zserve.scheduler_proc.radix_cache import RadixNode
@@ -38,6 +39,7 @@ class PendingReq:
     output_ids: list[int] = field(default_factory=list)  # non-empty only after a retraction: the tail of input_ids
     num_cached_tokens: int | None = None  # after a retraction: the prefix hit of its first admission (reported)
     admit_seq: int | None = None  # after a retraction: its place in the order of first admission
+    lora_idx: int = NO_ADAPTER  # the LoRA adapter computing it (its index in --lora-modules); also its cache namespace
 
     @property
     def is_retracted(self) -> bool:
@@ -97,6 +99,7 @@ class Req:
     # speculative draft tokens of the decode step in flight (SpeculativeReqs), after its last token
     drafts: Sequence[int] = ()
     pooled: np.ndarray | None = None  # an embedding server's: its chunks' vectors folded so far (Pooling.combine)
+    lora_idx: int = NO_ADAPTER  # the LoRA adapter computing it: its K/V is cached under this adapter only
 
     @property
     def seq_len(self) -> int:
@@ -139,7 +142,7 @@ class Req:
         input_ids = self.token_ids(self.seq_len)
         return PendingReq(
             self.req_id, input_ids, len(input_ids), self.params, self.max_tokens, self.seed, self.stop_ids,
-            self.max_num_pages, list(self.output_ids), self.num_cached_tokens, self.admit_seq,
+            self.max_num_pages, list(self.output_ids), self.num_cached_tokens, self.admit_seq, self.lora_idx,
         )
 
 

@@ -21,6 +21,7 @@ import numpy as np
 from zserve.common.context_limit import over_context_error
 from zserve.common.error_code import ErrorCode
 from zserve.common.int_math import cdiv
+from zserve.common.lora_modules import adapter_index, unknown_adapter_error
 from zserve.common.sampling_params import SamplingParams
 from zserve.scheduler_proc.constrained_reqs import ConstrainedReqs
 from zserve.scheduler_proc.pending_list import PendingList
@@ -30,7 +31,7 @@ from zserve.scheduler_proc.req import PendingReq
 class ReqIntake:
     def __init__(
         self, *, context_len: int, page_size: int, num_pages: int, eos_token_ids: Sequence[int], seed: int,
-        pending: PendingList, constrained: ConstrainedReqs,
+        pending: PendingList, constrained: ConstrainedReqs, lora_names: tuple[str, ...] = (),
     ):
         self.context_len = context_len
         self.page_size = page_size
@@ -38,6 +39,7 @@ class ReqIntake:
         self.eos_token_ids = frozenset(int(t) for t in eos_token_ids)
         self._pending = pending
         self._constrained = constrained
+        self.lora_names = lora_names  # the adapters a request's lora_path names, by index (the frontend checked it)
         self._rng = np.random.default_rng(seed)  # seeds for requests that give none: reproducible runs
 
     def submit(
@@ -68,6 +70,8 @@ class ReqIntake:
         if req_id in live:
             return ErrorCode.INTERNAL, f"duplicate req_id {req_id}: a request with this id is still live"
         error = self.refusal(num_prompt_tokens, max_tokens) or self._constrained.refusal(params)
+        if params.lora_path and params.lora_path not in self.lora_names:
+            error = unknown_adapter_error(params.lora_path, self.lora_names)
         if error is not None:
             return ErrorCode.INVALID, error
         if self._pending.is_full:
@@ -121,5 +125,6 @@ class ReqIntake:
         return PendingReq(
             req_id, input_ids, num_prompt_tokens, params, max_tokens, seed, stop_ids,
             self.max_num_pages(num_prompt_tokens, max_tokens),
+            lora_idx=adapter_index(self.lora_names, params.lora_path),
         )
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from zserve.common.forward_batch import ForwardBatch, PromptLogprobRows
+from zserve.common.lora_modules import NO_ADAPTER
 from zserve.scheduler_proc.penalty_batch import penalty_arrays
 from zserve.scheduler_proc.req import Req
 from zserve.scheduler_proc.req_table import ReqTable
@@ -105,6 +106,7 @@ class ScheduledBatch:
             top_logprobs=_top_logprobs(reqs),
             prompt_logprobs=self.prompt_logprob_rows(),
             draft_lens=draft_lens,
+            lora_ids=_lora_ids(reqs),
         )
 
     def prompt_logprob_rows(self) -> PromptLogprobRows | None:
@@ -122,6 +124,12 @@ class ScheduledBatch:
             rows=np.array([num_decode + i for i, _ in asking], np.int32), next_ids=np.array(next_ids, np.int32),
             num_top=max(r.prompt_scores.num_top for _, r in asking),
         )
+
+
+def _lora_ids(reqs: list[Req]) -> np.ndarray | None:
+    """Each row's LoRA adapter (-1 none); None when no row has one (a server without adapters: no extra work)."""
+    ids = np.fromiter((r.lora_idx for r in reqs), np.int32, len(reqs))
+    return ids if (ids != NO_ADAPTER).any() else None
 
 
 def _top_logprobs(reqs: list[Req]) -> np.ndarray | None:

@@ -101,7 +101,7 @@ class Scheduler:
         )
         self._intake = ReqIntake(
             context_len=context_len, page_size=page_size, num_pages=num_pages, eos_token_ids=eos_token_ids,
-            seed=knobs.seed, pending=self._pending, constrained=self._constrained,
+            seed=knobs.seed, pending=self._pending, constrained=self._constrained, lora_names=knobs.lora_names,
         )
         self.eos_token_ids = self._intake.eos_token_ids
         self._live: dict[int, PendingReq | Req] = {}  # every request that has not had its final update

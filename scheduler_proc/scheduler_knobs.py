@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from zserve.common.lora_modules import lora_names
 from zserve.common.server_config import ServerConfig
 from zserve.common.speculative_settings import SpeculativeSettings
 
@@ -43,6 +44,7 @@ class SchedulerKnobs:
     prefill_max_requests: int  # 0: no cap
     seed: int
     speculative: SpeculativeSettings  # algorithm "none": speculative decoding is off
+    lora_names: tuple[str, ...] = ()  # the LoRA adapters requests may name, by index (--lora-modules)
 
     def __post_init__(self) -> None:
         for name in ("max_running_requests", "max_prefill_tokens", "max_queued_requests"):
@@ -75,4 +77,5 @@ def scheduler_knobs(cfg: ServerConfig) -> SchedulerKnobs:
         prefill_max_requests=cfg.prefill_max_requests,
         seed=cfg.seed,
         speculative=SpeculativeSettings.of(cfg),  # --speculative-config folded in (the launcher already did)
+        lora_names=lora_names(cfg.enable_lora, cfg.lora_modules),
     )

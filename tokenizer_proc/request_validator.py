@@ -25,6 +25,7 @@ from typing import Any
 
 from zserve.common.choices import bad_n_error, num_choices
 from zserve.common.context_limit import over_context_error
+from zserve.common.lora_modules import unknown_adapter_error
 from zserve.common.request_limits import LIMITS
 from zserve.common.sampling_params import SamplingParams
 from zserve.tokenizer_proc.chat_options import CHAT_KEYS, ChatOptions, RequestTemplates
@@ -41,13 +42,16 @@ class RequestValidator:
     def __init__(
         self, tokenizer: TextTokenizer, context_len: int, vocab_size: int | None = None,
         default_sampling: dict[str, float] | None = None, is_embedding: bool = False,
+        lora_names: tuple[str, ...] = (),
     ):
         """`context_len`: tokens the model attends over (prompt + output). `vocab_size`: ids the
         model accepts, if smaller than the tokenizer's (default: the tokenizer's).
         `default_sampling`: what a request that leaves a sampling field out gets (the model's
         generation_config.json; empty: SamplingParams' own defaults, greedy). `is_embedding`: the
-        server runs --task embed, and takes embedding requests (`embed: true`) only."""
+        server runs --task embed, and takes embedding requests (`embed: true`) only. `lora_names`: the
+        LoRA adapters a request may name in lora_path (--lora-modules; empty: none)."""
         self.is_embedding = is_embedding
+        self.lora_names = lora_names
         self.default_sampling = dict(default_sampling or {})
         if context_len < 2:
             raise ValueError(f"context_len must be >= 2, got {context_len}")
@@ -96,6 +100,8 @@ class RequestValidator:
         if isinstance(sampling, dict) and self.default_sampling:
             sampling = {**self.default_sampling, **sampling}
         params = SamplingParams.from_dict(sampling)
+        if params.lora_path and params.lora_path not in self.lora_names:
+            raise ValueError(unknown_adapter_error(params.lora_path, self.lora_names))
         bad_stop_ids = [t for t in params.stop_token_ids if t >= self.vocab_size]
         if bad_stop_ids:
             raise ValueError(f"stop_token_ids {bad_stop_ids[:5]} are not in the vocabulary (size {self.vocab_size})")

@@ -9,6 +9,7 @@ from pathlib import Path
 import zmq
 
 from zserve.common.config_sections import API_KEY_ENV, FrontendSection, ModelSection
+from zserve.common.lora_modules import lora_names
 from zserve.common.messages import FRONTEND_INBOX, LAUNCHER_INBOX, SCHEDULER_INBOX, ProcReady
 from zserve.common.model_facts import ModelFacts
 from zserve.common.proc_runtime import child_args, child_setup
@@ -51,7 +52,8 @@ def serve(model: ModelSection, frontend: FrontendSection, addrs: Addresses, fact
             ", ".join(f"{k}={v}" for k, v in default_sampling.items()),
         )
     validator = RequestValidator(tokenizer, context_len, facts.vocab_size, default_sampling,
-                                 is_embedding=facts.task.is_embedding)
+                                 is_embedding=facts.task.is_embedding,
+                                 lora_names=lora_names(model.enable_lora, model.lora_modules))
     ctx = zmq.Context()
     try:
         max_frame_bytes = max(MIN_CLIENT_FRAME_BYTES, 2 * frontend.max_request_bytes)

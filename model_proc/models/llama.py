@@ -43,15 +43,21 @@ class LlamaAttention(nn.Module):
             self.num_heads, self.num_kv_heads, cfg.head_dim, cfg.attn_scale, layer_idx,
             sliding_window=cfg.layer_windows[layer_idx], logit_softcap=cfg.attn_logit_softcap,
         )  # fmt: skip
+        # LoRA adapters' updates of the projections (model_proc/lora/); None: no adapter targets them
+        self.qkv_lora: nn.Module | None = None
+        self.o_lora: nn.Module | None = None
 
     def norm_qk(self, qk: torch.Tensor) -> torch.Tensor:
         return qk  # Qwen3 normalises q and k here
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         T, h, kvh = x.shape[0], self.num_heads, self.num_kv_heads
-        qkv = self.qkv_proj(x).view(T, h + 2 * kvh, self.head_dim)  # heads: [q x h | k x kvh | v x kvh]
+        qkv = self.qkv_proj(x)
+        if self.qkv_lora is not None:
+            qkv = self.qkv_lora(qkv, x)
+        qkv = qkv.view(T, h + 2 * kvh, self.head_dim)  # heads: [q x h | k x kvh | v x kvh]
         out = self.attn.forward_rotary(self.norm_qk(qkv[:, : h + kvh]), qkv[:, h + kvh :], cos, sin, meta)  # [T, h * d]
-        return self.o_proj(out)
+        return self.o_proj(out) if self.o_lora is None else self.o_lora(self.o_proj(out), out)
 
     def load(self, ckpt: Checkpoint, prefix: str) -> None:
         self.qkv_proj.load(ckpt, [f"{prefix}.q_proj", f"{prefix}.k_proj", f"{prefix}.v_proj"])
@@ -66,12 +72,18 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(size, cfg.hidden_size, cfg.mlp_bias, tp_rank, tp_size)
         self.hidden_act = cfg.hidden_act
         self.act = get_activation(cfg.hidden_act, gated=True)
+        self.gate_up_lora: nn.Module | None = None  # LoRA adapters' updates (model_proc/lora/); None: none
+        self.down_lora: nn.Module | None = None
 
     def use_cpu_kernels(self) -> None:
         self.act = FUSED_GATED_ACTIVATIONS.get(self.hidden_act, self.act)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))  # [T, hidden] -> [T, 2I / tp] -> [T, hidden]
+        if self.gate_up_lora is None and self.down_lora is None:
+            return self.down_proj(self.act(self.gate_up_proj(x)))  # [T, hidden] -> [T, 2I / tp] -> [T, hidden]
+        gate_up = self.gate_up_proj(x)
+        hidden = self.act(gate_up if self.gate_up_lora is None else self.gate_up_lora(gate_up, x))
+        return self.down_proj(hidden) if self.down_lora is None else self.down_lora(self.down_proj(hidden), hidden)
 
     def load(self, ckpt: Checkpoint, prefix: str) -> None:
         self.gate_up_proj.load(ckpt, [f"{prefix}.gate_proj", f"{prefix}.up_proj"])

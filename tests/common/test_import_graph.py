@@ -17,6 +17,7 @@ MODEL_PROC_ARROWS; the modules at model_proc's top level, the runner and the wor
     quant        one class per quantization method
     checkpoints  the safetensors and GGUF readers
     weights      the quantized weight types, the GGUF block tables   kernels  the C++ ops, the CPU's features
+    lora         the LoRA adapters' stacked updates, beside models (the runner attaches them to the model)
 
 http_proc's wings stand on floors the same way (HTTP_PROC_FLOORS, HTTP_PROC_ARROWS; a module at
 http_proc's top level is the roof, reasoning.py a one-file wing):
@@ -53,7 +54,7 @@ ALLOWED_ARROWS = {
 
 
 MODEL_PROC_ROOT = "(root)"  # a module at model_proc's top level
-MODEL_PROC_FLOORS = {"kernels": 0, "weights": 0, "checkpoints": 1, "quant": 2, "layers": 3, "models": 4, MODEL_PROC_ROOT: 5}
+MODEL_PROC_FLOORS = {"kernels": 0, "weights": 0, "lora": 4, "checkpoints": 1, "quant": 2, "layers": 3, "models": 4, MODEL_PROC_ROOT: 5}
 MODEL_PROC_ARROWS = {
     ("checkpoints", "weights"): "a reader returns a matrix as stored, in its weight type (Int8Weight, PackedBlocks, ...)",
     ("checkpoints", "kernels"): "the GGUF reader packs a matrix from the file's rows by gguf_pack.cpp",
@@ -69,6 +70,8 @@ MODEL_PROC_ARROWS = {
     (MODEL_PROC_ROOT, "layers"): "the runner chooses the weight kernel, sizes the KV pool, packs the model",
     (MODEL_PROC_ROOT, "quant"): "the runner asks which method the checkpoint is stored in and what auto picks",
     (MODEL_PROC_ROOT, "kernels"): "the compute dtype and the fused ops depend on the kernels built",
+    ("lora", "layers"): "an adapter's stacked matrices are GemmWeights, run on the server's weight kernel",
+    (MODEL_PROC_ROOT, "lora"): "the runner loads the LoRA adapters into the model and says each step's adapted tokens",
     (MODEL_PROC_ROOT, "checkpoints"): "the runner opens the packed cache (--packed-cache) the GGUF reader fills or reads",
 }
 

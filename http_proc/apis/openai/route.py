@@ -41,7 +41,9 @@ def openai_routes(state: HttpState) -> list[Route]:
             "id": state.model_name, "object": "model", "created": state.created_s, "owned_by": "zserve",
             "root": state.model_path, "max_model_len": state.context_len,
         }
-        return JSONResponse({"object": "list", "data": [card]})
+        # vLLM lists each LoRA adapter as a model of its own, its parent the base model
+        adapters = [{**card, "id": name, "root": name, "parent": state.model_name} for name in state.lora_names]
+        return JSONResponse({"object": "list", "data": [card, *adapters]})
 
     return [
         Route("/v1/completions", completions, methods=["POST"]),
@@ -54,14 +56,15 @@ async def serve(
     state: HttpState, request: Request, model: type[CompletionRequest | ChatCompletionRequest],
 ) -> Response | SseResponse:
     body = parse_body(model, await request.body())
+    lora_path = state.take_lora_path(body.model_extra)  # SGLang's field, when this server serves adapters
     refuse_unhonoured(body.model_extra)
     state.unknown_fields.check(body, request.url.path)
-    state.check_model(body.model)
+    lora_path = state.check_model_or_adapter(body.model) or lora_path  # vLLM's: the adapter's name as the model
     state.check_accepting()
     if isinstance(body, ChatCompletionRequest):
-        subs, group, formatter = chat_call_parts(state, body)
+        subs, group, formatter = chat_call_parts(state, body, lora_path)
     else:
-        subs, group, formatter = completion_call_parts(state, body)
+        subs, group, formatter = completion_call_parts(state, body, lora_path)
     if not body.stream:
         results = await until_disconnect(request, group.run())
         return JSONResponse(formatter.body(subs, results), headers=group.headers)
@@ -72,11 +75,12 @@ async def serve(
 
 
 def chat_call_parts(
-    state: HttpState, body: ChatCompletionRequest,
+    state: HttpState, body: ChatCompletionRequest, lora_path: str | None = None,
 ) -> tuple[list[SubRequest], RequestGroup, ChatFormatter]:
-    """A chat request's choices, their group, and its formatter."""
+    """A chat request's choices, their group, and its formatter; `lora_path`: the LoRA adapter computing them."""
     tool_parser = body.tool_parser(state.tool_parser)
     subs = with_tool_markup(body.thinking_first(body.sub_requests(), state.reasoning_parser), tool_parser)
+    subs = with_adapter(subs, lora_path)
     group = RequestGroup(state.client, subs, state.metrics, state.health)
     formatter = ChatFormatter(model_name=state.model_name, include_usage=body.include_usage, req_id=group.req_id,
                               wants_logprobs=body.wants_logprobs, tool_parser=tool_parser,
@@ -85,10 +89,10 @@ def chat_call_parts(
 
 
 def completion_call_parts(
-    state: HttpState, body: CompletionRequest,
+    state: HttpState, body: CompletionRequest, lora_path: str | None = None,
 ) -> tuple[list[SubRequest], RequestGroup, CompletionFormatter]:
-    """A completion request's choices, their group, and its formatter."""
-    subs = body.sub_requests()
+    """A completion request's choices, their group, and its formatter; `lora_path`: the LoRA adapter computing them."""
+    subs = with_adapter(body.sub_requests(), lora_path)
     echoes = None
     if body.echo:  # each choice's text starts with its prompt
         subs = [echoed(s) for s in subs]
@@ -98,6 +102,11 @@ def completion_call_parts(
                                     wants_logprobs=body.wants_logprobs, echoes=echoes,
                                     prompt_only=body.scores_prompt_only)
     return subs, group, formatter
+
+
+def with_adapter(subs: list[SubRequest], lora_path: str | None) -> list[SubRequest]:
+    """Every choice computed by the LoRA adapter `lora_path` (None: the base model)."""
+    return subs if lora_path is None else [replace(s, sampling={**s.sampling, "lora_path": lora_path}) for s in subs]
 
 
 def echoed(sub: SubRequest) -> SubRequest:

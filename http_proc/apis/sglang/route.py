@@ -60,10 +60,13 @@ async def parse_body(state: HttpState, request: Request) -> tuple[list[SubReques
     if not isinstance(body, dict):
         raise ApiError(400, f"the request body must be a JSON object, got {type(body).__name__}")
     sglang = is_sglang_body(body)
+    lora_path = state.take_lora_path(body)  # an adapter's name, when this server serves adapters
     if sglang:
         refuse_unhonoured(body)
         body, ignored = from_sglang_body(body)
         state.unknown_fields.check_paths([tuple(name.split(".")) for name in ignored], "/generate")
+    if lora_path is not None:
+        body["lora_path"] = lora_path
     stream = body.pop("stream", False)
     if not isinstance(stream, bool):
         raise ApiError(400, "stream must be a boolean", param="stream")

@@ -1,0 +1,44 @@
+"""The grouped low-rank product: for tokens of several adapters and none in one batch, LoraLayer adds to each
+token exactly its own adapter's x @ A^T @ B^T * alpha / r (per piece of a fused projection), and nothing when no
+token has an adapter."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from zserve.model_proc.lora.lora_batch import LoraBatch
+from zserve.model_proc.lora.lora_layer import LoraLayer
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_each_token_gets_its_own_adapters_update(dtype):
+    gen = torch.Generator().manual_seed(0)
+    in_features, out_sizes, ranks = 16, [8, 4, 4], [2, 4]
+    updates = [[(torch.randn(r, in_features, generator=gen), torch.randn(size, r, generator=gen), 0.5 * (i + 1))
+                if not (i == 1 and p == 1) else None for p, size in enumerate(out_sizes)] for i, r in enumerate(ranks)]
+    batch = LoraBatch(len(ranks), dtype, torch.device("cpu"))
+    layer = LoraLayer.build(updates, in_features, out_sizes, max(ranks), batch, None)
+    token_adapters = np.array([1, -1, 0, 1, -1, 0, 0], np.int32)
+    x = torch.randn(len(token_adapters), in_features, generator=gen)
+    y = torch.randn(len(token_adapters), sum(out_sizes), generator=gen)
+    batch.set_tokens(token_adapters)
+    assert batch.mask(2).tolist()[:2] == [[0, 0, 1, 1], [0, 0, 0, 0]]
+    got = layer(y.clone().to(dtype), x.to(dtype)).float()
+    want = y.clone()
+    for t, adapter in enumerate(token_adapters.tolist()):
+        if adapter < 0:
+            continue
+        col = 0
+        for piece, size in zip(updates[adapter], out_sizes, strict=True):
+            if piece is not None:
+                a, b, scaling = piece
+                want[t, col : col + size] += (x[t] @ a.T @ b.T) * scaling
+            col += size
+    tol = 1e-5 if dtype == torch.float32 else 0.1
+    torch.testing.assert_close(got, want, atol=tol * float(want.abs().max()), rtol=tol)
+    batch.set_tokens(None)
+    assert layer(y, x) is y  # no adapted token: the base output, untouched
+    batch.set_tokens(np.full(3, -1, np.int32))
+    assert batch.is_empty
