@@ -59,9 +59,24 @@ def test_detokenize_is_the_text_of_the_ids(served):
     assert (status, body) == (200, {"prompt": tokenizer.decode(ids)})
 
 
+def test_vllm_s_tokenize_options_are_honoured(served):
+    """return_token_strs gives each id's vocabulary string; add_generation_prompt false and a request's own
+    chat_template render the messages as transformers does with the same options."""
+    port, tokenizer = served
+    status, body = post(port, "/tokenize", {"prompt": "round trip", "return_token_strs": True})
+    assert status == 200 and body["token_strs"] == tokenizer.convert_ids_to_tokens(body["tokens"]), body
+    status, body = post(port, "/tokenize", {"messages": MESSAGES, "add_generation_prompt": False})
+    rendered = tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=False, tokenize=False)
+    assert status == 200 and body["tokens"] == tokenizer.encode(rendered, add_special_tokens=False), body
+    own = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    status, body = post(port, "/tokenize", {"messages": MESSAGES, "chat_template": own})
+    rendered = tokenizer.apply_chat_template(MESSAGES, chat_template=own, add_generation_prompt=True, tokenize=False)
+    assert status == 200 and body["tokens"] == tokenizer.encode(rendered, add_special_tokens=False), body
+
+
 @pytest.mark.parametrize(("path", "body", "param"), [
-    ("/tokenize", {"prompt": "x", "return_token_strs": True}, "return_token_strs"),
-    ("/tokenize", {"messages": MESSAGES, "add_generation_prompt": False}, "add_generation_prompt"),
+    ("/tokenize", {"messages": MESSAGES, "add_special_tokens": True}, "add_special_tokens"),
+    ("/tokenize", {"prompt": "x", "add_generation_prompt": False}, "add_generation_prompt"),
     ("/tokenize", {"prompt": "x", "messages": MESSAGES}, "prompt"),
     ("/detokenize", {"tokens": [10**9]}, None),
     ("/tokenize", {"prompt": "x", "model": "not-this-one"}, "model"),
