@@ -22,8 +22,8 @@ import platform
 from zserve.common.isa_features import CPU_ISA_ENV, LEVELS, X86_MACHINES, IsaFeatures, choose_isa, cpu_flags
 
 __all__ = [
-    "AMX_MIN_ROWS", "BF16_TILE_MIN_ROWS", "LEVELS", "IsaFeatures", "choose_isa", "cpu_flags", "cpu_isa",
-    "int8_dot_instruction", "march_flags",
+    "AMX_MIN_ROWS", "BF16_TILE_MIN_ROWS", "INT8_DECODE_HEAD_DIMS", "LEVELS", "IsaFeatures", "choose_isa", "cpu_flags",
+    "cpu_isa", "int8_decode_instruction", "int8_dot_instruction", "march_flags",
 ]
 ISA_ENV = CPU_ISA_ENV  # the worker's set, from --cpu-isa by the launcher (worker_env)
 BASE_MARCH = {0: "-march=x86-64", 256: "-march=x86-64-v3", 512: "-march=x86-64-v4"}  # by vector width
@@ -48,6 +48,18 @@ def march_flags(isa: IsaFeatures) -> tuple[str, ...]:
         return ()
     extensions = (flag for feature, flags in EXTENSION_FLAGS.items() if feature in isa for flag in flags)
     return (BASE_MARCH[isa.vector_bits], *extensions)
+
+
+INT8_DECODE_HEAD_DIMS = (64, 128)  # kernels/paged_attention.cpp's attend_int8_decode instances
+
+
+def int8_decode_instruction(isa: IsaFeatures, head_dim: int) -> str:
+    """What kernels/paged_attention.cpp scores a decode token's rows against an int8 KV cache with in a build for
+    `isa` (kernels/int8_attention.h): VPDPBUSD on the rows quantized to int8 where the build has AVX512-VNNI and
+    head_dim is 64 or 128; "" elsewhere (the rows stay fp32 and each key row is widened to fp32)."""
+    if isa.vector_bits == 512 and "avx512_vnni" in isa and head_dim in INT8_DECODE_HEAD_DIMS:
+        return "vpdpbusd zmm"
+    return ""
 
 
 def int8_dot_instruction(isa: IsaFeatures, amx_granted: bool = True) -> str:

@@ -30,7 +30,11 @@
 // The same walk; each key and value row is widened to fp32 times its scale as it enters the tile
 // (cpu_math.h's widen_int8_row: AVX-512, AVX2 or scalar, one rounded product each), so the dot
 // products and the softmax are those of the 16-bit cache's path over the dequantized rows, and
-// the pages read are half the bytes (plus 4 per row for the scale).
+// the pages read are half the bytes (plus 4 per row for the scale). Except where the build has
+// AVX512-VNNI, for a request decoding one token at head_dim 64 or 128 (attend_int8_decode): its
+// query rows are quantized to int8 once and scored against the int8 keys as exact integer dot
+// products, 16 keys per instruction chain, and the value rows widened in registers
+// (int8_attention.h; cpu_isa.py's int8_decode_instruction says where).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -38,6 +42,7 @@
 #include <torch/library.h>
 
 #include "cpu_math.h"
+#include "int8_attention.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -191,6 +196,38 @@ inline void load_row(const KV* __restrict src, const float* scales, int64_t slot
   }
 }
 
+// One row's online-softmax step over a tile: its scores sr[lo, num_seen) and their largest, `tile_max`
+// (with `softcap` > 0 both are capped here first). On return sr[0, KEY_TILE) holds exp(score - new max)
+// (0 outside [lo, num_seen)), m and l the row's running max and sum; returns exp(old max - new max), the
+// factor the row's accumulator is rescaled by.
+template <typename T>
+inline float softmax_step(float* __restrict sr, int64_t lo, int64_t num_seen, float tile_max, float softcap, float& m, float& l) {
+  if (softcap > 0.0f) {  // c * tanh(s / c) is increasing, so it maps the max to the new max
+    const float c = softcap, inv_c = 1.0f / softcap;
+    for (int64_t j = lo; j < num_seen; ++j) sr[j] = c * std::tanh(sr[j] * inv_c);
+    tile_max = c * std::tanh(tile_max * inv_c);
+  }
+  for (int64_t j = 0; j < lo; ++j) sr[j] = NEG_BIG;
+  for (int64_t j = num_seen; j < KEY_TILE; ++j) sr[j] = NEG_BIG;  // a fixed trip count vectorizes
+  const float new_max = std::max(m, tile_max);
+  const float alpha = exp_nonpos(m - new_max);
+  float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+  for (int64_t j = 0; j < KEY_TILE; ++j) {
+    sr[j] = exp_nonpos(sr[j] - new_max);
+    sum += sr[j];
+  }
+  l = l * alpha + sum;
+  m = new_max;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    // torch's CPU flash attention (SDPA, what transformers runs) multiplies V by these
+    // exponentials rounded to the input dtype, after summing them in fp32; so do we
+#pragma omp simd
+    for (int64_t j = 0; j < KEY_TILE; ++j) sr[j] = zserve_cpu::round_to_bf16(sr[j]);
+  }
+  return alpha;
+}
+
 // D: head_dim when known at compile time (64, 128: rows stay in registers), else 0 (a.head_dim).
 // T: q's and out's dtype; KV: the cache's (T, or int8_t with a.k_scales / a.v_scales).
 template <typename T, typename KV, int64_t D>
@@ -258,30 +295,8 @@ void attend(const Args& a, const Item& it, const T* q, const KV* k_cache, const 
       if (num_seen <= lo) continue;
       const float* __restrict qr = qf + row * d;
       float* __restrict sr = s + row * KEY_TILE;
-      float tile_max = dot_keys<D>(qr, kf + lo * d, num_seen - lo, d, sr + lo);
-      if (a.softcap > 0.0f) {  // c * tanh(s / c) is increasing, so it maps the max to the new max
-        const float c = a.softcap, inv_c = 1.0f / a.softcap;
-        for (int64_t j = lo; j < num_seen; ++j) sr[j] = c * std::tanh(sr[j] * inv_c);
-        tile_max = c * std::tanh(tile_max * inv_c);
-      }
-      for (int64_t j = 0; j < lo; ++j) sr[j] = NEG_BIG;
-      for (int64_t j = num_seen; j < KEY_TILE; ++j) sr[j] = NEG_BIG;  // a fixed trip count vectorizes
-      const float new_max = std::max(m[row], tile_max);
-      const float alpha = exp_nonpos(m[row] - new_max);
-      float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-      for (int64_t j = 0; j < KEY_TILE; ++j) {
-        sr[j] = exp_nonpos(sr[j] - new_max);
-        sum += sr[j];
-      }
-      l[row] = l[row] * alpha + sum;
-      m[row] = new_max;
-      if constexpr (std::is_same_v<T, c10::BFloat16>) {
-        // torch's CPU flash attention (SDPA, what transformers runs) multiplies V by these
-        // exponentials rounded to the input dtype, after summing them in fp32; so do we
-#pragma omp simd
-        for (int64_t j = 0; j < KEY_TILE; ++j) sr[j] = zserve_cpu::round_to_bf16(sr[j]);
-      }
+      const float tile_max = dot_keys<D>(qr, kf + lo * d, num_seen - lo, d, sr + lo);
+      const float alpha = softmax_step<T>(sr, lo, num_seen, tile_max, a.softcap, m[row], l[row]);
       float* __restrict ar = acc + row * d;
 #if defined(__AVX512F__)
       if constexpr (D > 0 && D % 16 == 0) {  // the row's accumulator in zmm registers across the tile
@@ -331,6 +346,123 @@ void attend(const Args& a, const Item& it, const T* q, const KV* k_cache, const 
   }
 }
 
+#if ZSERVE_INT8_DECODE
+constexpr int64_t MAX_DECODE_ROWS = 64;  // query heads per KV head the int8 decode walk takes
+
+// acc[b] = acc[b] * alpha[b] + sum_{j < n} weights[b][j] * values[j] for the `rows` rows, a few at a time
+// (as many accumulators as stay in registers: 4 rows at head_dim 64, 3 at 128).
+template <int64_t D>
+inline void add_values_rows(const int8_t* const* values, const float* weights, int64_t n, const float* alpha, float* acc,
+                            int64_t rows) {
+  namespace ia = zserve_int8_attention;
+  constexpr int64_t RB = D == 64 ? 4 : 3;
+  for (int64_t b = 0; b < rows; b += RB) {
+    const int64_t num = std::min<int64_t>(RB, rows - b);
+    const float* w = weights + b * KEY_TILE;
+    if (num == 4) {
+      ia::add_values<D, 4>(values, w, KEY_TILE, 0, n, alpha + b, acc + b * D);
+    } else if (num == 3) {
+      ia::add_values<D, 3>(values, w, KEY_TILE, 0, n, alpha + b, acc + b * D);
+    } else if (num == 2) {
+      ia::add_values<D, 2>(values, w, KEY_TILE, 0, n, alpha + b, acc + b * D);
+    } else {
+      ia::add_values<D, 1>(values, w, KEY_TILE, 0, n, alpha + b, acc + b * D);
+    }
+  }
+}
+
+// A decode item (a request's one new token: `group` query rows, at most MAX_DECODE_ROWS) over an int8 cache, with
+// AVX512-VNNI (int8_attention.h): the rows quantized to int8 once, each tile's keys read as int8 into
+// exact int32 scores, its values widened in registers; attend()'s walk, tiles and online softmax.
+template <typename T, int64_t D>
+void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t* k_cache, const int8_t* v_cache, T* out,
+                        std::vector<float>& scratch) {
+  namespace ia = zserve_int8_attention;
+  const int64_t rows = a.num_heads / a.num_kv_heads;  // row = query head in the KV head's group
+  const int64_t token = a.token_starts[it.req] + it.q_lo;
+  const int64_t pos = a.cached_lens[it.req] + it.q_lo, num_keys = pos + 1, page_size = a.page_size;
+  // every row is this token's, so with a window the walk starts at its oldest key and sees every key after
+  const int64_t key_start = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+  const int64_t* pages = a.page_ids + a.page_starts[it.req];
+
+  scratch.resize(rows * D + 2 * rows + rows * KEY_TILE);
+  float* __restrict acc = scratch.data();       // [rows, D]
+  float* __restrict m = acc + rows * D;         // [rows] running max
+  float* __restrict l = m + rows;               // [rows] running sum
+  float* __restrict s = l + rows;               // [rows, KEY_TILE] scores, then probabilities times value scales
+  alignas(64) int8_t codes[MAX_DECODE_ROWS * D];  // the rows quantized
+  float q_scale[MAX_DECODE_ROWS], alpha[MAX_DECODE_ROWS];
+  int32_t correction[MAX_DECODE_ROWS];          // 128 * sum(codes): the keys enter as unsigned k + 128
+  const int8_t* k_rows[KEY_TILE];               // the tile's rows and their scales
+  const int8_t* v_rows[KEY_TILE];
+  alignas(64) float k_sc[KEY_TILE];
+  float v_sc[KEY_TILE];
+
+  for (int64_t g = 0; g < rows; ++g) {
+    const T* src = q + token * a.q_stride_t + (it.kv_head * rows + g) * a.q_stride_h;
+    alignas(64) float qf[D];
+#pragma omp simd
+    for (int64_t x = 0; x < D; ++x) qf[x] = to_float(src[x]) * a.scale;
+    q_scale[g] = zserve_cpu::quantize_int8_row(qf, codes + g * D, D);
+    int32_t sum = 0;
+    for (int64_t x = 0; x < D; ++x) sum += codes[g * D + x];
+    correction[g] = 128 * sum;
+  }
+  std::fill(acc, acc + rows * D, 0.0f);
+  std::fill(m, m + rows, NEG_BIG);
+  std::fill(l, l + rows, 0.0f);
+
+  const int8_t* k_head = k_cache + it.kv_head * a.kv_stride_h;
+  const int8_t* v_head = v_cache + it.kv_head * a.kv_stride_h;
+  const int64_t num_slots = a.kv_stride_h / D;
+  const float* k_scale_head = a.k_scales + it.kv_head * num_slots;
+  const float* v_scale_head = a.v_scales + it.kv_head * num_slots;
+  const int64_t page_bytes = page_size * D;
+  int64_t page_idx = key_start / page_size, offset = key_start % page_size;
+  for (int64_t p = page_idx; p <= page_idx + PREFETCH_PAGES && p * page_size < num_keys; ++p) {
+    prefetch_page(k_head + pages[p] * page_size * D, v_head + pages[p] * page_size * D, page_bytes);
+  }
+  __m512i t[D / 4];
+  for (int64_t k0 = key_start; k0 < num_keys; k0 += KEY_TILE) {
+    const int64_t num_tile = std::min(KEY_TILE, num_keys - k0);
+    for (int64_t j = 0; j < num_tile; ++j) {
+      const int64_t slot = pages[page_idx] * page_size + offset;
+      const int64_t ahead = page_idx + PREFETCH_PAGES;
+      if (offset == 0 && k0 + j > key_start && ahead * page_size < num_keys) {
+        prefetch_page(k_head + pages[ahead] * page_size * D, v_head + pages[ahead] * page_size * D, page_bytes);
+      }
+      if (++offset == page_size) offset = 0, ++page_idx;
+      k_rows[j] = k_head + slot * D, v_rows[j] = v_head + slot * D;
+      k_sc[j] = k_scale_head[slot], v_sc[j] = v_scale_head[slot];
+    }
+    const int64_t num_blocks = (num_tile + ia::KEYS - 1) / ia::KEYS;
+    for (int64_t j = num_tile; j < num_blocks * ia::KEYS; ++j) k_rows[j] = k_rows[0], k_sc[j] = 0.0f;  // read, then masked
+    for (int64_t blk = 0; blk < num_blocks; ++blk) {
+      ia::transpose_keys<D>(k_rows + blk * ia::KEYS, t);
+      const __m512 key_scales = _mm512_load_ps(k_sc + blk * ia::KEYS);
+      for (int64_t g = 0; g < rows; ++g) {
+        const __m512i sums = _mm512_sub_epi32(ia::dot_keys<D>(t, codes + g * D), _mm512_set1_epi32(correction[g]));
+        const __m512 scales = _mm512_mul_ps(_mm512_set1_ps(q_scale[g]), key_scales);
+        _mm512_storeu_ps(s + g * KEY_TILE + blk * ia::KEYS, _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scales));
+      }
+    }
+    for (int64_t g = 0; g < rows; ++g) {
+      float* __restrict sr = s + g * KEY_TILE;
+      float tile_max = NEG_BIG;
+      for (int64_t j = 0; j < num_tile; ++j) tile_max = std::max(tile_max, sr[j]);
+      alpha[g] = softmax_step<T>(sr, 0, num_tile, tile_max, a.softcap, m[g], l[g]);
+      for (int64_t j = 0; j < num_tile; ++j) sr[j] *= v_sc[j];  // the value rows' scales, into their weights
+    }
+    add_values_rows<D>(v_rows, s, num_tile, alpha, acc, rows);
+  }
+  for (int64_t g = 0; g < rows; ++g) {
+    T* dst = out + token * a.out_stride_t + (it.kv_head * rows + g) * a.out_stride_h;
+    const float inv = 1.0f / l[g];  // l >= 1: the row's max score contributes exp(0)
+    for (int64_t x = 0; x < D; ++x) store(acc[g * D + x] * inv, dst + x);
+  }
+}
+#endif
+
 template <typename T, typename KV>
 void run(const Args& a, const std::vector<Item>& items, const at::Tensor& q, const at::Tensor& k_cache,
          const at::Tensor& v_cache, at::Tensor& out) {
@@ -344,6 +476,19 @@ void run(const Args& a, const std::vector<Item>& items, const at::Tensor& q, con
     std::vector<float> scratch;
     for (int64_t w = begin; w < end; ++w) {  // one iteration per thread; each pulls items until none are left
       for (int64_t i = next.fetch_add(1); i < num_items; i = next.fetch_add(1)) {
+#if ZSERVE_INT8_DECODE
+        if constexpr (std::is_same_v<KV, int8_t>) {
+          const bool decode = a.extend_lens[items[i].req] == 1 && a.num_heads / a.num_kv_heads <= MAX_DECODE_ROWS;
+          if (decode && a.head_dim == 64) {
+            attend_int8_decode<T, 64>(a, items[i], qp, kp, vp, op, scratch);
+            continue;
+          }
+          if (decode && a.head_dim == 128) {
+            attend_int8_decode<T, 128>(a, items[i], qp, kp, vp, op, scratch);
+            continue;
+          }
+        }
+#endif
         if (a.head_dim == 64) {
           attend<T, KV, 64>(a, items[i], qp, kp, vp, op, scratch);
         } else if (a.head_dim == 128) {
