@@ -55,11 +55,14 @@ INT8_DECODE_HEAD_DIMS = (64, 128)  # kernels/paged_attention.cpp's attend_int8_d
 
 def int8_decode_instruction(isa: IsaFeatures, head_dim: int) -> str:
     """What kernels/paged_attention.cpp scores a decode token's rows against an int8 KV cache with in a build for
-    `isa` (kernels/int8_attention.h): VPDPBUSD on the rows quantized to int8 where the build has AVX512-VNNI and
-    head_dim is 64 or 128; "" elsewhere (the rows stay fp32 and each key row is widened to fp32)."""
-    if isa.vector_bits == 512 and "avx512_vnni" in isa and head_dim in INT8_DECODE_HEAD_DIMS:
-        return "vpdpbusd zmm"
-    return ""
+    `isa` (kernels/int8_attention.h), at head_dim 64 or 128: the rows quantized to int8 and multiplied by VPDPBUSD
+    where the build has AVX512-VNNI, VPMADDUBSW in an AVX2 build; "" elsewhere (AVX-512 without VNNI, no AVX2,
+    other head dims: the rows stay fp32 and each key row is widened to fp32)."""
+    if head_dim not in INT8_DECODE_HEAD_DIMS:
+        return ""
+    if isa.vector_bits == 512:
+        return "vpdpbusd zmm" if "avx512_vnni" in isa else ""
+    return "vpmaddubsw ymm" if isa.vector_bits == 256 else ""
 
 
 def int8_dot_instruction(isa: IsaFeatures, amx_granted: bool = True) -> str:

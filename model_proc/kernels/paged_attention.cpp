@@ -31,10 +31,9 @@
 // (cpu_math.h's widen_int8_row: AVX-512, AVX2 or scalar, one rounded product each), so the dot
 // products and the softmax are those of the 16-bit cache's path over the dequantized rows, and
 // the pages read are half the bytes (plus 4 per row for the scale). Except where the build has
-// AVX512-VNNI, for a request decoding one token at head_dim 64 or 128 (attend_int8_decode): its
-// query rows are quantized to int8 once and scored against the int8 keys as exact integer dot
-// products, 16 keys per instruction chain, and the value rows widened in registers
-// (int8_attention.h; cpu_isa.py's int8_decode_instruction says where).
+// AVX512-VNNI or AVX2, for a request decoding one token at head_dim 64 or 128 (attend_int8_decode):
+// its query rows are quantized to int8 once and scored against the int8 keys as exact integer dot
+// products, 16 keys at a time (int8_attention.h; cpu_isa.py's int8_decode_instruction says where).
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -347,33 +346,12 @@ void attend(const Args& a, const Item& it, const T* q, const KV* k_cache, const 
 }
 
 #if ZSERVE_INT8_DECODE
+static_assert(KEY_TILE == zserve_int8_attention::TILE, "int8_attention.h's weights are rows of KEY_TILE");
 constexpr int64_t MAX_DECODE_ROWS = 64;  // query heads per KV head the int8 decode walk takes
 
-// acc[b] = acc[b] * alpha[b] + sum_{j < n} weights[b][j] * values[j] for the `rows` rows, a few at a time
-// (as many accumulators as stay in registers: 4 rows at head_dim 64, 3 at 128).
-template <int64_t D>
-inline void add_values_rows(const int8_t* const* values, const float* weights, int64_t n, const float* alpha, float* acc,
-                            int64_t rows) {
-  namespace ia = zserve_int8_attention;
-  constexpr int64_t RB = D == 64 ? 4 : 3;
-  for (int64_t b = 0; b < rows; b += RB) {
-    const int64_t num = std::min<int64_t>(RB, rows - b);
-    const float* w = weights + b * KEY_TILE;
-    if (num == 4) {
-      ia::add_values<D, 4>(values, w, KEY_TILE, 0, n, alpha + b, acc + b * D);
-    } else if (num == 3) {
-      ia::add_values<D, 3>(values, w, KEY_TILE, 0, n, alpha + b, acc + b * D);
-    } else if (num == 2) {
-      ia::add_values<D, 2>(values, w, KEY_TILE, 0, n, alpha + b, acc + b * D);
-    } else {
-      ia::add_values<D, 1>(values, w, KEY_TILE, 0, n, alpha + b, acc + b * D);
-    }
-  }
-}
-
-// A decode item (a request's one new token: `group` query rows, at most MAX_DECODE_ROWS) over an int8 cache, with
-// AVX512-VNNI (int8_attention.h): the rows quantized to int8 once, each tile's keys read as int8 into
-// exact int32 scores, its values widened in registers; attend()'s walk, tiles and online softmax.
+// A decode item (a request's one new token: `group` query rows, at most MAX_DECODE_ROWS) over an int8 cache, in a
+// build with AVX512-VNNI or AVX2 (int8_attention.h): the rows quantized to int8 once, each tile's keys read as
+// int8 into exact int32 scores, its values widened as they are summed; attend()'s walk, tiles and online softmax.
 template <typename T, int64_t D>
 void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t* k_cache, const int8_t* v_cache, T* out,
                         std::vector<float>& scratch) {
@@ -385,18 +363,19 @@ void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t*
   const int64_t key_start = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
   const int64_t* pages = a.page_ids + a.page_starts[it.req];
 
-  scratch.resize(rows * D + 2 * rows + rows * KEY_TILE);
+  scratch.resize(rows * D + 2 * rows + rows * KEY_TILE + KEY_TILE * D);
   float* __restrict acc = scratch.data();       // [rows, D]
   float* __restrict m = acc + rows * D;         // [rows] running max
   float* __restrict l = m + rows;               // [rows] running sum
   float* __restrict s = l + rows;               // [rows, KEY_TILE] scores, then probabilities times value scales
-  alignas(64) int8_t codes[MAX_DECODE_ROWS * D];  // the rows quantized
+  float* __restrict values = s + rows * KEY_TILE;  // [KEY_TILE, D]: AVX2's tile of widened value rows
+  alignas(64) int8_t codes[2 * MAX_DECODE_ROWS * D];  // the rows quantized [rows, D], then their magnitudes
   float q_scale[MAX_DECODE_ROWS], alpha[MAX_DECODE_ROWS];
-  int32_t correction[MAX_DECODE_ROWS];          // 128 * sum(codes): the keys enter as unsigned k + 128
+  int32_t correction[MAX_DECODE_ROWS];          // 128 * sum(codes): VPDPBUSD's keys enter as unsigned k + 128
+  const ia::QueryCodes query{codes, q_scale, correction, rows};
   const int8_t* k_rows[KEY_TILE];               // the tile's rows and their scales
   const int8_t* v_rows[KEY_TILE];
-  alignas(64) float k_sc[KEY_TILE];
-  float v_sc[KEY_TILE];
+  float k_sc[KEY_TILE], v_sc[KEY_TILE];
 
   for (int64_t g = 0; g < rows; ++g) {
     const T* src = q + token * a.q_stride_t + (it.kv_head * rows + g) * a.q_stride_h;
@@ -405,7 +384,10 @@ void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t*
     for (int64_t x = 0; x < D; ++x) qf[x] = to_float(src[x]) * a.scale;
     q_scale[g] = zserve_cpu::quantize_int8_row(qf, codes + g * D, D);
     int32_t sum = 0;
-    for (int64_t x = 0; x < D; ++x) sum += codes[g * D + x];
+    for (int64_t x = 0; x < D; ++x) {
+      sum += codes[g * D + x];
+      codes[(rows + g) * D + x] = static_cast<int8_t>(std::abs(codes[g * D + x]));
+    }
     correction[g] = 128 * sum;
   }
   std::fill(acc, acc + rows * D, 0.0f);
@@ -422,7 +404,6 @@ void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t*
   for (int64_t p = page_idx; p <= page_idx + PREFETCH_PAGES && p * page_size < num_keys; ++p) {
     prefetch_page(k_head + pages[p] * page_size * D, v_head + pages[p] * page_size * D, page_bytes);
   }
-  __m512i t[D / 4];
   for (int64_t k0 = key_start; k0 < num_keys; k0 += KEY_TILE) {
     const int64_t num_tile = std::min(KEY_TILE, num_keys - k0);
     for (int64_t j = 0; j < num_tile; ++j) {
@@ -438,13 +419,7 @@ void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t*
     const int64_t num_blocks = (num_tile + ia::KEYS - 1) / ia::KEYS;
     for (int64_t j = num_tile; j < num_blocks * ia::KEYS; ++j) k_rows[j] = k_rows[0], k_sc[j] = 0.0f;  // read, then masked
     for (int64_t blk = 0; blk < num_blocks; ++blk) {
-      ia::transpose_keys<D>(k_rows + blk * ia::KEYS, t);
-      const __m512 key_scales = _mm512_load_ps(k_sc + blk * ia::KEYS);
-      for (int64_t g = 0; g < rows; ++g) {
-        const __m512i sums = _mm512_sub_epi32(ia::dot_keys<D>(t, codes + g * D), _mm512_set1_epi32(correction[g]));
-        const __m512 scales = _mm512_mul_ps(_mm512_set1_ps(q_scale[g]), key_scales);
-        _mm512_storeu_ps(s + g * KEY_TILE + blk * ia::KEYS, _mm512_mul_ps(_mm512_cvtepi32_ps(sums), scales));
-      }
+      ia::score_block<D>(k_rows + blk * ia::KEYS, k_sc + blk * ia::KEYS, query, s + blk * ia::KEYS);
     }
     for (int64_t g = 0; g < rows; ++g) {
       float* __restrict sr = s + g * KEY_TILE;
@@ -453,7 +428,7 @@ void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t*
       alpha[g] = softmax_step<T>(sr, 0, num_tile, tile_max, a.softcap, m[g], l[g]);
       for (int64_t j = 0; j < num_tile; ++j) sr[j] *= v_sc[j];  // the value rows' scales, into their weights
     }
-    add_values_rows<D>(v_rows, s, num_tile, alpha, acc, rows);
+    ia::add_values_rows<D>(v_rows, s, num_tile, alpha, acc, rows, values);
   }
   for (int64_t g = 0; g < rows; ++g) {
     T* dst = out + token * a.out_stride_t + (it.kv_head * rows + g) * a.out_stride_h;
