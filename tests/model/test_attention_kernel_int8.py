@@ -131,6 +131,16 @@ def test_bf16_queries_over_an_int8_cache(ops, case, page_size):
     torch.testing.assert_close(got.float(), want, **BF16_TOLERANCE)
 
 
+@pytest.mark.parametrize("text,head_dim,instruction", [
+    ("avx512+avx512_vnni", 64, "vpdpbusd zmm"), ("avx512+avx512_vnni+avx512_bf16+amx_int8", 128, "vpdpbusd zmm"),
+    ("avx512", 64, ""), ("avx2", 128, "vpmaddubsw ymm"), ("avx2+avx_vnni", 64, "vpmaddubsw ymm"), ("baseline", 64, ""),
+    ("avx512+avx512_vnni", 96, ""), ("avx2", 16, ""),
+])
+def test_int8_decode_instruction_of_each_set(text, head_dim, instruction):
+    """Where the decode walk scores int8 queries (kernels/int8_attention.h's builds and head dims), by feature set."""
+    assert int8_decode_instruction(IsaFeatures.parse(text), head_dim) == instruction
+
+
 def test_int8_kernel_refuses_mismatched_scales(ops):
     batch = random_batch(np.random.default_rng(0), [10], [1], 4)
     q, _, (kq, vq, ks, vs) = random_caches(batch, 2, 1, 64, 4)
