@@ -18,7 +18,8 @@ namespace zserve_cpu {
 // exp(x) for x clamped to [-87, 88]: Cody-Waite reduction and a degree-6 polynomial (about 2
 // ulp; std::exp would keep an `omp simd` loop scalar). The barrier keeps the two-part reduction
 // in its order under -fassociative-math (reassociated, it loses ~3 bits for |x| > 8).
-inline float exp_poly(float x) {
+// Always inlined: called out of line, the loops that call it stay scalar.
+inline __attribute__((always_inline)) float exp_poly(float x) {
   const float xc = std::min(std::max(x, -87.0f), 88.0f);
   const float n = __builtin_rintf(xc * 1.44269504088896341f);
   const float r = __builtin_assoc_barrier(xc - n * 0.693359375f) + n * 2.12194440e-4f;

@@ -52,6 +52,25 @@ struct QueryCodes {
   int64_t rows;
 };
 
+// The largest of x[0, n), n <= TILE (a row's scores in a tile), 16 lanes at a time (a scalar loop is a
+// chain of dependent max instructions: a fifth of the walk's time).
+inline float max_of(const float* x, int64_t n) {
+  alignas(64) float padded[TILE];
+  std::fill(padded, padded + TILE, -3.0e38f);
+  std::copy(x, x + n, padded);
+#if ZSERVE_INT8_DECODE_VNNI
+  __m512 best = _mm512_max_ps(_mm512_load_ps(padded), _mm512_load_ps(padded + 16));
+  best = _mm512_max_ps(best, _mm512_max_ps(_mm512_load_ps(padded + 32), _mm512_load_ps(padded + 48)));
+  return _mm512_reduce_max_ps(best);
+#else
+  __m256 best = _mm256_load_ps(padded);
+  for (int64_t i = 8; i < TILE; i += 8) best = _mm256_max_ps(best, _mm256_load_ps(padded + i));
+  alignas(32) float lanes[8];
+  _mm256_store_ps(lanes, best);
+  return *std::max_element(lanes, lanes + 8);
+#endif
+}
+
 #if ZSERVE_INT8_DECODE_VNNI
 
 // The 16 rows of `keys` (D int8 each; D a multiple of 64) as D / 4 vectors, t[g] lane i = bytes 4g..4g+3

@@ -74,7 +74,7 @@ inline void store(float x, c10::BFloat16* dst) { *dst = c10::BFloat16(x); }
 
 // exp for x <= 0 (scores minus their running max); exactly 0 below -87 (NEG_BIG - m lands
 // there: "no score yet", masked keys).
-inline float exp_nonpos(float x) { return x < -87.0f ? 0.0f : zserve_cpu::exp_poly(x); }
+inline __attribute__((always_inline)) float exp_nonpos(float x) { return x < -87.0f ? 0.0f : zserve_cpu::exp_poly(x); }
 
 #if defined(__AVX512F__)
 // Lane i of the result = the sum of v[i]'s 16 lanes: a transpose-and-add tree (45 shuffles and
@@ -399,19 +399,25 @@ void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t*
   const int64_t num_slots = a.kv_stride_h / D;
   const float* k_scale_head = a.k_scales + it.kv_head * num_slots;
   const float* v_scale_head = a.v_scales + it.kv_head * num_slots;
-  const int64_t page_bytes = page_size * D;
+  // pages are scattered: ask for the first pages now and, at each page start, for the page `ahead` pages
+  // on (its rows and their scales)
+  constexpr int64_t ahead = PREFETCH_PAGES;
+  const int64_t num_pages = (num_keys + page_size - 1) / page_size;
+  const auto prefetch = [&](int64_t p) {
+    const int64_t first = pages[p] * page_size;
+    prefetch_page(k_head + first * D, v_head + first * D, page_size * D);
+    for (int64_t b = 0; b < page_size * int64_t(sizeof(float)); b += 64) {
+      __builtin_prefetch(reinterpret_cast<const char*>(k_scale_head + first) + b);
+      __builtin_prefetch(reinterpret_cast<const char*>(v_scale_head + first) + b);
+    }
+  };
   int64_t page_idx = key_start / page_size, offset = key_start % page_size;
-  for (int64_t p = page_idx; p <= page_idx + PREFETCH_PAGES && p * page_size < num_keys; ++p) {
-    prefetch_page(k_head + pages[p] * page_size * D, v_head + pages[p] * page_size * D, page_bytes);
-  }
+  for (int64_t p = page_idx; p <= page_idx + ahead && p < num_pages; ++p) prefetch(p);
   for (int64_t k0 = key_start; k0 < num_keys; k0 += KEY_TILE) {
     const int64_t num_tile = std::min(KEY_TILE, num_keys - k0);
     for (int64_t j = 0; j < num_tile; ++j) {
+      if (offset == 0 && k0 + j > key_start && page_idx + ahead < num_pages) prefetch(page_idx + ahead);
       const int64_t slot = pages[page_idx] * page_size + offset;
-      const int64_t ahead = page_idx + PREFETCH_PAGES;
-      if (offset == 0 && k0 + j > key_start && ahead * page_size < num_keys) {
-        prefetch_page(k_head + pages[ahead] * page_size * D, v_head + pages[ahead] * page_size * D, page_bytes);
-      }
       if (++offset == page_size) offset = 0, ++page_idx;
       k_rows[j] = k_head + slot * D, v_rows[j] = v_head + slot * D;
       k_sc[j] = k_scale_head[slot], v_sc[j] = v_scale_head[slot];
@@ -423,8 +429,7 @@ void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t*
     }
     for (int64_t g = 0; g < rows; ++g) {
       float* __restrict sr = s + g * KEY_TILE;
-      float tile_max = NEG_BIG;
-      for (int64_t j = 0; j < num_tile; ++j) tile_max = std::max(tile_max, sr[j]);
+      const float tile_max = ia::max_of(sr, num_tile);
       alpha[g] = softmax_step<T>(sr, 0, num_tile, tile_max, a.softcap, m[g], l[g]);
       for (int64_t j = 0; j < num_tile; ++j) sr[j] *= v_sc[j];  // the value rows' scales, into their weights
     }
