@@ -70,6 +70,7 @@ class LoraLayer(nn.Module):
         """y ([T, out], the base projection of x [T, in]) plus each adapted token's low-rank update."""
         if self.batch.is_empty:
             return y
-        h = self.shrink(x).mul_(self.batch.mask(self.width))
-        # y is the projection's own fresh output (the weight kernels allocate it): added to in place
-        return y.add_(self.expand(h))
+        h = self.shrink.masked(x, self.batch.mask(self.width))
+        # y is the projection's own fresh output (the weight kernels allocate it): added to in place, or replaced
+        # by the fused product's sum (lora_matrix.py)
+        return self.expand.added_to(y, h)
