@@ -7,8 +7,10 @@ alone inside the mixed step.
 One runner with `--enable-lora` and three random PEFT adapters (bench_lora.py's, rank `--rank`, on q/k/v/o and the
 MLP); a decode step of `--batch` requests with `--context-len` tokens of context each: `base` (no row has an adapter:
 the base path) and `mixed` (row i on adapter i % 4 - 1: a quarter on each adapter, a quarter on the base model),
-timed in turn per repeat. `lora_ms`: the LoRA layers' own time in the mixed step (a timer around every LoraLayer
-call, in a separate pass).
+timed in turn per repeat, as CPU time of this thread (`--threads 1`: the step's own, whatever else the machine
+runs). `lora_ms`: the LoRA layers' own time in the mixed step (a timer around every LoraLayer call, in a separate
+pass). A prefill step of `--prefill-reqs` prompts of `--prefill-len` tokens (the served burst's: --max-prefill-tokens
+512), its rows on the adapters likewise, is timed the same way.
 """
 
 from __future__ import annotations
@@ -72,12 +74,14 @@ def with_adapters(batch: ForwardBatch) -> ForwardBatch:
 
 
 def step_ms(runner, batch, num_steps: int) -> float:
+    """The step's median CPU time on this thread (the worker runs it on one thread here): on a shared machine
+    other processes' time slices do not count, their cache and memory traffic still does."""
     runner.run(batch)
     times = []
     for _ in range(num_steps):
-        t0 = time.perf_counter()
+        t0 = time.thread_time()
         runner.run(batch)
-        times.append(time.perf_counter() - t0)
+        times.append(time.thread_time() - t0)
     return statistics.median(times) * 1e3
 
 
@@ -88,10 +92,10 @@ def lora_layers_ms(runner, batch, num_steps: int) -> float:
     spent = [0.0]
 
     def before(_module, _inputs):
-        spent.append(time.perf_counter())
+        spent.append(time.thread_time())
 
     def after(_module, _inputs, _output):
-        spent[0] += time.perf_counter() - spent.pop()
+        spent[0] += time.thread_time() - spent.pop()
 
     layers = [m for m in runner.model.modules() if isinstance(m, LoraLayer)]
     handles = [h for m in layers for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]

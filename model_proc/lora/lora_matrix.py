@@ -33,6 +33,8 @@ class LoraMatrix(GemmWeight):
         self.pack(kernel or TorchKernel())
         # the oneDNN layout (`_reorder_linear_weight`'s) the kernel multiplies this many rows or more by, if any
         self.onednn_weight, self.onednn_min_rows = onednn_layout(self.kernel, self.packed)
+        # oneDNN's linear with an element-wise post-op, looked up once (only where the kernel runs oneDNN)
+        self.post_op = None if self.onednn_weight is None else torch.ops.mkldnn._linear_pointwise.binary
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.matmul(x, None)
@@ -41,15 +43,13 @@ class LoraMatrix(GemmWeight):
         """(x @ W) * mask, a fresh tensor; `mask` [T, out] in the compute dtype."""
         if x.shape[0] < self.onednn_min_rows:
             return self.matmul(x, None).mul_(mask)
-        # oneDNN's linear with an element-wise post-op (a kernel holding onednn_weight runs on a torch that has it)
-        return torch.ops.mkldnn._linear_pointwise.binary(x.contiguous(), mask, self.onednn_weight, None, "mul")
+        return self.post_op(x.contiguous(), mask, self.onednn_weight, None, "mul")
 
     def added_to(self, y: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
         """y + h @ W: y itself, added to in place, or a fresh tensor where the product's post-op adds it."""
         if h.shape[0] < self.onednn_min_rows:
             return y.add_(self.matmul(h, None))
-        post_op = torch.ops.mkldnn._linear_pointwise.binary
-        return post_op(h.contiguous(), y.contiguous(), self.onednn_weight, None, "add")
+        return self.post_op(h.contiguous(), y.contiguous(), self.onednn_weight, None, "add")
 
 
 def onednn_layout(kernel: WeightKernel, packed: PackedWeight) -> tuple[torch.Tensor | None, int]:
