@@ -24,7 +24,7 @@ lora_matrix.py); elsewhere a product, then the element-wise op. The shrink is nu
 the projection's `out`: a few percent of its cost at ranks 8-16; the expand computes every adapter's columns for
 every token, most of them masked to zero. The sparse alternative (the step's rows grouped by adapter, one
 gather, a shrink and an expand per adapter present on its rows only, an `index_add_` back: SGMV's segments) was
-measured slower on the CPU, 1.75x the base decode step against 1.34x (BENCHMARKS.md section 33): products of
+measured slower on the CPU, 1.75x the base decode step against 1.33x (BENCHMARKS.md section 33): products of
 these shapes cost by the call and by the output they write, not by their FLOPs, and it triples the calls and
 adds a scatter. A piece the adapter does not target (or an adapter that targets nothing here) is zeros. Both
 products run on the server's weight kernel in the model's dtype (lora_matrix.py).

@@ -6,8 +6,9 @@ against 17 us for [8, 576] @ [576, 48] @ [48, 1728]); the kernel's do not.
 Where the kernel multiplies the step's rows in oneDNN's layout (zserve_bf16+onednn from its calibrated row count,
 --gemm-backend onednn), the element-wise step around each product rides in the product as a oneDNN post-op
 (`masked`: the shrink times LoraBatch's mask; `added_to`: the base output plus the expand), one pass over the output
-instead of two, and one output tensor fewer (BENCHMARKS.md section 33: a fifth of the LoRA layers' time). Other
-kernels run the product, then the element-wise op.
+instead of two, and one output tensor fewer: a fifth of the products' time with their data in cache, a little of
+the prefill step's and within the noise of the decode step's, where each call's cache misses dominate
+(BENCHMARKS.md section 33). Other kernels run the product, then the element-wise op.
 """
 
 from __future__ import annotations
