@@ -93,13 +93,17 @@ def main() -> None:
                 runs[kind].append(asyncio.run(run_burst(server.port, salted, adapters, args.output_len)))
                 print(f"repeat {repeat} {kind}: {runs[kind][-1]:.1f} output tok/s", flush=True)
     base, mix = statistics.median(runs["base"]), statistics.median(runs["mixed"])
+    # each repeat's two bursts ran back to back: their ratio is the least disturbed by the load of the moment
+    ratios = [b / m for b, m in zip(runs["base"], runs["mixed"], strict=True)]
     cpu = lscpu_model_name()
     print(f"CPU: {cpu}")
     print(f"base alone: {base:.1f} output tok/s; mixed (3 adapters + base): {mix:.1f} output tok/s; "
-          f"base / mixed = {base / mix:.2f}x (target <= 1.3x)")
+          f"base / mixed = {base / mix:.2f}x (target <= 1.3x); per repeat {', '.join(f'{r:.2f}' for r in ratios)}, "
+          f"median {statistics.median(ratios):.2f}x")
     write_json(args.output_json, {"machine": {**machine_info(), "lscpu_model_name": cpu},
                                   "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
-                                  "runs": runs, "base_tok_s": base, "mixed_tok_s": mix, "ratio": base / mix})
+                                  "runs": runs, "base_tok_s": base, "mixed_tok_s": mix, "ratio": base / mix,
+                                  "repeat_ratios": ratios})
 
 
 if __name__ == "__main__":

@@ -15,13 +15,19 @@ projection's pieces sit side by side in A, and B is block-diagonal (piece p's ra
 A step's update is two products for the whole batch, whatever mix of adapters it holds (Punica's grouped
 product in its dense form: no gather, no scatter, no loop over requests or adapters):
 
-    shrink   h = x @ a                  [T, num_adapters * width]: every token onto every adapter's A
-    mask     h *= LoraBatch.mask(width)  each token keeps only its own adapter's columns (none: base tokens)
-    expand   y += h @ b                 [T, out]
+    shrink   h = (x @ a) * LoraBatch.mask(width)   [T, num_adapters * width]: every token onto every adapter's
+                                                   A, keeping only its own adapter's columns (none: base tokens)
+    expand   y = y + h @ b                         [T, out]
 
-The shrink is num_adapters * width columns against the projection's `out`: a few percent of its cost at ranks
-8-16. A piece the adapter does not target (or an adapter that targets nothing here) is zeros. Both products run
-on the server's weight kernel in the model's dtype (lora_matrix.py).
+Where the kernel runs the rows in oneDNN's layout, the mask and the add are the products' post-ops (one call each,
+lora_matrix.py); elsewhere a product, then the element-wise op. The shrink is num_adapters * width columns against
+the projection's `out`: a few percent of its cost at ranks 8-16; the expand computes every adapter's columns for
+every token, most of them masked to zero. The sparse alternative (the step's rows grouped by adapter, one
+gather, a shrink and an expand per adapter present on its rows only, an `index_add_` back: SGMV's segments) was
+measured slower on the CPU, 1.75x the base decode step against 1.33x (BENCHMARKS.md section 33): products of
+these shapes cost by the call and by the output they write, not by their FLOPs, and it triples the calls and
+adds a scatter. A piece the adapter does not target (or an adapter that targets nothing here) is zeros. Both
+products run on the server's weight kernel in the model's dtype (lora_matrix.py).
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ class LoraLayer(nn.Module):
         """y ([T, out], the base projection of x [T, in]) plus each adapted token's low-rank update."""
         if self.batch.is_empty:
             return y
-        h = self.shrink(x).mul_(self.batch.mask(self.width))
-        # y is the projection's own fresh output (the weight kernels allocate it): added to in place
-        return y.add_(self.expand(h))
+        h = self.shrink.masked(x, self.batch.mask(self.width))
+        # y is the projection's own fresh output (the weight kernels allocate it): added to in place, or replaced
+        # by the fused product's sum (lora_matrix.py)
+        return self.expand.added_to(y, h)
