@@ -340,6 +340,7 @@ def test_pool_refuses_an_unknown_cache_dtype():
 
 
 @pytest.mark.skipif(os.environ.get("ZSERVE_CPU_ISA") is not None, reason="run once, by the process with every feature")
+@pytest.mark.timeout(3600)  # up to three kernel builds in children: past the suite's 600 s when loaded
 def test_fp8_cache_at_every_lower_level():
     """This file again at avx512, avx2 and baseline where the CPU has them: widen_fp8_row's AVX-512, AVX2 + F16C and
     scalar loops (a build each, about a minute or more)."""

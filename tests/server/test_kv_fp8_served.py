@@ -6,7 +6,7 @@ division), and its greedy tokens mostly agree with the 16-bit cache's. The tiny 
 close together and a small change flips a token, after which the two runs continue different texts: a rough check
 (each prompt's first token equal, MIN_AGREEMENT of all positions; measured on this machine: fp8 49.2%, first
 differences at 5, 11, 10, 19 of 32; fp8_e5m2 43.8%, at 8, 9, 22, 2); the demo model's teacher-forced agreement and
-KL are in BENCHMARKS.md (benchmarks/bench_kv_fp8.py)."""
+KL are in BENCHMARKS.md (benchmarks/bench_kv_int8.py)."""
 
 from __future__ import annotations
 
