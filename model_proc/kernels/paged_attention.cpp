@@ -378,7 +378,7 @@ void run_fp8(const Args& a, const std::vector<Item>& items, const at::Tensor& q,
   }
 }
 
-// k_scales / v_scales: undefined for a 16-bit or fp8 cache (q's dtype), fp32 [kvh, slots] for an int8 one
+// k_scales / v_scales: undefined for a cache of q's dtype or an fp8 one, fp32 [kvh, slots] for an int8 one
 void attention_call(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_scales,
                     const at::Tensor& v_scales, at::Tensor out, const at::Tensor& token_starts, const at::Tensor& extend_lens,
                     const at::Tensor& cached_lens, const at::Tensor& page_starts, const at::Tensor& page_ids, int64_t page_size,

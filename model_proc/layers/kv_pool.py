@@ -111,7 +111,7 @@ class KVPool:
 
     def read_pages(self, layer: int, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of `page_ids` (int64[n]) of `layer`, [kvh, n, page_size, d] each in the model's dtype (gathered,
-        dequantized for an int8 cache)."""
+        dequantized for an int8 cache, converted for an fp8 one)."""
         keys, values = (self.pages(cache).index_select(1, page_ids) for cache in (self.k[layer], self.v[layer]))
         if self.fp8:
             return from_fp8(keys, self.dtype), from_fp8(values, self.dtype)
