@@ -7,6 +7,6 @@ from __future__ import annotations
 # --attention-backend: auto, the pure-torch path, the CPU kernel, or the Triton kernels (CUDA)
 ATTENTION_BACKENDS = ("auto", "torch", "kernel", "triton")
 FUSED_OPS_CHOICES = ("auto", "off")  # --fused-ops: the C++ fused ops where they are built, or none
-# --kv-cache-dtype: the model's 16-bit (or fp32) dtype, or int8 with a scale per token and KV head
-# (model_proc/layers/kv_int8.py); fp8 is not implemented on the CPU path and is refused
-KV_CACHE_DTYPES = ("auto", "int8")
+# --kv-cache-dtype: the model's 16-bit (or fp32) dtype, int8 with a scale per token and KV head
+# (model_proc/layers/kv_int8.py), or fp8 with scale 1.0 (model_proc/layers/kv_fp8.py)
+KV_CACHE_DTYPES = ("auto", "int8", "fp8_e4m3", "fp8_e5m2")

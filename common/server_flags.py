@@ -252,11 +252,14 @@ FLAG_SPECS: dict[str, FlagSpec] = {
         below=1.0,
     ),
     'kv_cache_dtype': FlagSpec(
-        "the KV cache's element type: auto (the model's dtype) or int8 (a scale per token and KV head, as "
-        "llama.cpp's q8_0 cache; about half the bytes, so about twice the pages for the same memory; the CPU "
-        "kernel reads it in place); fp8_e4m3/fp8_e5m2 are not implemented and refused",
+        "the KV cache's element type: auto (the model's dtype), int8 (a scale per token and KV head, as "
+        "llama.cpp's q8_0 cache; about half the bytes, so about twice the pages for the same memory), or "
+        "fp8_e4m3 / fp8_e5m2 (fp8 = fp8_e4m3; one byte a value, scale 1.0, values clamped to the format's range: "
+        "exactly twice the pages of a 16-bit cache); the CPU kernel reads each in place",
         choices=KV_CACHE_DTYPES,
-        peer_note="SGLang / vLLM --kv-cache-dtype (their fp8_e4m3 / fp8_e5m2 refused); llama.cpp -ctk/-ctv q8_0",
+        value_aliases={'fp8': 'fp8_e4m3'},
+        peer_note="SGLang / vLLM --kv-cache-dtype (fp8 scale 1.0: their default without calibrated scales); "
+        "llama.cpp -ctk/-ctv q8_0",
     ),
     # SchedulerSection
     'max_running_requests': FlagSpec(

@@ -2,11 +2,15 @@
 #pragma once
 
 #include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <c10/util/Float8_e5m2.h>
+#include <c10/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -91,6 +95,75 @@ inline void widen_int8_row(const int8_t* __restrict src, float scale, float* __r
   }
 #endif
   for (; i < n; ++i) dst[i] = static_cast<float>(src[i]) * scale;
+}
+
+// An fp8 KV cache's bytes (--kv-cache-dtype fp8_e4m3 / fp8_e5m2, scale 1.0) as the fp16 bits of the same value
+// (e5m2), or of the value times 2^-8 (e4m3): e5m2 is fp16's top byte (sign, 5 exponent bits of the same bias, 2
+// mantissa bits), so the byte shifted left by 8 is that fp16; e4m3's 4 exponent bits (bias 7) and 3 mantissa bits,
+// shifted left by 7 under fp16's 5-bit exponent (bias 15), make an fp16 of the value times 2^(7 - 15), subnormals
+// included (both formats' subnormals sit at the bottom of their exponent range), with the sign moved to bit 15.
+template <typename Fp8>
+inline uint16_t fp8_as_half_bits(uint8_t b) {
+  if constexpr (std::is_same_v<Fp8, c10::Float8_e5m2>) {
+    return static_cast<uint16_t>(b << 8);
+  } else {
+    static_assert(std::is_same_v<Fp8, c10::Float8_e4m3fn>);
+    return static_cast<uint16_t>(((b & 0x7F) << 7) | ((b & 0x80) << 8));
+  }
+}
+
+// 2^8 for e4m3 (undoes fp8_as_half_bits' 2^-8; exact), 1 for e5m2
+template <typename Fp8>
+constexpr float FP8_HALF_SCALE = std::is_same_v<Fp8, c10::Float8_e4m3fn> ? 256.0f : 1.0f;
+
+// n fp8 values into fp32 (an fp8 KV cache row): the bytes as fp16 (fp8_as_half_bits) widened by VCVTPH2PS, 16
+// at a time with AVX-512, 8 with AVX2 + F16C, scalar through c10's fp16 conversion elsewhere; e4m3 then times 2^8.
+// Every step is exact, so each path gives torch's fp8 -> fp32 value for every byte the writers store (e4m3's NaN
+// byte, S.1111.111, never written, reads as +-480 here).
+template <typename Fp8>
+inline void widen_fp8_row(const Fp8* __restrict src_fp8, float* __restrict dst, int64_t n) {
+  static_assert(sizeof(Fp8) == 1);
+  const uint8_t* __restrict src = reinterpret_cast<const uint8_t*>(src_fp8);
+  constexpr bool e4m3 = std::is_same_v<Fp8, c10::Float8_e4m3fn>;
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  const __m512 scale16 = _mm512_set1_ps(FP8_HALF_SCALE<Fp8>);
+  for (; i + 16 <= n; i += 16) {
+    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+    if constexpr (e4m3) {
+      const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7);
+      const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
+      _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(mag, sign)), scale16));
+    } else {
+      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_slli_epi16(b, 8)));
+    }
+  }
+#endif
+#if defined(__AVX2__) && defined(__F16C__)
+  const __m256 scale8 = _mm256_set1_ps(FP8_HALF_SCALE<Fp8>);
+  for (; i + 8 <= n; i += 8) {
+    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
+    if constexpr (e4m3) {
+      const __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7);
+      const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
+      _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(mag, sign)), scale8));
+    } else {
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_slli_epi16(b, 8)));
+    }
+  }
+#endif
+  for (; i < n; ++i) {
+    dst[i] = c10::detail::fp16_ieee_to_fp32_value(fp8_as_half_bits<Fp8>(src[i])) * FP8_HALF_SCALE<Fp8>;
+  }
+}
+
+// n fp32 values into fp8 (an fp8 KV cache row, scale 1.0): each clamped to the format's finite range (448 for e4m3,
+// 57344 for e5m2; infinities too), then c10's conversion, to nearest even, as kv_fp8.py's to_fp8 (torch's) does.
+// NaN stays NaN.
+template <typename Fp8>
+inline void narrow_fp8_row(const float* __restrict src, Fp8* __restrict dst, int64_t n) {
+  const float finite = static_cast<float>(std::numeric_limits<Fp8>::max());
+  for (int64_t i = 0; i < n; ++i) dst[i] = Fp8(std::min(std::max(src[i], -finite), finite));
 }
 
 // n fp32 values into int8 with one symmetric scale, returned: scale = max|x| / 127, q = round(x /

@@ -13,7 +13,10 @@
 //       the dtype (r = rotary dims, even, <= d): rotated = dtype(dtype(x * cos) +
 //       dtype(swap_halves(x) * sin_signed)) over the first r dims of each head (NeoX layout, as
 //       model_proc/layers/rotary.py), dims r..d-1 copied (a partial rotary); returns rotated q
-//       [T, h, d] and writes rotated k and v at out_slots of k_cache/v_cache [kvh, slots, d]
+//       [T, h, d] and writes rotated k and v at out_slots of k_cache/v_cache [kvh, slots, d]; fp8 caches
+//       (float8_e4m3fn or float8_e5m2, --kv-cache-dtype fp8_e4m3 / fp8_e5m2, scale 1.0) take each row rounded to
+//       the dtype first, then clamped to the format's finite range and converted to nearest even (cpu_math.h's
+//       narrow_fp8_row; kv_fp8.py's to_fp8, what KVPool.write stores, gives the same bytes)
 //   zserve::rope_store_int8(qk, v, cos, sin_signed, k_cache, v_cache, k_scales, v_scales, out_slots, num_q_heads) -> q
 //       the same into an int8 cache (--kv-cache-dtype int8): each k and v row, rounded to the dtype
 //       first (what rope_store would have stored), goes in as int8 with its scale at k/v_scales
@@ -182,16 +185,27 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
   return y;
 }
 
-// k_scales / v_scales: undefined for a cache of qk's dtype, fp32 [kvh, slots] for an int8 one
+// n fp32 values into an fp8 cache (e4m3, else e5m2) at element `offset`
+inline void narrow_fp8(bool e4m3, const float* src, void* cache, int64_t offset, int64_t n) {
+  if (e4m3) {
+    zserve_cpu::narrow_fp8_row(src, static_cast<c10::Float8_e4m3fn*>(cache) + offset, n);
+  } else {
+    zserve_cpu::narrow_fp8_row(src, static_cast<c10::Float8_e5m2*>(cache) + offset, n);
+  }
+}
+
+// k_scales / v_scales: undefined for a cache of qk's dtype or an fp8 one, fp32 [kvh, slots] for an int8 one
 at::Tensor rope_store_into(const at::Tensor& qk, const at::Tensor& v, const at::Tensor& cos, const at::Tensor& sin_signed,
                            at::Tensor k_cache, at::Tensor v_cache, const at::Tensor& k_scales, const at::Tensor& v_scales,
                            const at::Tensor& out_slots, int64_t num_q_heads) {
   const bool int8_cache = k_scales.defined();
-  const at::ScalarType cache_dtype = int8_cache ? at::kChar : qk.scalar_type();
+  const bool fp8_cache = !int8_cache && (k_cache.scalar_type() == at::kFloat8_e4m3fn || k_cache.scalar_type() == at::kFloat8_e5m2);
+  const bool e4m3 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  const at::ScalarType cache_dtype = int8_cache ? at::kChar : fp8_cache ? k_cache.scalar_type() : qk.scalar_type();
   TORCH_CHECK(qk.dim() == 3 && v.dim() == 3 && qk.stride(2) == 1 && v.stride(2) == 1, "rope_store: qk, v [T, heads, d], d contiguous");
   TORCH_CHECK(qk.scalar_type() == v.scalar_type() && qk.scalar_type() == cos.scalar_type() && qk.scalar_type() == sin_signed.scalar_type() &&
                   k_cache.scalar_type() == cache_dtype && v_cache.scalar_type() == cache_dtype,
-              "rope_store: one dtype for qk, v, cos, sin and the caches (int8 caches for rope_store_int8)");
+              "rope_store: one dtype for qk, v, cos, sin and the caches (int8 caches for rope_store_int8, fp8 ones of one format)");
   TORCH_CHECK(qk.scalar_type() == at::kFloat || qk.scalar_type() == at::kBFloat16, "rope_store: float32 or bfloat16");
   const int64_t T = qk.size(0), d = qk.size(2), h = num_q_heads, kvh = qk.size(1) - num_q_heads;
   TORCH_CHECK(kvh >= 1 && v.size(0) == T && v.size(1) == kvh && v.size(2) == d && d % 2 == 0, "rope_store: qk holds h + kvh heads, v kvh");
@@ -221,8 +235,10 @@ at::Tensor rope_store_into(const at::Tensor& qk, const at::Tensor& v, const at::
     const T_* cp = cos.data_ptr<T_>();
     const T_* sp = sin_signed.data_ptr<T_>();
     T_* qp = q.data_ptr<T_>();
-    T_* kc = int8_cache ? nullptr : k_cache.data_ptr<T_>();
-    T_* vc = int8_cache ? nullptr : v_cache.data_ptr<T_>();
+    T_* kc = int8_cache || fp8_cache ? nullptr : k_cache.data_ptr<T_>();
+    T_* vc = int8_cache || fp8_cache ? nullptr : v_cache.data_ptr<T_>();
+    void* k8 = fp8_cache ? k_cache.data_ptr() : nullptr;
+    void* v8 = fp8_cache ? v_cache.data_ptr() : nullptr;
     int8_t* kq = int8_cache ? k_cache.data_ptr<int8_t>() : nullptr;
     int8_t* vq = int8_cache ? v_cache.data_ptr<int8_t>() : nullptr;
     float* ks = int8_cache ? k_scales.data_ptr<float>() : nullptr;
@@ -250,6 +266,9 @@ at::Tensor rope_store_into(const at::Tensor& qk, const at::Tensor& v, const at::
           } else if (int8_cache) {
             _Pragma("omp simd") for (int64_t i = 0; i < d; ++i) of[i] = round_to<T_>(of[i]);
             ks[row] = zserve_cpu::quantize_int8_row(of, kq + row * d, d);
+          } else if (fp8_cache) {
+            _Pragma("omp simd") for (int64_t i = 0; i < d; ++i) of[i] = round_to<T_>(of[i]);
+            narrow_fp8(e4m3, of, k8, row * d, d);
           } else {
             narrow(of, kc + row * d, d);
           }
@@ -259,6 +278,9 @@ at::Tensor rope_store_into(const at::Tensor& qk, const at::Tensor& v, const at::
           if (int8_cache) {
             widen(vp + t * v_t + head * v_h, xf, d);
             vs[row] = zserve_cpu::quantize_int8_row(xf, vq + row * d, d);
+          } else if (fp8_cache) {
+            widen(vp + t * v_t + head * v_h, xf, d);
+            narrow_fp8(e4m3, xf, v8, row * d, d);
           } else {
             std::memcpy(vc + row * d, vp + t * v_t + head * v_h, d * sizeof(T_));
           }

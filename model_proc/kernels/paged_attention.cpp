@@ -34,6 +34,11 @@
 // AVX512-VNNI or AVX2, for a request decoding one token at head_dim 64 or 128 (attend_int8_decode):
 // its query rows are quantized to int8 once and scored against the int8 keys as exact integer dot
 // products, 16 keys at a time (int8_attention.h; cpu_isa.py's int8_decode_instruction says where).
+//
+// zserve::paged_attention over fp8 caches (--kv-cache-dtype fp8_e4m3 / fp8_e5m2: k/v_cache float8_e4m3fn or
+// float8_e5m2 [kvh, slots, d], one byte a value, scale 1.0), q and out fp32 or bf16: the same walk; each row is
+// widened to fp32 as it enters the tile (cpu_math.h's widen_fp8_row: exact), so the output equals the 16-bit
+// path's over the rows in fp32 bit for bit.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -190,6 +195,8 @@ template <typename KV>
 inline void load_row(const KV* __restrict src, const float* scales, int64_t slot, float* __restrict dst, int64_t d) {
   if constexpr (std::is_same_v<KV, int8_t>) {
     zserve_cpu::widen_int8_row(src, scales[slot], dst, d);
+  } else if constexpr (sizeof(KV) == 1) {  // fp8, scale 1.0
+    zserve_cpu::widen_fp8_row(src, dst, d);
   } else {
     zserve_cpu::widen_row(src, dst, d);
   }
@@ -481,12 +488,28 @@ void run(const Args& a, const std::vector<Item>& items, const at::Tensor& q, con
   });
 }
 
-// k_scales / v_scales: undefined for a 16-bit cache (q's dtype), fp32 [kvh, slots] for an int8 one
+// An fp8 cache's call, by q's dtype and the cache's format.
+void run_fp8(const Args& a, const std::vector<Item>& items, const at::Tensor& q, const at::Tensor& k_cache,
+             const at::Tensor& v_cache, at::Tensor& out) {
+  const bool e4m3 = k_cache.scalar_type() == at::kFloat8_e4m3fn;
+  if (q.scalar_type() == at::kFloat) {
+    e4m3 ? run<float, c10::Float8_e4m3fn>(a, items, q, k_cache, v_cache, out)
+         : run<float, c10::Float8_e5m2>(a, items, q, k_cache, v_cache, out);
+  } else if (q.scalar_type() == at::kBFloat16) {
+    e4m3 ? run<c10::BFloat16, c10::Float8_e4m3fn>(a, items, q, k_cache, v_cache, out)
+         : run<c10::BFloat16, c10::Float8_e5m2>(a, items, q, k_cache, v_cache, out);
+  } else {
+    TORCH_CHECK(false, "paged_attention: float32 or bfloat16 only, got ", q.scalar_type());
+  }
+}
+
+// k_scales / v_scales: undefined for a cache of q's dtype or an fp8 one, fp32 [kvh, slots] for an int8 one
 void attention_call(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_scales,
                     const at::Tensor& v_scales, at::Tensor out, const at::Tensor& token_starts, const at::Tensor& extend_lens,
                     const at::Tensor& cached_lens, const at::Tensor& page_starts, const at::Tensor& page_ids, int64_t page_size,
                     double scale, int64_t sliding_window, double logit_softcap) {
   const bool int8_cache = k_scales.defined();
+  const bool fp8_cache = !int8_cache && (k_cache.scalar_type() == at::kFloat8_e4m3fn || k_cache.scalar_type() == at::kFloat8_e5m2);
   TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu(), "paged_attention: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && out.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "paged_attention: q, out [T, h, d]; caches [kvh, slots, d]");
   if (int8_cache) {
@@ -497,6 +520,9 @@ void attention_call(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
                       t->size(1) == k_cache.size(1),
                   "paged_attention_int8: scales fp32 [kvh, slots], contiguous");
     }
+  } else if (fp8_cache) {
+    TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && q.scalar_type() == out.scalar_type(),
+                "paged_attention: fp8 caches of one format, q and out of one dtype");
   } else {
     TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() && q.scalar_type() == v_cache.scalar_type() && q.scalar_type() == out.scalar_type(),
                 "paged_attention: q, caches and out share one dtype");
@@ -538,6 +564,10 @@ void attention_call(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
     }
   }
   std::stable_sort(items.begin(), items.end(), [](const Item& x, const Item& y) { return x.cost > y.cost; });
+  if (fp8_cache) {
+    run_fp8(a, items, q, k_cache, v_cache, out);
+    return;
+  }
   if (q.scalar_type() == at::kFloat) {
     int8_cache ? run<float, int8_t>(a, items, q, k_cache, v_cache, out) : run<float, float>(a, items, q, k_cache, v_cache, out);
   } else if (q.scalar_type() == at::kBFloat16) {

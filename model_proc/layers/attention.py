@@ -24,7 +24,9 @@ With an int8 KV cache (--kv-cache-dtype int8, kv_pool.py) the fused rope/store w
 their scales (rope_store_int8), as KVPool.write does on the other paths; the CPU kernel reads them in
 place (paged_attention_int8). The torch, flash-attn and Triton paths read them dequantized to the
 model's dtype first (KVPool.read_pages / read_slots / dequantized: correct, not fast); a new prompt
-on the torch path attends over its own unquantized K/V, as before.
+on the torch path attends over its own unquantized K/V, as before. An fp8 KV cache (--kv-cache-dtype
+fp8_e4m3 / fp8_e5m2, kv_fp8.py) goes through the same calls as a 16-bit one: rope_store and paged_attention
+take fp8 caches (rows converted on the way in, widened on the way out), the other paths read them converted.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ the same memory holds 2d / (d + 4) times the pages (1.88x at d = 64, 1.94x at d 
 16-bit cache). Its writers are `write` and the C++ rope_store_int8 (model_proc/kernels/fused_ops.cpp);
 the CPU kernel reads it in place (paged_attention_int8), the other paths through `read_pages` /
 `read_slots` / `dequantized`, which hand back rows in `dtype`.
+
+With "fp8_e4m3" / "fp8_e5m2" K and V are float8_e4m3fn / float8_e5m2 with scale 1.0 (kv_fp8.py): d bytes a
+row, so the same memory holds exactly twice the pages of a 16-bit cache (four times fp32's). Its writers are
+`write` and the C++ rope_store into fp8 caches; the CPU kernel reads it in place (paged_attention over fp8
+caches), the other paths through the same three reads. torch has no index_copy_ for fp8, so rows move as bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 
 from zserve.common.int_math import cdiv
 from zserve.common.kernel_choices import KV_CACHE_DTYPES
+from zserve.model_proc.layers.kv_fp8 import FP8_DTYPES, from_fp8, to_fp8
 from zserve.model_proc.layers.kv_int8 import SCALE_BYTES, SCALE_DTYPE, dequantize_rows, quantize_rows
 
 logger = logging.getLogger(__name__)
@@ -42,7 +48,7 @@ class KVPool:
     num_pages: int
     dtype: torch.dtype  # the model's: what attention computes in, and a 16-bit cache's
     device: torch.device
-    kv_cache_dtype: str = "auto"  # "auto": K/V in `dtype`; "int8": int8 with a scale per (head, slot)
+    kv_cache_dtype: str = "auto"  # "auto": K/V in `dtype`; "int8": int8 with a scale per (head, slot); "fp8_*"
     k: list[torch.Tensor] = field(init=False)  # per layer [kvh, num_slots, d]
     v: list[torch.Tensor] = field(init=False)
     k_scales: list[torch.Tensor] = field(init=False)  # int8: per layer fp32 [kvh, num_slots]; else empty
@@ -64,12 +70,18 @@ class KVPool:
 
     @property
     def quantized(self) -> bool:
+        """int8 rows with a scale each (k_scales / v_scales)."""
         return self.kv_cache_dtype == "int8"
 
     @property
+    def fp8(self) -> bool:
+        """fp8 rows, scale 1.0."""
+        return self.kv_cache_dtype in FP8_DTYPES
+
+    @property
     def cache_dtype(self) -> torch.dtype:
-        """What k and v hold: int8, or the model's dtype."""
-        return torch.int8 if self.quantized else self.dtype
+        """What k and v hold: int8, an fp8 format, or the model's dtype."""
+        return torch.int8 if self.quantized else FP8_DTYPES.get(self.kv_cache_dtype, self.dtype)
 
     @property
     def num_slots(self) -> int:
@@ -84,6 +96,10 @@ class KVPool:
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """This step's k and v [T, kvh, d] (the model's dtype) into `slots` (int64[T]) of `layer`."""
+        if self.fp8:
+            for x, cache in ((k, self.k[layer]), (v, self.v[layer])):
+                _bytes(cache).index_copy_(1, slots, _bytes(to_fp8(x.transpose(0, 1), cache.dtype)))
+            return
         if not self.quantized:
             self.k[layer].index_copy_(1, slots, k.transpose(0, 1))
             self.v[layer].index_copy_(1, slots, v.transpose(0, 1))
@@ -95,8 +111,10 @@ class KVPool:
 
     def read_pages(self, layer: int, page_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of `page_ids` (int64[n]) of `layer`, [kvh, n, page_size, d] each in the model's dtype (gathered,
-        dequantized for an int8 cache)."""
+        dequantized for an int8 cache, converted for an fp8 one)."""
         keys, values = (self.pages(cache).index_select(1, page_ids) for cache in (self.k[layer], self.v[layer]))
+        if self.fp8:
+            return from_fp8(keys, self.dtype), from_fp8(values, self.dtype)
         if not self.quantized:
             return keys, values
         shape = (self.num_kv_heads, self.num_pages, self.page_size)
@@ -108,6 +126,8 @@ class KVPool:
     def read_slots(self, layer: int, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """K and V of `slots` (int64[n]) of `layer`, [kvh, n, d] each in the model's dtype."""
         keys, values = self.k[layer].index_select(1, slots), self.v[layer].index_select(1, slots)
+        if self.fp8:
+            return from_fp8(keys, self.dtype), from_fp8(values, self.dtype)
         if not self.quantized:
             return keys, values
         k_scales, v_scales = self.k_scales[layer].index_select(1, slots), self.v_scales[layer].index_select(1, slots)
@@ -115,7 +135,9 @@ class KVPool:
 
     def dequantized(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole of `layer`'s K and V [kvh, num_slots, d] in the model's dtype: the cache itself when 16-bit, a
-        dequantized copy for int8 (the Triton path's simplest correct read; a copy of the layer per call)."""
+        dequantized copy for int8 and fp8 (the Triton path's simplest correct read; a copy of the layer per call)."""
+        if self.fp8:
+            return from_fp8(self.k[layer], self.dtype), from_fp8(self.v[layer], self.dtype)
         if not self.quantized:
             return self.k[layer], self.v[layer]
         return (dequantize_rows(self.k[layer], self.k_scales[layer], self.dtype),
@@ -151,15 +173,18 @@ class KVPool:
         """K and V of `src_slots` into `dst_slots` (int64, same length, disjoint), every layer:
         a row sharing an identical prompt's K/V takes what its KV source computed this step."""
         for cache in (*self.k, *self.v, *self.k_scales, *self.v_scales):  # an int8 cache's scales with its rows
-            cache.index_copy_(1, dst_slots, cache.index_select(1, src_slots))
+            _bytes(cache).index_copy_(1, dst_slots, _bytes(cache).index_select(1, src_slots))
 
     @staticmethod
     def bytes_per_token(
         num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype, kv_cache_dtype: str = "auto"
     ) -> int:
         """K and V of one token in every layer: 2 d bytes a (layer, head) row in a 16-bit cache (4 d in fp32),
-        d + 4 in an int8 one (its scale)."""
-        row_bytes = head_dim + SCALE_BYTES if kv_cache_dtype == "int8" else head_dim * dtype.itemsize
+        d + 4 in an int8 one (its scale), d in an fp8 one."""
+        if kv_cache_dtype == "int8":
+            row_bytes = head_dim + SCALE_BYTES
+        else:
+            row_bytes = head_dim * FP8_DTYPES.get(kv_cache_dtype, dtype).itemsize
         return 2 * num_layers * num_kv_heads * row_bytes
 
     @staticmethod
@@ -199,6 +224,11 @@ class KVPool:
             )
             want = free_cap
         return max(1, want // (bytes_per_token * page_size))
+
+
+def _bytes(cache: torch.Tensor) -> torch.Tensor:
+    """An fp8 tensor as its bytes (torch's CPU index_copy_ has no fp8 kernel); others as they are."""
+    return cache.view(torch.uint8) if cache.dtype in FP8_DTYPES.values() else cache
 
 
 def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device, keep_alive: list) -> torch.Tensor:

@@ -113,7 +113,8 @@ def assert_refused(proc: subprocess.CompletedProcess, elapsed_s: float, tmp_path
         (["--pooler-config", '{"pooling_type": "MEAN"}'], "--pooler-config sets an embedding server's pooling: it needs --task embed"),
         (["--task", "embed", "--pooler-config", '{"pooling_type": "MAX"}'], "--task embed: --pooler-config: pooling_type must be one of"),
         (["--runner", "classify"], "argument --runner: invalid choice: 'classify'"),
-        (["--kv-cache-dtype", "fp8_e4m3"], "argument --kv-cache-dtype: invalid choice: 'fp8_e4m3' (choose from"),
+        (["--kv-cache-dtype", "q4_0"],
+         "argument --kv-cache-dtype: invalid choice: 'q4_0' (choose from 'auto', 'int8', 'fp8_e4m3', 'fp8_e5m2', 'fp8')"),
     ],
 )
 def test_bad_flag_is_refused_in_one_line_before_anything_starts(model_dir, tmp_path, flags, needle):

@@ -269,11 +269,6 @@ def test_int8_pool_holds_2d_over_d_plus_4_times_the_pages(monkeypatch, head_dim,
     assert num_pages["int8"] / num_pages["auto"] == pytest.approx(ratio, rel=2e-3)
 
 
-def test_pool_refuses_fp8():
-    with pytest.raises(ValueError, match="--kv-cache-dtype 'fp8_e4m3': expected one of auto, int8"):
-        KVPool(1, 1, 16, 4, 2, torch.float32, torch.device("cpu"), "fp8_e4m3")
-
-
 def lower_levels() -> list[IsaFeatures]:
     """The old level names (baseline, avx2, avx512) this process's set holds, less itself."""
     sets = [IsaFeatures.parse(name) for name in ("avx512", "avx2", "baseline")]
