@@ -428,6 +428,9 @@ void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t*
       if (++offset == page_size) offset = 0, ++page_idx;
       k_rows[j] = k_head + slot * D, v_rows[j] = v_head + slot * D;
       k_sc[j] = k_scale_head[slot], v_sc[j] = v_scale_head[slot];
+      // the tile's rows asked for now, all at once: read as they are scored and summed below, one at a
+      // time, their misses would be waited for one after another
+      for (int64_t b = 0; b < D; b += 64) __builtin_prefetch(k_rows[j] + b), __builtin_prefetch(v_rows[j] + b);
     }
     const int64_t num_blocks = (num_tile + ia::KEYS - 1) / ia::KEYS;
     for (int64_t j = num_tile; j < num_blocks * ia::KEYS; ++j) k_rows[j] = k_rows[0], k_sc[j] = 0.0f;  // read, then masked
