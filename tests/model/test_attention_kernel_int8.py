@@ -206,9 +206,11 @@ def test_layer_on_an_int8_pool_kernel_and_torch_paths_agree(ops, page_size, dtyp
     assert (outs[0] - outs[1]).abs().max().item() <= bound
 
 
-def test_triton_path_over_an_int8_pool_equals_the_cpu_kernel(ops):
-    """The Triton backend (on the CPU under Triton's interpreter, which tests/conftest.py turns on) reads an int8
-    layer dequantized (KVPool.dequantized): fp32, the same values the CPU kernel forms in place."""
+@pytest.mark.parametrize("kv_cache_dtype", ["int8", "fp8_e4m3", "fp8_e5m2"])
+def test_triton_path_over_a_quantized_pool_equals_the_cpu_kernel(ops, kv_cache_dtype):
+    """The Triton backend (on the CPU under Triton's interpreter, which tests/conftest.py turns on) reads an int8 or
+    fp8 layer converted (KVPool.dequantized): fp32, the same values the CPU kernel forms in place (this batch's
+    decodes take head_dim 16, the fp32 walk, on every build)."""
     triton = pytest.importorskip("triton", reason="the triton package is not installed")
     if type(triton.language.standard.cdiv).__name__ != "InterpretedFunction":
         pytest.skip("triton was imported before TRITON_INTERPRET=1 was set (tests/conftest.py sets it)")
@@ -222,7 +224,7 @@ def test_triton_path_over_an_int8_pool_equals_the_cpu_kernel(ops):
     q, k, v = (torch.randn(batch.num_tokens, heads, 16, generator=gen) for heads in (4, 2, 2))
     outs = []
     for backend in ("triton", "cpu_kernel"):
-        pool = KVPool(1, 2, 16, 16, int(batch.page_ids.max()) + 1, torch.float32, torch.device("cpu"), "int8")
+        pool = KVPool(1, 2, 16, 16, int(batch.page_ids.max()) + 1, torch.float32, torch.device("cpu"), kv_cache_dtype)
         fill = torch.Generator().manual_seed(1)
         pool.write(0, torch.arange(pool.num_slots), *(torch.randn(pool.num_slots, 2, 16, generator=fill) for _ in range(2)))
         with torch.inference_mode():
