@@ -8,7 +8,7 @@ One runner with `--enable-lora` and three random PEFT adapters (bench_lora.py's,
 MLP); a decode step of `--batch` requests with `--context-len` tokens of context each: `base` (no row has an adapter:
 the base path) and `mixed` (row i on adapter i % 4 - 1: a quarter on each adapter, a quarter on the base model),
 timed in turn per repeat, as CPU time of this thread (`--threads 1`: the step's own, whatever else the machine
-runs). `lora_ms`: the LoRA layers' own time in the mixed step (a timer around every LoraLayer call, in a separate
+runs). `lora_ms`: the LoRA layers' own time in the mixed step (a timer around every LoRA layer's call, in a separate
 pass). A prefill step of `--prefill-reqs` prompts of `--prefill-len` tokens (the served burst's: --max-prefill-tokens
 512), its rows on the adapters likewise, is timed the same way.
 """
@@ -88,6 +88,7 @@ def step_ms(runner, batch, num_steps: int) -> float:
 def lora_layers_ms(runner, batch, num_steps: int) -> float:
     """The LoRA layers' own time per step (a timer around each call), median over the steps."""
     from zserve.model_proc.lora.lora_layer import LoraLayer
+    from zserve.model_proc.lora.lora_rows_layer import LoraRowsLayer
 
     spent = [0.0]
 
@@ -97,7 +98,7 @@ def lora_layers_ms(runner, batch, num_steps: int) -> float:
     def after(_module, _inputs, _output):
         spent[0] += time.thread_time() - spent.pop()
 
-    layers = [m for m in runner.model.modules() if isinstance(m, LoraLayer)]
+    layers = [m for m in runner.model.modules() if isinstance(m, (LoraLayer, LoraRowsLayer))]
     handles = [h for m in layers for h in (m.register_forward_pre_hook(before), m.register_forward_hook(after))]
     runner.run(batch)
     per_step = []

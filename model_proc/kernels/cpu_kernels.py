@@ -9,7 +9,8 @@ AVX512-BF16), fused_ops.cpp (zserve::rms_norm, add_rms_norm_, silu_mul, rope_sto
 (zserve::gguf_pack: a GGUF matrix's quantized rows straight into gemm_int8_dot's layout, at load),
 six_bit_quads.cpp (zserve::six_bit_quads: Q6_K's 6-bit codes, six_bit_codes.h, as int8 quads),
 moe_experts.cpp (zserve::moe_experts: a MoE layer's routed experts in one call over their stacked GGUF
-blocks) and cpu_probe.cpp (zserve::probe_rate: the clock and each GEMM instruction's rate under load, for
+blocks), lora_rows.cpp (zserve::lora_rows_: a projection's LoRA update for every adapted token, on its own
+adapter's matrices) and cpu_probe.cpp (zserve::probe_rate: the clock and each GEMM instruction's rate under load, for
 bench_model's peak).
 
 The instruction set is cpu_isa.py's: every feature the CPU has, or a smaller set forced with
@@ -66,7 +67,7 @@ SOURCES = tuple(
     for name in (
         "paged_attention.cpp", "gemm_widen.cpp", "gemm_int8.cpp", "gemm_int8_dot.cpp", "gemm_amx.cpp", "gemm_bf16.cpp",
         "fused_ops.cpp", "cpu_probe.cpp", "gguf_pack.cpp", "six_bit_quads.cpp", "moe_experts.cpp",
-        "bf16_tiles.cpp",
+        "bf16_tiles.cpp", "lora_rows.cpp",
     )
 )
 # Reassociation lets the dot products reduce as a tree (in order, their last step is 16 dependent
@@ -250,6 +251,15 @@ def load_moe_experts() -> Callable | None:
     if not load_cpu_kernels() or not torch.ops.zserve.gemm_int8_dot_supported():
         return None
     return torch.ops.zserve.moe_experts
+
+
+def load_lora_rows(device: torch.device, dtype: torch.dtype) -> Callable | None:
+    """torch.ops.zserve.lora_rows_ (a projection's LoRA update on each token's own adapter; plain C++ and
+    AVX2 / AVX-512, every feature set) for a CPU model in float32 or bfloat16, or None (another device or dtype,
+    or the kernels cannot be built here)."""
+    if device.type != "cpu" or dtype not in (torch.float32, torch.bfloat16) or not load_cpu_kernels():
+        return None
+    return torch.ops.zserve.lora_rows_
 
 
 def main() -> None:

@@ -16,9 +16,12 @@ from safetensors.torch import load_file
 from torch import nn
 
 from zserve.common.lora_modules import ADAPTER_WEIGHTS_FILE, AdapterConfig, LoraModule
+from zserve.model_proc.kernels.cpu_kernels import load_lora_rows
 from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 from zserve.model_proc.lora.lora_batch import LoraBatch
-from zserve.model_proc.lora.lora_layer import LoraLayer, Update
+from zserve.model_proc.lora.lora_layer import LoraLayer
+from zserve.model_proc.lora.lora_rows_layer import LoraRowsLayer
+from zserve.model_proc.lora.lora_stack import Update
 
 LORA_KEY = re.compile(r"layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])(?:\.weight)?$")
 # each adapted projection of a layer: its LoraLayer's attribute (declared by the Llama family's attention and MLP,
@@ -54,9 +57,12 @@ def attach_lora(
     model: nn.Module, modules: tuple[LoraModule, ...], max_rank: int, dtype: torch.dtype, device: torch.device,
     kernel: WeightKernel | None,
 ) -> LoraBatch:
-    """Give the model's adapted projections their LoraLayers; returns the LoraBatch the runner sets each step.
-    `dtype`: the model's, the updates' too; `kernel`: the float weight kernel their products run on (None: torch's)."""
+    """Give the model's adapted projections their LoRA layers; returns the LoraBatch the runner sets each step.
+    `dtype`: the model's, the updates' too. On a CPU with zserve's kernels, in float32 or bfloat16, each is a
+    LoraRowsLayer (one kernel call per projection, each token on its own adapter); elsewhere a LoraLayer whose dense
+    products run on `kernel`, the float weight kernel (None: torch's)."""
     batch = LoraBatch(len(modules), dtype, device)
+    lora_rows = load_lora_rows(device, dtype)
     adapters = [read_adapter(m, max_rank) for m in modules]
     rank = max(config.rank for config, _ in adapters)
     layers = getattr(model, "layers", None)
@@ -73,7 +79,11 @@ def attach_lora(
                     continue
                 base = getattr(owner, attr.replace("_lora", "_proj"))
                 out_sizes = list(getattr(base, "out_sizes", [getattr(base, "out_features", 0)]))
-                setattr(owner, attr, LoraLayer.build(pieces, base.in_features, out_sizes, rank, batch, kernel))
+                if lora_rows is not None:
+                    lora = LoraRowsLayer.build(pieces, base.in_features, out_sizes, rank, batch, lora_rows)
+                else:
+                    lora = LoraLayer.build(pieces, base.in_features, out_sizes, rank, batch, kernel)
+                setattr(owner, attr, lora)
                 used.update((layer_idx, name) for name in names)
     for module, (_, updates) in zip(modules, adapters, strict=True):
         missing = sorted(set(updates) - used)

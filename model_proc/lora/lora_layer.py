@@ -1,16 +1,9 @@
-"""LoraLayer: every loaded adapter's low-rank update of one projection (or of a fused one: q/k/v, gate/up).
+"""LoraLayer: every loaded adapter's low-rank update of one projection (or of a fused one: q/k/v, gate/up), as
+dense products: the form for a device without zserve's CPU kernel (lora_rows_layer.py is the CPU's). The adapters'
+matrices (lora_stack.py's a [n, in, width] and b [n, width, out], width = num_pieces * r) lie side by side:
 
-For adapter i and a projection y = x @ W (W [in, out], linear.py's layout), PEFT's update is
-y += x @ A_i^T @ B_i^T * alpha_i / r_i, with A_i [r_i, in] and B_i [out, r_i] as stored. The layer keeps every
-adapter's, transposed, with the scaling folded into B and every adapter padded to the largest rank `r`; a fused
-projection's pieces sit side by side in A, and B is block-diagonal (piece p's rank rows feed only its columns):
-
-    a  [in, num_adapters * width]       width = num_pieces * r: adapter 0's columns, then adapter 1's, ...
+    a  [in, num_adapters * width]       adapter 0's columns, then adapter 1's, ...
     b  [num_adapters * width, out]      adapter i's rows, in the same order
-
-    adapter i's block, fused q/k/v:  A_i = [A_q^T | A_k^T | A_v^T]     B_i = | B_q^T  0      0     |
-                                                                           | 0      B_k^T  0     |
-                                                                           | 0      0      B_v^T |
 
 A step's update is two products for the whole batch, whatever mix of adapters it holds (Punica's grouped
 product in its dense form: no gather, no scatter, no loop over requests or adapters):
@@ -38,8 +31,7 @@ from torch import nn
 from zserve.model_proc.layers.weight_kernels.weight_kernel import WeightKernel
 from zserve.model_proc.lora.lora_batch import LoraBatch
 from zserve.model_proc.lora.lora_matrix import LoraMatrix
-
-Update = tuple[torch.Tensor, torch.Tensor, float]  # (A [r, in], B [out, r], scaling), as PEFT stores them
+from zserve.model_proc.lora.lora_stack import Update, stack_updates
 
 
 class LoraLayer(nn.Module):
@@ -55,19 +47,9 @@ class LoraLayer(nn.Module):
         """`pieces[i][p]`: adapter i's update of piece p of the projection, or None; `kernel`: the weight kernel
         the products run on (None: torch's)."""
         width = len(out_sizes) * rank
-        a = torch.zeros(in_features, len(pieces) * width, dtype=torch.float32)
-        b = torch.zeros(len(pieces) * width, sum(out_sizes), dtype=torch.float32)
-        for i, adapter in enumerate(pieces):
-            col = 0
-            for p, size in enumerate(out_sizes):
-                if adapter[p] is not None:
-                    lora_a, lora_b, scaling = adapter[p]
-                    r = lora_a.shape[0]
-                    assert lora_a.shape == (r, in_features) and lora_b.shape == (size, r), (lora_a.shape, lora_b.shape)
-                    first = i * width + p * rank
-                    a[:, first : first + r] = lora_a.float().T
-                    b[first : first + r, col : col + size] = lora_b.float().T * scaling
-                col += size
+        stacked_a, stacked_b = stack_updates(pieces, in_features, out_sizes, rank, width)
+        a = stacked_a.permute(1, 0, 2).reshape(in_features, len(pieces) * width)
+        b = stacked_b.reshape(len(pieces) * width, sum(out_sizes))
         shrink = LoraMatrix(a.to(batch.device, batch.dtype), kernel)
         expand = LoraMatrix(b.to(batch.device, batch.dtype), kernel)
         return LoraLayer(shrink, expand, width, batch)

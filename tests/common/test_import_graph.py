@@ -71,6 +71,7 @@ MODEL_PROC_ARROWS = {
     (MODEL_PROC_ROOT, "quant"): "the runner asks which method the checkpoint is stored in and what auto picks",
     (MODEL_PROC_ROOT, "kernels"): "the compute dtype and the fused ops depend on the kernels built",
     ("lora", "layers"): "an adapter's stacked matrices are GemmWeights, run on the server's weight kernel",
+    ("lora", "kernels"): "on the CPU a projection's update is one call into lora_rows.cpp",
     (MODEL_PROC_ROOT, "lora"): "the runner loads the LoRA adapters into the model and says each step's adapted tokens",
     (MODEL_PROC_ROOT, "checkpoints"): "the runner opens the packed cache (--packed-cache) the GGUF reader fills or reads",
 }
