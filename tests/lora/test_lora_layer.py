@@ -57,6 +57,8 @@ TOKEN_MIXES = {
     "an_adapter_absent": [0, 0, -1, 0],
     "all_on_one_adapter": [1, 1, 1, 1, 1],
     "one_token": [1],
+    # enough work for the CPU kernel to split its blocks over threads (lora_rows.cpp's FLOPS_PER_THREAD)
+    "many_tokens": [t % 3 - 1 for t in range(64)],
 }
 
 
