@@ -13,9 +13,10 @@ Sockets (all PUSH/PULL over ipc:// in a private runtime directory, except the cl
                              (GenerateReq, Heartbeat, StatsReq and TokenizeReq carry the --api-key; an AbortReq
                              only stops a request its own connection sent)
     frontend -> scheduler    inbox                        TokenizedReq AbortReq StatsReq
-    detok   -> scheduler     inbox                        AbortReq (a stop string matched)
     scheduler -> detok                                    DetokRegister TokenOutBatch ReqOutput (a refusal) StatsOut
-    detok   -> frontend                                   ReqOutput StatsOut
+    detok   -> frontend                                   ReqOutput StatsOut AbortReq (the detokenizer ended the
+                                                          request: the frontend passes it to the scheduler, then the
+                                                          final ReqOutput behind it frees the id)
     scheduler <-> worker                                  ForwardBatch | StepResult WorkerReady WorkerError
     rank 0  -> other TP ranks  XPUB/SUB (ipc, or tcp     ForwardBatch (the scheduler's frame, re-sent)
                                across nodes)              RankHeartbeat RankStop
@@ -61,7 +62,10 @@ class GenerateReq(Message, tag=10):
 
 class AbortReq(Message, tag=11):
     """Stop a request. `finish_reason` is ABORT, or STOP when the detokenizer matched a stop string
-    (a normal finish); the frontend forwards a client's abort as ABORT whatever it said."""
+    (a normal finish; ERROR when detokenizing failed); the frontend forwards a client's abort as ABORT
+    whatever it said. The detokenizer's goes to the frontend, ahead of the request's final output, and
+    the frontend sends it on to the scheduler before that output frees the id: the one ordered pipe
+    into the scheduler carries it ahead of any new request reusing the id."""
 
     req_id: int
     finish_reason: FinishReason = FinishReason.ABORT
@@ -322,7 +326,7 @@ CLIENT_TO_FRONTEND = Codec(GenerateReq, AbortReq, Heartbeat, StatsReq, TokenizeR
 FRONTEND_TO_CLIENT = Codec(ReqOutput, StatsOut, HeartbeatAck, TokenizeOut)
 SCHEDULER_INBOX = Codec(TokenizedReq, AbortReq, StatsReq)
 DETOK_INBOX = Codec(DetokRegister, TokenOutBatch, ReqOutput, StatsOut)
-FRONTEND_INBOX = Codec(ReqOutput, StatsOut, FailAll, Drain)
+FRONTEND_INBOX = Codec(ReqOutput, StatsOut, AbortReq, FailAll, Drain)
 WORKER_INBOX = Codec(ForwardBatch)
 WORKER_TO_SCHEDULER = Codec(StepResult, WorkerReady, WorkerError)
 RANK_BROADCAST = Codec(ForwardBatch, RankHeartbeat, RankStop)

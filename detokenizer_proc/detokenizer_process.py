@@ -3,10 +3,10 @@
     loop:
         DetokRegister -> start a request's incremental state (stop strings, kept or trimmed; special
                          tokens skipped or not)
-        TokenOutBatch -> per request: text delta; a matched stop string finishes it here and
-                         tells the scheduler to stop decoding it (several tokens of one step,
-                         from speculative drafts, end at the one completing it); a finish flushes
-                         held-back text;
+        TokenOutBatch -> per request: text delta; a matched stop string finishes it here, and an
+                         AbortReq (STOP) ahead of its final output asks the frontend to stop the
+                         scheduler decoding it (several tokens of one step, from speculative
+                         drafts, end at the one completing it); a finish flushes held-back text;
                          with logprobs, each token's own text (TokenTexts), and the prompt's text
                          in the first output when the request asked (echo)
         ReqOutput     -> pass through (a request the scheduler refused: never registered)
@@ -14,6 +14,13 @@
 
 Per-request state lives from DetokRegister to the request's last output, never longer. This is the
 one process that turns token ids into text: clients (the HTTP process too) load no tokenizer.
+
+A request this process ends (a stop string, or detokenizing failed) is still live in the scheduler.
+The AbortReq that ends it there goes to the frontend, on the pipe its final output takes, and the
+frontend passes it on to the scheduler before it frees the id: a client reusing the id at once is
+then behind the abort on the frontend's one ordered pipe into the scheduler. (Sent straight to the
+scheduler, the abort raced such a reuse on the scheduler's inbox, where pipes are read in no fixed
+order: the new request was refused as a duplicate, or ended by the late abort.)
 """
 
 from __future__ import annotations
@@ -32,7 +39,6 @@ from zserve.common.messages import (
     DETOK_INBOX,
     FRONTEND_INBOX,
     LAUNCHER_INBOX,
-    SCHEDULER_INBOX,
     AbortReq,
     DetokRegister,
     ProcReady,
@@ -62,12 +68,11 @@ class DetokState:
 
 
 class DetokenizerLoop:
-    def __init__(self, tokenizer: TextTokenizer, inbox: Endpoint, to_frontend: Endpoint, to_scheduler: Endpoint):
+    def __init__(self, tokenizer: TextTokenizer, inbox: Endpoint, to_frontend: Endpoint):
         self.tokenizer = tokenizer
         self.token_texts = TokenTexts(tokenizer)
         self.inbox = inbox
         self.to_frontend = to_frontend
-        self.to_scheduler = to_scheduler
         self.states: dict[int, DetokState] = {}
 
     def run_forever(self) -> None:
@@ -86,13 +91,13 @@ class DetokenizerLoop:
 
     def contained(self, req_id: int, handle, msg) -> None:
         """Run `handle(msg)`; if it raises, only request `req_id` fails (an error to its client, an
-        abort to the scheduler) and this process serves on."""
+        abort to the scheduler through the frontend, ahead of it) and this process serves on."""
         try:
             handle(msg)
         except Exception as exc:
             logger.exception("req %d: detokenizing failed", req_id)
             state = self.states.pop(req_id, None)
-            self.to_scheduler.send(AbortReq(req_id=req_id, finish_reason=FinishReason.ERROR))
+            self.to_frontend.send(AbortReq(req_id=req_id, finish_reason=FinishReason.ERROR))
             self.to_frontend.send(ReqOutput.final(
                 req_id, FinishReason.ERROR, code=ErrorCode.INTERNAL,
                 error=f"detokenizing failed: {type(exc).__name__}: {exc}",
@@ -129,7 +134,7 @@ class DetokenizerLoop:
         state.num_output_tokens += len(token_ids)
         finish_reason, code, error = out.finish_reason, out.code, out.error
         if state.detok.stopped:
-            self.to_scheduler.send(AbortReq(req_id=out.req_id, finish_reason=FinishReason.STOP))
+            self.to_frontend.send(AbortReq(req_id=out.req_id, finish_reason=FinishReason.STOP))  # ahead of the final
             finish_reason, code, error = FinishReason.STOP, None, None
         elif finish_reason is not None:
             text += state.detok.flush()
@@ -171,12 +176,11 @@ def serve(model: ModelSection, addrs: Addresses) -> None:
     try:
         inbox = pull(ctx, addrs.detok_inbox, DETOK_INBOX)
         to_frontend = push(ctx, addrs.frontend_inbox, FRONTEND_INBOX)
-        to_scheduler = push(ctx, addrs.scheduler_inbox, SCHEDULER_INBOX)
         # kept open: a closed LINGER=0 socket drops its queue
         launcher = push(ctx, addrs.launcher_inbox, LAUNCHER_INBOX)
         launcher.send(ProcReady(name="detokenizer", pid=os.getpid(), info={}))
         logger.info("detokenizer ready")
-        DetokenizerLoop(tokenizer, inbox, to_frontend, to_scheduler).run_forever()
+        DetokenizerLoop(tokenizer, inbox, to_frontend).run_forever()
     finally:
         ctx.destroy(linger=0)
 

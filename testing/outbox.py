@@ -1,5 +1,5 @@
-"""Outbox: an endpoint double for a process loop under test (the detokenizer's to_frontend /
-to_scheduler): it keeps what is sent, after a trip through the socket's codec when one is given."""
+"""Outbox: an endpoint double for a process loop under test (the detokenizer's to_frontend, the
+frontend's to_scheduler): it keeps what is sent, after a trip through the socket's codec when one is given."""
 
 from __future__ import annotations
 

@@ -101,16 +101,26 @@ class SchedulerHarness:
         self._record(updates, expect_final=True)
         return updates
 
+    def forget(self, req_id: int) -> None:
+        """`req_id` had its final update: its client may give the id again (submit checks the new request's tokens
+        on their own)."""
+        assert req_id in self.final, f"request {req_id} has not ended"
+        for record in (self.prompts, self.params, self.outputs, self.final, self.first):
+            del record[req_id]
+
     def abort(self, req_id: int, finish_reason: FinishReason = FinishReason.ABORT) -> list[TokenOut]:
         updates = self.scheduler.abort(req_id, finish_reason)
         self._record(updates, expect_final=True)
         return updates
 
-    def step(self, abort_in_flight: Iterable[int] = ()) -> list[TokenOut] | None:
+    def step(
+        self, abort_in_flight: Iterable[int] = (), while_in_flight: Callable[[], object] | None = None,
+    ) -> list[TokenOut] | None:
         """One turn of the process loop, after polling the grammars: send the next batch, then take
         the oldest result back; under overlap scheduling the result only when two batches are in
         flight or no batch could be sent (so a sent batch with nothing back gives []). None when
-        there was nothing to run. `abort_in_flight`: ids aborted while the batch is with the worker.
+        there was nothing to run. `abort_in_flight`: ids aborted while the batch is with the worker;
+        `while_in_flight`: called then, after those aborts.
 
         The fake worker computes a batch only when its result is taken (FutureTokens fills in
         what the batch before sampled), so a page freed while a batch in flight still uses it is
@@ -122,6 +132,8 @@ class SchedulerHarness:
             self._sent.append(batch)
             for req_id in abort_in_flight:
                 self.abort(req_id)
+            if while_in_flight is not None:
+                while_in_flight()
         if not self._sent:
             return None
         if batch is not None and self.scheduler.overlaps and len(self._sent) < 2:

@@ -19,6 +19,9 @@ AbortReq needs no key: it stops only requests its own connection sent, which had
                 AbortReq -> forward if the client owns it;  Heartbeat -> ack;  StatsReq -> forward;
                 TokenizeReq -> answered here (tokenize_answer.py)
         inbox:  ReqOutput -> route to its client;  FailAll -> end everything in flight
+                AbortReq (the detokenizer ended a request: a stop string, or it failed) -> to the
+                         scheduler, ahead of the final output that frees the id, so that a client
+                         reusing the id at once reaches the scheduler after the abort
         tick:   abort the requests of silent clients
 """
 
@@ -231,6 +234,8 @@ class Frontend:
         while msg is not None:
             if isinstance(msg, ReqOutput):
                 self.route_output(msg)
+            elif isinstance(msg, AbortReq):
+                self.pass_abort(msg)
             elif isinstance(msg, StatsOut):
                 identity = self.stats_waiters.pop(msg.req_id, None)
                 if identity is not None:
@@ -258,6 +263,13 @@ class Frontend:
         self.send_to(identity, out)
         if out.finish_reason is not None:
             self.registry.finish(out.req_id)
+
+    def pass_abort(self, msg: AbortReq) -> None:
+        """The detokenizer ended the request (its final output comes next on the same pipe): the scheduler
+        stops it, on this process's one pipe into it, before the output frees the id. An id no longer in
+        flight here was ended already (FailAll told the scheduler) and may be another request's now."""
+        if self.registry.identity_of(msg.req_id) is not None:
+            self.to_scheduler.send(msg)
 
     def start_drain(self, msg: Drain) -> None:
         self.draining = msg

@@ -53,14 +53,14 @@ def test_chunks_stop_where_single_tokens_stop(tokenizer, stop, chunk):
 
 
 def test_the_loop_drops_the_tokens_after_a_stop_string_inside_one_update(tokenizer):
-    to_frontend, to_scheduler = Outbox(), Outbox()
-    loop = DetokenizerLoop(tokenizer, inbox=None, to_frontend=to_frontend, to_scheduler=to_scheduler)
+    to_frontend = Outbox()
+    loop = DetokenizerLoop(tokenizer, inbox=None, to_frontend=to_frontend)
     ids = tokenizer.encode(TEXT)
     _, expected_taken = one_by_one(tokenizer, ids, ["dog"])
     loop.register(DetokRegister(req_id=5, stop=["dog"], num_prompt_tokens=3))
     loop.on_tokens(TokenOut(req_id=5, token_ids=np.array(ids[:expected_taken + 3], np.int32)))
-    (out,) = to_frontend.sent
+    abort, out = to_frontend.sent  # the scheduler's abort (through the frontend) first, then the final output
+    assert abort == AbortReq(req_id=5, finish_reason=FinishReason.STOP)
     assert isinstance(out, ReqOutput) and out.finish_reason is FinishReason.STOP
     assert out.text == TEXT[: TEXT.index("dog")]
     assert out.token_ids.tolist() == ids[:expected_taken] and out.completion_tokens == expected_taken
-    assert to_scheduler.sent == [AbortReq(req_id=5, finish_reason=FinishReason.STOP)]

@@ -27,7 +27,7 @@ def tokenizer(tmp_path_factory) -> TextTokenizer:
 def run(tokenizer, ids: list[int], finish: FinishReason | None = None, **register) -> tuple[str, FinishReason | None]:
     """The text the frontend gets for `ids` sent one token per step (the last with `finish`)."""
     to_frontend = Outbox()
-    loop = DetokenizerLoop(tokenizer, inbox=None, to_frontend=to_frontend, to_scheduler=Outbox())
+    loop = DetokenizerLoop(tokenizer, inbox=None, to_frontend=to_frontend)
     loop.register(DetokRegister(req_id=1, num_prompt_tokens=2, **{"stop": [], **register}))
     for k, token_id in enumerate(ids):
         last = k == len(ids) - 1

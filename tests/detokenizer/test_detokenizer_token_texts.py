@@ -27,7 +27,7 @@ def ids(*values: int) -> np.ndarray:
 
 def loop_for(tokenizer: TextTokenizer) -> tuple[DetokenizerLoop, Outbox]:
     to_frontend = Outbox(FRONTEND_INBOX)
-    return DetokenizerLoop(tokenizer, inbox=None, to_frontend=to_frontend, to_scheduler=Outbox()), to_frontend
+    return DetokenizerLoop(tokenizer, inbox=None, to_frontend=to_frontend), to_frontend
 
 
 def test_logprob_outputs_carry_each_token_and_top_token_text(tokenizer):
