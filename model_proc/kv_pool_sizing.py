@@ -6,7 +6,7 @@ are faulted in while they do; sized by memory, it waits for the weights and take
 leave: --kv-memory-fraction of the memory free after loading, or, when --mem-fraction-static > 0, that
 share of the device's whole memory less the weights (SGLang's meaning). With several ranks every pool
 takes the smallest rank's page count: the scheduler's page ids index all of them. Sized by memory, an int8 cache
-(--kv-cache-dtype int8: d + 4 bytes a row against 2 d) gets 2d / (d + 4) times the pages of a 16-bit one, an fp8
+(--kv-cache-dtype int8: d + 2 bytes a row against 2 d) gets 2d / (d + 2) times the pages of a 16-bit one, an fp8
 one (d bytes a row) twice them.
 """
 

@@ -182,6 +182,23 @@ inline float quantize_int8_row(const float* __restrict src, int8_t* __restrict d
   return amax / 127.0f;
 }
 
+// An int8 KV cache row (--kv-cache-dtype int8): the same with its scale kept in bf16, 2 bytes a row instead of 4:
+// s = bf16(max|x| / 127) (to nearest even), q = round(x * (1 / s)) to nearest even, clamped to +-127 (s may round
+// below max|x| / 127 by 2^-9 of it: the row's largest value then rounds to 127 all the same). kv_int8.py's
+// quantize_rows computes the same fp32 operations, so both writers store the same bytes.
+inline c10::BFloat16 quantize_int8_row_bf16_scale(const float* __restrict src, int8_t* __restrict dst, int64_t n) {
+  float amax = 0.0f;
+#pragma omp simd reduction(max : amax)
+  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(src[i]));
+  const c10::BFloat16 scale(__builtin_assoc_barrier(amax / 127.0f));
+  const float s = static_cast<float>(scale);
+  const float inv = s > 0.0f ? __builtin_assoc_barrier(1.0f / s) : 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<int8_t>(std::min(127.0f, std::max(-127.0f, __builtin_rintf(src[i] * inv))));
+  }
+  return scale;
+}
+
 // n fp32 values into bf16, rounded to nearest even (NaN stays a quiet NaN), as c10::BFloat16(x):
 // VCVTNEPS2BF16 with AVX512-BF16, the same rounding in integer ops with AVX2.
 inline void narrow_row(const float* __restrict src, c10::BFloat16* __restrict dst, int64_t n) {

@@ -20,7 +20,7 @@
 //   zserve::rope_store_int8(qk, v, cos, sin_signed, k_cache, v_cache, k_scales, v_scales, out_slots, num_q_heads) -> q
 //       the same into an int8 cache (--kv-cache-dtype int8): each k and v row, rounded to the dtype
 //       first (what rope_store would have stored), goes in as int8 with its scale at k/v_scales
-//       fp32 [kvh, slots] (cpu_math.h's quantize_int8_row; kv_pool.py's quantize_rows is the same)
+//       bf16 [kvh, slots] (cpu_math.h's quantize_int8_row_bf16_scale; kv_int8.py's quantize_rows is the same)
 //
 // In bf16 every product is rounded to the dtype before the sum, as in the torch ops; in fp32 the
 // compiler may fuse a product and a sum into one FMA (one rounding instead of two: an ulp).
@@ -220,8 +220,8 @@ at::Tensor rope_store_into(const at::Tensor& qk, const at::Tensor& v, const at::
   const int64_t num_slots = k_cache.size(1);
   if (int8_cache) {
     for (const at::Tensor* t : {&k_scales, &v_scales}) {
-      TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == kvh && t->size(1) == num_slots,
-                  "rope_store_int8: scales fp32 [kvh, slots], contiguous");
+      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 2 && t->size(0) == kvh && t->size(1) == num_slots,
+                  "rope_store_int8: scales bf16 [kvh, slots], contiguous");
     }
   }
   const int64_t* slots = out_slots.data_ptr<int64_t>();
@@ -241,8 +241,8 @@ at::Tensor rope_store_into(const at::Tensor& qk, const at::Tensor& v, const at::
     void* v8 = fp8_cache ? v_cache.data_ptr() : nullptr;
     int8_t* kq = int8_cache ? k_cache.data_ptr<int8_t>() : nullptr;
     int8_t* vq = int8_cache ? v_cache.data_ptr<int8_t>() : nullptr;
-    float* ks = int8_cache ? k_scales.data_ptr<float>() : nullptr;
-    float* vs = int8_cache ? v_scales.data_ptr<float>() : nullptr;
+    c10::BFloat16* ks = int8_cache ? k_scales.data_ptr<c10::BFloat16>() : nullptr;
+    c10::BFloat16* vs = int8_cache ? v_scales.data_ptr<c10::BFloat16>() : nullptr;
     const int64_t half = r / 2, qk_t = qk.stride(0), qk_h = qk.stride(1), v_t = v.stride(0), v_h = v.stride(1);
     for_rows(T, (h + 2 * kvh) * d, [&](int64_t t0, int64_t t1) {
       std::vector<float> buf(2 * r + 2 * d);
@@ -265,7 +265,7 @@ at::Tensor rope_store_into(const at::Tensor& qk, const at::Tensor& v, const at::
             narrow(of, qp + (t * h + head) * d, d);
           } else if (int8_cache) {
             _Pragma("omp simd") for (int64_t i = 0; i < d; ++i) of[i] = round_to<T_>(of[i]);
-            ks[row] = zserve_cpu::quantize_int8_row(of, kq + row * d, d);
+            ks[row] = zserve_cpu::quantize_int8_row_bf16_scale(of, kq + row * d, d);
           } else if (fp8_cache) {
             _Pragma("omp simd") for (int64_t i = 0; i < d; ++i) of[i] = round_to<T_>(of[i]);
             narrow_fp8(e4m3, of, k8, row * d, d);
@@ -277,7 +277,7 @@ at::Tensor rope_store_into(const at::Tensor& qk, const at::Tensor& v, const at::
           const int64_t row = head * num_slots + slots[t];
           if (int8_cache) {
             widen(vp + t * v_t + head * v_h, xf, d);
-            vs[row] = zserve_cpu::quantize_int8_row(xf, vq + row * d, d);
+            vs[row] = zserve_cpu::quantize_int8_row_bf16_scale(xf, vq + row * d, d);
           } else if (fp8_cache) {
             widen(vp + t * v_t + head * v_h, xf, d);
             narrow_fp8(e4m3, xf, v8, row * d, d);

@@ -4,7 +4,7 @@
 // values' weighted sums from int8 rows.
 //
 // Scores. A query row qf (fp32, pre-scaled) is stored as codes c = round(qf / sq), sq = max|qf| / 127
-// (cpu_math.h's quantize_int8_row, the cache's own rounding); key j as codes k_j and scale sk_j. Then
+// (cpu_math.h's quantize_int8_row: the cache's rounding, sq kept in fp32); key j as codes k_j and scale sk_j. Then
 //
 //     score_j = float(sum_x c[x] * k_j[x]) * (sq * sk_j)
 //

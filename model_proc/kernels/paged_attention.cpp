@@ -25,12 +25,12 @@
 // zserve::paged_attention_int8(q, k_cache, v_cache, k_scales, v_scales, out, ...as above)
 //
 //   k/v_cache   int8 [kvh, slots, d]   an int8 KV cache (--kv-cache-dtype int8): row (head, slot) holds
-//   k/v_scales  fp32 [kvh, slots]      round(x / scale), scale = max|x| / 127 of that row
+//   k/v_scales  bf16 [kvh, slots]      round(x / scale), scale = bf16(max|x| / 127) of that row
 //
 // The same walk; each key and value row is widened to fp32 times its scale as it enters the tile
 // (cpu_math.h's widen_int8_row: AVX-512, AVX2 or scalar, one rounded product each), so the dot
 // products and the softmax are those of the 16-bit cache's path over the dequantized rows, and
-// the pages read are half the bytes (plus 4 per row for the scale). Except where the build has
+// the pages read are half the bytes (plus 2 per row for the scale). Except where the build has
 // AVX512-VNNI or AVX2, for a request decoding one token at head_dim 64 or 128 (attend_int8_decode):
 // its query rows are quantized to int8 once and scored against the int8 keys as exact integer dot
 // products, 16 keys at a time (int8_attention.h; cpu_isa.py's int8_decode_instruction says where).
@@ -187,14 +187,15 @@ struct Args {
   int64_t window;  // 0: full causal
   float softcap;   // 0: none
   const int64_t *token_starts, *extend_lens, *cached_lens, *page_starts, *page_ids;
-  const float *k_scales = nullptr, *v_scales = nullptr;  // [kvh, slots] with an int8 cache (KV = int8_t)
+  const c10::BFloat16 *k_scales = nullptr, *v_scales = nullptr;  // [kvh, slots] with an int8 cache (KV = int8_t)
 };
 
 // One cache row into fp32: a copy or widening of a 16-bit row, or int8 times the row's scale.
 template <typename KV>
-inline void load_row(const KV* __restrict src, const float* scales, int64_t slot, float* __restrict dst, int64_t d) {
+inline void load_row(const KV* __restrict src, const c10::BFloat16* scales, int64_t slot, float* __restrict dst,
+                     int64_t d) {
   if constexpr (std::is_same_v<KV, int8_t>) {
-    zserve_cpu::widen_int8_row(src, scales[slot], dst, d);
+    zserve_cpu::widen_int8_row(src, static_cast<float>(scales[slot]), dst, d);
   } else if constexpr (sizeof(KV) == 1) {  // fp8, scale 1.0
     zserve_cpu::widen_fp8_row(src, dst, d);
   } else {
@@ -271,8 +272,8 @@ void attend(const Args& a, const Item& it, const T* q, const KV* k_cache, const 
   const KV* k_head = k_cache + it.kv_head * a.kv_stride_h;
   const KV* v_head = v_cache + it.kv_head * a.kv_stride_h;
   const int64_t num_slots = a.kv_stride_h / d;
-  const float* k_scale_head = a.k_scales != nullptr ? a.k_scales + it.kv_head * num_slots : nullptr;
-  const float* v_scale_head = a.v_scales != nullptr ? a.v_scales + it.kv_head * num_slots : nullptr;
+  const c10::BFloat16* k_scale_head = a.k_scales != nullptr ? a.k_scales + it.kv_head * num_slots : nullptr;
+  const c10::BFloat16* v_scale_head = a.v_scales != nullptr ? a.v_scales + it.kv_head * num_slots : nullptr;
   const int64_t page_bytes = page_size * d * static_cast<int64_t>(sizeof(KV));
   int64_t page_idx = key_start / page_size, offset = key_start % page_size;  // of position k0 + j, walked without a division per key
   // pages are scattered: the hardware prefetcher stops at each one's end, so ask for the first
@@ -404,8 +405,8 @@ void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t*
   const int8_t* k_head = k_cache + it.kv_head * a.kv_stride_h;
   const int8_t* v_head = v_cache + it.kv_head * a.kv_stride_h;
   const int64_t num_slots = a.kv_stride_h / D;
-  const float* k_scale_head = a.k_scales + it.kv_head * num_slots;
-  const float* v_scale_head = a.v_scales + it.kv_head * num_slots;
+  const c10::BFloat16* k_scale_head = a.k_scales + it.kv_head * num_slots;
+  const c10::BFloat16* v_scale_head = a.v_scales + it.kv_head * num_slots;
   // pages are scattered: ask for the first pages now and, at each page start, for the page `ahead` pages
   // on (its rows and their scales)
   constexpr int64_t ahead = PREFETCH_PAGES;
@@ -413,7 +414,7 @@ void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t*
   const auto prefetch = [&](int64_t p) {
     const int64_t first = pages[p] * page_size;
     prefetch_page(k_head + first * D, v_head + first * D, page_size * D);
-    for (int64_t b = 0; b < page_size * int64_t(sizeof(float)); b += 64) {
+    for (int64_t b = 0; b < page_size * int64_t(sizeof(c10::BFloat16)); b += 64) {
       __builtin_prefetch(reinterpret_cast<const char*>(k_scale_head + first) + b);
       __builtin_prefetch(reinterpret_cast<const char*>(v_scale_head + first) + b);
     }
@@ -427,7 +428,7 @@ void attend_int8_decode(const Args& a, const Item& it, const T* q, const int8_t*
       const int64_t slot = pages[page_idx] * page_size + offset;
       if (++offset == page_size) offset = 0, ++page_idx;
       k_rows[j] = k_head + slot * D, v_rows[j] = v_head + slot * D;
-      k_sc[j] = k_scale_head[slot], v_sc[j] = v_scale_head[slot];
+      k_sc[j] = static_cast<float>(k_scale_head[slot]), v_sc[j] = static_cast<float>(v_scale_head[slot]);
       // the tile's rows asked for now, all at once: read as they are scored and summed below, one at a
       // time, their misses would be waited for one after another
       for (int64_t b = 0; b < D; b += 64) __builtin_prefetch(k_rows[j] + b), __builtin_prefetch(v_rows[j] + b);
@@ -506,7 +507,7 @@ void run_fp8(const Args& a, const std::vector<Item>& items, const at::Tensor& q,
   }
 }
 
-// k_scales / v_scales: undefined for a cache of q's dtype or an fp8 one, fp32 [kvh, slots] for an int8 one
+// k_scales / v_scales: undefined for a cache of q's dtype or an fp8 one, bf16 [kvh, slots] for an int8 one
 void attention_call(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache, const at::Tensor& k_scales,
                     const at::Tensor& v_scales, at::Tensor out, const at::Tensor& token_starts, const at::Tensor& extend_lens,
                     const at::Tensor& cached_lens, const at::Tensor& page_starts, const at::Tensor& page_ids, int64_t page_size,
@@ -519,9 +520,9 @@ void attention_call(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
     TORCH_CHECK(k_cache.scalar_type() == at::kChar && v_cache.scalar_type() == at::kChar && q.scalar_type() == out.scalar_type(),
                 "paged_attention_int8: int8 caches, q and out of one dtype");
     for (const at::Tensor* t : {&k_scales, &v_scales}) {
-      TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 2 && t->size(0) == k_cache.size(0) &&
+      TORCH_CHECK(t->scalar_type() == at::kBFloat16 && t->is_contiguous() && t->dim() == 2 && t->size(0) == k_cache.size(0) &&
                       t->size(1) == k_cache.size(1),
-                  "paged_attention_int8: scales fp32 [kvh, slots], contiguous");
+                  "paged_attention_int8: scales bf16 [kvh, slots], contiguous");
     }
   } else if (fp8_cache) {
     TORCH_CHECK(v_cache.scalar_type() == k_cache.scalar_type() && q.scalar_type() == out.scalar_type(),
@@ -544,7 +545,7 @@ void attention_call(const at::Tensor& q, const at::Tensor& k_cache, const at::Te
   Args a{q.size(1), k_cache.size(0), q.size(2), page_size, q.stride(0), q.stride(1), out.stride(0), out.stride(1),
          k_cache.stride(0), static_cast<float>(scale), sliding_window, static_cast<float>(logit_softcap), token_starts.data_ptr<int64_t>(), extend_lens.data_ptr<int64_t>(),
          cached_lens.data_ptr<int64_t>(), page_starts.data_ptr<int64_t>(), page_ids.data_ptr<int64_t>()};
-  if (int8_cache) a.k_scales = k_scales.data_ptr<float>(), a.v_scales = v_scales.data_ptr<float>();
+  if (int8_cache) a.k_scales = k_scales.data_ptr<c10::BFloat16>(), a.v_scales = v_scales.data_ptr<c10::BFloat16>();
   // the slots a request reads must lie in the pool: a bad table would read outside the cache
   const int64_t num_pool_pages = k_cache.size(1) / page_size;
   TORCH_CHECK(page_size >= 1 && k_cache.size(1) % page_size == 0, "paged_attention: cache slots are not whole pages");

@@ -5,9 +5,9 @@ head-major, [num_kv_heads, num_slots, head_dim], so a gather of whole pages
 (`index_select` on the page dimension of the [kvh, num_pages, page_size, d] view) comes out
 as [kvh, batch, len, d], ready for a batched matmul without another copy.
 
-With kv_cache_dtype "int8" (--kv-cache-dtype int8) K and V are int8 and each (head, slot) row has an
-fp32 scale in k_scales / v_scales [kvh, num_slots] (kv_int8.py): d + 4 bytes a row instead of 2d, so
-the same memory holds 2d / (d + 4) times the pages (1.88x at d = 64, 1.94x at d = 128, against a
+With kv_cache_dtype "int8" (--kv-cache-dtype int8) K and V are int8 and each (head, slot) row has a
+bf16 scale in k_scales / v_scales [kvh, num_slots] (kv_int8.py): d + 2 bytes a row instead of 2d, so
+the same memory holds 2d / (d + 2) times the pages (1.94x at d = 64, 1.97x at d = 128, against a
 16-bit cache). Its writers are `write` and the C++ rope_store_int8 (model_proc/kernels/fused_ops.cpp);
 the CPU kernel reads it in place (paged_attention_int8), the other paths through `read_pages` /
 `read_slots` / `dequantized`, which hand back rows in `dtype`.

@@ -27,7 +27,7 @@ from zserve.common.forward_batch import ForwardBatch
 from zserve.common.isa_features import IsaFeatures
 from zserve.model_proc.kernels import cpu_kernels
 from zserve.model_proc.kernels.cpu_isa import cpu_isa, int8_decode_instruction
-from zserve.model_proc.layers.kv_int8 import dequantize_rows, quantize_rows
+from zserve.model_proc.layers.kv_int8 import SCALE_DTYPE, dequantize_rows, quantize_rows
 from zserve.model_proc.layers.kv_pool import KVPool
 from zserve.model_proc.layers.rotary import RotaryEmbedding, apply_rotary
 
@@ -144,8 +144,10 @@ def test_int8_decode_instruction_of_each_set(text, head_dim, instruction):
 def test_int8_kernel_refuses_mismatched_scales(ops):
     batch = random_batch(np.random.default_rng(0), [10], [1], 4)
     q, _, (kq, vq, ks, vs) = random_caches(batch, 2, 1, 64, 4)
-    with pytest.raises(RuntimeError, match="scales fp32"):
+    with pytest.raises(RuntimeError, match="scales bf16"):
         attend(ops, q, (kq, vq, ks[:, :-1].contiguous(), vs), batch, 4)
+    with pytest.raises(RuntimeError, match="scales bf16"):  # the fp32 scales of an older pool
+        attend(ops, q, (kq, vq, ks.float(), vs.float()), batch, 4)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -165,7 +167,7 @@ def test_rope_store_int8_writes_what_rope_store_writes_quantized(ops, dtype, hea
         k16, v16 = torch.zeros(kvh, num_slots, d, dtype=dtype), torch.zeros(kvh, num_slots, d, dtype=dtype)
         q_ref = ops.rope_store(qk, v, cos, sin, k16, v16, slots, h)
         k8, v8 = torch.full((kvh, num_slots, d), 7, dtype=torch.int8), torch.full((kvh, num_slots, d), 7, dtype=torch.int8)
-        ks, vs = torch.full((kvh, num_slots), 9.0), torch.full((kvh, num_slots), 9.0)
+        ks, vs = (torch.full((kvh, num_slots), 9.0, dtype=SCALE_DTYPE) for _ in range(2))
         q = ops.rope_store_int8(qk, v, cos, sin, k8, v8, ks, vs, slots, h)
         assert torch.equal(q, q_ref)
         for cache, scales, ref in ((k8, ks, k16), (v8, vs, v16)):
@@ -251,10 +253,10 @@ def test_pool_writes_copies_and_reads_int8_rows():
     assert pool.prefault() == pool.num_bytes  # a pool this small is touched whole
 
 
-@pytest.mark.parametrize("head_dim,dtype,ratio", [(64, torch.bfloat16, 128 / 68), (128, torch.bfloat16, 256 / 132),
-                                                  (64, torch.float32, 256 / 68)])
-def test_int8_pool_holds_2d_over_d_plus_4_times_the_pages(monkeypatch, head_dim, dtype, ratio):
-    """Sized by memory: d + 4 bytes a row (the int8 values and an fp32 scale) against the dtype's 2 d (4 d)."""
+@pytest.mark.parametrize("head_dim,dtype,ratio", [(64, torch.bfloat16, 128 / 66), (128, torch.bfloat16, 256 / 130),
+                                                  (64, torch.float32, 256 / 66)])
+def test_int8_pool_holds_2d_over_d_plus_2_times_the_pages(monkeypatch, head_dim, dtype, ratio):
+    """Sized by memory: d + 2 bytes a row (the int8 values and a bf16 scale) against the dtype's 2 d (4 d)."""
     from zserve.common.config_sections import CacheSection
     from zserve.model_proc import kv_pool_sizing
     from zserve.model_proc.layers import kv_pool
