@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 
-from zserve.model_proc.kernels.cpu_isa import IsaFeatures, cpu_isa
 from zserve.model_proc.kernels.cpu_kernels import load_lora_rows
 from zserve.model_proc.layers.weight_kernels.float_kernels import OneDnnKernel, ZserveBf16Kernel, onednn_supports
 from zserve.model_proc.layers.weight_kernels.row_split_kernel import RowSplitBf16Kernel
@@ -133,23 +132,11 @@ def test_the_kernel_refuses_malformed_operands(dtype):
         lora_rows(y, x, layer.a, layer.b[:, :, :2], torch.tensor([0], dtype=torch.int32), offsets, layer.out_offsets, 4)
 
 
-def other_loops() -> list[IsaFeatures]:
-    """The levels below this process's set whose vector width, so whose loop in lora_rows.cpp (AVX-512, AVX2 + FMA,
-    scalar), differs from its own."""
-    sets = [IsaFeatures.parse(name) for name in ("avx512", "avx2", "baseline")]
-    return [isa for isa in sets if isa.issubset(cpu_isa()) and isa.vector_bits != cpu_isa().vector_bits]
-
-
 @pytest.mark.timeout(3600)  # a kernel build per level, in a child: past the suite's 600 s when loaded
 @pytest.mark.skipif(os.environ.get("ZSERVE_CPU_ISA") is not None, reason="run once, by the process with every feature")
 def test_the_kernel_form_at_every_lower_level():
     """The CPU kernel's tests again at every narrower vector width this CPU runs: its AVX2 + FMA and scalar loops
     (a build each, cached for the suite's other lower-level runs)."""
-    from tests.model.test_cpu_isa import run_child_pytest
+    from tests.model.test_cpu_isa import rerun_at_old_levels
 
-    levels = other_loops()
-    if not levels:
-        pytest.skip(f"no narrower level below {cpu_isa().name}")
-    for isa in levels:
-        stdout = run_child_pytest(isa, [__file__], "-k", f"{ROWS_KERNEL} or malformed", timeout_s=1800)
-        assert " skipped" not in stdout.strip().splitlines()[-1], f"ZSERVE_CPU_ISA={isa.name}:\n{stdout[-2000:]}"
+    rerun_at_old_levels(__file__, f"{ROWS_KERNEL} or malformed", other_widths_only=True, none_skipped=True)

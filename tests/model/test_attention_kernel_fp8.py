@@ -17,9 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.model.test_attention_kernel_int8 import CASES, index_of, lower_levels, random_batch
+from tests.model.test_attention_kernel_int8 import CASES, index_of, random_batch
 from zserve.model_proc.kernels import cpu_kernels
-from zserve.model_proc.kernels.cpu_isa import cpu_isa
 from zserve.model_proc.layers.kv_fp8 import FP8_DTYPES, from_fp8, to_fp8
 from zserve.model_proc.layers.kv_pool import KVPool
 from zserve.model_proc.layers.rotary import RotaryEmbedding
@@ -320,10 +319,6 @@ def test_pool_refuses_an_unknown_cache_dtype():
 def test_fp8_cache_at_every_lower_level():
     """This file again at avx512, avx2 and baseline where the CPU has them: widen_fp8_row's AVX-512, AVX2 + F16C and
     scalar loops (a build each, about a minute or more)."""
-    from tests.model.test_cpu_isa import run_child_pytest
+    from tests.model.test_cpu_isa import rerun_at_old_levels
 
-    levels = lower_levels()
-    if not levels:
-        pytest.skip(f"no level below {cpu_isa().name}")
-    for isa in levels:
-        run_child_pytest(isa, [__file__], "-k", "not every_lower_level", timeout_s=1800)
+    rerun_at_old_levels(__file__, "not every_lower_level")

@@ -273,20 +273,10 @@ def test_int8_pool_holds_2d_over_d_plus_2_times_the_pages(monkeypatch, head_dim,
     assert num_pages["int8"] / num_pages["auto"] == pytest.approx(ratio, rel=2e-3)
 
 
-def lower_levels() -> list[IsaFeatures]:
-    """The old level names (baseline, avx2, avx512) this process's set holds, less itself."""
-    sets = [IsaFeatures.parse(name) for name in ("avx512", "avx2", "baseline")]
-    return [isa for isa in sets if isa.issubset(cpu_isa()) and isa != cpu_isa()]
-
-
 @pytest.mark.skipif(os.environ.get("ZSERVE_CPU_ISA") is not None, reason="run once, by the process with every feature")
 def test_int8_cache_at_every_lower_level():
     """This file again at avx512, avx2 and baseline where the CPU has them: widen_int8_row's AVX-512, AVX2 and
     scalar loops (a build each, about a minute or more)."""
-    from tests.model.test_cpu_isa import run_child_pytest
+    from tests.model.test_cpu_isa import rerun_at_old_levels
 
-    levels = lower_levels()
-    if not levels:
-        pytest.skip(f"no level below {cpu_isa().name}")
-    for isa in levels:
-        run_child_pytest(isa, [__file__], "-k", "not every_lower_level", timeout_s=1800)
+    rerun_at_old_levels(__file__, "not every_lower_level")

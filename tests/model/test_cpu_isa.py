@@ -89,6 +89,31 @@ def run_child_pytest(isa: IsaFeatures, tests: list[str], *selection: str, timeou
     return proc.stdout
 
 
+OLD_LEVELS = ("avx512", "avx2", "baseline")
+
+
+def old_levels_below(other_widths_only: bool = False) -> list[IsaFeatures]:
+    """The old level names this process's set holds, less itself; `other_widths_only`: only those whose vector width
+    differs from its own (for a kernel whose loops differ by width alone)."""
+    sets = [IsaFeatures.parse(name) for name in OLD_LEVELS]
+    return [isa for isa in sets if isa.issubset(cpu_isa()) and isa != cpu_isa()
+            and not (other_widths_only and isa.vector_bits == cpu_isa().vector_bits)]
+
+
+def rerun_at_old_levels(test_file: str, selection: str, other_widths_only: bool = False,
+                        none_skipped: bool = False) -> None:
+    """`test_file`'s tests matching `selection` again with ZSERVE_CPU_ISA at each of old_levels_below (a kernel build
+    each, cached for the suite's other runs at that level); skips when there is none. Every child must pass, and
+    with `none_skipped` skip nothing."""
+    levels = old_levels_below(other_widths_only)
+    if not levels:
+        pytest.skip(f"no level below {cpu_isa().name}")
+    for isa in levels:
+        stdout = run_child_pytest(isa, [test_file], "-k", selection, timeout_s=1800)
+        summary = stdout.strip().splitlines()[-1]
+        assert not none_skipped or " skipped" not in summary, f"ZSERVE_CPU_ISA={isa.name}:\n{stdout[-2000:]}"
+
+
 def next_lower_set() -> IsaFeatures | None:
     smaller = runnable_smaller_sets(LOWER_SETS)
     return smaller[0] if smaller else None
