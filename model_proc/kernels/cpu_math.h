@@ -166,13 +166,19 @@ inline void narrow_fp8_row(const float* __restrict src, Fp8* __restrict dst, int
   for (int64_t i = 0; i < n; ++i) dst[i] = Fp8(std::min(std::max(src[i], -finite), finite));
 }
 
-// n fp32 values into int8 with one symmetric scale, returned: scale = max|x| / 127, q = round(x /
-// scale) to nearest even (x * (127 / max|x|), as kv_pool.py's quantize_rows computes it); all zeros
-// give scale 0.
-inline float quantize_int8_row(const float* __restrict src, int8_t* __restrict dst, int64_t n) {
+// max |x| over n fp32 values (0 for none)
+inline float abs_max(const float* __restrict src, int64_t n) {
   float amax = 0.0f;
 #pragma omp simd reduction(max : amax)
   for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(src[i]));
+  return amax;
+}
+
+// n fp32 values into int8 with one symmetric fp32 scale, returned (the int8 decode walk's query rows): scale =
+// max|x| / 127, q = round(x / scale) to nearest even (x * (127 / max|x|), as testing/int8_attention_reference.py's
+// quantize_query_row computes it); all zeros give scale 0.
+inline float quantize_int8_row(const float* __restrict src, int8_t* __restrict dst, int64_t n) {
+  const float amax = abs_max(src, n);
   // the barrier keeps x * inv a product of x and the rounded 127 / amax under -fassociative-math (as
   // (x * 127) / amax it rounds differently, and a tie at 63.5 lands on the other side of torch's)
   const float inv = amax > 0.0f ? __builtin_assoc_barrier(127.0f / amax) : 0.0f;
@@ -187,10 +193,7 @@ inline float quantize_int8_row(const float* __restrict src, int8_t* __restrict d
 // below max|x| / 127 by 2^-9 of it: the row's largest value then rounds to 127 all the same). kv_int8.py's
 // quantize_rows computes the same fp32 operations, so both writers store the same bytes.
 inline c10::BFloat16 quantize_int8_row_bf16_scale(const float* __restrict src, int8_t* __restrict dst, int64_t n) {
-  float amax = 0.0f;
-#pragma omp simd reduction(max : amax)
-  for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(src[i]));
-  const c10::BFloat16 scale(__builtin_assoc_barrier(amax / 127.0f));
+  const c10::BFloat16 scale(__builtin_assoc_barrier(abs_max(src, n) / 127.0f));
   const float s = static_cast<float>(scale);
   const float inv = s > 0.0f ? __builtin_assoc_barrier(1.0f / s) : 0.0f;
   for (int64_t i = 0; i < n; ++i) {
