@@ -116,6 +116,24 @@ inline uint16_t fp8_as_half_bits(uint8_t b) {
 template <typename Fp8>
 constexpr float FP8_HALF_SCALE = std::is_same_v<Fp8, c10::Float8_e4m3fn> ? 256.0f : 1.0f;
 
+#if defined(__AVX512F__)
+// 16 fp8 values at `src` as fp32 in a register: the fp16 of fp8_as_half_bits widened by VCVTPH2PS, so e4m3 comes out
+// times 2^-8 (FP8_HALF_SCALE undoes it: the caller multiplies, or folds 2^8 into what it multiplies by). e4m3's fp16
+// bits from the byte sign-extended to 16 bits: shifted left by 7, bit 15 holds the sign, bits 13..7 the exponent and
+// mantissa, and bit 14 (the sign's copy, fp16's top exponent bit) is cleared.
+template <typename Fp8>
+inline __m512 widen_fp8_16_unscaled(const uint8_t* src) {
+  const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+  if constexpr (std::is_same_v<Fp8, c10::Float8_e4m3fn>) {
+    const __m256i shifted = _mm256_slli_epi16(_mm256_cvtepi8_epi16(bytes), 7);
+    return _mm512_cvtph_ps(_mm256_and_si256(shifted, _mm256_set1_epi16(static_cast<int16_t>(0xBFFF))));
+  } else {
+    static_assert(std::is_same_v<Fp8, c10::Float8_e5m2>);
+    return _mm512_cvtph_ps(_mm256_slli_epi16(_mm256_cvtepu8_epi16(bytes), 8));
+  }
+}
+#endif
+
 // n fp8 values into fp32 (an fp8 KV cache row): the bytes as fp16 (fp8_as_half_bits) widened by VCVTPH2PS, 16
 // at a time with AVX-512, 8 with AVX2 + F16C, scalar through c10's fp16 conversion elsewhere; e4m3 then times 2^8.
 // Every step is exact, so each path gives torch's fp8 -> fp32 value for every byte the writers store (e4m3's NaN
@@ -129,26 +147,20 @@ inline void widen_fp8_row(const Fp8* __restrict src_fp8, float* __restrict dst, 
 #if defined(__AVX512F__)
   const __m512 scale16 = _mm512_set1_ps(FP8_HALF_SCALE<Fp8>);
   for (; i + 16 <= n; i += 16) {
-    const __m256i b = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-    if constexpr (e4m3) {
-      const __m256i mag = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x7F)), 7);
-      const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(b, _mm256_set1_epi16(0x80)), 8);
-      _mm512_storeu_ps(dst + i, _mm512_mul_ps(_mm512_cvtph_ps(_mm256_or_si256(mag, sign)), scale16));
-    } else {
-      _mm512_storeu_ps(dst + i, _mm512_cvtph_ps(_mm256_slli_epi16(b, 8)));
-    }
+    const __m512 unscaled = widen_fp8_16_unscaled<Fp8>(src + i);
+    _mm512_storeu_ps(dst + i, e4m3 ? _mm512_mul_ps(unscaled, scale16) : unscaled);
   }
 #endif
 #if defined(__AVX2__) && defined(__F16C__)
   const __m256 scale8 = _mm256_set1_ps(FP8_HALF_SCALE<Fp8>);
   for (; i + 8 <= n; i += 8) {
-    const __m128i b = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
-    if constexpr (e4m3) {
-      const __m128i mag = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x7F)), 7);
-      const __m128i sign = _mm_slli_epi16(_mm_and_si128(b, _mm_set1_epi16(0x80)), 8);
-      _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(mag, sign)), scale8));
+    const __m128i bytes = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
+    if constexpr (e4m3) {  // as widen_fp8_16_unscaled
+      const __m128i shifted = _mm_slli_epi16(_mm_cvtepi8_epi16(bytes), 7);
+      const __m128i half = _mm_and_si128(shifted, _mm_set1_epi16(static_cast<int16_t>(0xBFFF)));
+      _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtph_ps(half), scale8));
     } else {
-      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_slli_epi16(b, 8)));
+      _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_slli_epi16(_mm_cvtepu8_epi16(bytes), 8)));
     }
   }
 #endif

@@ -38,7 +38,9 @@
 // zserve::paged_attention over fp8 caches (--kv-cache-dtype fp8_e4m3 / fp8_e5m2: k/v_cache float8_e4m3fn or
 // float8_e5m2 [kvh, slots, d], one byte a value, scale 1.0), q and out fp32 or bf16: the same walk; each row is
 // widened to fp32 as it enters the tile (cpu_math.h's widen_fp8_row: exact), so the output equals the 16-bit
-// path's over the rows in fp32 bit for bit.
+// path's over the rows in fp32 bit for bit. A request decoding one token at head_dim 64 or 128 takes
+// attend_fp8_decode: the same arithmetic (bit for bit again), its tile's rows fetched at once and, with AVX-512,
+// its values widened in registers.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -235,6 +237,50 @@ inline float softmax_step(float* __restrict sr, int64_t lo, int64_t num_seen, fl
   return alpha;
 }
 
+// One row's accumulator ar (fp32 [d]) = ar * alpha + sum_{lo <= j < hi} p[j] * values[j] (values fp32 [., d], the
+// tile's rows), in this order: where D is known the accumulator stays in registers across the tile.
+template <int64_t D>
+inline void add_values_row(float* __restrict ar, float alpha, const float* __restrict p, const float* __restrict values,
+                           int64_t lo, int64_t hi, int64_t d) {
+#if defined(__AVX512F__)
+  if constexpr (D > 0 && D % 16 == 0) {
+    constexpr int64_t C = D / 16;
+    __m512 local[C];
+    const __m512 alpha_v = _mm512_set1_ps(alpha);
+    for (int64_t c = 0; c < C; ++c) local[c] = _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * c), alpha_v);
+    for (int64_t j = lo; j < hi; ++j) {
+      const __m512 pj = _mm512_set1_ps(p[j]);
+      const float* __restrict vr = values + j * D;
+      for (int64_t c = 0; c < C; ++c) local[c] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vr + 16 * c), local[c]);
+    }
+    for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(ar + 16 * c, local[c]);
+    return;
+  }
+#endif
+  if constexpr (D > 0) {
+    float local[D];
+#pragma omp simd
+    for (int64_t x = 0; x < D; ++x) local[x] = ar[x] * alpha;
+    for (int64_t j = lo; j < hi; ++j) {
+      const float pj = p[j];
+      const float* __restrict vr = values + j * D;
+#pragma omp simd
+      for (int64_t x = 0; x < D; ++x) local[x] += pj * vr[x];
+    }
+#pragma omp simd
+    for (int64_t x = 0; x < D; ++x) ar[x] = local[x];
+  } else {
+#pragma omp simd
+    for (int64_t x = 0; x < d; ++x) ar[x] *= alpha;
+    for (int64_t j = lo; j < hi; ++j) {
+      const float pj = p[j];
+      const float* __restrict vr = values + j * d;
+#pragma omp simd
+      for (int64_t x = 0; x < d; ++x) ar[x] += pj * vr[x];
+    }
+  }
+}
+
 // D: head_dim when known at compile time (64, 128: rows stay in registers), else 0 (a.head_dim).
 // T: q's and out's dtype; KV: the cache's (T, or int8_t with a.k_scales / a.v_scales).
 template <typename T, typename KV, int64_t D>
@@ -304,44 +350,7 @@ void attend(const Args& a, const Item& it, const T* q, const KV* k_cache, const 
       float* __restrict sr = s + row * KEY_TILE;
       const float tile_max = dot_keys<D>(qr, kf + lo * d, num_seen - lo, d, sr + lo);
       const float alpha = softmax_step<T>(sr, lo, num_seen, tile_max, a.softcap, m[row], l[row]);
-      float* __restrict ar = acc + row * d;
-#if defined(__AVX512F__)
-      if constexpr (D > 0 && D % 16 == 0) {  // the row's accumulator in zmm registers across the tile
-        constexpr int64_t C = D / 16;
-        __m512 local[C];
-        const __m512 alpha_v = _mm512_set1_ps(alpha);
-        for (int64_t c = 0; c < C; ++c) local[c] = _mm512_mul_ps(_mm512_loadu_ps(ar + 16 * c), alpha_v);
-        for (int64_t j = lo; j < num_seen; ++j) {
-          const __m512 p = _mm512_set1_ps(sr[j]);
-          const float* __restrict vr = vf + j * D;
-          for (int64_t c = 0; c < C; ++c) local[c] = _mm512_fmadd_ps(p, _mm512_loadu_ps(vr + 16 * c), local[c]);
-        }
-        for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(ar + 16 * c, local[c]);
-        continue;
-      }
-#endif
-      if constexpr (D > 0) {  // the row's accumulator in registers across the tile
-        float local[D];
-#pragma omp simd
-        for (int64_t x = 0; x < D; ++x) local[x] = ar[x] * alpha;
-        for (int64_t j = lo; j < num_seen; ++j) {
-          const float p = sr[j];
-          const float* __restrict vr = vf + j * D;
-#pragma omp simd
-          for (int64_t x = 0; x < D; ++x) local[x] += p * vr[x];
-        }
-#pragma omp simd
-        for (int64_t x = 0; x < D; ++x) ar[x] = local[x];
-      } else {
-#pragma omp simd
-        for (int64_t x = 0; x < d; ++x) ar[x] *= alpha;
-        for (int64_t j = lo; j < num_seen; ++j) {
-          const float p = sr[j];
-          const float* __restrict vr = vf + j * d;
-#pragma omp simd
-          for (int64_t x = 0; x < d; ++x) ar[x] += p * vr[x];
-        }
-      }
+      add_values_row<D>(acc + row * d, alpha, sr, vf, lo, num_seen, d);
     }
   }
   for (int64_t row = 0; row < rows; ++row) {
@@ -353,9 +362,132 @@ void attend(const Args& a, const Item& it, const T* q, const KV* k_cache, const 
   }
 }
 
+// query heads per KV head the decode walks (attend_fp8_decode, attend_int8_decode) take
+constexpr int64_t MAX_DECODE_ROWS = 64;
+
+#if defined(__AVX512F__)
+// acc[b] (fp32 [D], b < RB) = acc[b] * alpha[b] + sum_{j < n} w[b][j] * values[j] for RB query rows, w[b] = weights +
+// b * KEY_TILE, values fp8 [D] widened in registers (widen_fp8_16_unscaled: e4m3 times 2^-8, so its weights come in
+// times 2^8, exactly) once for the RB rows; the D / 16 * RB accumulators stay in registers. Each row's sums are
+// add_values_row's, term for term: (w * 2^8) * (v * 2^-8) is the same product as w * v, and every FMA rounds once.
+template <typename Fp8, int64_t D, int RB>
+inline void add_fp8_values(const uint8_t* const* values, const float* weights, int64_t n, const float* alpha, float* acc) {
+  constexpr int64_t C = D / 16;
+  __m512 r[RB][C];
+  for (int b = 0; b < RB; ++b) {
+    const __m512 a = _mm512_set1_ps(alpha[b]);
+    for (int64_t c = 0; c < C; ++c) r[b][c] = _mm512_mul_ps(_mm512_loadu_ps(acc + b * D + 16 * c), a);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    __m512 w[RB];
+    for (int b = 0; b < RB; ++b) w[b] = _mm512_set1_ps(weights[b * KEY_TILE + j]);
+    for (int64_t c = 0; c < C; ++c) {
+      const __m512 v = zserve_cpu::widen_fp8_16_unscaled<Fp8>(values[j] + 16 * c);
+      for (int b = 0; b < RB; ++b) r[b][c] = _mm512_fmadd_ps(w[b], v, r[b][c]);
+    }
+  }
+  for (int b = 0; b < RB; ++b)
+    for (int64_t c = 0; c < C; ++c) _mm512_storeu_ps(acc + b * D + 16 * c, r[b][c]);
+}
+#endif
+
+// A decode item (a request's one new token: `group` query rows, at most MAX_DECODE_ROWS) over an fp8 cache: attend()'s
+// walk and arithmetic, output bit for bit the same, arranged for one-byte rows. The tile's rows are asked for all at
+// once before any is read (one at a time, each row's miss was waited for in turn: the walk spent more time waiting
+// than computing), pages are fetched PREFETCH_PAGES * 2 ahead (twice the pages of a 16-bit cache: the same bytes), the
+// keys widen once into the tile buffer for every row's dot products, and with AVX-512 the values widen in registers
+// for a few rows' accumulators at a time (add_fp8_values) instead of through the buffer.
+template <typename T, typename Fp8, int64_t D>
+void attend_fp8_decode(const Args& a, const Item& it, const T* q, const Fp8* k_cache, const Fp8* v_cache, T* out,
+                       std::vector<float>& scratch) {
+  const int64_t rows = a.num_heads / a.num_kv_heads;  // row = query head in the KV head's group
+  const int64_t token = a.token_starts[it.req] + it.q_lo;
+  const int64_t pos = a.cached_lens[it.req] + it.q_lo, num_keys = pos + 1, page_size = a.page_size;
+  // every row is this token's, so with a window the walk starts at its oldest key and sees every key after
+  const int64_t key_start = a.window > 0 ? std::max<int64_t>(0, pos - a.window + 1) : 0;
+  const int64_t* pages = a.page_ids + a.page_starts[it.req];
+
+  scratch.resize(2 * rows * D + 2 * rows + rows * KEY_TILE + 2 * KEY_TILE * D);
+  float* __restrict qf = scratch.data();        // [rows, D], pre-scaled
+  float* __restrict acc = qf + rows * D;        // [rows, D]
+  float* __restrict m = acc + rows * D;         // [rows] running max
+  float* __restrict l = m + rows;               // [rows] running sum
+  float* __restrict s = l + rows;               // [rows, KEY_TILE] scores, then probabilities
+  float* __restrict kf = s + rows * KEY_TILE;   // [KEY_TILE, D] this tile's keys in fp32
+  float* __restrict vf = kf + KEY_TILE * D;     // [KEY_TILE, D] its values (without AVX-512)
+  float alpha[MAX_DECODE_ROWS];
+  const uint8_t* k_rows[KEY_TILE];
+  const uint8_t* v_rows[KEY_TILE];
+
+  for (int64_t g = 0; g < rows; ++g) {
+    const T* src = q + token * a.q_stride_t + (it.kv_head * rows + g) * a.q_stride_h;
+#pragma omp simd
+    for (int64_t x = 0; x < D; ++x) qf[g * D + x] = to_float(src[x]) * a.scale;
+  }
+  std::fill(acc, acc + rows * D, 0.0f);
+  std::fill(m, m + rows, NEG_BIG);
+  std::fill(l, l + rows, 0.0f);
+
+  const uint8_t* k_head = reinterpret_cast<const uint8_t*>(k_cache + it.kv_head * a.kv_stride_h);
+  const uint8_t* v_head = reinterpret_cast<const uint8_t*>(v_cache + it.kv_head * a.kv_stride_h);
+  constexpr int64_t ahead = 2 * PREFETCH_PAGES;
+  const int64_t num_pages = (num_keys + page_size - 1) / page_size;
+  const auto prefetch = [&](int64_t p) {
+    prefetch_page(k_head + pages[p] * page_size * D, v_head + pages[p] * page_size * D, page_size * D);
+  };
+  int64_t page_idx = key_start / page_size, offset = key_start % page_size;
+  for (int64_t p = page_idx; p <= page_idx + ahead && p < num_pages; ++p) prefetch(p);
+  for (int64_t k0 = key_start; k0 < num_keys; k0 += KEY_TILE) {
+    const int64_t num_tile = std::min(KEY_TILE, num_keys - k0);
+    for (int64_t j = 0; j < num_tile; ++j) {
+      if (offset == 0 && k0 + j > key_start && page_idx + ahead < num_pages) prefetch(page_idx + ahead);
+      const int64_t slot = pages[page_idx] * page_size + offset;
+      if (++offset == page_size) offset = 0, ++page_idx;
+      k_rows[j] = k_head + slot * D, v_rows[j] = v_head + slot * D;
+      for (int64_t b = 0; b < D; b += 64) __builtin_prefetch(k_rows[j] + b), __builtin_prefetch(v_rows[j] + b);
+    }
+    for (int64_t j = 0; j < num_tile; ++j) zserve_cpu::widen_fp8_row(reinterpret_cast<const Fp8*>(k_rows[j]), kf + j * D, D);
+    for (int64_t g = 0; g < rows; ++g) {
+      float* __restrict sr = s + g * KEY_TILE;
+      const float tile_max = dot_keys<D>(qf + g * D, kf, num_tile, D, sr);
+      alpha[g] = softmax_step<T>(sr, 0, num_tile, tile_max, a.softcap, m[g], l[g]);
+    }
+#if defined(__AVX512F__)
+    constexpr float V_SCALE = zserve_cpu::FP8_HALF_SCALE<Fp8>;  // what add_fp8_values' widened values lack
+    if constexpr (V_SCALE != 1.0f) {
+      for (int64_t g = 0; g < rows; ++g) {
+#pragma omp simd
+        for (int64_t j = 0; j < num_tile; ++j) s[g * KEY_TILE + j] *= V_SCALE;
+      }
+    }
+    constexpr int64_t RB = D == 64 ? 4 : 3;  // rows per pass: RB * D / 16 accumulators in the 32 zmm registers
+    for (int64_t b = 0; b < rows; b += RB) {
+      const int64_t num = std::min<int64_t>(RB, rows - b);
+      const float* w = s + b * KEY_TILE;
+      if (num == 4) {
+        add_fp8_values<Fp8, D, 4>(v_rows, w, num_tile, alpha + b, acc + b * D);
+      } else if (num == 3) {
+        add_fp8_values<Fp8, D, 3>(v_rows, w, num_tile, alpha + b, acc + b * D);
+      } else if (num == 2) {
+        add_fp8_values<Fp8, D, 2>(v_rows, w, num_tile, alpha + b, acc + b * D);
+      } else {
+        add_fp8_values<Fp8, D, 1>(v_rows, w, num_tile, alpha + b, acc + b * D);
+      }
+    }
+#else
+    for (int64_t j = 0; j < num_tile; ++j) zserve_cpu::widen_fp8_row(reinterpret_cast<const Fp8*>(v_rows[j]), vf + j * D, D);
+    for (int64_t g = 0; g < rows; ++g) add_values_row<D>(acc + g * D, alpha[g], s + g * KEY_TILE, vf, 0, num_tile, D);
+#endif
+  }
+  for (int64_t g = 0; g < rows; ++g) {
+    T* dst = out + token * a.out_stride_t + (it.kv_head * rows + g) * a.out_stride_h;
+    const float inv = 1.0f / l[g];  // l >= 1: the row's max score contributes exp(0)
+    for (int64_t x = 0; x < D; ++x) store(acc[g * D + x] * inv, dst + x);
+  }
+}
+
 #if ZSERVE_INT8_DECODE
 static_assert(KEY_TILE == zserve_int8_attention::TILE, "int8_attention.h's weights are rows of KEY_TILE");
-constexpr int64_t MAX_DECODE_ROWS = 64;  // query heads per KV head the int8 decode walk takes
 
 // A decode item (a request's one new token: `group` query rows, at most MAX_DECODE_ROWS) over an int8 cache, in a
 // build with AVX512-VNNI or AVX2 (int8_attention.h): the rows quantized to int8 once, each tile's keys read as
@@ -480,6 +612,17 @@ void run(const Args& a, const std::vector<Item>& items, const at::Tensor& q, con
           }
         }
 #endif
+        if constexpr (sizeof(KV) == 1 && !std::is_same_v<KV, int8_t>) {  // fp8
+          const bool decode = a.extend_lens[items[i].req] == 1 && a.num_heads / a.num_kv_heads <= MAX_DECODE_ROWS;
+          if (decode && a.head_dim == 64) {
+            attend_fp8_decode<T, KV, 64>(a, items[i], qp, kp, vp, op, scratch);
+            continue;
+          }
+          if (decode && a.head_dim == 128) {
+            attend_fp8_decode<T, KV, 128>(a, items[i], qp, kp, vp, op, scratch);
+            continue;
+          }
+        }
         if (a.head_dim == 64) {
           attend<T, KV, 64>(a, items[i], qp, kp, vp, op, scratch);
         } else if (a.head_dim == 128) {

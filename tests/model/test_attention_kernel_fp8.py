@@ -82,6 +82,42 @@ def test_bf16_queries_over_an_fp8_cache_equal_the_bf16_cache_of_its_values(ops, 
     assert torch.equal(got, attend(ops, q16, tuple(from_fp8(x, torch.bfloat16) for x in fp8), batch, page_size, window=50))
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("head_dim,group", [(64, 2), (64, 5), (64, 6), (64, 7), (128, 1), (128, 4), (128, 5), (64, 72)])
+def test_decode_walk_groups_equal_the_kernel_over_the_rows_in_fp32(ops, fmt, dtype, head_dim, group):
+    """A decode token's query heads per KV head in every remainder of the AVX-512 walk's passes (4 rows a pass at head
+    dim 64, 3 at 128) and past its 64 (72: attend()'s walk), long enough for many tiles and prefetched pages: bit for
+    bit the 16-bit path over the rows widened (fp32 rows under fp32 queries, bf16 rows, which hold every fp8 value,
+    under bf16 ones)."""
+    page_size = 16
+    batch = random_batch(np.random.default_rng(group), [0, 63, 64, 700, 2100], [1] * 5, page_size)
+    q, _, fp8 = random_caches(batch, 2 * group, 2, head_dim, page_size, fmt, seed=group)
+    q = q.to(dtype)
+    for window in (0, 300):
+        got = attend(ops, q, fp8, batch, page_size, window)
+        assert torch.equal(got, attend(ops, q, tuple(from_fp8(x, dtype) for x in fp8), batch, page_size, window))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_every_finite_byte_through_the_decode_walk(ops, fmt, head_dim):
+    """Requests decoding their first token (one key each) whose value rows hold every finite byte of the format: each
+    output row is its value row widened, whatever the query (the decode walk's in-register widening, subnormals and both
+    zeros included); their keys the same bytes, reversed, so every byte also enters a dot product."""
+    values = finite_bytes(fmt)
+    num = -(-values.numel() // head_dim)
+    rows = torch.cat([values, values[: num * head_dim - values.numel()]]).view(1, num, head_dim).contiguous()
+    keys = rows.view(torch.uint8).flip(-1).contiguous().view(rows.dtype)
+    ones, arange = torch.ones(num, dtype=torch.long), torch.arange(num)
+    q = torch.randn(num, 3, head_dim)
+    out = torch.empty_like(q)
+    ops.paged_attention(q, keys, rows, out, arange, ones, torch.zeros(num, dtype=torch.long), arange, arange, 1, 0.125,
+                        0, 0.0)
+    want = rows[0].float()[:, None, :].expand(num, 3, head_dim)
+    assert torch.equal(out, want)
+
+
 def finite_bytes(fmt: str) -> torch.Tensor:
     """Every byte pattern of the format that is a finite number (254 for e4m3, 248 for e5m2), as that format."""
     values = torch.arange(256, dtype=torch.uint8).view(FP8_DTYPES[fmt])
