@@ -23,7 +23,7 @@ from zserve.common.isa_features import CPU_ISA_ENV, LEVELS, X86_MACHINES, IsaFea
 
 __all__ = [
     "AMX_MIN_ROWS", "BF16_TILE_MIN_ROWS", "INT8_DECODE_HEAD_DIMS", "LEVELS", "IsaFeatures", "choose_isa", "cpu_flags",
-    "cpu_isa", "int8_decode_instruction", "int8_dot_instruction", "march_flags",
+    "cpu_isa", "fp8_decode_instruction", "int8_decode_instruction", "int8_dot_instruction", "march_flags",
 ]
 ISA_ENV = CPU_ISA_ENV  # the worker's set, from --cpu-isa by the launcher (worker_env)
 BASE_MARCH = {0: "-march=x86-64", 256: "-march=x86-64-v3", 512: "-march=x86-64-v4"}  # by vector width
@@ -50,7 +50,7 @@ def march_flags(isa: IsaFeatures) -> tuple[str, ...]:
     return (BASE_MARCH[isa.vector_bits], *extensions)
 
 
-INT8_DECODE_HEAD_DIMS = (64, 128)  # kernels/paged_attention.cpp's attend_int8_decode instances
+INT8_DECODE_HEAD_DIMS = (64, 128)  # kernels/paged_attention.cpp's attend_int8_decode and attend_fp8_decode instances
 
 
 def int8_decode_instruction(isa: IsaFeatures, head_dim: int) -> str:
@@ -63,6 +63,16 @@ def int8_decode_instruction(isa: IsaFeatures, head_dim: int) -> str:
     if isa.vector_bits == 512:
         return "vpdpbusd zmm" if "avx512_vnni" in isa else ""
     return "vpmaddubsw ymm" if isa.vector_bits == 256 else ""
+
+
+def fp8_decode_instruction(isa: IsaFeatures, head_dim: int, query_dtype: str) -> str:
+    """What kernels/paged_attention.cpp scores a decode token's bf16 query rows against an fp8 KV cache with in a build
+    for `isa`, at head_dim 64 or 128: the keys' bytes converted to bf16 pairs for VDPBF16PS where the build has
+    AVX512-BF16 (and AVX512-VNNI, whose transposition it shares; kernels/fp8_attention.h); "" elsewhere and for fp32
+    queries (each key row widened to fp32 for attend()'s dot products, bit for bit the 16-bit path's)."""
+    if head_dim not in INT8_DECODE_HEAD_DIMS or query_dtype != "bfloat16" or isa.vector_bits != 512:
+        return ""
+    return "vdpbf16ps zmm" if "avx512_bf16" in isa and "avx512_vnni" in isa else ""
 
 
 def int8_dot_instruction(isa: IsaFeatures, amx_granted: bool = True) -> str:

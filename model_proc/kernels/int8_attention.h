@@ -73,15 +73,18 @@ inline float max_of(const float* x, int64_t n) {
 
 #if ZSERVE_INT8_DECODE_VNNI
 
-// The 16 rows of `keys` (D int8 each; D a multiple of 64) as D / 4 vectors, t[g] lane i = bytes 4g..4g+3
-// of key i, each byte + 128 (unsigned). A 16 x 16 transpose of 32-bit groups per 64 bytes: within
-// 128-bit lanes by unpacks, then across them by two rounds of 128-bit shuffles.
-template <int64_t D>
+// The 16 rows of `keys` (D bytes each; D a multiple of 64) as D / 4 vectors, t[g] lane i = bytes 4g..4g+3
+// of key i, with OFFSET each byte + 128 (int8 codes as unsigned). A 16 x 16 transpose of 32-bit groups per 64
+// bytes: within 128-bit lanes by unpacks, then across them by two rounds of 128-bit shuffles.
+template <int64_t D, bool OFFSET = true>
 inline void transpose_keys(const int8_t* const* keys, __m512i* t) {
   const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t chunk = 0; chunk < D / 64; ++chunk) {
     __m512i r[16], u[16], b[16];
-    for (int i = 0; i < 16; ++i) r[i] = _mm512_xor_si512(_mm512_loadu_si512(keys[i] + 64 * chunk), sign);
+    for (int i = 0; i < 16; ++i) {
+      r[i] = _mm512_loadu_si512(keys[i] + 64 * chunk);
+      if constexpr (OFFSET) r[i] = _mm512_xor_si512(r[i], sign);
+    }
     for (int i = 0; i < 8; ++i) {  // u[2i] lane L: keys 2i, 2i+1's groups 4L, 4L+1; u[2i+1]: 4L+2, 4L+3
       u[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
       u[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);

@@ -48,6 +48,7 @@
 #include <torch/library.h>
 
 #include "cpu_math.h"
+#include "fp8_attention.h"
 #include "int8_attention.h"
 
 #if defined(__AVX2__) || defined(__AVX512F__)
@@ -446,11 +447,28 @@ void attend_fp8_decode(const Args& a, const Item& it, const T* q, const Fp8* k_c
       k_rows[j] = k_head + slot * D, v_rows[j] = v_head + slot * D;
       for (int64_t b = 0; b < D; b += 64) __builtin_prefetch(k_rows[j] + b), __builtin_prefetch(v_rows[j] + b);
     }
-    for (int64_t j = 0; j < num_tile; ++j) zserve_cpu::widen_fp8_row(reinterpret_cast<const Fp8*>(k_rows[j]), kf + j * D, D);
-    for (int64_t g = 0; g < rows; ++g) {
-      float* __restrict sr = s + g * KEY_TILE;
-      const float tile_max = dot_keys<D>(qf + g * D, kf, num_tile, D, sr);
-      alpha[g] = softmax_step<T>(sr, 0, num_tile, tile_max, a.softcap, m[g], l[g]);
+#if ZSERVE_FP8_DECODE_BF16
+    if constexpr (std::is_same_v<T, c10::BFloat16>) {  // scored from the bytes (fp8_attention.h)
+      namespace fa = zserve_fp8_attention;
+      const int64_t num_blocks = (num_tile + fa::KEYS - 1) / fa::KEYS;
+      for (int64_t j = num_tile; j < num_blocks * fa::KEYS; ++j) k_rows[j] = k_rows[0];  // scored, then masked
+      const T* q_rows = q + token * a.q_stride_t + it.kv_head * rows * a.q_stride_h;
+      for (int64_t blk = 0; blk < num_blocks; ++blk) {
+        fa::score_block<Fp8, D>(k_rows + blk * fa::KEYS, q_rows, a.q_stride_h, rows, a.scale, s + blk * fa::KEYS, KEY_TILE);
+      }
+      for (int64_t g = 0; g < rows; ++g) {
+        float* __restrict sr = s + g * KEY_TILE;
+        alpha[g] = softmax_step<T>(sr, 0, num_tile, zserve_int8_attention::max_of(sr, num_tile), a.softcap, m[g], l[g]);
+      }
+    } else
+#endif
+    {
+      for (int64_t j = 0; j < num_tile; ++j) zserve_cpu::widen_fp8_row(reinterpret_cast<const Fp8*>(k_rows[j]), kf + j * D, D);
+      for (int64_t g = 0; g < rows; ++g) {
+        float* __restrict sr = s + g * KEY_TILE;
+        const float tile_max = dot_keys<D>(qf + g * D, kf, num_tile, D, sr);
+        alpha[g] = softmax_step<T>(sr, 0, num_tile, tile_max, a.softcap, m[g], l[g]);
+      }
     }
 #if defined(__AVX512F__)
     constexpr float V_SCALE = zserve_cpu::FP8_HALF_SCALE<Fp8>;  // what add_fp8_values' widened values lack

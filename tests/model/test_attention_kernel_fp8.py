@@ -4,7 +4,11 @@ KVPool's writes, copies and reads, and its page count; then this file again at e
 CPU runs (ZSERVE_CPU_ISA: a build each).
 
 Tolerances: fp8 values widen to fp32 exactly, so against the 16-bit kernel over the same rows in fp32 (or in bf16,
-which holds every fp8 value) the output is bit for bit the same, for fp32 and bf16 queries alike. Against the
+which holds every fp8 value) the output is bit for bit the same, for fp32 and bf16 queries alike; except a decode
+token's bf16 query rows where the build scores them from the keys' bytes with VDPBF16PS (fp8_decode_instruction;
+kernels/fp8_attention.h): their sums round in another order, so those rows are held within BF16_SCORED (a bf16
+rounding of the output) on random rows, and bit for bit where every product and sum is exact (integer-valued rows,
+one-hot queries). Against the
 unquantized cache the fp8 rounding moves each K/V value by up to 2^-4 (e4m3) or 2^-3 (e5m2) of itself: on these
 random rows (|x| up to ~4, scores of q * 2) the output moves by at most FP8_BOUND.
 """
@@ -19,12 +23,14 @@ import torch
 
 from tests.model.test_attention_kernel_int8 import CASES, index_of, random_batch
 from zserve.model_proc.kernels import cpu_kernels
+from zserve.model_proc.kernels.cpu_isa import cpu_isa, fp8_decode_instruction
 from zserve.model_proc.layers.kv_fp8 import FP8_DTYPES, from_fp8, to_fp8
 from zserve.model_proc.layers.kv_pool import KVPool
 from zserve.model_proc.layers.rotary import RotaryEmbedding
 
 FORMATS = sorted(FP8_DTYPES)
 FP8_BOUND = {"fp8_e4m3": 0.5, "fp8_e5m2": 1.0}  # max |fp8-cache output - unquantized| (measured 0.35, 0.68; outputs ~1)
+BF16_SCORED = {"rtol": 2**-7, "atol": 2**-9}  # VDPBF16PS-scored rows against the bf16 cache's (measured: 1 ulp, rarely)
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +45,21 @@ def attend(ops, q, caches, batch, page_size, window=0, softcap=0.0, scale=0.125)
     out = torch.full_like(q, float("nan"))
     ops.paged_attention(q, *caches, out, *index_of(batch), page_size, scale, window, softcap)
     return out
+
+
+def scored_from_bytes(q: torch.Tensor, head_dim: int, group: int) -> bool:
+    """Whether this build scores a decode token's rows of `q` from the keys' bytes (VDPBF16PS), at most 64 rows a KV head."""
+    return group <= 64 and bool(fp8_decode_instruction(cpu_isa(), head_dim, str(q.dtype).removeprefix("torch.")))
+
+
+def assert_equals_the_16_bit_kernel(got, want, batch, scored: bool) -> None:
+    """Bit for bit, but for decode tokens' rows when `scored` (scored_from_bytes): within BF16_SCORED there."""
+    if not scored:
+        assert torch.equal(got, want)
+        return
+    decode = torch.from_numpy(np.repeat(batch.extend_lens == 1, batch.extend_lens))
+    assert torch.equal(got[~decode], want[~decode])
+    torch.testing.assert_close(got[decode].float(), want[decode].float(), **BF16_SCORED)
 
 
 def random_caches(batch, num_heads, num_kv_heads, head_dim, page_size, fmt, seed=0):
@@ -72,14 +93,16 @@ def test_fp8_cache_equals_the_kernel_over_the_rows_in_fp32(ops, fmt, case, page_
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("page_size", [1, 16])
 def test_bf16_queries_over_an_fp8_cache_equal_the_bf16_cache_of_its_values(ops, fmt, case, page_size):
-    """bf16 holds every fp8 value, so a bf16 cache of the same values is the same fp32 rows: bit for bit."""
+    """bf16 holds every fp8 value, so a bf16 cache of the same values is the same fp32 rows: bit for bit (decode rows
+    scored from the bytes: within BF16_SCORED)."""
     cached, extend = CASES[case]
     batch = random_batch(np.random.default_rng(page_size), cached, extend, page_size)
     q, _, fp8 = random_caches(batch, 8, 2, 64, page_size, fmt, seed=3)
     q16 = q.bfloat16()
     got = attend(ops, q16, fp8, batch, page_size, window=50)
     assert got.dtype == torch.bfloat16
-    assert torch.equal(got, attend(ops, q16, tuple(from_fp8(x, torch.bfloat16) for x in fp8), batch, page_size, window=50))
+    want = attend(ops, q16, tuple(from_fp8(x, torch.bfloat16) for x in fp8), batch, page_size, window=50)
+    assert_equals_the_16_bit_kernel(got, want, batch, scored_from_bytes(q16, 64, 4))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -89,14 +112,67 @@ def test_decode_walk_groups_equal_the_kernel_over_the_rows_in_fp32(ops, fmt, dty
     """A decode token's query heads per KV head in every remainder of the AVX-512 walk's passes (4 rows a pass at head
     dim 64, 3 at 128) and past its 64 (72: attend()'s walk), long enough for many tiles and prefetched pages: bit for
     bit the 16-bit path over the rows widened (fp32 rows under fp32 queries, bf16 rows, which hold every fp8 value,
-    under bf16 ones)."""
+    under bf16 ones; within BF16_SCORED where the build scores bf16 rows from the bytes)."""
     page_size = 16
     batch = random_batch(np.random.default_rng(group), [0, 63, 64, 700, 2100], [1] * 5, page_size)
     q, _, fp8 = random_caches(batch, 2 * group, 2, head_dim, page_size, fmt, seed=group)
     q = q.to(dtype)
     for window in (0, 300):
         got = attend(ops, q, fp8, batch, page_size, window)
-        assert torch.equal(got, attend(ops, q, tuple(from_fp8(x, dtype) for x in fp8), batch, page_size, window))
+        want = attend(ops, q, tuple(from_fp8(x, dtype) for x in fp8), batch, page_size, window)
+        assert_equals_the_16_bit_kernel(got, want, batch, scored_from_bytes(q, head_dim, group))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("head_dim,group", [(64, 3), (64, 6), (128, 4), (128, 5)])
+def test_bf16_decode_rows_with_exact_sums_equal_the_bf16_cache_bit_for_bit(ops, fmt, head_dim, group):
+    """Integer-valued queries (-3..3) and keys (-8..8, exact in both formats) with a power-of-two scale: every product
+    and partial sum is an exact integer, so any order gives the same scores and the VDPBF16PS-scored rows (where the
+    build has them) equal the bf16 cache's bit for bit: the keys' lanes, pairs and tails (tiles of 64, blocks of 16,
+    a partial last block) are where attend() has them."""
+    page_size = 16
+    batch = random_batch(np.random.default_rng(head_dim + group), [0, 5, 63, 64, 200, 1000], [1] * 6, page_size)
+    gen = torch.Generator().manual_seed(group)
+    num_slots = (int(batch.page_ids.max()) + 1) * page_size
+    k = torch.randint(-8, 9, (2, num_slots, head_dim), generator=gen).float()
+    v = torch.randn(2, num_slots, head_dim, generator=gen)
+    q = torch.randint(-3, 4, (batch.num_tokens, 2 * group, head_dim), generator=gen).bfloat16()
+    fp8 = (to_fp8(k, FP8_DTYPES[fmt]), to_fp8(v, FP8_DTYPES[fmt]))
+    assert torch.equal(fp8[0].float(), k)
+    for window, softcap in ((0, 0.0), (70, 0.0), (0, 30.0)):
+        got = attend(ops, q, fp8, batch, page_size, window, softcap, scale=2**-6)
+        want = attend(ops, q, tuple(from_fp8(x, torch.bfloat16) for x in fp8), batch, page_size, window, softcap,
+                      scale=2**-6)
+        assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_every_finite_byte_as_a_key_scores_its_value(ops, fmt, head_dim):
+    """Keys holding every finite byte of the format (subnormals, both zeros, the largest), each beside a zero key,
+    and bf16 one-hot queries (head h reads dim h): the score is that byte's value times the scale, exactly, and the
+    output (values 1 for the byte's key, 0 for the zero key) its sigmoid. One call per power-of-two scale from 2^-20 to
+    2^20 puts every byte's value times the scale near 1 in some call, where a wrong conversion would move the output;
+    each call bit for bit the bf16 cache's (VDPBF16PS-scored where the build does)."""
+    values = finite_bytes(fmt)
+    num_rows = -(-values.numel() // head_dim)
+    rows = torch.cat([values, values[: num_rows * head_dim - values.numel()]]).view(num_rows, head_dim)
+    k = torch.zeros(2 * num_rows, head_dim, dtype=values.dtype)  # request r: its row's keys at slots 2r, 2r + 1
+    k[0::2] = rows
+    v = torch.zeros(2 * num_rows, head_dim, dtype=values.dtype)
+    v[0::2] = torch.ones(num_rows, head_dim).to(values.dtype)
+    k, v = k[None].contiguous(), v[None].contiguous()
+    index = (torch.arange(num_rows), torch.ones(num_rows, dtype=torch.long), torch.ones(num_rows, dtype=torch.long),
+             2 * torch.arange(num_rows), torch.arange(2 * num_rows))
+    widened = (from_fp8(k, torch.bfloat16), from_fp8(v, torch.bfloat16))
+    for first in range(0, head_dim, 64):  # 64 query heads a call: the most the decode walk takes
+        q = torch.eye(head_dim, dtype=torch.bfloat16)[first : first + 64][None].expand(num_rows, 64, head_dim).contiguous()
+        assert scored_from_bytes(q, head_dim, 64) == bool(fp8_decode_instruction(cpu_isa(), head_dim, "bfloat16"))
+        for exponent in range(-20, 21):
+            got, want = torch.empty_like(q), torch.empty_like(q)
+            ops.paged_attention(q, k, v, got, *index, 1, 2.0**exponent, 0, 0.0)
+            ops.paged_attention(q, *widened, want, *index, 1, 2.0**exponent, 0, 0.0)
+            assert torch.equal(got, want), (first, exponent)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
@@ -116,6 +192,19 @@ def test_every_finite_byte_through_the_decode_walk(ops, fmt, head_dim):
                         0, 0.0)
     want = rows[0].float()[:, None, :].expand(num, 3, head_dim)
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("text,head_dim,dtype,instruction", [
+    ("avx512+avx512_vnni+avx512_bf16", 64, "bfloat16", "vdpbf16ps zmm"),
+    ("avx512+avx512_vnni+avx_vnni+avx512_bf16+amx_int8", 128, "bfloat16", "vdpbf16ps zmm"),
+    ("avx512+avx512_vnni+avx512_bf16", 64, "float32", ""), ("avx512+avx512_vnni+avx512_bf16", 96, "bfloat16", ""),
+    ("avx512+avx512_vnni", 64, "bfloat16", ""), ("avx512", 64, "bfloat16", ""), ("avx2+avx_vnni", 64, "bfloat16", ""),
+    ("baseline", 128, "bfloat16", ""),
+])
+def test_fp8_decode_instruction_of_each_set(text, head_dim, dtype, instruction):
+    from zserve.model_proc.kernels.cpu_isa import IsaFeatures
+
+    assert fp8_decode_instruction(IsaFeatures.parse(text), head_dim, dtype) == instruction
 
 
 def finite_bytes(fmt: str) -> torch.Tensor:
