@@ -18,7 +18,7 @@ AbortReq needs no key: it stops only requests its own connection sent, which had
                                client's request holds: the sender is refused, the holder untouched)
                 AbortReq -> forward if the client owns it;  Heartbeat -> ack;  StatsReq -> forward;
                 TokenizeReq -> answered here (tokenize_answer.py)
-        inbox:  ReqOutput -> route to its client;  FailAll -> end everything in flight
+        inbox:  ReqOutput -> route to its client;  FailAll -> end everything in flight, admit nothing more
                 AbortReq (the detokenizer ended a request: a stop string, or it failed) -> to the
                          scheduler, ahead of the final output that frees the id, so that a client
                          reusing the id at once reaches the scheduler after the abort
@@ -78,6 +78,10 @@ class Frontend:
         self.to_launcher = to_launcher  # DrainDone goes there
         self.draining: Drain | None = None  # set by the launcher's Drain: no new request is admitted
         self.num_draining = 0  # requests in flight when the drain began
+        # set by the launcher's FailAll (stopping, or a process died): every request it ended freed its id at once,
+        # while that request's last outputs may still be on their way here, so no new request is admitted (one
+        # reusing an id would be handed the old request's late output)
+        self.failed: FailAll | None = None
         self.validator = validator
         self.router = router
         self.inbox = inbox
@@ -194,6 +198,11 @@ class Frontend:
             logger.info("req %d refused: %s", msg.req_id, clash)
             self.refuse_all(identity, req_ids, ErrorCode.INTERNAL, clash)
             return
+        if self.failed is not None:
+            logger.info("req %d refused: the server is stopping", msg.req_id)
+            code = self.failed.code if self.failed.code is not None else ErrorCode.SHUTTING_DOWN
+            self.refuse_all(identity, req_ids, code, f"server stopping: {self.failed.error or 'shutdown'}")
+            return
         if self.draining is not None:
             logger.info("req %d refused: the server is shutting down", msg.req_id)
             self.refuse_all(
@@ -288,6 +297,7 @@ class Frontend:
         self.to_launcher = None
 
     def fail_all(self, msg: FailAll) -> None:
+        self.failed = msg
         req_ids = list(self.registry.owner_of)
         logger.info("ending %d in-flight request(s): %s %s", len(req_ids), msg.finish_reason.text, msg.error or "")
         for req_id in req_ids:

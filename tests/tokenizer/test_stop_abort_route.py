@@ -18,6 +18,7 @@ import zmq
 from testing.outbox import Outbox
 from testing.scheduler_harness import make_scheduler
 from testing.tokenizer_fixtures import build_byte_level_bpe
+from zserve.common.error_code import ErrorCode
 from zserve.common.finish_reason import FinishReason
 from zserve.common.messages import (
     CLIENT_TO_FRONTEND,
@@ -27,6 +28,7 @@ from zserve.common.messages import (
     SCHEDULER_INBOX,
     AbortReq,
     DetokRegister,
+    FailAll,
     GenerateReq,
     ReqOutput,
     TokenizedReq,
@@ -167,3 +169,30 @@ def test_an_abort_for_an_id_no_longer_in_flight_here_is_dropped(pipeline):
     while pipeline.frontend.inbox.socket.poll(50):
         pipeline.frontend.drain_inbox()
     assert pipeline.frontend_pipe.sent == []
+
+
+@pytest.mark.parametrize("code", [None, ErrorCode.GONE], ids=["shutdown", "process-died"])
+def test_after_fail_all_no_request_is_admitted_so_no_late_output_finds_a_reused_id(pipeline, code):
+    """FailAll ends every request at once, freeing its id while its last outputs may still be on their way: a client
+    reusing the id is refused (the server is stopping), and the old request's late output reaches no one."""
+    pipeline.client_sends(generate_req())
+    pipeline.scheduler_reads([pipeline.frontend_pipe])
+    pipeline.detok_reads()
+    reason = FinishReason.ABORT if code is None else FinishReason.ERROR
+    pipeline.detok.to_frontend.send(FailAll(finish_reason=reason, code=code, error=None if code is None else "x died"))
+    while pipeline.frontend.inbox.socket.poll(50):
+        pipeline.frontend.drain_inbox()
+    [ended] = pipeline.client_reads()
+    assert ended.req_id == REQ_ID and ended.finish_reason == reason
+    assert pipeline.frontend_pipe.sent == [AbortReq(req_id=REQ_ID)]
+    pipeline.frontend_pipe.sent = []
+    pipeline.client_sends(generate_req())  # the same id, free again at its client
+    [refused] = pipeline.client_reads()
+    assert refused.req_id == REQ_ID and refused.code == (code or ErrorCode.SHUTTING_DOWN)
+    assert "server stopping" in refused.error
+    assert pipeline.frontend_pipe.sent == [] and pipeline.frontend.registry.num_in_flight == 0
+    late = ReqOutput(req_id=REQ_ID, text="late", token_ids=np.array([7], np.int32))  # the old request's last words
+    pipeline.detok.to_frontend.send(late)
+    while pipeline.frontend.inbox.socket.poll(50):
+        pipeline.frontend.drain_inbox()
+    assert pipeline.client_reads() == []
