@@ -60,7 +60,7 @@ logger = logging.getLogger(__name__)
 # included by the sources; part of the build key
 HEADERS = tuple(
     Path(__file__).with_name(name)
-    for name in ("cpu_math.h", "cpu_gemm.h", "int8_dot.h", "six_bit_codes.h", "int8_attention.h")
+    for name in ("cpu_math.h", "cpu_gemm.h", "int8_dot.h", "six_bit_codes.h", "int8_attention.h", "fp8_attention.h")
 )
 SOURCES = tuple(
     Path(__file__).with_name(name)

@@ -60,3 +60,11 @@ def test_two_environments_with_one_torch_get_two_build_folders(monkeypatch):
 def test_each_feature_set_has_its_own_build_key():
     keys = {cpu_kernels.build_key(IsaFeatures.parse(text)) for text in ("avx512_bf16", "avx512+avx512_vnni", "avx512", "avx2+avx_vnni", "avx2")}
     assert len(keys) == 5
+
+
+def test_every_kernel_source_and_header_is_part_of_the_build_key():
+    """A .cpp left out of SOURCES is never built; a header left out of HEADERS could change without changing the build
+    key, so an install would keep a build of the old header."""
+    folder = cpu_kernels.SOURCES[0].parent
+    assert set(cpu_kernels.SOURCES) == set(folder.glob("*.cpp"))
+    assert set(cpu_kernels.HEADERS) == set(folder.glob("*.h"))
